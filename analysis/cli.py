@@ -1,0 +1,157 @@
+"""The ``paratwin`` command line: profile, benchmark, simulate, run and validate training plans."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from traces.errors import ParatwinError
+
+app = typer.Typer(
+    name="paratwin",
+    help="A digital twin of a training cluster: profile a model, simulate a parallel training plan, "
+    "run the same plan with torch.distributed, and compare the two.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.3f} GiB"
+
+
+@app.command()
+def workloads() -> None:
+    """List the workload presets."""
+    from exec.workloads import workload_names
+
+    for name in workload_names():
+        console.print(name)
+
+
+@app.command()
+def profile(
+    workload: Annotated[str, typer.Option(help="workload preset, e.g. gpt2-small (see `paratwin workloads`)")],
+    out: Annotated[Path, typer.Option(help="directory of the trace bundle to write")],
+    micro_batch: Annotated[int, typer.Option(help="samples per micro-batch")] = 4,
+    seq: Annotated[int | None, typer.Option(help="sequence length (transformers); default: preset's")] = None,
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16")] = "float32",
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
+    repeats: Annotated[int, typer.Option(help="timed repeats per layer (after warm-up)")] = 10,
+    warmup: Annotated[int, typer.Option(help="untimed warm-up runs per layer")] = 2,
+    ops: Annotated[bool, typer.Option(help="keep the per-op Kineto table")] = True,
+    fmt: Annotated[str, typer.Option("--format", help="parquet or csv")] = "parquet",
+) -> None:
+    """Measure per-layer time (forward, backward input/weight, recompute), memory and FLOPs."""
+    from exec.profiler import profile_workload
+    from traces.bundle import write_bundle
+
+    bundle = profile_workload(workload, micro_batch=micro_batch, seq=seq, dtype=dtype, device=device,
+                              warmup=warmup, repeats=repeats, with_ops=ops)
+    path = write_bundle(bundle, out, fmt=fmt)
+    _print_layers(bundle.layers)
+    console.print(f"wrote trace bundle {path}")
+
+
+def _print_layers(layers) -> None:  # noqa: ANN001 - a DataFrame
+    table = Table("layer", "name", "fwd ms", "bwd-in ms", "bwd-w ms", "recomp ms", "params", "saved", "output",
+                  "GFLOP fwd", title="per-layer profile (medians)")
+    for row in layers.itertuples():
+        table.add_row(str(row.layer), row.name, f"{row.fwd_s * 1e3:.3f}", f"{row.bwd_input_s * 1e3:.3f}",
+                      f"{row.bwd_weight_s * 1e3:.3f}", f"{row.recompute_s * 1e3:.3f}", _gib(row.param_bytes),
+                      _gib(row.saved_bytes), _gib(row.output_bytes), f"{row.flops_fwd / 1e9:.3f}")
+    console.print(table)
+
+
+@app.command()
+def commbench(
+    nproc: Annotated[int, typer.Option(help="ranks to spawn (ignored under torchrun)")] = 2,
+    out: Annotated[Path | None, typer.Option(help="directory for samples and fits")] = None,
+    min_bytes: Annotated[int, typer.Option(help="smallest message")] = 1024,
+    max_bytes: Annotated[int, typer.Option(help="largest message")] = 256 * 2**20,
+    repeats: Annotated[int, typer.Option(help="timed repeats per size")] = 10,
+    backend: Annotated[str | None, typer.Option(help="gloo or nccl; default: nccl on CUDA, else gloo")] = None,
+) -> None:
+    """Benchmark collectives and send/recv over a size sweep and fit latency + size/bandwidth."""
+    from exec.commbench import run_commbench
+
+    sizes = []
+    size = min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= 4
+    samples, fits = run_commbench(nproc=nproc, sizes=sizes, backend=backend, repeats=repeats, out=out)
+    table = Table("primitive", "backend", "ranks", "latency us", "bandwidth GB/s", "R^2", title="alpha-beta fits")
+    for row in fits.itertuples():
+        table.add_row(row.primitive, row.backend, str(row.world_size), f"{row.alpha_s * 1e6:.1f}",
+                      f"{row.bandwidth_Bps / 1e9:.3f}", f"{row.r2:.3f}")
+    console.print(table)
+    if out:
+        console.print(f"wrote {out}")
+
+
+@app.command()
+def simulate(
+    plan: Annotated[Path, typer.Argument(help="plan YAML or JSON")],
+    out: Annotated[Path | None, typer.Option(help="directory for the instruction table and timeline")] = None,
+    full: Annotated[bool, typer.Option("--full", help="simulate every rank, not one per symmetric group")] = False,
+) -> None:
+    """Predict iteration time, throughput, bubbles and memory of a plan; write its timeline."""
+    from sim.plan import Plan
+    from sim.simulate import simulate as run_simulation
+
+    loaded = Plan.load(plan)
+    result = run_simulation(loaded, full=full)
+    _print_sim(result)
+    target = out or Path("runs") / f"sim-{loaded.name}"
+    paths = result.write(target)
+    console.print(f"instruction table: {paths['table']}\ntimeline (open in https://ui.perfetto.dev): "
+                  f"{paths['trace']}\nsummary: {paths['summary']}")
+
+
+def _print_sim(result) -> None:  # noqa: ANN001 - SimResult
+    table = Table("figure", "value", title=f"simulation of {result.plan_name}")
+    table.add_row("iteration time", f"{result.iteration_s * 1e3:.3f} ms")
+    table.add_row("throughput", f"{result.samples_per_s:.2f} samples/s, {result.tokens_per_s:,.0f} tokens/s")
+    table.add_row("model TFLOP/s per device", f"{result.model_flops_per_device / 1e12:.2f}")
+    table.add_row("MFU", f"{result.mfu:.1%}")
+    for stage, bubble in sorted(result.bubble_fraction.items()):
+        table.add_row(f"bubble, pipeline rank {stage}", f"{bubble:.1%}")
+    for rank, memory in sorted(result.memory.items()):
+        flag = "  OUT OF MEMORY" if memory.oom else ""
+        table.add_row(f"peak memory, rank {rank}", f"{_gib(memory.peak_bytes)} of {_gib(memory.capacity_bytes)}{flag}")
+    table.add_row("simulator", f"{result.wall_s:.3f} s wall, {result.events} rows, "
+                  f"{'symmetric' if result.symmetric else 'full'} mode")
+    console.print(table)
+    for note in result.notes:
+        console.print(f"note: {note}")
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option(help="where to write the demo's outputs")] = Path("runs/demo"),
+) -> None:
+    """Profile a small GPT, write and summarise its trace bundle, then simulate plans with it."""
+    from analysis.demo import run_demo
+
+    run_demo(out, console)
+
+
+def main() -> None:
+    try:
+        app()
+    except ParatwinError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

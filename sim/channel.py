@@ -1,0 +1,66 @@
+"""A link endpoint whose bandwidth is shared fairly by the transfers in flight on it.
+
+Processor sharing: with k transfers active each progresses at bandwidth / k. Whenever a transfer
+starts or ends, progress is brought up to date and the next completion is re-timed; a stale
+timer (superseded by a later change) is ignored by comparing versions.
+"""
+
+from __future__ import annotations
+
+import simpy
+
+
+class SharedChannel:
+    def __init__(self, env: simpy.Environment, bandwidth_Bps: float) -> None:
+        if bandwidth_Bps <= 0:
+            raise ValueError("bandwidth must be positive")
+        self.env = env
+        self.bandwidth = bandwidth_Bps
+        self._active: dict[int, list] = {}  # id -> [remaining bytes, completion event]
+        self._next_id = 0
+        self._version = 0
+        self._last = 0.0
+        self.busy_until = 0.0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._active)
+
+    def transfer(self, nbytes: float) -> simpy.Event:
+        done = self.env.event()
+        if nbytes <= 0:
+            done.succeed()
+            return done
+        self._advance()
+        self._active[self._next_id] = [float(nbytes), done]
+        self._next_id += 1
+        self._retime()
+        return done
+
+    def _advance(self) -> None:
+        now = self.env.now
+        if self._active and now > self._last:
+            progressed = (now - self._last) * self.bandwidth / len(self._active)
+            for entry in self._active.values():
+                entry[0] -= progressed
+        self._last = now
+
+    def _retime(self) -> None:
+        self._version += 1
+        if not self._active:
+            return
+        version = self._version
+        shortest = min(entry[0] for entry in self._active.values())
+        delay = max(shortest, 0.0) * len(self._active) / self.bandwidth
+        self.busy_until = self.env.now + delay
+        self.env.timeout(delay).callbacks.append(lambda _event: self._on_timer(version))
+
+    def _on_timer(self, version: int) -> None:
+        if version != self._version:
+            return
+        self._advance()
+        # A transfer within a millionth of a byte of done is done (floating-point residue).
+        finished = [key for key, entry in self._active.items() if entry[0] <= 1e-6]
+        for key in finished:
+            self._active.pop(key)[1].succeed()
+        self._retime()

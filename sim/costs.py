@@ -1,0 +1,78 @@
+"""One interface for what a layer costs, whether measured (a trace bundle) or analytic.
+
+Both the lowering (message and bucket sizes) and the engine (durations, memory) ask a
+``CostModel`` for ``LayerCosts`` of one layer at a micro-batch size and TP degree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """Costs of one layer for one micro-batch on one rank (already divided by the TP degree)."""
+
+    fwd_s: float
+    bwd_input_s: float
+    bwd_weight_s: float
+    recompute_s: float
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    saved_bytes: int
+    output_bytes: int
+    tp_allreduces: int = 0  # all-reduces of tp_comm_bytes per forward, and as many per backward
+    tp_comm_bytes: int = 0
+    flops_fwd: float = 0.0
+
+    @property
+    def bwd_s(self) -> float:
+        return self.bwd_input_s + self.bwd_weight_s
+
+
+class CostModel(Protocol):
+    """What the simulator needs to know about compute and memory."""
+
+    num_layers: int
+
+    def layer_costs(self, layer: int, micro_batch: int, tp: int) -> LayerCosts: ...
+
+    def optimizer_step_s(self, param_bytes: int) -> float: ...
+
+    def layer_weights(self, by: str) -> list[float]:
+        """Per-layer weights for balanced partitioning: "parameters" or "time"."""
+        ...
+
+
+@dataclass
+class UniformCosts:
+    """Every layer costs the same: for schedule studies and closed-form checks.
+
+    ``bwd_input_s`` + ``bwd_weight_s`` is the whole backward; memory figures are per layer and
+    per micro-batch of size one (they scale with the micro-batch).
+    """
+
+    num_layers: int
+    fwd_s: float = 1.0
+    bwd_input_s: float = 1.0
+    bwd_weight_s: float = 1.0
+    recompute_s: float | None = None  # default: a recompute costs a forward
+    saved_bytes: int = 0
+    output_bytes: int = 0
+    param_bytes: int = 0
+
+    def layer_costs(self, layer: int, micro_batch: int, tp: int) -> LayerCosts:
+        recompute = self.fwd_s if self.recompute_s is None else self.recompute_s
+        return LayerCosts(
+            fwd_s=self.fwd_s, bwd_input_s=self.bwd_input_s, bwd_weight_s=self.bwd_weight_s, recompute_s=recompute,
+            param_bytes=self.param_bytes, grad_bytes=self.param_bytes, optimizer_bytes=2 * self.param_bytes,
+            saved_bytes=self.saved_bytes * micro_batch, output_bytes=self.output_bytes * micro_batch,
+        )
+
+    def optimizer_step_s(self, param_bytes: int) -> float:
+        return 0.0
+
+    def layer_weights(self, by: str) -> list[float]:
+        return [1.0] * self.num_layers

@@ -1,0 +1,284 @@
+"""The simpy engine: interprets a Program on modelled devices and links.
+
+Each rank has five streams (compute, p2p send, p2p receive, collective, host copy), each a simpy
+process that takes its instructions in program order and starts one once its dependencies have
+finished. Sends put bytes on the sender's egress channel for the link class towards the peer
+(shared fairly by concurrent transfers); a receive ends when its matching send's bytes arrive.
+Collectives cost what the ``CommModel`` says; in full mode they also wait for every member of the
+group, in symmetric mode the other members are identical replicas and arrive at the same time.
+Compute instructions walk their layers: per-layer compute, TP all-reduces (with Merak's
+sub-pipelined overlap levels), and the memory ledger.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import simpy
+
+from sim.channel import SharedChannel
+from sim.costs import CostModel, LayerCosts
+from sim.lower import MemoryPolicy
+from sim.program import Instruction, Kind, Program, Stream
+from sim.tp_overlap import tp_segments_time
+
+
+class CommModel(Protocol):
+    """What the engine needs to know about the cluster."""
+
+    capacity_bytes: int
+
+    def p2p_route(self, src: int, dst: int) -> tuple[str, float, float]:
+        """(link class of the sender's egress, latency s, bandwidth B/s)."""
+        ...
+
+    def collective_s(self, primitive: str, nbytes: int, ranks: Sequence[int]) -> float: ...
+
+    def host_copy(self) -> tuple[float, float]:
+        """(latency s, bandwidth B/s) of the device-host link."""
+        ...
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    overlap_slowdown: float = 0.0  # compute runs this much slower while the device communicates
+    layer_rows: bool = False  # emit one child row per layer of each compute instruction
+
+
+@dataclass
+class Row:
+    rank: int
+    index: int
+    kind: str
+    stage: int
+    microbatch: int
+    stream: str
+    start_s: float
+    end_s: float
+    bytes: int
+    mem_after: int
+    parent: int = -1
+    layer: int = -1
+    name: str = ""
+
+
+@dataclass
+class MemoryLedger:
+    """Bytes in use on one device over time, by category."""
+
+    capacity: int
+    static: dict[str, int] = field(default_factory=dict)
+    activations: int = 0
+    peak: int = 0
+    peak_breakdown: dict[str, int] = field(default_factory=dict)
+    oom_at_s: float | None = None
+    oom_instruction: str = ""
+
+    @property
+    def in_use(self) -> int:
+        return sum(self.static.values()) + self.activations
+
+    def change_activations(self, delta: int, now: float, label: str) -> None:
+        self.activations += delta
+        used = self.in_use
+        if used > self.peak:
+            self.peak = used
+            self.peak_breakdown = {**self.static, "activations": self.activations}
+        if used > self.capacity and self.oom_at_s is None:
+            self.oom_at_s, self.oom_instruction = now, label
+
+
+class Engine:
+    def __init__(self, program: Program, costs: CostModel, comm: CommModel, policy: MemoryPolicy,
+                 micro_batch: int, tp_overlap: int = 0, options: EngineOptions | None = None) -> None:
+        self.program, self.costs, self.comm, self.policy = program, costs, comm, policy
+        self.micro_batch, self.tp_overlap = micro_batch, tp_overlap
+        self.options = options or EngineOptions()
+        self.env = simpy.Environment()
+        self.rows: list[Row] = []
+        self.finished: dict[int, list[simpy.Event]] = {}
+        self.arrivals: dict[str, simpy.Event] = defaultdict(self.env.event)
+        self.collective_arrivals: dict[str, list[int]] = defaultdict(list)
+        self.collective_done: dict[str, simpy.Event] = defaultdict(self.env.event)
+        self.channels: dict[tuple[int, str], SharedChannel] = {}
+        self.comm_active: dict[int, int] = defaultdict(int)
+        self.ledgers: dict[int, MemoryLedger] = {}
+        self.compute_busy: dict[int, float] = defaultdict(float)
+        self._layer_cache: dict[int, LayerCosts] = {}
+
+    # -- set-up --------------------------------------------------------------------------------
+    def _layer(self, layer: int) -> LayerCosts:
+        cached = self._layer_cache.get(layer)
+        if cached is None:
+            cached = self._layer_cache[layer] = self.costs.layer_costs(layer, self.micro_batch, self.program.tp)
+        return cached
+
+    def _ledger_for(self, rank: int) -> MemoryLedger:
+        layers = [layer for s in self.program.ranks[rank].stages for layer in self.program.stage_layers[s]]
+        costs = [self._layer(layer) for layer in layers]
+        return MemoryLedger(
+            capacity=self.comm.capacity_bytes,
+            static={
+                "parameters": sum(c.param_bytes for c in costs),
+                "gradients": sum(c.grad_bytes for c in costs),
+                "optimizer": sum(c.optimizer_bytes for c in costs),
+            },
+        )
+
+    def run(self) -> float:
+        for rank, rank_program in self.program.ranks.items():
+            self.finished[rank] = [self.env.event() for _ in rank_program.instructions]
+            ledger = self._ledger_for(rank)
+            ledger.change_activations(0, 0.0, "start")
+            self.ledgers[rank] = ledger
+            by_stream: dict[Stream, list[Instruction]] = defaultdict(list)
+            for instruction in rank_program.instructions:
+                by_stream[instruction.stream].append(instruction)
+            for stream, instructions in by_stream.items():
+                self.env.process(self._stream(rank, stream, instructions))
+        self.env.run()
+        unfinished = [(rank, i) for rank, events in self.finished.items() for i, e in enumerate(events)
+                      if not e.processed]
+        if unfinished:
+            rank, index = unfinished[0]
+            raise RuntimeError(f"simulation deadlocked: rank {rank} never finished "
+                               f"{self.program.ranks[rank].instructions[index].label} "
+                               f"({len(unfinished)} instructions unfinished)")
+        return self.env.now
+
+    # -- streams -------------------------------------------------------------------------------
+    def _stream(self, rank: int, stream: Stream, instructions: list[Instruction]):
+        done = self.finished[rank]
+        for instruction in instructions:
+            pending = [done[d] for d in instruction.deps if not done[d].processed]
+            if pending:
+                yield self.env.all_of(pending)
+            start = self.env.now
+            if stream is Stream.COMPUTE:
+                yield from self._compute(rank, instruction)
+            elif stream is Stream.P2P_SEND:
+                yield from self._send(rank, instruction)
+            elif stream is Stream.P2P_RECV:
+                arrival = self.arrivals[instruction.tag]
+                if not arrival.processed:
+                    yield arrival
+                start = max(start, arrival.value)
+            elif stream is Stream.COLLECTIVE:
+                yield from self._collective(rank, instruction)
+            else:
+                yield from self._copy(rank, instruction)
+            self._record(rank, instruction, start, self.env.now)
+            done[instruction.index].succeed()
+
+    def _record(self, rank: int, instruction: Instruction, start: float, end: float, layer: int = -1,
+                parent: int = -1) -> None:
+        self.rows.append(Row(rank, instruction.index, instruction.kind.value, instruction.stage,
+                             instruction.microbatch, instruction.stream.value, start, end, instruction.bytes,
+                             self.ledgers[rank].in_use, parent, layer, instruction.label))
+
+    def _send(self, rank: int, instruction: Instruction):
+        link_class, latency, bandwidth = self.comm.p2p_route(rank, instruction.peer)
+        channel = self.channels.get((rank, link_class))
+        if channel is None:
+            channel = self.channels[(rank, link_class)] = SharedChannel(self.env, bandwidth)
+        start = self.env.now
+        self.comm_active[rank] += 1
+        yield self.env.timeout(latency)
+        yield channel.transfer(instruction.bytes)
+        self.comm_active[rank] -= 1
+        self.arrivals[instruction.tag].succeed(start)
+
+    def _collective(self, rank: int, instruction: Instruction):
+        tag = instruction.tag
+        if not self.program.symmetric:
+            arrived = self.collective_arrivals[tag]
+            arrived.append(rank)
+            if len(arrived) < len(instruction.group):
+                yield self.collective_done[tag]
+                return
+        self.comm_active[rank] += 1
+        yield self.env.timeout(self.comm.collective_s("allreduce" if instruction.kind is Kind.ALLREDUCE
+                                                      else "alltoall", instruction.bytes, instruction.group))
+        self.comm_active[rank] -= 1
+        if not self.program.symmetric:
+            self.collective_done[tag].succeed()
+
+    def _copy(self, rank: int, instruction: Instruction):
+        latency, bandwidth = self.comm.host_copy()
+        ledger = self.ledgers[rank]
+        if instruction.kind is Kind.SWAP_IN:
+            ledger.change_activations(instruction.bytes, self.env.now, instruction.label)
+        yield self.env.timeout(latency + instruction.bytes / bandwidth)
+        if instruction.kind is Kind.SWAP_OUT:
+            ledger.change_activations(-instruction.bytes, self.env.now, instruction.label)
+
+    # -- compute -------------------------------------------------------------------------------
+    def _compute(self, rank: int, instruction: Instruction):
+        kind, ledger = instruction.kind, self.ledgers[rank]
+        if kind is Kind.OPTIMIZER_STEP:
+            duration = self.costs.optimizer_step_s(ledger.static["parameters"])
+            yield self.env.timeout(duration)
+            self.compute_busy[rank] += duration
+            return
+        layers = [self._layer(layer) for layer in instruction.layers]
+        phase_time = {
+            Kind.FWD: lambda c: c.fwd_s,
+            Kind.RECOMPUTE: lambda c: c.recompute_s,
+            Kind.BWD: lambda c: c.bwd_input_s + c.bwd_weight_s,
+            Kind.BWD_I: lambda c: c.bwd_input_s,
+            Kind.BWD_W: lambda c: c.bwd_weight_s,
+        }[kind]
+        # BWD_W needs no TP all-reduce: weight gradients of TP shards are local.
+        with_tp = self.program.tp > 1 and kind is not Kind.BWD_W
+        segments = [
+            (phase_time(c), self._tp_allreduce_s(c, rank) if with_tp else 0.0, max(c.tp_allreduces, 1))
+            for c in layers
+        ]
+        slowdown = 1.0 + (self.options.overlap_slowdown if self.comm_active[rank] > 0 else 0.0)
+        per_layer = tp_segments_time(segments, self.tp_overlap if with_tp else 0)
+        start = self.env.now
+        if kind is Kind.FWD or kind is Kind.RECOMPUTE:
+            ledger.change_activations(self._activation_delta(instruction, layers), start, instruction.label)
+        t = start
+        for layer_index, layer_time in zip(instruction.layers, per_layer):
+            if self.options.layer_rows:
+                self.rows.append(Row(rank, instruction.index, instruction.kind.value, instruction.stage,
+                                     instruction.microbatch, Stream.COMPUTE.value, t, t + layer_time * slowdown, 0,
+                                     ledger.in_use, instruction.index, layer_index, f"layer {layer_index}"))
+            t += layer_time * slowdown
+        yield self.env.timeout(t - start)
+        self.compute_busy[rank] += t - start
+        if kind is Kind.BWD or kind is Kind.BWD_W:
+            ledger.change_activations(-self._stage_activation_bytes(instruction.stage), self.env.now,
+                                      instruction.label)
+
+    def _tp_allreduce_s(self, c: LayerCosts, rank: int) -> float:
+        if c.tp_allreduces == 0:
+            return 0.0
+        coords = self.program.coords_of(rank)
+        group = tuple(self.program.rank_of(coords.dp, coords.pp, t) for t in range(self.program.tp))
+        return c.tp_allreduces * self.comm.collective_s("allreduce", c.tp_comm_bytes, group)
+
+    def _stage_activation_bytes(self, stage: int) -> int:
+        """Activations of one micro-batch of ``stage`` at their largest (all layers saved); a
+        swapped-out part was counted back by its SWAP_IN before the backward."""
+        return sum(self._layer(layer).saved_bytes for layer in self.program.stage_layers[stage])
+
+    def _activation_delta(self, instruction: Instruction, layers: list[LayerCosts]) -> int:
+        stage = instruction.stage
+        recomputed = set(self.policy.recompute_layers[stage])
+        if instruction.kind is Kind.RECOMPUTE:
+            # The checkpointed layers' activations come back (their inputs were kept).
+            return sum(self._layer(layer).saved_bytes - self._checkpoint_bytes(layer)
+                       for layer in instruction.layers)
+        if instruction.save or not recomputed:
+            return sum(c.saved_bytes for c in layers)
+        return sum(self._checkpoint_bytes(layer) if layer in recomputed else self._layer(layer).saved_bytes
+                   for layer in instruction.layers)
+
+    def _checkpoint_bytes(self, layer: int) -> int:
+        """A checkpointed layer keeps only its input: the previous layer's output."""
+        return self._layer(layer - 1).output_bytes if layer > 0 else 0

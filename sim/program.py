@@ -1,0 +1,148 @@
+"""The Program: what every rank executes, in order, for one training iteration.
+
+Both engines interpret it: ``sim.engine`` with simpy, ``exec.runtime`` with real tensors. An
+instruction covers one (virtual) stage and one micro-batch, or one bucket or one step; it names
+the stream it runs on and the instructions of the same rank it must wait for. Cross-rank
+dependencies are implicit and symmetric: a ``SEND_*`` matches the ``RECV_*`` with the same tag
+on the peer rank, and a collective matches the instructions with the same tag on every rank of
+its group. This module imports neither torch nor simpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Kind(str, Enum):
+    FWD = "FWD"
+    BWD = "BWD"  # input and weight gradients together
+    BWD_I = "BWD_I"  # input gradient only (zero-bubble split)
+    BWD_W = "BWD_W"  # weight gradient only
+    RECOMPUTE = "RECOMPUTE"
+    SEND_ACT = "SEND_ACT"
+    RECV_ACT = "RECV_ACT"
+    SEND_GRAD = "SEND_GRAD"
+    RECV_GRAD = "RECV_GRAD"
+    SWAP_OUT = "SWAP_OUT"
+    SWAP_IN = "SWAP_IN"
+    ALLREDUCE = "ALLREDUCE"  # data-parallel gradient bucket
+    ALLTOALL = "ALLTOALL"  # embedding rows (EmbRace)
+    OPTIMIZER_STEP = "OPTIMIZER_STEP"
+
+    @property
+    def is_compute(self) -> bool:
+        return self in COMPUTE_KINDS
+
+
+COMPUTE_KINDS = frozenset({Kind.FWD, Kind.BWD, Kind.BWD_I, Kind.BWD_W, Kind.RECOMPUTE, Kind.OPTIMIZER_STEP})
+SEND_KINDS = frozenset({Kind.SEND_ACT, Kind.SEND_GRAD})
+RECV_KINDS = frozenset({Kind.RECV_ACT, Kind.RECV_GRAD})
+COLLECTIVE_KINDS = frozenset({Kind.ALLREDUCE, Kind.ALLTOALL})
+
+
+class Stream(str, Enum):
+    COMPUTE = "compute"
+    P2P_SEND = "p2p_send"
+    P2P_RECV = "p2p_recv"
+    COLLECTIVE = "collective"
+    COPY = "copy"
+
+
+STREAM_OF: dict[Kind, Stream] = {
+    **{k: Stream.COMPUTE for k in COMPUTE_KINDS},
+    Kind.SEND_ACT: Stream.P2P_SEND,
+    Kind.SEND_GRAD: Stream.P2P_SEND,
+    Kind.RECV_ACT: Stream.P2P_RECV,
+    Kind.RECV_GRAD: Stream.P2P_RECV,
+    Kind.SWAP_OUT: Stream.COPY,
+    Kind.SWAP_IN: Stream.COPY,
+    Kind.ALLREDUCE: Stream.COLLECTIVE,
+    Kind.ALLTOALL: Stream.COLLECTIVE,
+}
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One step of a rank's program.
+
+    ``deps`` are indices of earlier instructions of the same rank. ``save`` is False for a
+    checkpointed forward (only the stage input is kept; a RECOMPUTE must precede the backward).
+    ``peer`` is the other rank of a send/receive; ``group`` the ranks of a collective.
+    ``layers`` are the model layer indices the instruction walks (compute) or covers (a bucket).
+    """
+
+    index: int
+    kind: Kind
+    stage: int = -1
+    microbatch: int = -1
+    deps: tuple[int, ...] = ()
+    save: bool = True
+    peer: int = -1
+    group: tuple[int, ...] = ()
+    tag: str = ""
+    bytes: int = 0
+    layers: tuple[int, ...] = ()
+
+    @property
+    def stream(self) -> Stream:
+        return STREAM_OF[self.kind]
+
+    @property
+    def label(self) -> str:
+        parts = [self.kind.value]
+        if self.stage >= 0:
+            parts.append(f"s{self.stage}")
+        if self.microbatch >= 0:
+            parts.append(f"mb{self.microbatch}")
+        if self.tag and not self.kind.is_compute:
+            parts.append(self.tag)
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Coords:
+    """Where a rank sits in the dp x pp x tp grid (tp fastest, then dp, then pp)."""
+
+    dp: int
+    pp: int
+    tp: int
+
+
+@dataclass
+class RankProgram:
+    rank: int
+    coords: Coords
+    stages: tuple[int, ...]  # virtual stages this rank holds, in chunk order
+    instructions: list[Instruction] = field(default_factory=list)
+
+    def add(self, kind: Kind, **fields: object) -> Instruction:
+        instruction = Instruction(index=len(self.instructions), kind=kind, **fields)  # type: ignore[arg-type]
+        self.instructions.append(instruction)
+        return instruction
+
+
+@dataclass
+class Program:
+    """All rank programs of one iteration. ``ranks`` may hold only the representatives of
+    symmetric groups (see ``sim.lower.lower``); ``world_size`` is always the full count."""
+
+    world_size: int
+    dp: int
+    pp: int
+    tp: int
+    stage_layers: list[tuple[int, ...]]  # virtual stage -> model layer indices
+    ranks: dict[int, RankProgram]
+    symmetric: bool
+
+    def rank_of(self, dp: int, pp: int, tp: int) -> int:
+        return (pp * self.dp + dp) * self.tp + tp
+
+    def coords_of(self, rank: int) -> Coords:
+        tp = rank % self.tp
+        dp = (rank // self.tp) % self.dp
+        pp = rank // (self.tp * self.dp)
+        return Coords(dp=dp, pp=pp, tp=tp)
+
+    def num_instructions(self) -> int:
+        return sum(len(p.instructions) for p in self.ranks.values())

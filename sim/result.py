@@ -1,0 +1,81 @@
+"""What a simulation returns: headline figures, per-rank memory and bubbles, the instruction table."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from traces.schema import INSTRUCTION_TABLE
+
+
+@dataclass
+class RankMemory:
+    rank: int
+    peak_bytes: int
+    breakdown: dict[str, int]
+    capacity_bytes: int
+    oom: bool
+    oom_at_s: float | None = None
+    oom_instruction: str = ""
+
+
+@dataclass
+class SimResult:
+    plan_name: str
+    iteration_s: float
+    samples_per_s: float
+    tokens_per_s: float
+    model_flops_per_device: float  # model FLOP/s achieved per device (no recompute counted)
+    mfu: float
+    bubble_fraction: dict[int, float]  # pipeline rank -> idle share of the compute stream
+    memory: dict[int, RankMemory]
+    table: pd.DataFrame
+    symmetric: bool
+    wall_s: float = 0.0
+    events: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def oom(self) -> bool:
+        return any(m.oom for m in self.memory.values())
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return max(m.peak_bytes for m in self.memory.values())
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "plan": self.plan_name,
+            "iteration_s": self.iteration_s,
+            "samples_per_s": self.samples_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            "model_tflops_per_device": self.model_flops_per_device / 1e12,
+            "mfu": self.mfu,
+            "bubble_fraction": self.bubble_fraction,
+            "peak_memory_gib": {r: m.peak_bytes / 2**30 for r, m in self.memory.items()},
+            "oom": self.oom,
+            "memory": {r: asdict(m) for r, m in self.memory.items()},
+            "symmetric": self.symmetric,
+            "simulator_wall_s": self.wall_s,
+            "notes": self.notes,
+        }
+
+    def write(self, out_dir: str | Path) -> dict[str, Path]:
+        """Instruction table (Parquet), Chrome trace (Perfetto) and summary JSON."""
+        import json
+
+        from traces.chrome import instruction_table_to_chrome
+        from traces.tables import write_table
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {
+            "table": write_table(self.table, INSTRUCTION_TABLE, out / "instructions.parquet"),
+            "trace": instruction_table_to_chrome(self.table, out / "timeline.json"),
+            "summary": out / "summary.json",
+        }
+        paths["summary"].write_text(json.dumps(self.summary(), indent=2, default=str))
+        return paths

@@ -1,0 +1,168 @@
+"""From a Plan to a SimResult: resolve and check the plan, lower it, run the engine.
+
+``prepare`` does every check that needs the workload and the cluster and returns the resolved
+pieces (``exec`` uses the same ones, so the runtime executes exactly what was simulated);
+``simulate`` lowers and runs the engine and summarises.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from sim.bundle_costs import BundleCostModel
+from sim.cluster import ClusterSpec, load_cluster
+from sim.comm import ClusterComm
+from sim.costs import CostModel
+from sim.engine import Engine, EngineOptions
+from sim.lower import MemoryPolicy, lower, memory_policy
+from sim.partition import balanced_partition, check_partition, uniform_partition
+from sim.plan import Plan
+from sim.program import Program
+from sim.result import RankMemory, SimResult
+from sim.schedules import SCHEDULES, check_preconditions
+from sim.workloads import TRANSFORMER_PRESETS, TransformerConfig, transformer_config, transformer_layers
+from traces.errors import ConfigError
+from traces.schema import INSTRUCTION_TABLE
+from traces.tables import conform
+
+
+@dataclass
+class Setup:
+    plan: Plan
+    cluster: ClusterSpec
+    costs: CostModel
+    comm: ClusterComm
+    stage_layers: list[tuple[int, ...]]
+    policy: MemoryPolicy
+    transformer: TransformerConfig | None
+
+
+def prepare(plan: Plan, costs: CostModel | None = None) -> Setup:
+    cluster = load_cluster(plan.cluster)
+    if plan.world_size != cluster.world_size:
+        raise ConfigError("dp x tp x pp", f"{plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size} but cluster "
+                          f"{cluster.name} has {cluster.world_size} devices",
+                          "change the degrees so that their product is the cluster's device count")
+    transformer = _transformer_of(plan)
+    _check_tp(plan, transformer)
+    fits = None
+    if costs is None:
+        if plan.profile is not None:
+            bundle_costs = BundleCostModel.load(plan.profile)
+            fits, costs = bundle_costs.bundle.comm_fits, bundle_costs
+        elif transformer is not None:
+            from sim.analytic_costs import AnalyticCosts
+
+            costs = AnalyticCosts(transformer_layers(transformer), cluster.device, plan.dtype, cluster)
+        else:
+            raise ConfigError("profile", f"workload {plan.workload!r} has no closed-form cost model",
+                              f"profile it: paratwin profile --workload {plan.workload} --out DIR, "
+                              "then set profile: DIR in the plan")
+    if plan.num_stages > costs.num_layers:
+        raise ConfigError("pp x chunks", f"{plan.num_stages} stages but the workload has {costs.num_layers} layers",
+                          f"use at most {costs.num_layers} stages")
+    stage_layers = _partition(plan, costs)
+    _check_schedule(plan)
+    _check_per_stage_lists(plan)
+    return Setup(plan, cluster, costs, ClusterComm(cluster, fits), stage_layers,
+                 memory_policy(plan, stage_layers), transformer)
+
+
+def _transformer_of(plan: Plan) -> TransformerConfig | None:
+    if plan.workload not in TRANSFORMER_PRESETS:
+        from exec.workloads import workload_names  # the registry is plain Python; no torch import
+
+        if plan.workload not in workload_names():
+            raise ConfigError("workload", f"unknown workload {plan.workload!r}",
+                              f"choose one of {', '.join(workload_names())}")
+        return None
+    return transformer_config(plan.workload, **plan.workload_options)
+
+
+def _check_tp(plan: Plan, transformer: TransformerConfig | None) -> None:
+    if plan.tp == 1:
+        return
+    if transformer is None:
+        raise ConfigError("tp", f"tensor parallelism is defined for transformer workloads, not {plan.workload}",
+                          "set tp: 1")
+    for what, value in (("heads", transformer.heads), ("hidden size", transformer.hidden)):
+        if value % plan.tp:
+            divisors = [d for d in range(1, value + 1) if value % d == 0 and d <= 64]
+            raise ConfigError("tp", f"tp={plan.tp} does not divide the {what} ({value}) of {plan.workload}",
+                              f"use a divisor of {value}, e.g. {divisors[-4:]}")
+
+
+def _partition(plan: Plan, costs: CostModel) -> list[tuple[int, ...]]:
+    if isinstance(plan.partition, list):
+        ranges = check_partition(plan.partition, costs.num_layers, plan.num_stages)
+    elif plan.partition == "uniform":
+        ranges = uniform_partition(costs.num_layers, plan.num_stages)
+    else:
+        ranges = balanced_partition(costs.layer_weights(plan.partition), plan.num_stages)
+    return [tuple(range(a, b)) for a, b in ranges]
+
+
+def _check_schedule(plan: Plan) -> None:
+    if plan.schedule not in SCHEDULES:
+        raise ConfigError("schedule", f"unknown schedule {plan.schedule!r}",
+                          f"choose one of {', '.join(sorted(SCHEDULES))}")
+    check_preconditions(plan.schedule, plan.pp, plan.microbatches, plan.chunks)
+
+
+def _check_per_stage_lists(plan: Plan) -> None:
+    for field, values in (("recompute", plan.recompute), ("swap", plan.swap)):
+        if not isinstance(values, list):
+            continue
+        if len(values) != plan.num_stages:
+            raise ConfigError(field, f"has {len(values)} entries for {plan.num_stages} stages",
+                              f"give one fraction per virtual stage ({plan.num_stages})")
+        for stage, value in enumerate(values):
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"{field}[{stage}]", f"{value} is not a fraction", "use a value in [0, 1]")
+
+
+def simulate(plan: Plan, full: bool = False, costs: CostModel | None = None,
+             options: EngineOptions | None = None, setup: Setup | None = None) -> SimResult:
+    started = time.perf_counter()
+    setup = setup or prepare(plan, costs)
+    program = lower(plan, setup.stage_layers, setup.costs, setup.policy, symmetric=not full)
+    if options is None:
+        options = EngineOptions(layer_rows=len(program.ranks) <= 64)
+    engine = Engine(program, setup.costs, setup.comm, setup.policy, plan.micro_batch, plan.tp_overlap, options)
+    iteration = engine.run()
+    return _summarise(setup, program, engine, iteration, time.perf_counter() - started)
+
+
+def _summarise(setup: Setup, program: Program, engine: Engine, iteration: float, wall: float) -> SimResult:
+    plan = setup.plan
+    table = conform(pd.DataFrame(engine.rows), INSTRUCTION_TABLE, "simulator")
+    table = table.sort_values(["rank", "start_s", "parent", "index"], kind="stable").reset_index(drop=True)
+    samples = plan.global_batch / iteration
+    seq = setup.transformer.seq if setup.transformer else 0
+    model_flops = 3 * sum(setup.costs.layer_costs(layer, plan.micro_batch, 1).flops_fwd
+                          for layer in range(setup.costs.num_layers)) * plan.microbatches * plan.dp
+    per_device = model_flops / plan.world_size / iteration
+    try:
+        mfu = per_device / setup.cluster.device.peak(plan.dtype)
+    except ConfigError:
+        mfu = float("nan")
+    bubbles = {program.coords_of(rank).pp: 1.0 - engine.compute_busy[rank] / iteration
+               for rank in program.ranks}
+    memory = {
+        rank: RankMemory(rank, ledger.peak, ledger.peak_breakdown, ledger.capacity, ledger.oom_at_s is not None,
+                         ledger.oom_at_s, ledger.oom_instruction)
+        for rank, ledger in engine.ledgers.items()
+    }
+    notes = []
+    if plan.profile and plan.micro_batch != getattr(setup.costs, "profiled_micro_batch", plan.micro_batch):
+        notes.append("micro-batch differs from the profiled one: times scaled linearly")
+    return SimResult(plan.name, iteration, samples, samples * seq, per_device, mfu, bubbles, memory, table,
+                     program.symmetric, wall, len(engine.rows), notes)
+
+
+def simulate_file(path: str | Path, full: bool = False) -> SimResult:
+    return simulate(Plan.load(path), full=full)

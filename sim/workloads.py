@@ -1,0 +1,158 @@
+"""Torch-free workload descriptions: preset configurations and closed-form layer costs.
+
+``exec.workloads`` builds real modules from these configurations, and the simulator costs the
+same layers analytically without importing torch, so a 175B model on 1,024 GPUs costs nothing
+to describe. Layer lists here match ``exec.workloads`` one to one (same names, same order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from traces.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """A GPT (causal decoder) or BERT (bidirectional encoder) stack.
+
+    Layers: ``embed`` (token + position embedding), ``num_layers`` x ``block`` (attention + MLP,
+    pre-LayerNorm), ``head`` (final LayerNorm + vocabulary projection + loss).
+    """
+
+    family: str  # "gpt" or "bert"
+    vocab: int
+    hidden: int
+    heads: int
+    num_layers: int
+    seq: int
+    ffn_mult: int = 4
+    source: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class LSTMConfig:
+    """An LSTM language model: ``embed``, ``num_layers`` x ``lstm``, ``head``."""
+
+    vocab: int
+    embed: int
+    hidden: int
+    num_layers: int
+    seq: int
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class ResNetConfig:
+    depth: int  # 50 or 101 (bottleneck), or 0 for the tiny test network
+    image: int = 224
+    classes: int = 1000
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """Hardware-independent facts of one layer for one sample (micro-batch size 1).
+
+    FLOPs count a multiply-add as two. ``*_elems`` are element counts (multiply by the dtype size);
+    the ``tp_*`` fields say how the layer behaves under tensor parallelism of degree t: its
+    matmul FLOPs, parameters and sharded activations divide by t, and each forward (and each
+    backward) all-reduces ``tp_allreduces`` tensors of the output's size across the t ranks.
+    """
+
+    name: str
+    kind: str
+    params: int
+    flops_fwd: int
+    output_elems: int
+    saved_elems: int
+    saved_elems_sharded: int = 0  # part of saved_elems that divides by the TP degree
+    tp_allreduces: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def flops_bwd(self) -> int:
+        # Backward of a matmul costs two matmuls of the forward's size: input and weight grads.
+        return 2 * self.flops_fwd
+
+
+# Sources: gpt2-* : Radford et al. 2019 (GPT-2), vocabulary 50,257, context 1,024.
+# gpt-1.5b: GPT-2 XL (48 layers, hidden 1,600, 25 heads), Radford et al. 2019.
+# gpt-2.5b and gpt-8.3b: Shoeybi et al. 2019 (Megatron-LM), Table 2: 54 x 1,920 x 20 heads and
+#   72 x 3,072 x 24 heads, sequence 1,024, vocabulary padded to 51,200.
+# gpt-20b: GPT-NeoX-20B, Black et al. 2022: 44 layers, hidden 6,144, 64 heads, sequence 2,048.
+# gpt-175b: GPT-3, Brown et al. 2020 (and Narayanan et al. 2021, Table 1): 96 x 12,288 x 96 heads,
+#   sequence 2,048.
+# bert-base / bert-large: Devlin et al. 2019 (vocabulary 30,522, sequence 512).
+TRANSFORMER_PRESETS: dict[str, TransformerConfig] = {
+    "gpt-tiny": TransformerConfig("gpt", vocab=512, hidden=64, heads=4, num_layers=4, seq=32, source="test model"),
+    "gpt2-small": TransformerConfig("gpt", 50257, 768, 12, 12, 1024, source="GPT-2, Radford et al. 2019"),
+    "gpt2-medium": TransformerConfig("gpt", 50257, 1024, 16, 24, 1024, source="GPT-2, Radford et al. 2019"),
+    "gpt-1.5b": TransformerConfig("gpt", 50257, 1600, 25, 48, 1024, source="GPT-2 XL, Radford et al. 2019"),
+    "gpt-2.5b": TransformerConfig("gpt", 51200, 1920, 20, 54, 1024, source="Megatron-LM, Shoeybi et al. 2019, Table 2"),
+    "gpt-8.3b": TransformerConfig("gpt", 51200, 3072, 24, 72, 1024, source="Megatron-LM, Shoeybi et al. 2019, Table 2"),
+    "gpt-20b": TransformerConfig("gpt", 50432, 6144, 64, 44, 2048, source="GPT-NeoX-20B, Black et al. 2022"),
+    "gpt-175b": TransformerConfig("gpt", 51200, 12288, 96, 96, 2048, source="GPT-3, Brown et al. 2020"),
+    "bert-tiny": TransformerConfig("bert", vocab=1024, hidden=64, heads=4, num_layers=2, seq=32, source="test model"),
+    "bert-base": TransformerConfig("bert", 30522, 768, 12, 12, 512, source="BERT, Devlin et al. 2019"),
+    "bert-large": TransformerConfig("bert", 30522, 1024, 16, 24, 512, source="BERT, Devlin et al. 2019"),
+}
+
+# lstm-lm: the 2-layer LSTM LM on a large vocabulary of the kind S2 Reducer and EmbRace evaluate
+# (their LSTM baselines use ~33k-800k vocabularies; 33,278 is WikiText-2's word vocabulary).
+LSTM_PRESETS: dict[str, LSTMConfig] = {
+    "lstm-tiny": LSTMConfig(vocab=1000, embed=32, hidden=32, num_layers=2, seq=16, source="test model"),
+    "lstm-lm": LSTMConfig(vocab=33278, embed=650, hidden=650, num_layers=2, seq=35,
+                          source="Zaremba et al. 2014 medium LSTM on WikiText-2's vocabulary"),
+}
+
+RESNET_PRESETS: dict[str, ResNetConfig] = {
+    "resnet-tiny": ResNetConfig(depth=0, image=32, classes=10, source="test model"),
+    "resnet50": ResNetConfig(depth=50, source="He et al. 2016"),
+    "resnet101": ResNetConfig(depth=101, source="He et al. 2016"),
+}
+
+
+def transformer_config(name: str, **overrides: object) -> TransformerConfig:
+    if name not in TRANSFORMER_PRESETS:
+        raise ConfigError("workload", f"unknown transformer preset {name!r}",
+                          f"choose one of {', '.join(sorted(TRANSFORMER_PRESETS))}")
+    base = asdict(TRANSFORMER_PRESETS[name])
+    unknown = set(overrides) - set(base)
+    if unknown:
+        raise ConfigError("workload", f"unknown option(s) {sorted(unknown)} for {name}", f"use {sorted(base)}")
+    return TransformerConfig(**{**base, **overrides})
+
+
+def transformer_layers(cfg: TransformerConfig) -> list[LayerSpec]:
+    """Closed-form per-sample costs of the transformer stack as ``exec.workloads.gpt`` builds it.
+
+    Block (pre-LN, fused QKV, SDPA flash/efficient attention, GELU MLP), per sample, s = seq,
+    h = hidden, a = heads, f = ffn_mult * h:
+      FLOPs fwd = 2*s*h*3h (QKV) + 2*2*s*s*h (scores and weighted sum; causal kernels still
+      count the full square) + 2*s*h*h (proj) + 2*2*s*h*f (MLP) = 8sh^2 + 4sh*f + 4s^2h.
+      Saved for backward: LN1 input (sh) and stats (2s), QKV input (sh), QKV output shared by
+      q, k, v (3sh), attention output (sh) and log-sum-exp (a*s), proj input (sh), LN2 input (sh)
+      and stats (2s), fc1 input (sh), GELU input (sf), fc2 input (sf) = 9sh + 2sf + a*s + 4s.
+    """
+    s, h, a, v = cfg.seq, cfg.hidden, cfg.heads, cfg.vocab
+    f = cfg.ffn_mult * h
+    embed = LayerSpec("embed", "embedding", params=v * h + s * h, flops_fwd=0, output_elems=s * h,
+                      saved_elems=s, saved_elems_sharded=0, tp_allreduces=1)
+    block_params = (3 * h * h + 3 * h) + (h * h + h) + (2 * h * f + f + h) + 4 * h
+    block_flops = 8 * s * h * h + 4 * s * h * f + 4 * s * s * h
+    block_saved = 9 * s * h + 2 * s * f + a * s + 4 * s
+    # Under TP the QKV output, attention output and lse, fc1 output/GELU are sharded by t.
+    block_sharded = 3 * s * h + s * h + a * s + 2 * s * f
+    blocks = [
+        LayerSpec(f"block{i}", "block", params=block_params, flops_fwd=block_flops, output_elems=s * h,
+                  saved_elems=block_saved, saved_elems_sharded=block_sharded, tp_allreduces=2)
+        for i in range(cfg.num_layers)
+    ]
+    # Head: final LN, projection to the vocabulary, cross-entropy (logits are saved by the loss).
+    head = LayerSpec("head", "head", params=2 * h + h * v, flops_fwd=2 * s * h * v, output_elems=1,
+                     saved_elems=2 * s * h + 2 * s + 2 * s * v, saved_elems_sharded=2 * s * v, tp_allreduces=1)
+    return [embed, *blocks, head]

@@ -1,0 +1,133 @@
+"""Versioned schemas of everything paratwin writes: profile bundles and instruction tables.
+
+A schema is a name, a version and typed columns. Readers check all three and say exactly what is
+wrong; writers refuse a table that does not match, so nothing malformed ever reaches disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PROFILE_BUNDLE_FORMAT = "paratwin.profile-bundle"
+PROFILE_BUNDLE_VERSION = 1
+RUN_RECORD_FORMAT = "paratwin.run-record"
+RUN_RECORD_VERSION = 1
+COMM_BENCH_FORMAT = "paratwin.comm-bench"
+COMM_BENCH_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    name: str
+    version: int
+    columns: dict[str, str]  # column -> pandas dtype ("int64", "float64", "string", "bool")
+    # Columns added after a table was first published carry a default, so that tables written
+    # before (and producers that do not know the column yet) still conform.
+    defaults: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def column_names(self) -> list[str]:
+        return list(self.columns)
+
+
+# One row per layer of the profiled workload. Times in seconds, sizes in bytes, medians over
+# the repeated measurements; *_spread is (max - min) / median over those repeats.
+LAYER_TABLE = TableSchema(
+    "layers",
+    1,
+    {
+        "layer": "int64",
+        "name": "string",
+        "kind": "string",
+        "fwd_s": "float64",
+        "fwd_spread": "float64",
+        "bwd_input_s": "float64",
+        "bwd_input_spread": "float64",
+        "bwd_weight_s": "float64",
+        "bwd_weight_spread": "float64",
+        "bwd_s": "float64",  # whole backward (input + weight) measured in one call
+        "bwd_spread": "float64",
+        "recompute_s": "float64",  # forward re-run under no_grad->enable_grad, as checkpointing does
+        "recompute_spread": "float64",
+        "param_bytes": "int64",
+        "grad_bytes": "int64",
+        "optimizer_bytes": "int64",  # Adam: two fp32 moments per parameter
+        "saved_bytes": "int64",  # activations saved for backward, each storage counted once
+        "output_bytes": "int64",  # the layer's output activation (a pipeline stage's message)
+        "peak_transient_bytes": "int64",
+        "flops_fwd": "int64",
+        "flops_bwd": "int64",
+    },
+)
+
+# The per-op drill-down, from torch.profiler (Kineto) or an imported Chrome-trace JSON.
+OP_TABLE = TableSchema(
+    "ops",
+    1,
+    {
+        "layer": "int64",  # -1 when the op is not attributed to a layer (imported traces)
+        "phase": "string",  # fwd / bwd / unknown
+        "name": "string",
+        "device": "string",  # cpu / cuda
+        "start_us": "float64",
+        "dur_us": "float64",
+        "tid": "int64",
+        "category": "string",  # Kineto category: cpu_op, kernel, gpu_memcpy, cuda_runtime, ...
+    },
+    defaults={"category": ""},
+)
+
+# Communication benchmark samples and alpha-beta fits (time = alpha + bytes / bandwidth).
+COMM_SAMPLE_TABLE = TableSchema(
+    "comm_samples",
+    1,
+    {
+        "primitive": "string",
+        "backend": "string",
+        "world_size": "int64",
+        "bytes": "int64",
+        "median_s": "float64",
+        "min_s": "float64",
+        "max_s": "float64",
+        "repeats": "int64",
+    },
+)
+
+COMM_FIT_TABLE = TableSchema(
+    "comm_fits",
+    1,
+    {
+        "primitive": "string",
+        "backend": "string",
+        "world_size": "int64",
+        "alpha_s": "float64",
+        "bandwidth_Bps": "float64",
+        "r2": "float64",
+        "note": "string",  # how the backend implements the primitive, when that matters for the fit
+    },
+    defaults={"note": ""},
+)
+
+# The table that the simulator and the runtime both write, one row per executed instruction
+# (parent == -1) and optional per-layer child rows (parent = index of their instruction).
+INSTRUCTION_TABLE = TableSchema(
+    "instructions",
+    1,
+    {
+        "rank": "int64",
+        "index": "int64",  # position of the instruction in its rank's program
+        "kind": "string",  # FWD, BWD, BWD_I, BWD_W, RECOMPUTE, SEND_ACT, ..., OPTIMIZER_STEP
+        "stage": "int64",  # virtual stage, -1 when not stage-bound
+        "microbatch": "int64",  # -1 when not microbatch-bound
+        "stream": "string",  # compute / p2p_send / p2p_recv / collective / copy
+        "start_s": "float64",
+        "end_s": "float64",
+        "bytes": "int64",  # bytes moved (communication, swap), 0 for compute
+        "mem_after": "int64",  # device memory in use once the instruction ends
+        "parent": "int64",
+        "layer": "int64",
+        "name": "string",
+    },
+)
+
+TABLES = {t.name: t for t in (LAYER_TABLE, OP_TABLE, COMM_SAMPLE_TABLE, COMM_FIT_TABLE, INSTRUCTION_TABLE)}
