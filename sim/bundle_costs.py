@@ -17,10 +17,9 @@ from sim.costs import LayerCosts
 from traces.bundle import ProfileBundle, read_bundle
 from traces.errors import ConfigError
 
-# Share of a block's saved activations that TP shards (from sim.workloads.transformer_layers:
-# block_sharded / block_saved is 3sh+sh+as+2sf over 9sh+2sf+as+4s, about 0.72 at f = 4h); used only
-# when the bundle itself cannot say.
-_BLOCK_SHARDED_FRACTION = 0.72
+# Share of a block's saved activations that TP shards, from sim.workloads.transformer_layers
+# (block_sharded / block_saved, about 0.75 at f = 4h and s << h); a bundle does not record it.
+_BLOCK_SHARDED_FRACTION = 0.75
 
 
 class BundleCostModel:
@@ -67,4 +66,4 @@ class BundleCostModel:
     def layer_weights(self, by: str) -> list[float]:
         if by == "parameters":
             return [float(v) for v in self.layers["param_bytes"]]
-        return [float(f + b) for f, b in zip(self.layers["fwd_s"], self.layers["bwd_s"])]
+        return [float(f + b) for f, b in zip(self.layers["fwd_s"], self.layers["bwd_s"], strict=True)]

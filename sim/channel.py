@@ -50,17 +50,19 @@ class SharedChannel:
         if not self._active:
             return
         version = self._version
-        shortest = min(entry[0] for entry in self._active.values())
+        due, shortest = min(((key, entry[0]) for key, entry in self._active.items()), key=lambda kv: kv[1])
         delay = max(shortest, 0.0) * len(self._active) / self.bandwidth
         self.busy_until = self.env.now + delay
-        self.env.timeout(delay).callbacks.append(lambda _event: self._on_timer(version))
+        self.env.timeout(delay).callbacks.append(lambda _event: self._on_timer(version, due))
 
-    def _on_timer(self, version: int) -> None:
+    def _on_timer(self, version: int, due: int) -> None:
         if version != self._version:
             return
         self._advance()
-        # A transfer within a millionth of a byte of done is done (floating-point residue).
-        finished = [key for key, entry in self._active.items() if entry[0] <= 1e-6]
+        # The transfer this timer was set for is done, whatever rounding left of it (a delay
+        # below the clock's resolution would otherwise never make progress); so is any other
+        # within a byte of done.
+        finished = [key for key, entry in self._active.items() if key == due or entry[0] <= 1.0]
         for key in finished:
             self._active.pop(key)[1].succeed()
         self._retime()

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import simpy
 
@@ -48,8 +48,7 @@ class EngineOptions:
     layer_rows: bool = False  # emit one child row per layer of each compute instruction
 
 
-@dataclass
-class Row:
+class Row(NamedTuple):
     rank: int
     index: int
     kind: str
@@ -100,7 +99,7 @@ class Engine:
         self.env = simpy.Environment()
         self.rows: list[Row] = []
         self.finished: dict[int, list[simpy.Event]] = {}
-        self.arrivals: dict[str, simpy.Event] = defaultdict(self.env.event)
+        self.arrivals: dict[tuple[int, str], simpy.Event] = defaultdict(self.env.event)  # (receiver, tag)
         self.collective_arrivals: dict[str, list[int]] = defaultdict(list)
         self.collective_done: dict[str, simpy.Event] = defaultdict(self.env.event)
         self.channels: dict[tuple[int, str], SharedChannel] = {}
@@ -162,7 +161,7 @@ class Engine:
             elif stream is Stream.P2P_SEND:
                 yield from self._send(rank, instruction)
             elif stream is Stream.P2P_RECV:
-                arrival = self.arrivals[instruction.tag]
+                arrival = self.arrivals[(rank, instruction.tag)]
                 if not arrival.processed:
                     yield arrival
                 start = max(start, arrival.value)
@@ -189,7 +188,7 @@ class Engine:
         yield self.env.timeout(latency)
         yield channel.transfer(instruction.bytes)
         self.comm_active[rank] -= 1
-        self.arrivals[instruction.tag].succeed(start)
+        self.arrivals[(instruction.peer, instruction.tag)].succeed(start)
 
     def _collective(self, rank: int, instruction: Instruction):
         tag = instruction.tag
@@ -243,7 +242,7 @@ class Engine:
         if kind is Kind.FWD or kind is Kind.RECOMPUTE:
             ledger.change_activations(self._activation_delta(instruction, layers), start, instruction.label)
         t = start
-        for layer_index, layer_time in zip(instruction.layers, per_layer):
+        for layer_index, layer_time in zip(instruction.layers, per_layer, strict=True):
             if self.options.layer_rows:
                 self.rows.append(Row(rank, instruction.index, instruction.kind.value, instruction.stage,
                                      instruction.microbatch, Stream.COMPUTE.value, t, t + layer_time * slowdown, 0,

@@ -59,7 +59,8 @@ def recompute_fractions(plan: Plan) -> list[float]:
 def memory_policy(plan: Plan, stage_layers: Sequence[Sequence[int]]) -> MemoryPolicy:
     fractions = recompute_fractions(plan)
     recompute_layers = tuple(
-        tuple(layers[: math.ceil(round(f * len(layers), 9))]) for f, layers in zip(fractions, stage_layers)
+        tuple(layers[: math.ceil(round(f * len(layers), 9))])
+        for f, layers in zip(fractions, stage_layers, strict=True)
     )
     swap = tuple(plan.swap) if plan.swap is not None else (0.0,) * plan.num_stages
     return MemoryPolicy(recompute_layers=recompute_layers, swap_fraction=swap)

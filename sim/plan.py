@@ -42,8 +42,6 @@ class Plan(BaseModel):
     swap: list[float] | None = None  # fraction of each stage's saved activations swapped to host
     tp_overlap: int = Field(0, ge=0, le=3, description="Merak sub-pipelined TP level")
     dp_bucket_mb: float = Field(25.0, gt=0)
-    compression: Literal["none", "s2-sketch"] = "none"
-    embedding_comm: Literal["allreduce", "alltoall"] = "allreduce"
 
     @field_validator("partition")
     @classmethod

@@ -134,9 +134,18 @@ def transformer_layers(cfg: TransformerConfig) -> list[LayerSpec]:
     h = hidden, a = heads, f = ffn_mult * h:
       FLOPs fwd = 2*s*h*3h (QKV) + 2*2*s*s*h (scores and weighted sum; causal kernels still
       count the full square) + 2*s*h*h (proj) + 2*2*s*h*f (MLP) = 8sh^2 + 4sh*f + 4s^2h.
-      Saved for backward: LN1 input (sh) and stats (2s), QKV input (sh), QKV output shared by
-      q, k, v (3sh), attention output (sh) and log-sum-exp (a*s), proj input (sh), LN2 input (sh)
-      and stats (2s), fc1 input (sh), GELU input (sf), fc2 input (sf) = 9sh + 2sf + a*s + 4s.
+      Saved for backward: LN1 input, i.e. the block's input (sh), and its mean/rstd (2s), QKV
+      input (sh), QKV output shared by q, k, v (3sh), attention output (sh) and log-sum-exp
+      (a*s), LN2 input (sh) and stats (2s), fc1 input (sh), GELU input (sf), fc2 input (sf)
+      = 8sh + 2sf + a*s + 4s. The proj input is not a separate tensor: the flash/efficient
+      kernels return the attention output in [s, heads, head_dim] memory order, so merging the
+      heads is a view of the attention output (measured with saved_tensors_hooks on torch 2.13
+      CPU: exact). SDPA's math fallback would instead copy (sh) and keep the a*s*s attention
+      probabilities. The log-sum-exp is fp32 whatever the model dtype.
+    Head (final LN, vocabulary projection, cross-entropy as the last pipeline stage runs it):
+      saved = LN input (sh) and stats (2s), projection input (sh), log-softmax output (sv; the
+      logits themselves are not kept), targets (s; int64, counted as s elements as the
+      embedding's ids are) = 2sh + 3s + sv; the output is the scalar loss.
     """
     s, h, a, v = cfg.seq, cfg.hidden, cfg.heads, cfg.vocab
     f = cfg.ffn_mult * h
@@ -144,15 +153,16 @@ def transformer_layers(cfg: TransformerConfig) -> list[LayerSpec]:
                       saved_elems=s, saved_elems_sharded=0, tp_allreduces=1)
     block_params = (3 * h * h + 3 * h) + (h * h + h) + (2 * h * f + f + h) + 4 * h
     block_flops = 8 * s * h * h + 4 * s * h * f + 4 * s * s * h
-    block_saved = 9 * s * h + 2 * s * f + a * s + 4 * s
-    # Under TP the QKV output, attention output and lse, fc1 output/GELU are sharded by t.
+    block_saved = 8 * s * h + 2 * s * f + a * s + 4 * s
+    # Under TP the QKV output, attention output (= proj input) and lse, fc1 output/GELU are
+    # sharded by t.
     block_sharded = 3 * s * h + s * h + a * s + 2 * s * f
     blocks = [
         LayerSpec(f"block{i}", "block", params=block_params, flops_fwd=block_flops, output_elems=s * h,
                   saved_elems=block_saved, saved_elems_sharded=block_sharded, tp_allreduces=2)
         for i in range(cfg.num_layers)
     ]
-    # Head: final LN, projection to the vocabulary, cross-entropy (logits are saved by the loss).
+    # Head: final LN, projection to the vocabulary, cross-entropy (its log-softmax output is saved).
     head = LayerSpec("head", "head", params=2 * h + h * v, flops_fwd=2 * s * h * v, output_elems=1,
-                     saved_elems=2 * s * h + 2 * s + 2 * s * v, saved_elems_sharded=2 * s * v, tp_allreduces=1)
+                     saved_elems=2 * s * h + 3 * s + s * v, saved_elems_sharded=s * v, tp_allreduces=1)
     return [embed, *blocks, head]

@@ -1,0 +1,507 @@
+"""Per-layer profiler: time, memory and FLOPs of every layer of a workload, as a ProfileBundle.
+
+Each layer is built alone (a pipeline rank never holds more) and fed the activation that layers
+0..i-1 produce, once and without autograd, from the seeded batch. Then, on the local device:
+
+- times (CUDA events on a GPU, ``perf_counter`` on a CPU), ``warmup`` unrecorded rounds and then
+  the median and spread of ``repeats`` rounds of: forward; full backward (input and parameter
+  gradients in one ``autograd.grad`` call); recompute (a forward with autograd right after a
+  no-grad forward, as activation checkpointing runs it); B, the input gradient alone
+  (``autograd.grad`` w.r.t. the layer input: autograd skips every weight-gradient kernel); and
+  W, the parameter gradients alone given the graph B left: every module that owns parameters
+  had its output's gradient captured during B, and W is ``autograd.grad`` from those outputs to
+  the module's own parameters, which runs only the weight-gradient kernels. A layer whose input
+  is not a float tensor (token ids) has no B; its W is then the whole backward. For an LSTM the
+  weight gradients need the whole backward through time, so its W is close to its full backward.
+- bytes: parameters, gradients (same dtype), Adam state (two fp32 moments per parameter),
+  activations saved for backward (``saved_tensors_hooks``; each storage counted once; the
+  layer's parameters excluded; the layer *input* counted when an op of the layer saves it, which
+  is how a stage holds it), the output, and the peak transient: how far memory rises above both
+  the level before and the level after a phase, the larger of forward and backward. GPU:
+  ``torch.cuda`` allocator statistics. CPU: a dispatch-level tracker that adds the bytes of every
+  new storage an operator returns and subtracts them when the storage dies; buffers private to a
+  kernel (e.g. inside the CPU attention kernel) never reach the dispatcher and are not seen.
+- FLOPs of the forward and of the full backward (``FlopCounterMode``; matmuls and convolutions
+  only, as it counts).
+- the per-op drill-down of one forward and backward under ``torch.profiler``, inside
+  ``record_function("layer{i}.fwd" / ".bwd")`` ranges (OP_TABLE). Layers are laid end to end on
+  one time axis in that table.
+
+The last layer is profiled together with ``workload.loss``: it runs on the last pipeline stage,
+so its output is the scalar loss and its backward starts from d(loss) = 1.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch import nn
+from torch.autograd.graph import GradientEdge, get_gradient_edge, saved_tensors_hooks
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from exec.workloads import Workload, get_workload
+from traces.bundle import ProfileBundle, environment_info
+from traces.errors import ConfigError
+from traces.kineto import import_chrome_trace
+from traces.schema import LAYER_TABLE, OP_TABLE
+from traces.tables import conform, empty_table
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ADAM_STATE_BYTES_PER_PARAM = 2 * 4  # exp_avg and exp_avg_sq, kept in fp32
+OP_GAP_US = 10.0  # space between layers on the op table's common time axis
+
+
+def profile_workload(
+    workload: Workload | str,
+    micro_batch: int,
+    seq: int | None = None,
+    dtype: str = "float32",
+    device: str = "auto",
+    warmup: int = 2,
+    repeats: int = 10,
+    with_ops: bool = True,
+    layers: range | None = None,
+    seed: int = 0,
+) -> ProfileBundle:
+    """Profile ``layers`` (default all) of ``workload`` at ``micro_batch`` on the local device."""
+    started = time.perf_counter()
+    wl = _resolve_workload(workload, seq)
+    dev = _resolve_device(device)
+    torch_dtype = _resolve_dtype(dtype)
+    if micro_batch < 1:
+        raise ConfigError("micro_batch", f"must be at least 1, not {micro_batch}",
+                          "pass --micro-batch 1 or more")
+    if repeats < 1 or warmup < 0:
+        raise ConfigError("repeats", f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}",
+                          "use e.g. warmup=2, repeats=10")
+    span = _resolve_layers(layers, wl.num_layers)
+    names = wl.layer_names()
+    timer = _Timer(dev)
+
+    batch = wl.make_batch(micro_batch, seed=seed, device=dev)
+    x = batch.inputs.to(torch_dtype) if batch.inputs.is_floating_point() else batch.inputs
+    rows: list[dict[str, object]] = []
+    op_tables: list[pd.DataFrame] = []
+    op_offset = 0.0
+    for index in range(span.stop):
+        layer = wl.build_layers(index, index + 1, device=dev, dtype=torch_dtype, seed=seed)[0]
+        if index in span:
+            probe = _LayerProbe(index, layer, x, batch.targets if index == wl.num_layers - 1 else None,
+                                wl.loss, seed)
+            rows.append({"layer": index, "name": names[index], "kind": _kind(wl, index),
+                         **_measure_times(probe, timer, warmup, repeats), **_measure_bytes(probe, dev),
+                         **_measure_flops(probe)})
+            if with_ops:
+                ops = _op_table(probe, dev, op_offset)
+                if len(ops):
+                    op_offset = float((ops["start_us"] + ops["dur_us"]).max()) + OP_GAP_US
+                op_tables.append(ops)
+        if index + 1 < span.stop:
+            with torch.no_grad():
+                x = layer(x)
+        del layer
+
+    layer_table = conform(pd.DataFrame(rows), LAYER_TABLE, "profiler")
+    ops_table = conform(pd.concat(op_tables, ignore_index=True), OP_TABLE, "profiler") if op_tables \
+        else empty_table(OP_TABLE)
+    settings = {
+        "micro_batch": micro_batch, "seq": getattr(wl, "seq", None), "dtype": dtype, "device": str(dev),
+        "warmup": warmup, "repeats": repeats, "with_ops": with_ops, "layers": [span.start, span.stop],
+        "seed": seed, "torch_threads": torch.get_num_threads(),
+        "timer": "cuda events" if dev.type == "cuda" else "time.perf_counter",
+        "statistic": "median over repeats; spread = (max - min) / median",
+        "bwd_weight": "autograd.grad from each parameter-owning module's output (gradient captured "
+                      "during B) to its own parameters; whole backward when the input is not a float",
+        "saved_bytes": "saved_tensors_hooks, each storage once, parameters excluded, layer input "
+                       "included when saved (also in the extra column saved_input_bytes)",
+        "peak_transient": "torch.cuda max_memory_allocated" if dev.type == "cuda" else
+                          "dispatch-level storage tracker (kernel-private scratch not seen)",
+        "last_layer": "profiled with workload.loss; output is the scalar loss",
+        "profile_wall_s": time.perf_counter() - started,
+    }
+    meta = {**environment_info(), "workload": wl.describe(), "settings": settings}
+    return ProfileBundle(meta=meta, layers=layer_table, ops=ops_table)
+
+
+# --- settings ------------------------------------------------------------------------------------
+
+
+def _resolve_workload(workload: Workload | str, seq: int | None) -> Workload:
+    if isinstance(workload, str):
+        return get_workload(workload, **({} if seq is None else {"seq": seq}))
+    if seq is not None and getattr(workload, "seq", None) != seq:
+        built = getattr(workload, "seq", None)
+        raise ConfigError("seq", f"workload {workload.name} was built for seq {built}, not {seq}",
+                          "pass the workload by name, or build it with this seq")
+    return workload
+
+
+def _resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ConfigError("device", f"unknown device {device!r}", "use auto, cpu or cuda[:N]") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", "CUDA is not available on this machine", "use --device cpu or auto")
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError("device", f"cannot profile on {dev.type}", "use auto, cpu or cuda[:N]")
+    return dev
+
+
+def _resolve_dtype(dtype: str) -> torch.dtype:
+    if dtype not in DTYPES:
+        raise ConfigError("dtype", f"unknown dtype {dtype!r}", f"use one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _resolve_layers(layers: range | None, count: int) -> range:
+    span = range(count) if layers is None else layers
+    if not isinstance(span, range) or span.step != 1 or not 0 <= span.start < span.stop <= count:
+        raise ConfigError("layers", f"{layers!r} is not a contiguous range inside 0..{count}",
+                          f"pass e.g. range(0, {count})")
+    return span
+
+
+def _kind(wl: Workload, index: int) -> str:
+    kind_of = getattr(wl, "layer_kind", None)
+    return kind_of(index) if callable(kind_of) else wl.layer_names()[index].rstrip("0123456789.")
+
+
+# --- one layer -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _LayerProbe:
+    """A built layer with its input, and how to run its forward and backward."""
+
+    index: int
+    layer: nn.Module
+    x: torch.Tensor
+    targets: torch.Tensor | None  # set for the last layer, whose forward includes the loss
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    seed: int
+    params: list[nn.Parameter] = field(init=False)
+    _grad_out: torch.Tensor | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.x = self.x.detach()
+        if self.x.is_floating_point():
+            self.x.requires_grad_(True)
+        self.params = [p for p in self.layer.parameters() if p.requires_grad]
+
+    @property
+    def has_input_grad(self) -> bool:
+        return self.x.requires_grad
+
+    def forward(self) -> torch.Tensor:
+        y = self.layer(self.x)
+        return y if self.targets is None else self.loss(y, self.targets)
+
+    def grad_out(self, y: torch.Tensor) -> torch.Tensor:
+        """A fixed, seeded gradient of the output (ones for the scalar loss)."""
+        if self._grad_out is None:
+            if y.dim() == 0:
+                self._grad_out = torch.ones_like(y)
+            else:
+                gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.index)
+                self._grad_out = torch.randn(y.shape, generator=gen).to(device=y.device, dtype=y.dtype)
+        return self._grad_out
+
+    def backward(self, y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        inputs = ([self.x] if self.has_input_grad else []) + self.params
+        return torch.autograd.grad(y, inputs, self.grad_out(y), allow_unused=True)
+
+    def backward_input(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.autograd.grad(y, [self.x], self.grad_out(y), retain_graph=True)
+
+    def backward_weight(self, y: torch.Tensor, captures: list[_Capture]) -> None:
+        covered: set[int] = set()
+        for cap in captures:
+            if cap.grad is None:
+                continue
+            torch.autograd.grad([cap.edge], cap.params, [cap.grad], retain_graph=True, allow_unused=True)
+            covered.update(id(p) for p in cap.params)
+        rest = [p for p in self.params if id(p) not in covered]
+        if rest:  # parameters whose module output B never reached: backward from the layer output
+            torch.autograd.grad(y, rest, self.grad_out(y), retain_graph=True, allow_unused=True)
+
+
+@dataclass
+class _Capture:
+    """The output edge of one parameter-owning module and the gradient that reached it in B."""
+
+    params: list[nn.Parameter]
+    edge: GradientEdge
+    grad: torch.Tensor | None = None
+    handle: object = None
+
+    def store(self, grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
+        self.grad = grad_outputs[self.edge.output_nr]
+
+
+@contextmanager
+def _capture_weight_edges(layer: nn.Module) -> Iterator[list[_Capture]]:
+    """While active, every forward of a module with its own parameters records its output edge
+    (taken before any in-place op can move the tensor on) and a pre-hook that keeps its gradient.
+    The pre-hooks outlive the block (they must see B); ``_release_prehooks`` removes them."""
+    captures: list[_Capture] = []
+
+    def on_forward(module: nn.Module, args: object, output: object) -> None:
+        out = next((t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)), None)
+        if out is None or out.grad_fn is None:
+            return
+        own = [p for p in module.parameters(recurse=False) if p.requires_grad]
+        cap = _Capture(own, get_gradient_edge(out))
+        cap.handle = cap.edge.node.register_prehook(lambda grads, cap=cap: cap.store(grads))
+        captures.append(cap)
+
+    owners = [m for m in layer.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
+    handles = [m.register_forward_hook(on_forward) for m in owners]
+    try:
+        yield captures
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _release_prehooks(captures: list[_Capture]) -> None:
+    for cap in captures:
+        if cap.handle is not None:
+            cap.handle.remove()
+            cap.handle = None
+
+
+# --- time ----------------------------------------------------------------------------------------
+
+
+class _Timer:
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn: Callable[[], object]) -> tuple[float, object]:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3, out
+        t0 = time.perf_counter()
+        out = fn()
+        return time.perf_counter() - t0, out
+
+
+def _measure_times(probe: _LayerProbe, timer: _Timer, warmup: int, repeats: int) -> dict[str, float]:
+    samples: dict[str, list[float]] = {k: [] for k in ("fwd", "bwd", "recompute", "bwd_input", "bwd_weight")}
+    for round_ in range(warmup + repeats):
+        t_fwd, y = timer(probe.forward)
+        t_bwd, _ = timer(lambda y=y: probe.backward(y))
+        del y
+        with torch.no_grad():  # the first, non-saving forward of a checkpointed layer
+            probe.forward()
+        with _capture_weight_edges(probe.layer) as captures:
+            t_recompute, y = timer(probe.forward)
+        t_b = 0.0
+        if probe.has_input_grad:
+            t_b, _ = timer(lambda y=y: probe.backward_input(y))
+        _release_prehooks(captures)
+        t_w, _ = timer(lambda y=y, c=captures: probe.backward_weight(y, c))
+        del y, captures
+        if round_ >= warmup:
+            for key, value in zip(samples, (t_fwd, t_bwd, t_recompute, t_b, t_w), strict=True):
+                samples[key].append(value)
+    out: dict[str, float] = {}
+    for key, values in samples.items():
+        median = statistics.median(values)
+        out[f"{key}_s"] = median
+        out[f"{key}_spread"] = (max(values) - min(values)) / median if median > 0 else 0.0
+    return out
+
+
+# --- bytes ---------------------------------------------------------------------------------------
+
+
+def _storage_key(t: torch.Tensor) -> tuple[str, int]:
+    return str(t.device), t.untyped_storage().data_ptr()
+
+
+def _measure_bytes(probe: _LayerProbe, dev: torch.device) -> dict[str, int]:
+    saved: dict[tuple[str, int], int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.setdefault(_storage_key(t), t.untyped_storage().nbytes())
+        return t
+
+    with saved_tensors_hooks(pack, lambda t: t):
+        y = probe.forward()
+    param_keys = {_storage_key(p) for p in probe.params}
+    saved = {k: n for k, n in saved.items() if k not in param_keys and n > 0}
+    param_bytes = sum(p.numel() * p.element_size() for p in probe.params)
+    n_params = sum(p.numel() for p in probe.params)
+    out = {
+        "param_bytes": param_bytes,
+        "grad_bytes": param_bytes,
+        "optimizer_bytes": n_params * ADAM_STATE_BYTES_PER_PARAM,
+        "saved_bytes": sum(saved.values()),
+        "output_bytes": y.numel() * y.element_size(),
+        # Extra columns: the parts of saved_bytes that are the layer's input / output storage, so
+        # a stage total can count a tensor saved on both sides of a layer boundary once.
+        "saved_input_bytes": saved.get(_storage_key(probe.x), 0),
+        "saved_output_bytes": saved.get(_storage_key(y), 0),
+    }
+    del y  # free this forward's graph before measuring the next one's memory
+    out["peak_transient_bytes"] = _peak_transient(probe, dev)
+    return out
+
+
+class _StorageTracker(TorchDispatchMode):
+    """Bytes of live storages created by operators while active, and their high-water mark.
+
+    A storage counts from the operator that returns it first (outputs that alias an input, i.e.
+    views and in-place results, are not new) until it is freed, wherever that happens.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._tracked: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's protocol
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self._track(t.untyped_storage(), inputs)
+        return out
+
+    def _track(self, storage: torch.UntypedStorage, inputs: set[int]) -> None:
+        ptr, size = storage.data_ptr(), storage.nbytes()
+        if size == 0 or ptr in inputs or ptr in self._tracked:
+            return
+        self._tracked.add(ptr)
+        self.live += size
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(storage, self._free, ptr, size)
+
+    def _free(self, ptr: int, size: int) -> None:
+        self._tracked.discard(ptr)
+        self.live -= size
+
+
+def _peak_transient(probe: _LayerProbe, dev: torch.device) -> int:
+    """max over forward and backward of (peak during the phase - max(level before, level after))."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        start = torch.cuda.memory_allocated(dev)
+        y = probe.forward()
+        torch.cuda.synchronize(dev)
+        fwd_peak, fwd_end = torch.cuda.max_memory_allocated(dev), torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        grads = probe.backward(y)
+        torch.cuda.synchronize(dev)
+        bwd_peak, bwd_end = torch.cuda.max_memory_allocated(dev), torch.cuda.memory_allocated(dev)
+    else:
+        tracker = _StorageTracker()
+        with tracker:
+            start = 0
+            y = probe.forward()
+            fwd_peak, fwd_end = tracker.peak, tracker.live
+            tracker.peak = tracker.live
+            grads = probe.backward(y)
+            bwd_peak, bwd_end = tracker.peak, tracker.live
+    del y, grads
+    return int(max(fwd_peak - max(start, fwd_end), bwd_peak - max(fwd_end, bwd_end), 0))
+
+
+# --- FLOPs ---------------------------------------------------------------------------------------
+
+
+def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _cpu_sdpa_backward_flops(grad_out_shape, query_shape, key_shape, value_shape, *args,  # noqa: ANN001
+                             out_shape=None, **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+def _lstm_flops(input_shape, w_ih_shape, w_hh_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
+    # Every step multiplies [batch, in] by w_ih^T [in, 4H] and [batch, H] by w_hh^T [H, 4H].
+    steps_times_batch = input_shape[0] * input_shape[1]
+    return 2 * steps_times_batch * w_ih_shape[0] * (w_ih_shape[1] + w_hh_shape[1])
+
+
+def _lstm_backward_flops(input_shape, w_ih_shape, w_hh_shape, *args, out_shape=None,  # noqa: ANN001
+                         **kwargs) -> int:
+    return 2 * _lstm_flops(input_shape, w_ih_shape, w_hh_shape)  # input (and h) grads + weight grads
+
+
+def _flop_formulas() -> dict[object, object]:
+    # FlopCounterMode (torch 2.13) knows the CUDA attention kernels but neither the CPU one that
+    # SDPA dispatches to here nor the CPU (oneDNN) LSTM layer, and would count them as free.
+    aten = torch.ops.aten
+    formulas = {
+        "_scaled_dot_product_flash_attention_for_cpu": _cpu_sdpa_flops,
+        "_scaled_dot_product_flash_attention_for_cpu_backward": _cpu_sdpa_backward_flops,
+        "mkldnn_rnn_layer": _lstm_flops,
+        "mkldnn_rnn_layer_backward": _lstm_backward_flops,
+    }
+    return {getattr(aten, name): f for name, f in formulas.items() if hasattr(aten, name)}
+
+
+def _measure_flops(probe: _LayerProbe) -> dict[str, int]:
+    with FlopCounterMode(display=False, custom_mapping=_flop_formulas()) as counter:
+        y = probe.forward()
+    flops_fwd = counter.get_total_flops()
+    with FlopCounterMode(display=False, custom_mapping=_flop_formulas()) as counter:
+        probe.backward(y)
+    return {"flops_fwd": int(flops_fwd), "flops_bwd": int(counter.get_total_flops())}
+
+
+# --- per-op drill-down ---------------------------------------------------------------------------
+
+
+def _op_table(probe: _LayerProbe, dev: torch.device, offset_us: float) -> pd.DataFrame:
+    """One forward and backward under torch.profiler, as OP_TABLE rows of this layer."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if dev.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        with torch.profiler.record_function(f"layer{probe.index}.fwd"):
+            y = probe.forward()
+            _sync(dev)
+        with torch.profiler.record_function(f"layer{probe.index}.bwd"):
+            probe.backward(y)
+            _sync(dev)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        ops = import_chrome_trace(path)
+    if not len(ops):
+        return ops
+    # Everything in this profile is this layer's work; backward ops that run on autograd's
+    # device thread sit outside the annotation but carry phase "bwd" from their own names.
+    ops["layer"] = probe.index
+    ops["start_us"] = ops["start_us"] + offset_us
+    return ops
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)

@@ -1,0 +1,132 @@
+"""Input data for the workload zoo: seeded synthetic tokens and images, and WikiText-2 as real text.
+
+Synthetic data is the default everywhere: it is generated on the CPU from a seeded generator and
+then moved, so the same seed gives the same batch on every device. Real text comes from the
+tokenized WikiText-2 copy in ``shared/datasets/wikitext-2`` (read only; nothing is written next to
+it), cut into windows at seeded offsets.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from traces.errors import ConfigError
+
+UNK = "<unk>"
+EOS = "<eos>"
+DATA_SOURCES = ("synthetic", "wikitext-2")
+WIKITEXT_SPLITS = ("train", "valid", "test")
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def synthetic_tokens(batch: int, length: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    """Uniform random token ids, shape [batch, length], int64."""
+    return torch.randint(0, vocab, (batch, length), generator=_generator(seed), dtype=torch.int64)
+
+
+def synthetic_images(
+    batch: int, size: int, classes: int, seed: int = 0, channels: int = 3
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Standard-normal images [batch, channels, size, size] and uniform class labels [batch]."""
+    gen = _generator(seed)
+    images = torch.randn(batch, channels, size, size, generator=gen)
+    labels = torch.randint(0, classes, (batch,), generator=gen, dtype=torch.int64)
+    return images, labels
+
+
+def check_data_source(data: object) -> str:
+    if data not in DATA_SOURCES:
+        raise ConfigError("data", f"unknown data source {data!r}", f"use one of {', '.join(DATA_SOURCES)}")
+    return str(data)
+
+
+def datasets_root() -> Path:
+    """Where the shared datasets live: $PARATWIN_DATASETS, else shared/datasets in or beside the repo."""
+    env = os.environ.get("PARATWIN_DATASETS")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parents[2]
+    for candidate in (repo / "shared" / "datasets", repo.parent / "shared" / "datasets"):
+        if candidate.is_dir():
+            return candidate
+    raise ConfigError("PARATWIN_DATASETS", f"no shared/datasets folder in or beside {repo}",
+                      "set PARATWIN_DATASETS to the folder that holds wikitext-2/")
+
+
+@dataclass(frozen=True)
+class TokenStream:
+    """A tokenized text as one long id sequence plus its vocabulary (id -> token)."""
+
+    ids: torch.Tensor  # int64, 1-D
+    vocab: tuple[str, ...]
+    source: str
+
+    def decode(self, ids: torch.Tensor | list[int]) -> list[str]:
+        return [self.vocab[int(i)] for i in ids]
+
+
+def _tokens(text: str, tokenizer: str) -> list[str]:
+    if tokenizer == "word":
+        # The file is already tokenized; every line ends with <eos>, as in PyTorch's
+        # word_language_model example that this copy of WikiText-2 comes from.
+        return [tok for line in text.splitlines() for tok in (*line.split(), EOS)]
+    if tokenizer == "char":
+        return list(text)
+    raise ConfigError("tokenizer", f"unknown tokenizer {tokenizer!r}", "use 'word' or 'char'")
+
+
+@lru_cache(maxsize=8)
+def load_wikitext2(
+    split: str = "train", vocab_size: int = 33_279, tokenizer: str = "word", root: str | None = None
+) -> TokenStream:
+    """WikiText-2 ``split`` as a token stream with at most ``vocab_size`` types.
+
+    Id 0 is ``<unk>``; the other ids go to the most frequent tokens of this split in order of
+    frequency (ties in order of first appearance), and every rarer token maps to ``<unk>``, so
+    a workload with a smaller vocabulary still reads real text. The vocabulary is built from the
+    split itself (simple, and enough for profiling and short training runs; not for comparing
+    perplexities across splits).
+    """
+    if split not in WIKITEXT_SPLITS:
+        raise ConfigError("split", f"unknown WikiText-2 split {split!r}",
+                          f"use one of {', '.join(WIKITEXT_SPLITS)}")
+    if vocab_size < 2:
+        raise ConfigError("vocab", f"vocabulary of {vocab_size} is too small for real text", "use at least 2")
+    path = (Path(root) if root else datasets_root()) / "wikitext-2" / f"{split}.txt"
+    if not path.is_file():
+        raise ConfigError("data", f"{path} does not exist",
+                          "set PARATWIN_DATASETS to the folder holding wikitext-2/")
+    tokens = _tokens(path.read_text(encoding="utf-8"), tokenizer)
+    counts = Counter(tokens)
+    counts.pop(UNK, None)
+    vocab = (UNK, *(tok for tok, _ in counts.most_common(vocab_size - 1)))
+    index = {tok: i for i, tok in enumerate(vocab)}
+    ids = torch.tensor([index.get(tok, 0) for tok in tokens], dtype=torch.int64)
+    return TokenStream(ids=ids, vocab=vocab, source=str(path))
+
+
+def text_windows(stream: TokenStream, batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    """``batch`` windows of ``length`` consecutive tokens at seeded offsets, shape [batch, length]."""
+    if length > stream.ids.numel():
+        raise ConfigError("seq", f"windows of {length} tokens do not fit in {stream.source}",
+                          "use a shorter seq")
+    starts = torch.randint(0, stream.ids.numel() - length + 1, (batch,), generator=_generator(seed))
+    return torch.stack([stream.ids[int(s): int(s) + length] for s in starts])
+
+
+def token_windows(
+    data: str, batch: int, length: int, vocab: int, seed: int = 0, split: str = "train"
+) -> torch.Tensor:
+    """[batch, length] token ids from ``data`` ("synthetic" or "wikitext-2"), all ids < ``vocab``."""
+    if check_data_source(data) == "synthetic":
+        return synthetic_tokens(batch, length, vocab, seed)
+    return text_windows(load_wikitext2(split, vocab_size=vocab), batch, length, seed)

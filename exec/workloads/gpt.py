@@ -1,0 +1,172 @@
+"""GPT (causal decoder) and BERT (bidirectional encoder) as cuttable layers: embed, N x block, head.
+
+The layers are exactly those of ``sim.workloads.transformer_layers`` (same names, same order,
+same parameter counts), so the simulator's closed forms and the profiler's measurements describe
+the same modules. No dropout anywhere, so two runs with the same seed agree bit for bit.
+
+Tensor parallelism is applied later from outside (torchtitan style); the modules only keep the
+four matmuls as plainly named ``nn.Linear`` attributes (``attn.qkv``, ``attn.proj``,
+``mlp.fc1``, ``mlp.fc2``) and read their head count from ``attn.heads``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sim.workloads import TransformerConfig, transformer_config, transformer_layers
+from traces.errors import ConfigError
+
+from .base import Batch, Workload
+from .data import check_data_source, token_windows
+
+# Token id that replaces masked positions in BERT inputs (the last id of the vocabulary).
+MASK_FRACTION = 0.15
+
+
+class Embedding(nn.Module):
+    """Token plus learned position embedding: ids [b, s] int64 -> [b, s, h]."""
+
+    def __init__(self, vocab: int, hidden: int, seq: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, hidden)
+        self.pos = nn.Embedding(seq, hidden)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        return self.tok(ids) + self.pos(positions)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with one fused QKV projection and torch SDPA.
+
+    The QKV output is laid out head-major ([head][q, k, v][head_dim]), so a contiguous slice of
+    rows of ``qkv.weight`` holds whole heads: tensor parallelism of degree t keeps rows
+    ``[r * 3h/t, (r+1) * 3h/t)`` on rank r, the matching columns of ``proj.weight``, and sets
+    ``heads`` to heads / t. ``forward`` reads every size from the modules, not from a config.
+    """
+
+    def __init__(self, hidden: int, heads: int, causal: bool) -> None:
+        super().__init__()
+        if hidden % heads:
+            raise ConfigError("heads", f"hidden size {hidden} is not divisible by {heads} heads",
+                              "choose heads that divide hidden")
+        self.heads = heads
+        self.head_dim = hidden // heads
+        self.causal = causal
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        qkv = self.qkv(x).view(b, s, self.heads, 3, self.head_dim)
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=3))  # each [b, heads, s, head_dim]
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.proj(out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, ffn: int, gelu_approximate: str) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, ffn)
+        self.act = nn.GELU(approximate=gelu_approximate)
+        self.fc2 = nn.Linear(ffn, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln1(x)), then + mlp(ln2(.))."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        causal = cfg.family == "gpt"
+        self.ln1 = nn.LayerNorm(cfg.hidden)
+        self.attn = Attention(cfg.hidden, cfg.heads, causal=causal)
+        self.ln2 = nn.LayerNorm(cfg.hidden)
+        # GPT-2 uses the tanh approximation of GELU, BERT the exact one.
+        self.mlp = MLP(cfg.hidden, cfg.ffn_mult * cfg.hidden, "tanh" if causal else "none")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Head(nn.Module):
+    """Final LayerNorm and the vocabulary projection (no bias): [b, s, h] -> logits [b, s, vocab]."""
+
+    def __init__(self, hidden: int, vocab: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(hidden)
+        self.out = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.ln(x))
+
+
+class TransformerWorkload(Workload):
+    """GPT or BERT from a ``TransformerConfig``.
+
+    Data: GPT predicts the next token (inputs are tokens 0..s-1 of a window of s+1, targets
+    tokens 1..s). BERT uses a simplified masked-LM target: 15% of the input positions (seeded)
+    are replaced by the mask id ``vocab - 1`` and the loss asks for the original token at *every*
+    position, masked or not (no 80/10/10 rule, no next-sentence task).
+    """
+
+    def __init__(self, name: str, cfg: TransformerConfig, data: str = "synthetic") -> None:
+        if cfg.family not in ("gpt", "bert"):
+            raise ConfigError("family", f"unknown transformer family {cfg.family!r}", "use 'gpt' or 'bert'")
+        self.name = name
+        self.cfg = cfg
+        self.data = check_data_source(data)
+        self.seq = cfg.seq
+
+    def layer_names(self) -> list[str]:
+        return ["embed", *(f"block{i}" for i in range(self.cfg.num_layers)), "head"]
+
+    def layer_kind(self, index: int) -> str:
+        return "embedding" if index == 0 else "head" if index == self.num_layers - 1 else "block"
+
+    def build_layer(self, index: int) -> nn.Module:
+        cfg = self.cfg
+        if index == 0:
+            return Embedding(cfg.vocab, cfg.hidden, cfg.seq)
+        if index == self.num_layers - 1:
+            return Head(cfg.hidden, cfg.vocab)
+        return Block(cfg)
+
+    def make_batch(self, micro_batch: int, seed: int = 0, device: str | torch.device = "cpu") -> Batch:
+        cfg = self.cfg
+        if cfg.family == "gpt":
+            window = token_windows(self.data, micro_batch, cfg.seq + 1, cfg.vocab, seed)
+            return Batch(window[:, :-1].contiguous().to(device), window[:, 1:].contiguous().to(device))
+        tokens = token_windows(self.data, micro_batch, cfg.seq, cfg.vocab, seed)
+        masked = torch.rand(tokens.shape, generator=torch.Generator().manual_seed(seed + 1)) < MASK_FRACTION
+        inputs = tokens.masked_fill(masked, cfg.vocab - 1)
+        return Batch(inputs.to(device), tokens.to(device))
+
+    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(output.view(-1, output.shape[-1]), targets.view(-1))
+
+    def closed_form_params(self) -> int:
+        return sum(spec.params for spec in transformer_layers(self.cfg))
+
+    def describe(self) -> dict[str, object]:
+        return {
+            **super().describe(),
+            "family": self.cfg.family,
+            "config": self.cfg.to_dict(),
+            "params": self.closed_form_params(),
+            "data": self.data,
+            "target": "next token" if self.cfg.family == "gpt" else
+                      f"masked-LM style: {MASK_FRACTION:.0%} of inputs masked, loss on all positions",
+            "definition": "paratwin exec.workloads.gpt (pre-LN, fused QKV, torch SDPA, no dropout)",
+        }
+
+
+def from_preset(name: str, **overrides: object) -> TransformerWorkload:
+    """``gpt-tiny`` ... ``gpt-175b`` and ``bert-*``; overrides are TransformerConfig fields and ``data``."""
+    data = str(overrides.pop("data", "synthetic"))
+    return TransformerWorkload(name, transformer_config(name, **overrides), data=data)

@@ -1,0 +1,39 @@
+"""The analytic model (``sim.analytic``) behind the simulator's ``CostModel`` interface."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+from sim.analytic import AnalyticCostModel, EfficiencyCurve
+from sim.cluster import ClusterSpec
+from sim.costs import LayerCosts
+from sim.hardware import DeviceSpec
+from sim.workloads import LayerSpec
+
+
+class AnalyticCosts:
+    def __init__(self, layers: Sequence[LayerSpec], device: DeviceSpec, dtype: str,
+                 cluster: ClusterSpec | None = None, efficiency: EfficiencyCurve | None = None) -> None:
+        self.specs = list(layers)
+        self.num_layers = len(self.specs)
+        self.model = AnalyticCostModel(device, dtype, efficiency)
+        self.cluster = cluster
+        self.layer_costs = lru_cache(maxsize=None)(self._layer_costs)  # type: ignore[method-assign]
+
+    def _layer_costs(self, layer: int, micro_batch: int, tp: int) -> LayerCosts:
+        c = self.model.layer_costs(self.specs[layer], micro_batch, tp)
+        return LayerCosts(
+            fwd_s=c.fwd_s, bwd_input_s=c.bwd_input_s, bwd_weight_s=c.bwd_weight_s, recompute_s=c.recompute_s,
+            param_bytes=c.param_bytes, grad_bytes=c.grad_bytes, optimizer_bytes=c.optimizer_bytes,
+            saved_bytes=c.saved_bytes, output_bytes=c.output_bytes, tp_allreduces=c.tp_allreduces_fwd,
+            tp_comm_bytes=c.tp_message_bytes, flops_fwd=c.flops_fwd,
+        )
+
+    def optimizer_step_s(self, param_bytes: int) -> float:
+        return self.model.optimizer_step_s(param_bytes)
+
+    def layer_weights(self, by: str) -> list[float]:
+        if by == "parameters":
+            return [float(spec.params) for spec in self.specs]
+        return [c.fwd_s + c.bwd_s for c in (self.layer_costs(i, 1, 1) for i in range(self.num_layers))]

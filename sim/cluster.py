@@ -1,0 +1,242 @@
+"""Cluster specs: nodes x devices per node, the device, and the links inside and between nodes.
+
+A cluster is loaded from a preset name, a YAML file or a dict. Devices and links are catalog names
+(``sim/data/hardware.yaml``) or inline specs; ``overrides`` adjusts catalog numbers without copying
+them, e.g. ``overrides: {inter_node_link: {efficiency: 0.8}}``. Every mistake is reported as a
+``ConfigError`` naming the field and the fix.
+
+Ranks are placed node-major: rank r lives on node r // devices_per_node (torchrun's order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from sim.hardware import DeviceSpec, LinkSpec, _validated, get_device, get_link, list_links
+from traces.errors import ConfigError
+
+_LINK_FIELDS = ("intra_node_link", "inter_node_link")
+_KNOWN_KEYS = {"name", "nodes", "devices_per_node", "device", *_LINK_FIELDS, "nics_per_node", "overrides",
+               "source"}
+
+
+class ClusterSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = "custom"
+    nodes: int
+    devices_per_node: int
+    device: DeviceSpec
+    intra_node_link: LinkSpec | None = None  # None only for one device per node
+    inter_node_link: LinkSpec | None = None  # None only for a single node
+    # Network adapters per node; inter_node_link is one adapter, so the node's network bandwidth is
+    # nics_per_node x inter_node_link.bandwidth (e.g. 4 x HDR = 800 Gbit/s per DGX A100 node).
+    nics_per_node: int = 1
+    source: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve(cls, data: Any) -> Any:
+        """Resolve catalog names, apply overrides and check the shape, before pydantic's own checks."""
+        if not isinstance(data, Mapping):
+            raise ConfigError("cluster", f"expected a mapping, got {type(data).__name__}",
+                              "give nodes, devices_per_node, device, intra_node_link, inter_node_link")
+        data = dict(data)
+        unknown = set(data) - _KNOWN_KEYS
+        if unknown:
+            raise ConfigError(f"cluster.{sorted(unknown)[0]}", "unknown field",
+                              f"use {', '.join(sorted(_KNOWN_KEYS))}")
+        for key in ("nodes", "devices_per_node"):
+            if key not in data:
+                raise ConfigError(f"cluster.{key}", "missing", f"set {key} to a positive integer")
+            _positive_int(data, key)
+        _positive_int(data, "nics_per_node", default=1)
+        if "device" not in data:
+            raise ConfigError("cluster.device", "missing", "name a catalog device, e.g. A100-80GB")
+
+        overrides = data.pop("overrides", None) or {}
+        if not isinstance(overrides, Mapping):
+            raise ConfigError("cluster.overrides", "must be a mapping",
+                              "e.g. {inter_node_link: {efficiency: 0.8}}")
+        bad = set(overrides) - {"device", *_LINK_FIELDS}
+        if bad:
+            raise ConfigError(f"cluster.overrides.{sorted(bad)[0]}", "cannot be overridden",
+                              "override device, intra_node_link or inter_node_link")
+
+        device = _resolve_device(data["device"])
+        if "device" in overrides:
+            device = device.with_overrides("cluster.overrides.device",
+                                            **_mapping(overrides["device"], "cluster.overrides.device"))
+        data["device"] = device
+
+        # A multi-device node without a named intra-node link uses the link its vendor pairs the
+        # device with (NVLink for SXM parts, PCIe for the RTX 3090).
+        if data.get("intra_node_link") is None and data["devices_per_node"] > 1:
+            if device.intra_link is None:
+                raise ConfigError("cluster.intra_node_link", "missing (devices_per_node > 1)",
+                                  f"name one of {', '.join(list_links())}")
+            data["intra_node_link"] = device.intra_link
+        if data.get("inter_node_link") is None and data["nodes"] > 1:
+            raise ConfigError("cluster.inter_node_link", "missing (nodes > 1)",
+                              f"name one of {', '.join(list_links())}, e.g. ib-hdr")
+        for key in _LINK_FIELDS:
+            if data.get(key) is not None:
+                link = _resolve_link(data[key], f"cluster.{key}")
+                if key in overrides:
+                    field = f"cluster.overrides.{key}"
+                    link = link.with_overrides(field, **_mapping(overrides[key], field))
+                data[key] = link
+        return data
+
+    # --- placement -----------------------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def check_rank(self, rank: int, field: str = "rank") -> int:
+        if not 0 <= int(rank) < self.world_size:
+            raise ConfigError(field, f"rank {rank} outside the cluster",
+                              f"use 0..{self.world_size - 1} ({self.nodes} x {self.devices_per_node})")
+        return int(rank)
+
+    def node_of(self, rank: int) -> int:
+        return self.check_rank(rank) // self.devices_per_node
+
+    def local_rank(self, rank: int) -> int:
+        return self.check_rank(rank) % self.devices_per_node
+
+    def link_between(self, a: int, b: int) -> LinkSpec:
+        """The link class a message from rank a to rank b crosses (intra- or inter-node)."""
+        if self.check_rank(a) == self.check_rank(b):
+            raise ConfigError("ranks", f"rank {a} to itself crosses no link", "pass two different ranks")
+        link = self.intra_node_link if self.node_of(a) == self.node_of(b) else self.inter_node_link
+        assert link is not None  # guaranteed by _resolve for any pair of distinct ranks
+        return link
+
+    @property
+    def node_network_Bps(self) -> float:
+        """Effective network bandwidth of a whole node (all its adapters, one direction)."""
+        if self.inter_node_link is None:
+            return 0.0
+        return self.nics_per_node * self.inter_node_link.effective_bandwidth_Bps
+
+    @property
+    def host_link(self) -> LinkSpec | None:
+        """Host <-> device copy link (swap traffic), from the device's catalog entry."""
+        return get_link(self.device.host_link) if self.device.host_link else None
+
+    def describe(self) -> str:
+        inter = (f", {self.nics_per_node} x {self.inter_node_link.name} between nodes"
+                 if self.inter_node_link else "")
+        intra = f" over {self.intra_node_link.name}" if self.intra_node_link else ""
+        return f"{self.name}: {self.nodes} x {self.devices_per_node} {self.device.name}{intra}{inter}"
+
+
+def _positive_int(data: dict[str, Any], key: str, default: int | None = None) -> None:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value or value < 1:
+        raise ConfigError(f"cluster.{key}", f"must be a positive integer, got {value!r}",
+                          f"set {key} to 1 or more")
+    data[key] = int(value)
+
+
+def _mapping(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(field, f"must be a mapping, got {value!r}", "e.g. {bandwidth_Bps: 2.0e10}")
+    return dict(value)
+
+
+def _resolve_device(value: Any) -> DeviceSpec:
+    if isinstance(value, DeviceSpec):
+        return value
+    if isinstance(value, str):
+        return get_device(value, field="cluster.device")
+    spec = _mapping(value, "cluster.device")
+    if "base" in spec:  # a catalog device with some numbers replaced
+        base = get_device(spec.pop("base"), field="cluster.device.base")
+        return base.with_overrides("cluster.device", **spec)
+    return _validated(DeviceSpec, spec, field="cluster.device")
+
+
+def _resolve_link(value: Any, field: str) -> LinkSpec:
+    if isinstance(value, LinkSpec):
+        return value
+    if isinstance(value, str):
+        return get_link(value, field=field)
+    spec = _mapping(value, field)
+    if "base" in spec:
+        return get_link(spec.pop("base"), field=f"{field}.base").with_overrides(field, **spec)
+    spec.setdefault("name", field.rsplit(".", 1)[-1])
+    return _validated(LinkSpec, spec, field=field)
+
+
+# --- presets and loading ----------------------------------------------------------------------------------
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "dgx-a100-8": dict(nodes=1, devices_per_node=8, device="A100-80GB", intra_node_link="nvlink3",
+                       source="NVIDIA DGX A100 datasheet (2020): 8 x A100 80GB, NVSwitch, 600 GB/s NVLink"),
+    # 8 DGX A100 nodes; 4 x HDR = 800 Gbit/s per node, as /work/shared/validation/README.md states.
+    "a100-64": dict(nodes=8, devices_per_node=8, device="A100-80GB", intra_node_link="nvlink3",
+                    inter_node_link="ib-hdr", nics_per_node=4,
+                    source="vTrain validation setup (Bang et al., MICRO 2024): 8-GPU A100 nodes, 4 x HDR"),
+    # 128 DGX H100 nodes with 8 x ConnectX-7 NDR 400 Gbit/s adapters each.
+    "h100-1024": dict(nodes=128, devices_per_node=8, device="H100-SXM", intra_node_link="nvlink4",
+                      inter_node_link="ib-ndr", nics_per_node=8,
+                      source="NVIDIA DGX H100 datasheet (2023): 8 x H100, 8 x ConnectX-7 400 Gb/s"),
+    "h200-1": dict(nodes=1, devices_per_node=1, device="H200",
+                   source="the single H200 the project can borrow for device checks"),
+    "local-cpu-2": dict(nodes=1, devices_per_node=2, device="local-cpu", intra_node_link="loopback-gloo",
+                        source="two gloo ranks on the development machine"),
+}
+
+
+def list_presets() -> list[str]:
+    return sorted(PRESETS)
+
+
+def cluster_from_dict(data: Mapping[str, Any], field: str = "cluster") -> ClusterSpec:
+    """A ClusterSpec from a mapping; ``preset: NAME`` starts from a preset and the other keys override it."""
+    data = dict(data)
+    if "preset" in data:
+        name = data.pop("preset")
+        if name not in PRESETS:
+            raise ConfigError(f"{field}.preset", f"unknown preset {name!r}",
+                              f"use one of {', '.join(PRESETS)}")
+        data = {"name": name, **PRESETS[name], **data}
+    try:
+        return ClusterSpec.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(f"{field}.{where}", err["msg"], "see examples/clusters/*.yaml") from None
+
+
+def load_cluster(source: str | Path | Mapping[str, Any] | ClusterSpec) -> ClusterSpec:
+    """A cluster from a preset name, a YAML file path, a mapping, or an existing spec."""
+    if isinstance(source, ClusterSpec):
+        return source
+    if isinstance(source, Mapping):
+        return cluster_from_dict(source)
+    text = str(source)
+    if text in PRESETS:
+        return cluster_from_dict({"preset": text})
+    path = Path(text)
+    if not path.is_file():
+        raise ConfigError("cluster", f"{text!r} is neither a preset nor a YAML file",
+                          f"use one of {', '.join(PRESETS)} or a path like examples/clusters/a100-2x8.yaml")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), f"not valid YAML ({exc.__class__.__name__})",
+                          "fix the YAML syntax") from None
+    if not isinstance(raw, Mapping):
+        raise ConfigError(str(path), "top level must be a mapping", "see examples/clusters/*.yaml")
+    raw = dict(raw.get("cluster", raw))
+    raw.setdefault("name", path.stem)
+    return cluster_from_dict(raw, field=f"{path.name}")

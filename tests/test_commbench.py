@@ -1,0 +1,111 @@
+"""The communication benchmark with real gloo ranks on this machine."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from exec.commbench import PRIMITIVES, fit_alpha_beta, read_comm_results, run_commbench
+from traces.errors import BundleError, ConfigError
+
+# Up to 16 MiB so that the largest transfer (milliseconds at gloo's ~1 GB/s here) stands clear of
+# the few-millisecond scheduler stalls of a loaded two-core machine.
+SIZES = [1024, 64 * 1024, 1024 * 1024, 16 * 1024 * 1024]
+
+
+@pytest.mark.slow
+def test_commbench_two_gloo_ranks(tmp_path: Path) -> None:
+    samples, fits = run_commbench(nproc=2, sizes=SIZES, repeats=5, warmup=1, out=tmp_path / "cb")
+
+    assert len(samples) == len(PRIMITIVES) * len(SIZES)
+    assert set(samples["backend"]) == {"gloo"} and set(samples["world_size"]) == {2}
+    assert (samples["min_s"] > 0).all()
+    assert ((samples["min_s"] <= samples["median_s"]) & (samples["median_s"] <= samples["max_s"])).all()
+    for primitive, group in samples.groupby("primitive"):
+        group = group.sort_values("bytes")
+        assert list(group["bytes"]) == SIZES, primitive  # all sizes divide evenly by 2 ranks x 4 B
+        # Best-of-repeats is robust to stalls: 16 MiB must take longer than 1 KiB, by a wide margin.
+        assert group["min_s"].iloc[-1] > 3 * group["min_s"].iloc[0], (primitive, group)
+
+    assert sorted(fits["primitive"]) == sorted(PRIMITIVES)
+    assert (fits["alpha_s"] >= 0).all()
+    assert (fits["bandwidth_Bps"] > 0).all() and np.isfinite(fits["bandwidth_Bps"]).all()
+    rs_note = fits.set_index("primitive").loc["reduce_scatter", "note"]
+    assert "all_reduce" in rs_note  # gloo's reduce_scatter is an all_reduce underneath, and we say so
+
+    stored_samples, stored_fits, meta = read_comm_results(tmp_path / "cb")
+    pd.testing.assert_frame_equal(stored_samples, samples)
+    pd.testing.assert_frame_equal(stored_fits, fits)
+    assert meta["settings"]["sizes"] == SIZES and meta["software"]["gloo_available"]
+
+
+def _worker_in_existing_group(rank: int, init: str, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        samples, fits = run_commbench(sizes=[1024, 1024 * 1024], primitives=["all_reduce"], repeats=3)
+        if rank == 0:
+            samples.to_pickle(out)
+        assert dist.is_initialized()  # the caller's group is left alone
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_commbench_inside_an_existing_process_group(tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    from exec.commbench import _free_port
+
+    out = tmp_path / "samples.pkl"
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    mp.start_processes(_worker_in_existing_group, args=(init, str(out)), nprocs=2, start_method="spawn")
+    samples = pd.read_pickle(out)
+    assert list(samples["primitive"]) == ["all_reduce", "all_reduce"]
+    assert list(samples["bytes"]) == [1024, 1024 * 1024] and (samples["median_s"] > 0).all()
+
+
+def test_fit_recovers_a_known_line() -> None:
+    rng = np.random.default_rng(1)
+    sizes = np.array([1024 * 4**k for k in range(8)])
+    alpha, bandwidth = 50e-6, 1.2e9
+    times = (alpha + sizes / bandwidth) * rng.uniform(0.97, 1.03, len(sizes))
+    times[2] *= 5  # one size caught a scheduler stall
+    samples = pd.DataFrame(
+        {
+            "primitive": "all_reduce", "backend": "gloo", "world_size": 2, "bytes": sizes,
+            "median_s": times, "min_s": times * 0.9, "max_s": times * 1.2, "repeats": 5,
+        }
+    )
+    fit = fit_alpha_beta(samples).iloc[0]
+    # The stalled point sits where time is mostly alpha; the robust loss keeps its pull to ~10%.
+    assert fit["alpha_s"] == pytest.approx(alpha, rel=0.15)
+    assert fit["bandwidth_Bps"] == pytest.approx(bandwidth, rel=0.05)
+    assert fit["r2"] > 0.99
+    single = fit_alpha_beta(samples.iloc[:1]).iloc[0]
+    assert math.isnan(single["alpha_s"]) and math.isnan(single["bandwidth_Bps"])
+
+
+def test_bad_settings_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="sizes"):
+        run_commbench(sizes=[4096])
+    with pytest.raises(ConfigError, match="primitives.*broadcast"):
+        run_commbench(sizes=[1024, 2048], primitives=["broadcast"])
+    with pytest.raises(ConfigError, match="nproc"):
+        run_commbench(nproc=1, sizes=[1024, 2048])
+    with pytest.raises(ConfigError, match="backend"):
+        run_commbench(sizes=[1024, 2048], backend="mpi")
+
+
+def test_refuses_to_overwrite_a_foreign_directory_before_measuring(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(BundleError, match="not a paratwin bundle"):
+        run_commbench(sizes=[1024, 2048], out=tmp_path)
+    assert (tmp_path / "notes.txt").read_text() == "mine"

@@ -1,0 +1,301 @@
+"""Hardware catalog, cluster specs, collective costs, analytic layer costs and calibration."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from sim.analytic import AnalyticCostModel, EfficiencyCurve, default_for, tp_comm_times
+from sim.calibration import (
+    MEGATRON_A100_CSV,
+    SHAPE_COLUMNS,
+    fit_efficiency,
+    load_megatron_a100,
+    megatron_predictor,
+    score,
+    split_calibration,
+    summarize,
+)
+from sim.cluster import ClusterSpec, cluster_from_dict, list_presets, load_cluster
+from sim.collectives import collective_time, collective_transfers, p2p_time
+from sim.hardware import (
+    CATALOG_PATH,
+    LinkSpec,
+    device_from_profile_meta,
+    get_device,
+    get_link,
+    link_from_comm_fits,
+    list_devices,
+    list_links,
+)
+from sim.workloads import transformer_config, transformer_layers
+from traces.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --- catalog ------------------------------------------------------------------------------------------
+
+def test_catalog_lookups_return_datasheet_numbers():
+    a100 = get_device("A100-80GB")
+    assert a100.peak("bf16") == 312e12 and a100.peak("float16") == 312e12
+    assert a100.memory_bandwidth_Bps == 2039e9 and a100.memory_bytes == 80 * 2**30
+    assert get_device("h100").peak("fp8") == 1979e12  # dense: half the datasheet's sparsity figure
+    assert get_device("a100").name == "A100-40GB"  # aliases are case-insensitive
+    assert get_link("ib-hdr").bandwidth_Bps == 25e9  # 200 Gbit/s
+    assert get_link("nvlink3").bandwidth_Bps == 300e9  # 600 GB/s bidirectional
+    expected = {"V100-32GB", "A100-40GB", "A100-80GB", "H100-SXM", "H200", "RTX3090", "local-cpu"}
+    assert expected <= set(list_devices())
+    assert {"nvlink2", "nvlink3", "nvlink4", "pcie-gen3-x16", "pcie-gen4-x16", "pcie-gen5-x16",
+            "ib-hdr", "ib-ndr", "eth-10g", "eth-25g", "eth-100g"} <= set(list_links())
+
+
+def test_unknown_names_raise_config_error_listing_valid_names():
+    with pytest.raises(ConfigError) as err:
+        get_device("B300")
+    assert err.value.field == "device" and "H200" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        get_link("nvlink9")
+    assert err.value.field == "link" and "nvlink4" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        get_device("V100-32GB").peak("bf16")  # Volta has no bf16
+    assert err.value.field == "dtype" and "fp16" in str(err.value)
+
+
+def test_every_catalog_entry_has_a_source():
+    raw = yaml.safe_load(CATALOG_PATH.read_text())
+    for section in ("devices", "links"):
+        for name, entry in raw[section].items():
+            assert len(str(entry.get("source", "")).strip()) > 10, f"{section}.{name} has no source"
+    for name in list_devices():
+        spec = get_device(name)
+        assert spec.source and spec.peak_flops and all(v > 0 for v in spec.peak_flops.values())
+        if spec.host_link:
+            get_link(spec.host_link)  # every referenced link exists
+    for name in list_links():
+        assert get_link(name).source and get_link(name).latency_s > 0
+
+
+def test_specs_from_measurement():
+    link = LinkSpec.from_fit(2e-5, 1.5e9)
+    assert link.transfer_time(3e9) == pytest.approx(2e-5 + 2.0)
+    fits = pd.DataFrame([
+        {"primitive": "send_recv", "backend": "gloo", "world_size": 2, "alpha_s": 4e-5, "bandwidth_Bps": 2e9,
+         "r2": 0.99, "note": ""},
+        {"primitive": "all_reduce", "backend": "gloo", "world_size": 2, "alpha_s": 9e-5,
+         "bandwidth_Bps": 1e9, "r2": 0.98, "note": ""},
+    ])
+    measured = link_from_comm_fits(fits)
+    assert measured.bandwidth_Bps == 2e9 and measured.latency_s == 4e-5
+    with pytest.raises(ConfigError):
+        link_from_comm_fits(fits, "all_to_all")
+    dev = device_from_profile_meta({"peak_flops": {"float32": 5e10}, "memory_bandwidth_Bps": 2e10,
+                                    "hardware": {"memory_bytes": 8 * 2**30}})
+    assert dev.peak("fp32") == 5e10 and dev.kind == "cpu" and dev.memory_bytes == 8 * 2**30
+
+
+# --- clusters -----------------------------------------------------------------------------------------------
+
+def test_presets_and_placement():
+    assert set(list_presets()) >= {"dgx-a100-8", "a100-64", "h100-1024", "local-cpu-2"}
+    c = load_cluster("a100-64")
+    assert c.world_size == 64 and c.node_of(17) == 2 and c.local_rank(17) == 1
+    assert c.link_between(0, 7).name == "nvlink3" and c.link_between(7, 8).name == "ib-hdr"
+    assert c.node_network_Bps == pytest.approx(100e9)  # 4 x 200 Gbit/s
+    assert load_cluster("h100-1024").world_size == 1024
+    with pytest.raises(ConfigError) as err:
+        c.node_of(64)
+    assert err.value.field == "rank"
+
+
+def test_example_yaml_loads_with_overrides():
+    c = load_cluster(REPO / "examples" / "clusters" / "a100-2x8-hdr.yaml")
+    assert c.world_size == 16 and c.inter_node_link.efficiency == 0.8
+    assert c.node_network_Bps == pytest.approx(4 * 25e9 * 0.8)
+    custom = load_cluster(REPO / "examples" / "clusters" / "rtx3090-ethernet.yaml")
+    assert custom.inter_node_link.name == "office-10g" and custom.device.name == "RTX3090"
+
+
+@pytest.mark.parametrize(("spec", "field"), [
+    ({"nodes": 1, "devices_per_node": 8, "device": "A100-81GB"}, "cluster.device"),
+    ({"nodes": 0, "devices_per_node": 8, "device": "A100-80GB"}, "cluster.nodes"),
+    ({"nodes": 2, "devices_per_node": 8, "device": "A100-80GB"}, "cluster.inter_node_link"),
+    ({"nodes": 2, "devices_per_node": 8, "device": "A100-80GB", "inter_node_link": "ib-xdr"},
+     "cluster.inter_node_link"),
+    ({"nodes": 1, "devices_per_node": 8, "device": "A100-80GB", "gpus": 8}, "cluster.gpus"),
+    ({"nodes": 1, "devices_per_node": 8, "device": "A100-80GB",
+      "overrides": {"intra_node_link": {"efficiency": 1.5}}}, "cluster.overrides.intra_node_link.efficiency"),
+    ({"nodes": 1, "devices_per_node": 2, "device": "H200",
+      "intra_node_link": {"bandwidth_Bps": -1, "latency_s": 0}}, "cluster.intra_node_link.bandwidth_Bps"),
+])
+def test_cluster_validation_names_the_field(spec, field):
+    with pytest.raises(ConfigError) as err:
+        cluster_from_dict(spec)
+    assert err.value.field == field and err.value.fix
+
+
+def test_cluster_direct_construction_also_raises_config_error():
+    with pytest.raises(ConfigError) as err:
+        ClusterSpec(nodes=1, devices_per_node=0, device="H200")
+    assert err.value.field == "cluster.devices_per_node"
+
+
+# --- collectives ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("nbytes", [1, 4096, 2**30])
+def test_ring_all_reduce_matches_formula_exactly(n, nbytes):
+    c = cluster_from_dict({"preset": "dgx-a100-8", "overrides": {"intra_node_link": {"efficiency": 0.7}}})
+    alpha, bw = 3.4e-6, 300e9 * 0.7
+    expected = 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes / bw
+    got = collective_time("all_reduce", nbytes, range(n), c, algorithm="ring")
+    assert got == pytest.approx(expected, rel=1e-12)
+    ag = collective_time("all_gather", nbytes, range(n), c)
+    assert ag == pytest.approx((n - 1) * alpha + (n - 1) / n * nbytes / bw, rel=1e-12)
+    tree = collective_time("all_reduce", nbytes, range(n), c, algorithm="tree")
+    assert tree == pytest.approx(2 * math.ceil(math.log2(n)) * alpha + 2 * nbytes / bw, rel=1e-12)
+
+
+def test_hierarchical_beats_flat_ring_across_nodes_for_large_messages():
+    c = load_cluster("a100-64")
+    S = 1 << 30
+    flat = collective_time("all_reduce", S, range(64), c, algorithm="ring")
+    hier = collective_time("all_reduce", S, range(64), c, algorithm="hierarchical")
+    assert hier < flat / 2
+    plan = collective_transfers("all_reduce", S, range(64), c, algorithm="auto")
+    assert [t.link_class for t in plan] == ["intra", "inter", "intra"]
+    assert sum(t.time_s for t in plan) == pytest.approx(hier)
+    # The inter-node phase moves 2(N-1)/N of each local rank's 1/8 shard, sharing the node's 4 adapters.
+    assert plan[1].nbytes == pytest.approx(2 * 7 / 8 * S / 8)
+    assert plan[1].bandwidth_Bps == pytest.approx(12.5e9)
+
+
+def test_auto_picks_tree_for_tiny_messages_and_costs_are_monotone():
+    c = load_cluster("dgx-a100-8")
+    small_ring = collective_time("all_reduce", 8, range(8), c, algorithm="ring")
+    small_tree = collective_time("all_reduce", 8, range(8), c, algorithm="tree")
+    assert small_tree < small_ring
+    assert collective_time("all_reduce", 8, range(8), c) == pytest.approx(small_tree)
+    sizes = [2**k for k in range(10, 31, 4)]
+    times = [collective_time("all_to_all", s, range(8), c) for s in sizes]
+    assert times == sorted(times)
+    assert collective_time("all_reduce", 1 << 20, [3], c) == 0.0  # one rank: nothing to do
+
+
+def test_p2p_and_collective_input_errors():
+    c = load_cluster("a100-64")
+    S = 64 << 20
+    assert p2p_time(S, 0, 1, c) == pytest.approx(3.4e-6 + S / 300e9)
+    assert p2p_time(S, 0, 8, c) == pytest.approx(14e-6 + S / 25e9)  # one flow uses one adapter
+    assert p2p_time(S, 5, 5, c) == 0.0
+    with pytest.raises(ConfigError) as err:
+        collective_time("all_reduce", S, [0, 0, 1], c)
+    assert err.value.field == "ranks"
+    with pytest.raises(ConfigError) as err:
+        collective_time("all_gather", S, range(8), c, algorithm="tree")
+    assert err.value.field == "algorithm"
+    with pytest.raises(ConfigError) as err:
+        collective_time("allscatter", S, range(8), c)
+    assert err.value.field == "primitive"
+
+
+# --- analytic costs --------------------------------------------------------------------------------------
+
+def _block(name: str = "gpt-8.3b"):
+    return transformer_layers(transformer_config(name))[1]
+
+
+def test_layer_time_scales_linearly_with_micro_batch_for_big_layers():
+    model = AnalyticCostModel(get_device("A100-80GB"), "bf16")
+    block = _block()
+    t1, t8 = model.layer_costs(block, 1).fwd_s, model.layer_costs(block, 8).fwd_s
+    assert 7.0 < t8 / t1 <= 8.0
+    c1, c8 = model.layer_costs(block, 1), model.layer_costs(block, 8)
+    assert c8.saved_bytes == 8 * c1.saved_bytes and c8.param_bytes == c1.param_bytes
+
+
+def test_tensor_parallelism_divides_compute_and_state():
+    model = AnalyticCostModel(get_device("H100-SXM"), "bf16")
+    block = _block()
+    c1, c4 = model.layer_costs(block, 4, tp=1), model.layer_costs(block, 4, tp=4)
+    assert 3.5 < c1.fwd_s / c4.fwd_s <= 4.0
+    assert 3.5 < c1.bwd_s / c4.bwd_s <= 4.0
+    assert c4.param_bytes == pytest.approx(c1.param_bytes / 4, rel=1e-6)
+    unsharded = block.saved_elems - block.saved_elems_sharded
+    assert c4.saved_bytes == pytest.approx(4 * 2 * (unsharded + block.saved_elems_sharded / 4), rel=1e-9)
+    assert c1.tp_allreduces_fwd == 0 and c4.tp_allreduces_fwd == 2 and c4.tp_allreduces_bwd == 2
+    assert c4.tp_comm_bytes_fwd == 2 * c4.output_bytes
+    fwd_comm, bwd_comm = tp_comm_times(c4, range(4), load_cluster("h100-1024"))
+    assert fwd_comm == pytest.approx(2 * collective_time("all_reduce", c4.output_bytes, range(4),
+                                                         load_cluster("h100-1024")))
+    assert bwd_comm == fwd_comm > 0
+
+
+def test_model_state_bytes_per_parameter():
+    block = _block("gpt2-small")
+    mixed = AnalyticCostModel(get_device("A100-40GB"), "fp16").layer_costs(block, 1)
+    assert (mixed.param_bytes, mixed.grad_bytes, mixed.optimizer_bytes) == (
+        2 * block.params, 2 * block.params, 12 * block.params)  # ZeRO's 16 bytes per parameter
+    full = AnalyticCostModel(get_device("A100-40GB"), "fp32").layer_costs(block, 1)
+    assert (full.param_bytes, full.grad_bytes, full.optimizer_bytes) == (
+        4 * block.params, 4 * block.params, 8 * block.params)
+
+
+def test_efficiency_curve_is_monotone_and_small_layers_are_less_efficient():
+    curve = default_for(get_device("H200"), "bf16")
+    xs = [10.0**k for k in range(6, 14)]
+    effs = [curve(x) for x in xs]
+    assert effs == sorted(effs) and effs[-1] < curve.eff_max
+    model = AnalyticCostModel(get_device("H200"), "bf16", curve)
+    small, big = _block("gpt-tiny"), _block("gpt-20b")
+    achieved = [model.layer_costs(b, 1).flops_fwd / model.layer_costs(b, 1).fwd_s for b in (small, big)]
+    assert achieved[0] < achieved[1] <= get_device("H200").peak("bf16")
+    with pytest.raises(ConfigError):
+        EfficiencyCurve(eff_max=1.5, flops_half=1e9)
+
+
+# --- calibration -----------------------------------------------------------------------------------------
+
+needs_data = pytest.mark.skipif(not MEGATRON_A100_CSV.is_file(), reason="validation data not present")
+
+
+@needs_data
+def test_calibration_split_is_deterministic_and_disjoint():
+    df = load_megatron_a100()
+    assert len(df) == 1440 and {"tp", "dp", "pp", "iter_time_s"} <= set(df.columns)
+    calib, hold = split_calibration(df, 0.5, seed=0)
+    again_c, again_h = split_calibration(df, 0.5, seed=0)
+    pd.testing.assert_frame_equal(calib, again_c)
+    pd.testing.assert_frame_equal(hold, again_h)
+    shapes_c = set(map(tuple, calib[SHAPE_COLUMNS].to_numpy().tolist()))
+    shapes_h = set(map(tuple, hold[SHAPE_COLUMNS].to_numpy().tolist()))
+    assert shapes_c.isdisjoint(shapes_h) and len(calib) + len(hold) == len(df)
+    assert set(calib["hidden"]) == set(hold["hidden"]) == {1024, 2048}  # stratified by hidden size
+    other = {frozenset(map(tuple, split_calibration(df, 0.5, seed=s)[1][SHAPE_COLUMNS].to_numpy().tolist()))
+             for s in range(6)}
+    assert len(other) > 1  # the seed matters
+
+
+@needs_data
+def test_fit_uses_calibration_rows_only_and_gives_finite_holdout_error():
+    df = load_megatron_a100()
+    calib, hold = split_calibration(df, 0.5, seed=0)
+    predict = megatron_predictor()
+    seen: set[tuple[int, ...]] = set()
+
+    def recording_predict(row, curve):
+        seen.add(tuple(int(row[c]) for c in SHAPE_COLUMNS))
+        return predict(row, curve)
+
+    fitted = fit_efficiency(calib, recording_predict)
+    held_shapes = set(map(tuple, hold[SHAPE_COLUMNS].to_numpy().tolist()))
+    assert seen and seen.isdisjoint(held_shapes)
+    summary = summarize(score(hold, predict, fitted))
+    assert math.isfinite(summary["max_abs_error"])
+    assert summary["median_abs_error"] < 0.5  # loose sanity bound; docs/hardware.md reports the numbers
+    default = default_for(get_device("A100-80GB"), "fp16")
+    assert summary["median_abs_error"] < summarize(score(hold, predict, default))["median_abs_error"]

@@ -1,0 +1,340 @@
+"""Profile bundles: a directory of typed tables plus a ``manifest.json`` that describes them.
+
+    my-bundle/
+      manifest.json          format, version, meta (hardware, software, workload, settings),
+                             the table list (file, schema, version, rows) and a SHA-256 per file
+      layers.parquet         LAYER_TABLE            (or .csv + .csv.schema.json with fmt="csv")
+      ops.parquet            OP_TABLE               (may have no rows)
+      comm_samples.parquet   COMM_SAMPLE_TABLE      (optional)
+      comm_fits.parquet      COMM_FIT_TABLE         (optional)
+
+A bundle is written to a temporary directory and renamed into place, so a failed write leaves
+no partial bundle and keeps the bundle that was there. Reading checks format, version, checksums,
+columns and dtypes and reports the first problem as a one-line BundleError naming the file.
+
+``write_table_dir`` / ``read_table_dir`` are the format-independent machinery, shared with run
+records and comm benchmark results.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from traces.atomic import atomic_directory, atomic_write_text
+from traces.errors import BundleError, ConfigError
+from traces.schema import (
+    COMM_FIT_TABLE,
+    COMM_SAMPLE_TABLE,
+    LAYER_TABLE,
+    OP_TABLE,
+    PROFILE_BUNDLE_FORMAT,
+    PROFILE_BUNDLE_VERSION,
+    TableSchema,
+)
+from traces.tables import check_stamp, conform, csv_sidecar, empty_table, read_table, write_table
+
+MANIFEST_NAME = "manifest.json"
+TABLE_FORMATS = ("parquet", "csv")
+META_SECTIONS = ("hardware", "software", "workload", "settings")
+
+
+@dataclass
+class ProfileBundle:
+    meta: dict  # {"hardware": {...}, "software": {...}, "workload": {...}, "settings": {...}}
+    layers: pd.DataFrame  # LAYER_TABLE
+    ops: pd.DataFrame = field(default_factory=lambda: _empty(OP_TABLE))  # OP_TABLE, may be empty
+    comm_samples: pd.DataFrame | None = None  # COMM_SAMPLE_TABLE
+    comm_fits: pd.DataFrame | None = None  # COMM_FIT_TABLE
+
+
+def write_bundle(bundle: ProfileBundle, directory: Path, fmt: str = "parquet") -> Path:
+    """Write ``bundle`` atomically to ``directory`` (replacing a bundle already there)."""
+    if not isinstance(bundle.meta, dict):
+        raise BundleError(Path(directory) / MANIFEST_NAME, "meta must be a dict")
+    meta = {section: {} for section in META_SECTIONS} | bundle.meta
+    for section in META_SECTIONS:
+        if not isinstance(meta[section], dict):
+            raise BundleError(Path(directory) / MANIFEST_NAME, f"meta[{section!r}] must be a dict")
+    tables = {
+        "layers": (bundle.layers, LAYER_TABLE),
+        "ops": (_empty(OP_TABLE) if bundle.ops is None else bundle.ops, OP_TABLE),
+        "comm_samples": (bundle.comm_samples, COMM_SAMPLE_TABLE),
+        "comm_fits": (bundle.comm_fits, COMM_FIT_TABLE),
+    }
+    extra = {"meta": meta}
+    return write_table_dir(directory, PROFILE_BUNDLE_FORMAT, PROFILE_BUNDLE_VERSION, tables, extra, fmt)
+
+
+def read_bundle(directory: Path) -> ProfileBundle:
+    schemas = {
+        "layers": LAYER_TABLE,
+        "ops": OP_TABLE,
+        "comm_samples": COMM_SAMPLE_TABLE,
+        "comm_fits": COMM_FIT_TABLE,
+    }
+    manifest, tables = read_table_dir(
+        directory, PROFILE_BUNDLE_FORMAT, PROFILE_BUNDLE_VERSION, schemas, required=("layers", "ops")
+    )
+    meta = manifest.get("meta")
+    if not isinstance(meta, dict) or any(not isinstance(meta.get(s), dict) for s in META_SECTIONS):
+        sections = ", ".join(META_SECTIONS)
+        raise BundleError(Path(directory) / MANIFEST_NAME, f"'meta' needs object sections {sections}")
+    return ProfileBundle(
+        meta, tables["layers"], tables["ops"], tables.get("comm_samples"), tables.get("comm_fits")
+    )
+
+
+# --- the generic table directory -----------------------------------------------------------------
+
+
+def write_table_dir(
+    directory: Path,
+    format_name: str,
+    version: int,
+    tables: dict[str, tuple[pd.DataFrame | None, TableSchema]],
+    extra: dict,
+    fmt: str = "parquet",
+    extra_files: Callable[[Path], list[str]] | None = None,
+) -> Path:
+    """Write tables (None ones skipped) and a manifest into ``directory``, atomically.
+
+    ``extra`` is merged into the manifest (it must be JSON); ``extra_files`` may write more files
+    into the temporary directory and returns their names, which then get checksums too.
+    """
+    directory = Path(directory)
+    if fmt not in TABLE_FORMATS:
+        raise ConfigError("fmt", f"unknown table format {fmt!r}", f"use one of {', '.join(TABLE_FORMATS)}")
+    check_replaceable(directory)
+    with atomic_directory(directory) as tmp:
+        entries: dict[str, dict] = {}
+        files: list[str] = []
+        for key, (df, schema) in tables.items():
+            if df is None:
+                continue
+            name = f"{key}.{fmt}"
+            table = conform(df, schema, directory / name)  # errors name the final path, not tmp
+            try:
+                write_table(table, schema, tmp / name)
+            except BundleError as exc:
+                raise BundleError(directory / name, exc.problem) from None
+            entries[key] = {
+                "file": name, "schema": schema.name, "version": schema.version, "rows": len(table)
+            }
+            files += [name, csv_sidecar(Path(name)).name] if fmt == "csv" else [name]
+        if extra_files is not None:
+            files += extra_files(tmp)
+        manifest = {
+            "format": format_name,
+            "version": version,
+            "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "table_format": fmt,
+            **extra,
+            "tables": entries,
+            "sha256": {name: _sha256(tmp / name) for name in files},
+        }
+        try:
+            text = json.dumps(manifest, indent=1, allow_nan=False, default=_json_default)
+        except (TypeError, ValueError) as exc:
+            problem = f"metadata cannot be stored as JSON: {exc}"
+            raise BundleError(directory / MANIFEST_NAME, problem) from None
+        atomic_write_text(tmp / MANIFEST_NAME, text + "\n")
+    return directory
+
+
+def read_table_dir(
+    directory: Path,
+    format_name: str,
+    version: int,
+    schemas: dict[str, TableSchema],
+    required: tuple[str, ...] = (),
+) -> tuple[dict, dict[str, pd.DataFrame]]:
+    """Read and check a directory written by ``write_table_dir``: (manifest, tables by key)."""
+    directory = Path(directory)
+    manifest = read_manifest(directory, format_name, version)
+    manifest_path = directory / MANIFEST_NAME
+    entries = manifest.get("tables")
+    sums = manifest.get("sha256")
+    if not isinstance(entries, dict) or not isinstance(sums, dict):
+        raise BundleError(manifest_path, "'tables' and 'sha256' must be JSON objects")
+    for key in required:
+        if key not in entries:
+            raise BundleError(manifest_path, f"lists no {key!r} table")
+    for name, digest in sums.items():
+        path = _member(directory, name, manifest_path)
+        if not path.is_file():
+            raise BundleError(path, f"listed in {MANIFEST_NAME} but missing")
+        if _sha256(path) != digest:
+            problem = f"checksum differs from {MANIFEST_NAME} (file changed or truncated after writing)"
+            raise BundleError(path, problem)
+    tables: dict[str, pd.DataFrame] = {}
+    for key, schema in schemas.items():
+        entry = entries.get(key)
+        if entry is None:
+            continue
+        if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
+            raise BundleError(manifest_path, f"table entry {key!r} must be an object with a 'file'")
+        path = _member(directory, entry["file"], manifest_path)
+        check_stamp(entry, schema, path)
+        table = read_table(path, schema)
+        if entry.get("rows") is not None and entry["rows"] != len(table):
+            raise BundleError(path, f"holds {len(table)} rows, {MANIFEST_NAME} says {entry['rows']}")
+        tables[key] = table
+    return manifest, tables
+
+
+def read_manifest(directory: Path, format_name: str, version: int) -> dict:
+    directory = Path(directory)
+    if not directory.exists():
+        raise BundleError(directory, "directory not found")
+    if not directory.is_dir():
+        raise BundleError(directory, f"not a directory (a {format_name} is a directory with {MANIFEST_NAME})")
+    path = directory / MANIFEST_NAME
+    if not path.is_file():
+        raise BundleError(path, f"missing; {directory} is not a {format_name}")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        problem = f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        raise BundleError(path, problem) from None
+    except UnicodeDecodeError:
+        raise BundleError(path, "not UTF-8 text") from None
+    if not isinstance(manifest, dict):
+        raise BundleError(path, "must hold a JSON object")
+    if manifest.get("format") != format_name:
+        raise BundleError(path, f"format is {manifest.get('format')!r}, expected {format_name!r}")
+    if manifest.get("version") != version:
+        found = manifest.get("version")
+        raise BundleError(path, f"version {found!r} is not supported; this paratwin reads version {version}")
+    return manifest
+
+
+def check_replaceable(directory: Path) -> None:
+    """Refuse to overwrite anything but an empty directory or an earlier paratwin table directory:
+    replacing a directory deletes its old contents, and a mistyped path must not cost user data."""
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise BundleError(directory, "exists and is not a directory; choose another path")
+    if not any(directory.iterdir()):
+        return
+    try:
+        manifest = json.loads((directory / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        manifest = None
+    if not (isinstance(manifest, dict) and str(manifest.get("format", "")).startswith("paratwin.")):
+        raise BundleError(
+            directory, "exists and is not a paratwin bundle; refusing to replace it (choose a new path)"
+        )
+
+
+def _member(directory: Path, name: object, manifest_path: Path) -> Path:
+    # Manifest entries are plain file names: a manifest must not point outside its directory.
+    if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
+        raise BundleError(manifest_path, f"file entry {name!r} is not a plain file name")
+    return directory / name
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _json_default(value: object) -> object:
+    # numpy scalars and paths are common in metadata; anything else is a caller's mistake.
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} value {value!r:.60} is not JSON")
+
+
+def _empty(schema: TableSchema) -> pd.DataFrame:
+    return empty_table(schema)
+
+
+# --- environment facts ---------------------------------------------------------------------------
+
+
+def environment_info() -> dict:
+    """{"hardware": {...}, "software": {...}} of this machine, ready to merge into bundle meta."""
+    hardware: dict = {
+        "hostname": socket.gethostname(),
+        "machine": platform.machine(),
+        "cpu_model": _cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "memory_bytes": _memory_bytes(),
+        "cuda_devices": [],
+        "cuda_device_name": None,
+    }
+    software: dict = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "pandas": pd.__version__,
+        "paratwin": _package_version("paratwin"),
+    }
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:  # the data layer works without torch; the facts then say so
+        software["torch"] = None
+        return {"hardware": hardware, "software": software}
+    software["torch"] = torch.__version__
+    software["torch_cuda"] = torch.version.cuda
+    software["gloo_available"] = bool(dist.is_available() and dist.is_gloo_available())
+    software["nccl_available"] = bool(dist.is_available() and dist.is_nccl_available())
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            hardware["cuda_devices"].append(
+                {
+                    "index": index,
+                    "name": props.name,
+                    "total_memory_bytes": int(props.total_memory),
+                    "capability": f"{props.major}.{props.minor}",
+                    "multiprocessors": int(props.multi_processor_count),
+                }
+            )
+        if hardware["cuda_devices"]:
+            hardware["cuda_device_name"] = hardware["cuda_devices"][0]["name"]
+    return {"hardware": hardware, "software": software}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _package_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
