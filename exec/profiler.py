@@ -94,6 +94,7 @@ def profile_workload(
     rows: list[dict[str, object]] = []
     op_tables: list[pd.DataFrame] = []
     op_offset = 0.0
+    optimizer_s = 0.0
     for index in range(span.stop):
         layer = wl.build_layers(index, index + 1, device=dev, dtype=torch_dtype, seed=seed)[0]
         if index in span:
@@ -102,6 +103,7 @@ def profile_workload(
             rows.append({"layer": index, "name": names[index], "kind": _kind(wl, index),
                          **_measure_times(probe, timer, warmup, repeats), **_measure_bytes(probe, dev),
                          **_measure_flops(probe)})
+            optimizer_s += _measure_optimizer_step(layer, timer, warmup, repeats)
             if with_ops:
                 ops = _op_table(probe, dev, op_offset)
                 if len(ops):
@@ -128,6 +130,9 @@ def profile_workload(
         "peak_transient": "torch.cuda max_memory_allocated" if dev.type == "cuda" else
                           "dispatch-level storage tracker (kernel-private scratch not seen)",
         "last_layer": "profiled with workload.loss; output is the scalar loss",
+        # Adam (torch.optim defaults) stepped over each layer's own parameters, medians summed;
+        # the simulator charges an optimizer step this many seconds per parameter byte.
+        "optimizer_s_per_param_byte": optimizer_s / max(int(layer_table["param_bytes"].sum()), 1),
         "profile_wall_s": time.perf_counter() - started,
     }
     meta = {**environment_info(), "workload": wl.describe(), "settings": settings}
@@ -329,6 +334,27 @@ def _measure_times(probe: _LayerProbe, timer: _Timer, warmup: int, repeats: int)
         out[f"{key}_s"] = median
         out[f"{key}_spread"] = (max(values) - min(values)) / median if median > 0 else 0.0
     return out
+
+
+def _measure_optimizer_step(layer: nn.Module, timer: _Timer, warmup: int, repeats: int) -> float:
+    """Median seconds of one Adam step over the layer's parameters (gradients set, state warm)."""
+    params = [p for p in layer.parameters() if p.requires_grad]
+    if not params:
+        return 0.0
+    saved = [p.detach().clone() for p in params]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    optimizer = torch.optim.Adam(params, lr=1e-6)
+    samples = []
+    for round_ in range(warmup + repeats):
+        elapsed, _ = timer(optimizer.step)
+        if round_ >= warmup:
+            samples.append(elapsed)
+    with torch.no_grad():  # the layer's weights stay as built, for the measurements that follow
+        for p, original in zip(params, saved, strict=True):
+            p.copy_(original)
+            p.grad = None
+    return statistics.median(samples)
 
 
 # --- bytes ---------------------------------------------------------------------------------------

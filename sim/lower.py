@@ -99,6 +99,7 @@ class _RankBuilder:
         self.coords: Coords = rank_program.coords
         self.done: dict[tuple[Kind, int, int], int] = {}  # (kind, stage, mb) -> instruction index
         self.last_grad_writer: dict[int, int] = {}
+        self.last_compute: int | None = None
 
     # -- helpers -------------------------------------------------------------------------------
     def _peer(self, stage: int) -> int:
@@ -120,6 +121,8 @@ class _RankBuilder:
              **fields: object) -> Instruction:
         clean = tuple(sorted({d for d in deps if d is not None}))
         instruction = self.rp.add(kind, stage=stage, microbatch=microbatch, deps=clean, **fields)
+        if kind.is_compute:
+            self.last_compute = instruction.index
         if stage >= 0 and microbatch >= 0:
             self.done[(kind, stage, microbatch)] = instruction.index
         return instruction
@@ -129,7 +132,8 @@ class _RankBuilder:
         prefetch_before = self._swap_prefetch_points(actions)
         for position, action in enumerate(actions):
             for stage, mb in prefetch_before.get(position, ()):
-                self._add(Kind.SWAP_IN, stage, mb, deps=[self.done[(Kind.SWAP_OUT, stage, mb)]],
+                # Starts with the next compute step: when the compute emitted last has finished.
+                self._add(Kind.SWAP_IN, stage, mb, deps=[self.done[(Kind.SWAP_OUT, stage, mb)], self.last_compute],
                           bytes=self.done_swap_bytes(stage))
             handler = {
                 Op.FORWARD: self._forward,
@@ -144,11 +148,16 @@ class _RankBuilder:
         return int(self._saved_bytes(stage) * self.policy.swap_fraction[stage])
 
     def _swap_prefetch_points(self, actions: Sequence[Action]) -> dict[int, list[tuple[int, int]]]:
-        """Swap-in of a backward's activations starts when the compute step before it starts."""
+        """Swap-in of a backward's activations starts when the compute step before it starts (but
+        never before the forward whose swap-out it undoes)."""
         points: dict[int, list[tuple[int, int]]] = {}
+        forward_at: dict[tuple[int, int], int] = {}
         for position, action in enumerate(actions):
+            if action.op is Op.FORWARD:
+                forward_at[(action.stage, action.microbatch)] = position
             if action.op in _BACKWARD_OPS and self.policy.swap_fraction[action.stage] > 0:
-                points.setdefault(max(position - 1, 0), []).append((action.stage, action.microbatch))
+                point = max(position - 1, forward_at[(action.stage, action.microbatch)] + 1)
+                points.setdefault(point, []).append((action.stage, action.microbatch))
         return points
 
     def _forward(self, action: Action) -> None:
