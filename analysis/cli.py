@@ -27,6 +27,13 @@ def _gib(nbytes: float) -> str:
     return f"{nbytes / 2**30:.3f} GiB"
 
 
+def _size(nbytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.1f}{unit}"
+    return f"{int(nbytes)}B"
+
+
 @app.command()
 def workloads() -> None:
     """List the workload presets."""
@@ -61,12 +68,12 @@ def profile(
 
 
 def _print_layers(layers) -> None:  # noqa: ANN001 - a DataFrame
-    table = Table("layer", "name", "fwd ms", "bwd-in ms", "bwd-w ms", "recomp ms", "params", "saved", "output",
-                  "GFLOP fwd", title="per-layer profile (medians)")
+    table = Table("#", "name", "F ms", "B ms", "W ms", "R ms", "params", "saved", "out", "GFLOP",
+                  title="per-layer profile (medians; F forward, B input grad, W weight grad, R recompute)")
     for row in layers.itertuples():
         table.add_row(str(row.layer), row.name, f"{row.fwd_s * 1e3:.3f}", f"{row.bwd_input_s * 1e3:.3f}",
-                      f"{row.bwd_weight_s * 1e3:.3f}", f"{row.recompute_s * 1e3:.3f}", _gib(row.param_bytes),
-                      _gib(row.saved_bytes), _gib(row.output_bytes), f"{row.flops_fwd / 1e9:.3f}")
+                      f"{row.bwd_weight_s * 1e3:.3f}", f"{row.recompute_s * 1e3:.3f}", _size(row.param_bytes),
+                      _size(row.saved_bytes), _size(row.output_bytes), f"{row.flops_fwd / 1e9:.3f}")
     console.print(table)
 
 
@@ -132,6 +139,42 @@ def _print_sim(result) -> None:  # noqa: ANN001 - SimResult
     console.print(table)
     for note in result.notes:
         console.print(f"note: {note}")
+
+
+@app.command()
+def hap(
+    datasets: Annotated[list[str], typer.Option("--dataset", help="TU dataset (repeatable): MUTAG, PROTEINS, ...")],
+    out: Annotated[Path, typer.Option(help="directory for the table and figure")] = Path("runs/hap"),
+    methods: Annotated[list[str] | None, typer.Option("--method", help="method (repeatable); default all")] = None,
+    folds: Annotated[int, typer.Option(help="cross-validation folds")] = 10,
+    epochs: Annotated[int | None, typer.Option(help="training epochs per fold")] = None,
+    seed: Annotated[int, typer.Option(help="seed of folds and models")] = 0,
+) -> None:
+    """HAP graph pooling vs pooling baselines: k-fold accuracy on TU graph-classification datasets."""
+    from analysis.hap_experiment import run_hap_experiment
+
+    extra = {} if epochs is None else {"epochs": epochs}
+    table = run_hap_experiment(datasets, methods, folds=folds, out_dir=out, seed=seed, **extra)
+    console.print(table.to_string(index=False))
+    console.print(f"wrote {out}")
+
+
+@app.command()
+def admm(
+    task: Annotated[str, typer.Option(help="digits or shakespeare")] = "digits",
+    iterations: Annotated[int, typer.Option(help="full-batch iterations of every method")] = 100,
+    out: Annotated[Path, typer.Option(help="directory for curves, tables and figures")] = Path("runs/admm"),
+    workers: Annotated[int, typer.Option(help="ranks of the SP/AP runs")] = 2,
+    staleness: Annotated[int, typer.Option(help="AP staleness bound")] = 2,
+    seed: Annotated[int, typer.Option(help="seed")] = 0,
+) -> None:
+    """ADMMiRNN vs SGD and Adam on one RNN; SP/AP parallel runs; what-if at larger worker counts."""
+    from analysis.admm_experiment import run_admm_experiment
+
+    table = run_admm_experiment(task, iterations, out, seed=seed, workers=workers, staleness=staleness)
+    final = table.sort_values("iteration").groupby("method").tail(1)
+    console.print(final.to_string(index=False))
+    console.print(f"wrote {out}")
 
 
 @app.command()
