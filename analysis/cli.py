@@ -142,6 +142,38 @@ def _print_sim(result) -> None:  # noqa: ANN001 - SimResult
 
 
 @app.command()
+def run(
+    plan: Annotated[Path, typer.Argument(help="plan YAML or JSON")],
+    out: Annotated[Path | None, typer.Option(help="directory for the run record and timeline")] = None,
+    nproc: Annotated[int | None, typer.Option(help="ranks to launch (default: the plan's world size)")] = None,
+    iterations: Annotated[int, typer.Option(help="measured training iterations")] = 5,
+    warmup: Annotated[int, typer.Option(help="untimed iterations first")] = 1,
+    backend: Annotated[str | None, typer.Option(help="gloo or nccl; default: nccl on CUDA, else gloo")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds without progress before the run is declared hung")] = 300,
+) -> None:
+    """Run a plan for real with torch.distributed: every rank interprets its Program and times it."""
+    from statistics import median
+
+    from exec.launcher import run_plan
+    from sim.plan import Plan
+
+    loaded = Plan.load(plan)
+    target = out or Path("runs") / f"run-{loaded.name}"
+    result = run_plan(loaded, nproc=nproc, backend=backend, iterations=iterations, warmup=warmup,
+                      out_dir=target, timeout_s=timeout)
+    times = result.iteration_times
+    table = Table("figure", "value", title=f"run of {loaded.name} ({loaded.world_size} ranks)")
+    table.add_row("iteration time (median)", f"{median(times) * 1e3:.3f} ms")
+    table.add_row("iteration time (min-max)", f"{min(times) * 1e3:.3f} - {max(times) * 1e3:.3f} ms")
+    table.add_row("losses", ", ".join(f"{loss:.4f}" for loss in result.losses))
+    for rank, peak in sorted(result.peak_memory.items()):
+        table.add_row(f"peak memory, rank {rank}", _size(peak))
+    console.print(table)
+    for name, path in result.paths.items():
+        console.print(f"{name}: {path}")
+
+
+@app.command()
 def hap(
     datasets: Annotated[list[str], typer.Option("--dataset", help="TU dataset (repeatable): MUTAG, PROTEINS, ...")],
     out: Annotated[Path, typer.Option(help="directory for the table and figure")] = Path("runs/hap"),

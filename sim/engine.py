@@ -21,7 +21,7 @@ import simpy
 
 from sim.channel import SharedChannel
 from sim.costs import CostModel, LayerCosts
-from sim.lower import MemoryPolicy
+from sim.lower import MemoryPolicy, checkpoint_bytes
 from sim.program import Instruction, Kind, Program, Stream
 from sim.tp_overlap import tp_segments_time
 
@@ -267,17 +267,8 @@ class Engine:
         return sum(self._layer(layer).saved_bytes for layer in self.program.stage_layers[stage])
 
     def _activation_delta(self, instruction: Instruction, layers: list[LayerCosts]) -> int:
-        stage = instruction.stage
-        recomputed = set(self.policy.recompute_layers[stage])
         if instruction.kind is Kind.RECOMPUTE:
             # The checkpointed layers' activations come back (their inputs were kept).
-            return sum(self._layer(layer).saved_bytes - self._checkpoint_bytes(layer)
+            return sum(self._layer(layer).saved_bytes - checkpoint_bytes(layer, self._layer)
                        for layer in instruction.layers)
-        if instruction.save or not recomputed:
-            return sum(c.saved_bytes for c in layers)
-        return sum(self._checkpoint_bytes(layer) if layer in recomputed else self._layer(layer).saved_bytes
-                   for layer in instruction.layers)
-
-    def _checkpoint_bytes(self, layer: int) -> int:
-        """A checkpointed layer keeps only its input: the previous layer's output."""
-        return self._layer(layer - 1).output_bytes if layer > 0 else 0
+        return self.policy.forward_kept_bytes(instruction.stage, instruction.layers, instruction.save, self._layer)

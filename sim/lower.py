@@ -10,10 +10,10 @@ is written, and the optimizer step.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sim.costs import CostModel
+from sim.costs import CostModel, LayerCosts
 from sim.plan import Plan
 from sim.program import Coords, Instruction, Kind, Program, RankProgram
 from sim.schedules import SCHEDULES, Action, Op, generate_schedule, merak_recompute, stage_to_rank
@@ -30,6 +30,19 @@ class MemoryPolicy:
 
     def recomputes(self, stage: int) -> bool:
         return bool(self.recompute_layers[stage])
+
+    def forward_kept_bytes(self, stage: int, layers: Sequence[int], save: bool,
+                           cost: Callable[[int], LayerCosts]) -> int:
+        """Bytes a forward of ``layers`` of ``stage`` leaves on the device: everything it saves or,
+        when checkpointed, only the input of each recomputed layer plus the other layers' saves."""
+        recomputed = set() if save else set(self.recompute_layers[stage])
+        return sum(checkpoint_bytes(layer, cost) if layer in recomputed else cost(layer).saved_bytes
+                   for layer in layers)
+
+
+def checkpoint_bytes(layer: int, cost: Callable[[int], LayerCosts]) -> int:
+    """A checkpointed layer keeps only its input: the previous layer's output."""
+    return cost(layer - 1).output_bytes if layer > 0 else 0
 
 
 def recompute_fractions(plan: Plan) -> list[float]:
@@ -111,11 +124,10 @@ class _RankBuilder:
     def _message_bytes(self, stage: int) -> int:
         """Bytes of the activation leaving ``stage`` (and of the gradient coming back to it)."""
         last_layer = self.program.stage_layers[stage][-1]
-        return self.costs.layer_costs(last_layer, self.plan.micro_batch, self.plan.tp).output_bytes
+        return self._cost(last_layer).output_bytes
 
-    def _saved_bytes(self, stage: int) -> int:
-        return sum(self.costs.layer_costs(layer, self.plan.micro_batch, self.plan.tp).saved_bytes
-                   for layer in self.program.stage_layers[stage])
+    def _cost(self, layer: int) -> LayerCosts:
+        return self.costs.layer_costs(layer, self.plan.micro_batch, self.plan.tp)
 
     def _add(self, kind: Kind, stage: int = -1, microbatch: int = -1, deps: Sequence[int | None] = (),
              **fields: object) -> Instruction:
@@ -133,8 +145,8 @@ class _RankBuilder:
         for position, action in enumerate(actions):
             for stage, mb in prefetch_before.get(position, ()):
                 # Starts with the next compute step: when the compute emitted last has finished.
-                self._add(Kind.SWAP_IN, stage, mb, deps=[self.done[(Kind.SWAP_OUT, stage, mb)], self.last_compute],
-                          bytes=self.done_swap_bytes(stage))
+                swap_out = self.rp.instructions[self.done[(Kind.SWAP_OUT, stage, mb)]]
+                self._add(Kind.SWAP_IN, stage, mb, deps=[swap_out.index, self.last_compute], bytes=swap_out.bytes)
             handler = {
                 Op.FORWARD: self._forward,
                 Op.RECOMPUTE: self._recompute,
@@ -143,9 +155,6 @@ class _RankBuilder:
                 Op.BACKWARD_WEIGHT: self._backward_weight,
             }[action.op]
             handler(action)
-
-    def done_swap_bytes(self, stage: int) -> int:
-        return int(self._saved_bytes(stage) * self.policy.swap_fraction[stage])
 
     def _swap_prefetch_points(self, actions: Sequence[Action]) -> dict[int, list[tuple[int, int]]]:
         """Swap-in of a backward's activations starts when the compute step before it starts (but
@@ -175,7 +184,8 @@ class _RankBuilder:
             self._add(Kind.SEND_ACT, s, mb, deps=[fwd.index], peer=self._peer(s + 1),
                       tag=f"act:{s + 1}:{mb}", bytes=self._message_bytes(s))
         if self.policy.swap_fraction[s] > 0:
-            self._add(Kind.SWAP_OUT, s, mb, deps=[fwd.index], bytes=self.done_swap_bytes(s))
+            kept = self.policy.forward_kept_bytes(s, layers, action.save, self._cost)
+            self._add(Kind.SWAP_OUT, s, mb, deps=[fwd.index], bytes=int(kept * self.policy.swap_fraction[s]))
 
     def _recompute(self, action: Action) -> None:
         """An eager recompute (Merak's pre-recompute) needs only the forward; an ordinary one is
@@ -238,7 +248,7 @@ class _RankBuilder:
         current: list[int] = []
         size = 0
         for layer in layers:
-            grad = self.costs.layer_costs(layer, self.plan.micro_batch, self.plan.tp).grad_bytes
+            grad = self._cost(layer).grad_bytes
             if grad == 0:
                 continue
             current.append(layer)

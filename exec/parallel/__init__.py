@@ -1,0 +1,1 @@
+"""Parallel wrappers applied from outside the model: tensor parallelism and data-parallel buckets."""

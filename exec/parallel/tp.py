@@ -1,0 +1,136 @@
+"""Megatron-style tensor parallelism of transformer blocks, applied from outside the model.
+
+A block's attention is sharded by heads and its MLP by hidden units over ``tp`` ranks:
+
+    x -> f -> qkv (column-parallel) -> attention on heads/tp heads -> proj (row-parallel) -> g -> + b
+    x -> f -> fc1 (column-parallel) -> GELU                         -> fc2  (row-parallel) -> g -> + b
+
+``f`` is the identity forward and an all-reduce of the input gradient backward; ``g`` all-reduces
+the partial outputs forward and is the identity backward (Shoeybi et al. 2019, Megatron-LM, Sec. 3).
+Shards are cut from the full, seeded weights, so a TP run computes what one process computes.
+Row-parallel biases are kept whole on every rank and added after the all-reduce (once, not tp
+times). Embedding and head layers stay replicated, as the simulator's cost models assume.
+
+Modules are found by attribute, not by class: an attention module has ``qkv``, ``proj`` (nn.Linear)
+and ``heads``; an MLP has ``fc1`` and ``fc2`` (nn.Linear). With ``group=None`` no communication
+happens (used to measure the shapes and bytes of one shard).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from traces.errors import ConfigError
+
+
+class _CopyToTP(torch.autograd.Function):
+    """f: identity forward, all-reduce of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: object) -> torch.Tensor:  # type: ignore[override]
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        grad = grad.contiguous().clone()
+        if ctx.group is not None:
+            dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """g: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: object) -> torch.Tensor:  # type: ignore[override]
+        out = x.contiguous().clone()
+        if group is not None:
+            dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return grad, None
+
+
+def copy_to_tp(x: torch.Tensor, group: object) -> torch.Tensor:
+    return _CopyToTP.apply(x, group)
+
+
+def reduce_from_tp(x: torch.Tensor, group: object) -> torch.Tensor:
+    return _ReduceFromTP.apply(x, group)
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    """An nn.Linear holding copies of ``weight`` and ``bias`` (built on meta: no throwaway init)."""
+    out_features, in_features = weight.shape
+    linear = nn.Linear(in_features, out_features, bias=bias is not None, device="meta", dtype=weight.dtype)
+    linear.weight = nn.Parameter(weight.detach().clone())
+    if bias is not None:
+        linear.bias = nn.Parameter(bias.detach().clone())
+    return linear
+
+
+class ColumnParallelLinear(nn.Module):
+    """Rows ``[r*n/t, (r+1)*n/t)`` of a Linear's weight and bias; input through f."""
+
+    def __init__(self, full: nn.Linear, tp_rank: int, tp: int, group: object) -> None:
+        super().__init__()
+        bias = full.bias.chunk(tp, dim=0)[tp_rank] if full.bias is not None else None
+        self.linear = _linear(full.weight.chunk(tp, dim=0)[tp_rank], bias)
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(copy_to_tp(x, self.group))
+
+
+class RowParallelLinear(nn.Module):
+    """Columns ``[r*n/t, (r+1)*n/t)`` of a Linear's weight; partial outputs summed by g, then + bias."""
+
+    def __init__(self, full: nn.Linear, tp_rank: int, tp: int, group: object) -> None:
+        super().__init__()
+        self.linear = _linear(full.weight.chunk(tp, dim=1)[tp_rank], None)
+        self.bias = nn.Parameter(full.bias.detach().clone()) if full.bias is not None else None
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = reduce_from_tp(self.linear(x), self.group)
+        return out + self.bias if self.bias is not None else out
+
+
+def _is_attention(m: nn.Module) -> bool:
+    linears = all(isinstance(getattr(m, name, None), nn.Linear) for name in ("qkv", "proj"))
+    return linears and hasattr(m, "heads")
+
+
+def _is_mlp(m: nn.Module) -> bool:
+    return isinstance(getattr(m, "fc1", None), nn.Linear) and isinstance(getattr(m, "fc2", None), nn.Linear)
+
+
+def sharded_layer(layer: nn.Module) -> bool:
+    """Whether TP shards this layer (it holds an attention or an MLP)."""
+    return any(_is_attention(m) or _is_mlp(m) for m in layer.modules())
+
+
+def apply_tensor_parallel(layers: nn.ModuleList, tp_rank: int, tp: int, group: object) -> nn.ModuleList:
+    """Shard every attention and MLP inside ``layers`` in place for TP rank ``tp_rank`` of ``tp``."""
+    if tp == 1:
+        return layers
+    for module in list(layers.modules()):
+        if _is_attention(module):
+            if module.heads % tp:
+                raise ConfigError("tp", f"tp={tp} does not divide the {module.heads} attention heads",
+                                  "choose tp dividing the head count")
+            module.qkv = ColumnParallelLinear(module.qkv, tp_rank, tp, group)
+            module.proj = RowParallelLinear(module.proj, tp_rank, tp, group)
+            module.heads //= tp
+        elif _is_mlp(module):
+            if module.fc1.out_features % tp:
+                raise ConfigError("tp", f"tp={tp} does not divide the MLP width {module.fc1.out_features}",
+                                  "choose tp dividing the MLP width")
+            module.fc1 = ColumnParallelLinear(module.fc1, tp_rank, tp, group)
+            module.fc2 = RowParallelLinear(module.fc2, tp_rank, tp, group)
+    return layers

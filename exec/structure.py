@@ -1,0 +1,169 @@
+"""Exact structural costs of a workload: bytes and shapes, no times.
+
+Lowering a Plan to a Program needs only message sizes (a stage's output activation) and gradient
+sizes (data-parallel buckets); the runtime needs the shape of every tensor it receives. All of
+these follow from the modules themselves, so ``StructuralCosts`` measures them with one forward
+pass on the ``meta`` device (no memory, no arithmetic; any model size) and leaves every time at
+zero. With it any workload (GPT, LSTM, ResNet, ...) can be lowered and run without a profile:
+
+    prepare(plan, costs=StructuralCosts(workload, plan.micro_batch, plan.dtype, plan.tp))
+
+Per layer it records parameter, gradient and Adam-state bytes of one rank (after TP sharding,
+built with ``exec.parallel.tp`` without a process group), the output activation bytes, the bytes
+of the tensors autograd saves for backward (each storage counted once, parameters excluded) and
+the forward FLOPs (``FlopCounterMode``); the last layer's saved bytes include the loss's.
+
+Saved bytes depend on the kernels (the meta device picks other attention and LSTM kernels than
+the CPU), so a model whose layers fit in ``REAL_MEASURE_LIMIT`` bytes is measured again with real
+CPU tensors, which is exact for CPU runs; larger models keep the meta numbers. A model the meta
+device cannot run is measured on the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from exec.parallel.tp import apply_tensor_parallel, sharded_layer
+from exec.workloads.base import Workload
+from sim.costs import LayerCosts
+from traces.errors import ConfigError
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# torch.optim.Adam keeps two moments (exp_avg, exp_avg_sq) of each parameter's dtype and size.
+ADAM_STATES_PER_PARAM = 2
+# Parameters plus saved activations (bytes, one micro-batch) up to which measure with real tensors.
+REAL_MEASURE_LIMIT = 256 * 2**20
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ConfigError("dtype", f"unknown dtype {name!r}", f"use one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+@dataclass(frozen=True)
+class LayerFacts:
+    """What one layer of one rank holds and produces for one micro-batch."""
+
+    param_bytes: int
+    saved_bytes: int
+    output_bytes: int
+    output_shape: tuple[int, ...]
+    output_dtype: torch.dtype
+    flops_fwd: float
+    tp_allreduces: int  # all-reduces of the output per forward (sharded blocks: 2)
+
+
+def _storage_key(t: torch.Tensor) -> tuple[int, int]:
+    storage = t.untyped_storage()
+    # Meta storages have no address; their Python identity is stable while the tensor lives.
+    return (storage._cdata if t.device.type == "meta" else storage.data_ptr(), storage.nbytes())
+
+
+def measure_layers(workload: Workload, micro_batch: int, dtype: torch.dtype, tp: int = 1,
+                   device: str = "meta", flops: bool = False) -> list[LayerFacts]:
+    """Walk the whole model once on ``device`` and measure every layer (see module docstring).
+    FLOPs are counted only with ``flops`` (FlopCounterMode costs seconds on first use)."""
+    batch = workload.make_batch(micro_batch, seed=0)
+    x = batch.inputs.to(device)
+    facts = []
+    for index in range(workload.num_layers):
+        layer = workload.build_layers(index, index + 1, device=device, dtype=dtype)[0]
+        sharded = tp > 1 and sharded_layer(layer)
+        if sharded:
+            apply_tensor_parallel(nn.ModuleList([layer]), tp_rank=0, tp=tp, group=None)
+        params = list(layer.parameters())
+        param_keys = {_storage_key(p) for p in params}
+        saved: dict[tuple[int, int], int] = {}
+
+        def pack(t: torch.Tensor, param_keys: set = param_keys, saved: dict = saved) -> torch.Tensor:
+            key = _storage_key(t)
+            if key not in param_keys:
+                saved[key] = key[1]
+            return t
+
+        if x.is_floating_point():
+            x = x.detach().requires_grad_(True)
+        counter = FlopCounterMode(display=False) if flops else None
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), counter or contextlib.nullcontext():
+            out = layer(x)
+            if index == workload.num_layers - 1:
+                # The last stage also computes the loss, which saves (e.g.) the log-probabilities.
+                workload.loss(out, batch.targets.to(device))
+        facts.append(LayerFacts(
+            param_bytes=sum(p.numel() * p.element_size() for p in params),
+            saved_bytes=sum(saved.values()),
+            output_bytes=out.numel() * out.element_size(),
+            output_shape=tuple(out.shape),
+            output_dtype=out.dtype,
+            flops_fwd=float(counter.get_total_flops()) if counter else 0.0,
+            tp_allreduces=2 if sharded else 0,
+        ))
+        x = out.detach()
+    return facts
+
+
+class StructuralCosts:
+    """A ``sim.costs.CostModel`` with exact byte counts and zero times (see module docstring)."""
+
+    def __init__(self, workload: Workload, micro_batch: int, dtype: str | torch.dtype = "fp32", tp: int = 1,
+                 flops: bool = False) -> None:
+        self.workload = workload
+        self.flops = flops
+        self.micro_batch = micro_batch
+        self.dtype = torch_dtype(dtype) if isinstance(dtype, str) else dtype
+        self.tp = tp
+        self.num_layers = workload.num_layers
+        self._facts: dict[tuple[int, int], list[LayerFacts]] = {}
+        self.facts(micro_batch, tp)  # measure now, so a bad workload fails at construction
+
+    def facts(self, micro_batch: int, tp: int) -> list[LayerFacts]:
+        key = (micro_batch, tp)
+        if key not in self._facts:
+            try:
+                facts = measure_layers(self.workload, micro_batch, self.dtype, tp, "meta", self.flops)
+                total = sum(f.param_bytes + f.saved_bytes + f.output_bytes for f in facts)
+                small = total <= REAL_MEASURE_LIMIT
+            except (NotImplementedError, RuntimeError):  # an operator without a meta kernel
+                small = True
+            if small:
+                facts = measure_layers(self.workload, micro_batch, self.dtype, tp, "cpu", self.flops)
+            self._facts[key] = facts
+        return self._facts[key]
+
+    def layer_costs(self, layer: int, micro_batch: int, tp: int) -> LayerCosts:
+        f = self.facts(micro_batch, tp)[layer]
+        return LayerCosts(
+            fwd_s=0.0, bwd_input_s=0.0, bwd_weight_s=0.0, recompute_s=0.0,
+            param_bytes=f.param_bytes,
+            grad_bytes=f.param_bytes,
+            optimizer_bytes=ADAM_STATES_PER_PARAM * f.param_bytes,
+            saved_bytes=f.saved_bytes,
+            output_bytes=f.output_bytes,
+            tp_allreduces=f.tp_allreduces,
+            tp_comm_bytes=f.output_bytes if f.tp_allreduces else 0,
+            flops_fwd=f.flops_fwd,
+        )
+
+    def optimizer_step_s(self, param_bytes: int) -> float:
+        return 0.0
+
+    def layer_weights(self, by: str) -> list[float]:
+        """"parameters": parameter bytes. "time": there are no times here, so 3 x forward FLOPs
+        (forward plus a backward of twice its work) stands in for them."""
+        if by == "parameters":
+            return [float(f.param_bytes) for f in self.facts(self.micro_batch, 1)]
+        if not self.flops:
+            self.flops = True
+            self._facts.clear()
+        return [3.0 * f.flops_fwd for f in self.facts(self.micro_batch, 1)]
+
+    def output_shape(self, layer: int) -> tuple[tuple[int, ...], torch.dtype]:
+        """Shape and dtype of layer ``layer``'s output for the configured micro-batch."""
+        f = self.facts(self.micro_batch, 1)[layer]
+        return f.output_shape, f.output_dtype
