@@ -1,7 +1,7 @@
 """Calibrating the analytic cost model on public measurements, with a held-out part never fitted.
 
 The data: 1,440 Megatron-LM GPT iteration times on one 8 x A100 node (vTrain, Bang et al. MICRO 2024;
-see /work/shared/validation/README.md). ``split_calibration`` holds out whole *model shapes*, so every
+see shared/validation/README.md). ``split_calibration`` holds out whole *model shapes*, so every
 held-out configuration belongs to a model the fit has never seen. ``fit_efficiency`` fits the
 efficiency curve's two parameters to any predictor (the lead plugs in the full simulator later);
 ``quick_predict`` is a closed-form 1F1B predictor to have something measurable now.
@@ -26,8 +26,9 @@ from sim.collectives import collective_time, p2p_time
 from sim.hardware import get_device
 from sim.workloads import TransformerConfig, transformer_layers
 from traces.errors import BundleError, ConfigError
+from traces.paths import validation_root
 
-MEGATRON_A100_CSV = Path("/work/shared/validation/a100_single_node_megatron.csv")
+MEGATRON_A100_CSV = validation_root() / "a100_single_node_megatron.csv"
 
 _COLUMNS = {
     "# GPUs": "gpus", "global batch": "global_batch", "micro batch": "micro_batch",

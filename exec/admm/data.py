@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from exec.workloads.data import datasets_root
 from traces.errors import BundleError, ConfigError
+from traces.paths import datasets_root
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ it), cut into windows at seeded offsets.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
@@ -17,6 +16,7 @@ from pathlib import Path
 import torch
 
 from traces.errors import ConfigError
+from traces.paths import datasets_root
 
 UNK = "<unk>"
 EOS = "<eos>"
@@ -47,19 +47,6 @@ def check_data_source(data: object) -> str:
     if data not in DATA_SOURCES:
         raise ConfigError("data", f"unknown data source {data!r}", f"use one of {', '.join(DATA_SOURCES)}")
     return str(data)
-
-
-def datasets_root() -> Path:
-    """Where the shared datasets live: $PARATWIN_DATASETS, else shared/datasets in or beside the repo."""
-    env = os.environ.get("PARATWIN_DATASETS")
-    if env:
-        return Path(env)
-    repo = Path(__file__).resolve().parents[2]
-    for candidate in (repo / "shared" / "datasets", repo.parent / "shared" / "datasets"):
-        if candidate.is_dir():
-            return candidate
-    raise ConfigError("PARATWIN_DATASETS", f"no shared/datasets folder in or beside {repo}",
-                      "set PARATWIN_DATASETS to the folder that holds wikitext-2/")
 
 
 @dataclass(frozen=True)
