@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from analysis.report import console, print_layers, print_sim, size
 from traces.errors import ParatwinError
 
 app = typer.Typer(
@@ -20,18 +20,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
-
-
-def _gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.3f} GiB"
-
-
-def _size(nbytes: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(nbytes) >= scale:
-            return f"{nbytes / scale:.1f}{unit}"
-    return f"{int(nbytes)}B"
 
 
 @app.command()
@@ -63,18 +51,8 @@ def profile(
     bundle = profile_workload(workload, micro_batch=micro_batch, seq=seq, dtype=dtype, device=device,
                               warmup=warmup, repeats=repeats, with_ops=ops)
     path = write_bundle(bundle, out, fmt=fmt)
-    _print_layers(bundle.layers)
+    print_layers(bundle.layers)
     console.print(f"wrote trace bundle {path}")
-
-
-def _print_layers(layers) -> None:  # noqa: ANN001 - a DataFrame
-    table = Table("#", "name", "F ms", "B ms", "W ms", "R ms", "params", "saved", "out", "GFLOP",
-                  title="per-layer profile (medians; F forward, B input grad, W weight grad, R recompute)")
-    for row in layers.itertuples():
-        table.add_row(str(row.layer), row.name, f"{row.fwd_s * 1e3:.3f}", f"{row.bwd_input_s * 1e3:.3f}",
-                      f"{row.bwd_weight_s * 1e3:.3f}", f"{row.recompute_s * 1e3:.3f}", _size(row.param_bytes),
-                      _size(row.saved_bytes), _size(row.output_bytes), f"{row.flops_fwd / 1e9:.3f}")
-    console.print(table)
 
 
 @app.command()
@@ -95,10 +73,13 @@ def commbench(
         sizes.append(size)
         size *= 4
     samples, fits = run_commbench(nproc=nproc, sizes=sizes, backend=backend, repeats=repeats, out=out)
-    table = Table("primitive", "backend", "ranks", "latency us", "bandwidth GB/s", "R^2", title="alpha-beta fits")
+    table = Table("primitive", "backend", "ranks", "latency us", "bandwidth GB/s", "R^2", "note",
+                  title="alpha-beta fits (time = latency + bytes / bandwidth)")
     for row in fits.itertuples():
+        # A sweep of small messages alone cannot pin the bandwidth down: say so rather than print it.
+        note = "; ".join(n for n in (row.note, "poor fit: sweep larger sizes" if row.r2 < 0.5 else "") if n)
         table.add_row(row.primitive, row.backend, str(row.world_size), f"{row.alpha_s * 1e6:.1f}",
-                      f"{row.bandwidth_Bps / 1e9:.3f}", f"{row.r2:.3f}")
+                      f"{row.bandwidth_Bps / 1e9:.3g}", f"{row.r2:.2f}", note)
     console.print(table)
     if out:
         console.print(f"wrote {out}")
@@ -116,29 +97,11 @@ def simulate(
 
     loaded = Plan.load(plan)
     result = run_simulation(loaded, full=full)
-    _print_sim(result)
+    print_sim(result)
     target = out or Path("runs") / f"sim-{loaded.name}"
     paths = result.write(target)
     console.print(f"instruction table: {paths['table']}\ntimeline (open in https://ui.perfetto.dev): "
                   f"{paths['trace']}\nsummary: {paths['summary']}")
-
-
-def _print_sim(result) -> None:  # noqa: ANN001 - SimResult
-    table = Table("figure", "value", title=f"simulation of {result.plan_name}")
-    table.add_row("iteration time", f"{result.iteration_s * 1e3:.3f} ms")
-    table.add_row("throughput", f"{result.samples_per_s:.2f} samples/s, {result.tokens_per_s:,.0f} tokens/s")
-    table.add_row("model TFLOP/s per device", f"{result.model_flops_per_device / 1e12:.2f}")
-    table.add_row("MFU", f"{result.mfu:.1%}")
-    for stage, bubble in sorted(result.bubble_fraction.items()):
-        table.add_row(f"bubble, pipeline rank {stage}", f"{bubble:.1%}")
-    for rank, memory in sorted(result.memory.items()):
-        flag = "  OUT OF MEMORY" if memory.oom else ""
-        table.add_row(f"peak memory, rank {rank}", f"{_gib(memory.peak_bytes)} of {_gib(memory.capacity_bytes)}{flag}")
-    table.add_row("simulator", f"{result.wall_s:.3f} s wall, {result.events} rows, "
-                  f"{'symmetric' if result.symmetric else 'full'} mode")
-    console.print(table)
-    for note in result.notes:
-        console.print(f"note: {note}")
 
 
 @app.command()
@@ -167,7 +130,7 @@ def run(
     table.add_row("iteration time (min-max)", f"{min(times) * 1e3:.3f} - {max(times) * 1e3:.3f} ms")
     table.add_row("losses", ", ".join(f"{loss:.4f}" for loss in result.losses))
     for rank, peak in sorted(result.peak_memory.items()):
-        table.add_row(f"peak memory, rank {rank}", _size(peak))
+        table.add_row(f"peak memory, rank {rank}", size(peak))
     console.print(table)
     for name, path in result.paths.items():
         console.print(f"{name}: {path}")

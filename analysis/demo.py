@@ -14,7 +14,7 @@ from rich.console import Console
 
 
 def run_demo(out: Path, console: Console) -> None:
-    from analysis.cli import _print_layers, _print_sim
+    from analysis.report import print_layers, print_sim
     from exec.profiler import profile_workload
     from sim.plan import Plan
     from sim.simulate import simulate
@@ -26,14 +26,14 @@ def run_demo(out: Path, console: Console) -> None:
     bundle = profile_workload(workload, micro_batch=4, repeats=10, warmup=2)
     bundle_dir = write_bundle(bundle, out / "profile-gpt-tiny")
     bundle = read_bundle(bundle_dir)  # what we wrote reads back under its schema
-    _print_layers(bundle.layers)
+    print_layers(bundle.layers)
     console.print(f"trace bundle: {bundle_dir} ({len(bundle.layers)} layers, {len(bundle.ops)} profiled ops)")
 
     console.rule("2. simulate a 2-stage 1F1B pipeline from the measured costs")
     local = Plan(name="demo-gpt-tiny-pp2", workload=workload, cluster="local-cpu-2", profile=str(bundle_dir),
                  pp=2, micro_batch=4, microbatches=8, schedule="1f1b")
     result = simulate(local)
-    _print_sim(result)
+    print_sim(result)
     paths = result.write(out / "sim-gpt-tiny-pp2")
     console.print(f"timeline (open in https://ui.perfetto.dev): {paths['trace']}")
 
@@ -41,6 +41,6 @@ def run_demo(out: Path, console: Console) -> None:
     paper = Plan(name="demo-gpt-8.3b-a100-64", workload="gpt-8.3b", cluster="a100-64", dtype="fp16",
                  tp=8, pp=4, dp=2, micro_batch=4, microbatches=16, schedule="merak-shifted")
     result = simulate(paper)
-    _print_sim(result)
+    print_sim(result)
     paths = result.write(out / "sim-gpt-8.3b-a100-64")
     console.print(f"timeline: {paths['trace']}")

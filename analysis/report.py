@@ -1,0 +1,47 @@
+"""Console tables shared by the CLI and the demo."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+def gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.3f} GiB"
+
+
+def size(nbytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.1f}{unit}"
+    return f"{int(nbytes)}B"
+
+
+def print_layers(layers) -> None:  # noqa: ANN001 - a DataFrame
+    table = Table("#", "name", "F ms", "B ms", "W ms", "R ms", "params", "saved", "out", "GFLOP",
+                  title="per-layer profile (medians; F forward, B input grad, W weight grad, R recompute)")
+    for row in layers.itertuples():
+        table.add_row(str(row.layer), row.name, f"{row.fwd_s * 1e3:.3f}", f"{row.bwd_input_s * 1e3:.3f}",
+                      f"{row.bwd_weight_s * 1e3:.3f}", f"{row.recompute_s * 1e3:.3f}", size(row.param_bytes),
+                      size(row.saved_bytes), size(row.output_bytes), f"{row.flops_fwd / 1e9:.3f}")
+    console.print(table)
+
+
+def print_sim(result) -> None:  # noqa: ANN001 - SimResult
+    table = Table("figure", "value", title=f"simulation of {result.plan_name}")
+    table.add_row("iteration time", f"{result.iteration_s * 1e3:.3f} ms")
+    table.add_row("throughput", f"{result.samples_per_s:.2f} samples/s, {result.tokens_per_s:,.0f} tokens/s")
+    table.add_row("model TFLOP/s per device", f"{result.model_flops_per_device / 1e12:.2f}")
+    table.add_row("MFU", f"{result.mfu:.1%}")
+    for stage, bubble in sorted(result.bubble_fraction.items()):
+        table.add_row(f"bubble, pipeline rank {stage}", f"{bubble:.1%}")
+    for rank, memory in sorted(result.memory.items()):
+        flag = "  OUT OF MEMORY" if memory.oom else ""
+        table.add_row(f"peak memory, rank {rank}", f"{gib(memory.peak_bytes)} of {gib(memory.capacity_bytes)}{flag}")
+    table.add_row("simulator", f"{result.wall_s:.3f} s wall, {result.events} rows, "
+                  f"{'symmetric' if result.symmetric else 'full'} mode")
+    console.print(table)
+    for note in result.notes:
+        console.print(f"note: {note}")
