@@ -46,13 +46,15 @@ def profile(
 ) -> None:
     """Measure per-layer time (forward, backward input/weight, recompute), memory and FLOPs."""
     from exec.profiler import profile_workload
-    from traces.bundle import write_bundle
+    from traces.bundle import OP_TIMELINE_NAME, write_bundle
 
     bundle = profile_workload(workload, micro_batch=micro_batch, seq=seq, dtype=dtype, device=device,
                               warmup=warmup, repeats=repeats, with_ops=ops)
     path = write_bundle(bundle, out, fmt=fmt)
     print_layers(bundle.layers)
     console.print(f"wrote trace bundle {path}")
+    if (path / OP_TIMELINE_NAME).is_file():
+        console.print(f"per-op timeline (open in https://ui.perfetto.dev): {path / OP_TIMELINE_NAME}")
 
 
 @app.command()

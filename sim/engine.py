@@ -71,6 +71,7 @@ class MemoryLedger:
     capacity: int
     static: dict[str, int] = field(default_factory=dict)
     activations: int = 0
+    buffers: int = 0  # communication buffers: received gradients, flattened gradient buckets
     peak: int = 0
     peak_breakdown: dict[str, int] = field(default_factory=dict)
     oom_at_s: float | None = None
@@ -78,14 +79,21 @@ class MemoryLedger:
 
     @property
     def in_use(self) -> int:
-        return sum(self.static.values()) + self.activations
+        return sum(self.static.values()) + self.activations + self.buffers
 
     def change_activations(self, delta: int, now: float, label: str) -> None:
         self.activations += delta
+        self._check(now, label)
+
+    def change_buffers(self, delta: int, now: float, label: str) -> None:
+        self.buffers += delta
+        self._check(now, label)
+
+    def _check(self, now: float, label: str) -> None:
         used = self.in_use
         if used > self.peak:
             self.peak = used
-            self.peak_breakdown = {**self.static, "activations": self.activations}
+            self.peak_breakdown = {**self.static, "activations": self.activations, "comm_buffers": self.buffers}
         if used > self.capacity and self.oom_at_s is None:
             self.oom_at_s, self.oom_instruction = now, label
 
@@ -106,6 +114,7 @@ class Engine:
         self.comm_active: dict[int, int] = defaultdict(int)
         self.ledgers: dict[int, MemoryLedger] = {}
         self.compute_busy: dict[int, float] = defaultdict(float)
+        self.grad_buffers: dict[tuple[int, int, int], int] = {}
         self._layer_cache: dict[int, LayerCosts] = {}
 
     # -- set-up --------------------------------------------------------------------------------
@@ -165,6 +174,9 @@ class Engine:
                 if not arrival.processed:
                     yield arrival
                 start = max(start, arrival.value)
+                if instruction.kind is Kind.RECV_GRAD:  # held until its backward has used it
+                    self.ledgers[rank].change_buffers(instruction.bytes, self.env.now, instruction.label)
+                    self.grad_buffers[(rank, instruction.stage, instruction.microbatch)] = instruction.bytes
             elif stream is Stream.COLLECTIVE:
                 yield from self._collective(rank, instruction)
             else:
@@ -199,9 +211,12 @@ class Engine:
                 yield self.collective_done[tag]
                 return
         self.comm_active[rank] += 1
+        ledger = self.ledgers[rank]
+        ledger.change_buffers(instruction.bytes, self.env.now, instruction.label)  # the flattened bucket
         yield self.env.timeout(self.comm.collective_s("allreduce" if instruction.kind is Kind.ALLREDUCE
                                                       else "alltoall", instruction.bytes, instruction.group))
         self.comm_active[rank] -= 1
+        ledger.change_buffers(-instruction.bytes, self.env.now, instruction.label)
         if not self.program.symmetric:
             self.collective_done[tag].succeed()
 
@@ -253,6 +268,9 @@ class Engine:
         if kind is Kind.BWD or kind is Kind.BWD_W:
             ledger.change_activations(-self._stage_activation_bytes(instruction.stage), self.env.now,
                                       instruction.label)
+        if kind is Kind.BWD or kind is Kind.BWD_I:
+            received = self.grad_buffers.pop((rank, instruction.stage, instruction.microbatch), 0)
+            ledger.change_buffers(-received, self.env.now, instruction.label)
 
     def _tp_allreduce_s(self, c: LayerCosts, rank: int) -> float:
         if c.tp_allreduces == 0:

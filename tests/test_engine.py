@@ -85,3 +85,16 @@ def test_identical_input_gives_identical_output() -> None:
     second = run("zb-h1", 4, 8, saved=10)
     assert first.iteration_s == second.iteration_s
     assert first.table.equals(second.table)
+
+
+def test_gradient_bucket_buffers_count_towards_peak_memory() -> None:
+    # 4 layers of 1 MiB parameters, one 100 MB bucket: during the all-reduce the flattened bucket
+    # (all 4 MiB of gradients) sits on top of parameters, gradients and Adam state (4 x 4 MiB).
+    layer_bytes = 2**20
+    costs = UniformCosts(num_layers=4, param_bytes=layer_bytes)
+    cluster = {**ideal_cluster(2), "intra_node_link": {"name": "ideal", "bandwidth_Bps": 1e9, "latency_s": 0.0}}
+    plan = Plan(workload="gpt-tiny", cluster=cluster, dp=2, microbatches=2, dp_bucket_mb=100)
+    result = simulate(plan, costs=costs)
+    memory = result.memory[0]
+    assert memory.breakdown["comm_buffers"] == 4 * layer_bytes
+    assert memory.peak_bytes == 4 * 4 * layer_bytes + 4 * layer_bytes

@@ -73,7 +73,22 @@ def write_bundle(bundle: ProfileBundle, directory: Path, fmt: str = "parquet") -
         "comm_fits": (bundle.comm_fits, COMM_FIT_TABLE),
     }
     extra = {"meta": meta}
-    return write_table_dir(directory, PROFILE_BUNDLE_FORMAT, PROFILE_BUNDLE_VERSION, tables, extra, fmt)
+    return write_table_dir(directory, PROFILE_BUNDLE_FORMAT, PROFILE_BUNDLE_VERSION, tables, extra, fmt,
+                           extra_files=lambda tmp: _write_op_timeline(bundle.ops, tmp))
+
+
+OP_TIMELINE_NAME = "ops.trace.json"
+
+
+def _write_op_timeline(ops: pd.DataFrame | None, directory: Path) -> list[str]:
+    """The per-op table as a Chrome trace, for Perfetto (nothing when there are no ops)."""
+    from traces.chrome import op_table_events, write_chrome_trace
+
+    if ops is None or not len(ops):
+        return []
+    write_chrome_trace(op_table_events(conform(ops, OP_TABLE, directory / OP_TIMELINE_NAME)),
+                       directory / OP_TIMELINE_NAME)
+    return [OP_TIMELINE_NAME]
 
 
 def read_bundle(directory: Path) -> ProfileBundle:

@@ -102,6 +102,20 @@ def chrome_events(
     return events
 
 
+def op_table_events(ops: pd.DataFrame, pid: int = 0, process: str = "profile") -> list[dict]:
+    """A per-op table (OP_TABLE) as Chrome-trace events: one thread per (device, tid)."""
+    tracks = {key: i for i, key in enumerate(sorted(set(zip(ops["device"], ops["tid"], strict=True))))}
+    events = [_meta("process_name", pid, 0, {"name": process})]
+    events += [_meta("thread_name", pid, tid, {"name": f"{device} {raw}"}) for (device, raw), tid in tracks.items()]
+    for row in ops.itertuples(index=False):
+        events.append({
+            "ph": "X", "name": row.name, "pid": pid, "tid": tracks[(row.device, row.tid)],
+            "ts": float(row.start_us), "dur": max(float(row.dur_us), 0.0),
+            "args": {"layer": int(row.layer), "phase": row.phase, "category": getattr(row, "category", "")},
+        })
+    return events
+
+
 def write_chrome_trace(events: list[dict], path: Path) -> Path:
     path = Path(path)
     document = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"producer": "paratwin"}}

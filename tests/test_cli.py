@@ -1,0 +1,35 @@
+"""The command line as a user runs it: profile writes a readable bundle and a Perfetto trace."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from traces.bundle import read_bundle
+
+
+def paratwin(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "analysis.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_profile_writes_bundle_and_op_timeline(tmp_path: Path) -> None:
+    out = tmp_path / "bundle"
+    done = paratwin("profile", "--workload", "gpt-tiny", "--micro-batch", "2", "--repeats", "2", "--warmup", "1",
+                    "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    bundle = read_bundle(out)
+    assert list(bundle.layers["name"]) == ["embed", "block0", "block1", "block2", "block3", "head"]
+    trace = json.loads((out / "ops.trace.json").read_text())
+    ops = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(ops) == len(bundle.ops) > 0
+    assert {e["args"]["layer"] for e in ops} >= set(range(6))
+
+
+def test_profile_of_unknown_workload_is_one_line(tmp_path: Path) -> None:
+    done = paratwin("profile", "--workload", "gpt-9000", "--out", str(tmp_path / "x"))
+    assert done.returncode == 2
+    assert "unknown workload 'gpt-9000'" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
