@@ -27,15 +27,8 @@ from pathlib import Path
 import pandas as pd
 import torch.multiprocessing as tmp
 
-from exec.runtime import (
-    RunOptions,
-    pick_backend,
-    read_rank_results,
-    run_rank,
-    summarise,
-    write_error,
-    write_record,
-)
+from exec.records import read_rank_results, summarise, write_record
+from exec.runtime import RunOptions, pick_backend, run_rank, write_error
 from sim.plan import Plan
 from traces.errors import ConfigError, ParatwinError
 from traces.runrecord import read_run_record
