@@ -1,0 +1,136 @@
+"""Train and evaluate one graph classifier on one split (used by the CV experiment and the tests).
+
+Model selection is honest: the epoch whose weights are evaluated on the test graphs is the one with
+the best accuracy on a validation split carved out of the training graphs (ties: lower validation
+loss); the test graphs are never looked at during training or selection.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .baselines import build_classifier
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 40
+    batch_size: int = 32
+    # Adam lr: 1e-3 gave the higher mean validation accuracy over all six methods on both MUTAG and
+    # PROTEINS than 1e-2 (the GIN protocol's value); both runs are reported in docs/hap.md.
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    hidden: int = 64
+    clusters: tuple[int, ...] = (16, 4)
+    dropout: float = 0.5
+    aux_weight: float = 1.0  # weight of the method's own regulariser (DiffPool, HAP); not tuned
+
+
+@dataclass(frozen=True)
+class FitResult:
+    test_accuracy: float
+    val_accuracy: float
+    best_epoch: int
+    seconds: float
+
+
+class SizeBucketedBatches:
+    """Shuffled mini-batches of graphs of similar size, reshuffled every epoch (seeded).
+
+    Dense methods (HAP, DiffPool) pad a batch to its largest graph and pay N^2 per padded graph;
+    PROTEINS has graphs of 4 to 620 nodes, so random batches of 32 would pay for 620-node padding
+    almost every step (15x the unpadded cost). Each epoch the graphs are shuffled, cut into pools of
+    ``pool`` batches and sorted by size inside a pool; batches are then cut greedily with at most
+    ``batch_size`` graphs and at most ``node_budget`` padded nodes (graphs x largest graph), and the
+    batches are shuffled. Every method gets the same batches.
+    """
+
+    def __init__(
+        self, sizes: Tensor, batch_size: int, seed: int, pool: int = 8, node_budget: int = 0
+    ) -> None:
+        self.sizes, self.batch_size, self.pool = sizes.tolist(), batch_size, pool
+        self.node_budget = node_budget or 64 * batch_size
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def _cut(self, chunk: list[int]) -> list[list[int]]:
+        batches: list[list[int]] = [[]]
+        for i in sorted(chunk, key=lambda j: self.sizes[j]):  # ascending: the newest graph is the largest
+            current = batches[-1]
+            padded = (len(current) + 1) * self.sizes[i]
+            if current and (len(current) == self.batch_size or padded > self.node_budget):
+                batches.append([])
+            batches[-1].append(i)
+        return batches
+
+    def __iter__(self):
+        order = torch.randperm(len(self.sizes), generator=self.generator).tolist()
+        step = self.batch_size * self.pool
+        batches = [b for start in range(0, len(order), step) for b in self._cut(order[start : start + step])]
+        for i in torch.randperm(len(batches), generator=self.generator).tolist():
+            yield batches[i]
+
+
+def _loader(dataset, index: Tensor, batch_size: int, shuffle: bool, seed: int):
+    from torch_geometric.loader import DataLoader
+
+    subset = dataset[index]
+    sizes = torch.tensor([graph.num_nodes for graph in subset])
+    if not shuffle:  # evaluation: order does not matter, so batch graphs of similar size together
+        return DataLoader(subset[torch.argsort(sizes, stable=True)], batch_size=batch_size)
+    return DataLoader(subset, batch_sampler=SizeBucketedBatches(sizes, batch_size, seed))
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) over every graph of ``loader``."""
+    model.eval()
+    correct, loss, count = 0, 0.0, 0
+    for batch in loader:
+        logits, _ = model(batch)
+        correct += int((logits.argmax(-1) == batch.y).sum())
+        loss += float(F.cross_entropy(logits, batch.y, reduction="sum"))
+        count += batch.num_graphs
+    return correct / count, loss / count
+
+
+def fit(
+    method: str,
+    dataset,
+    train_idx: Tensor,
+    val_idx: Tensor,
+    test_idx: Tensor,
+    config: TrainConfig,
+    seed: int = 0,
+) -> FitResult:
+    """Train ``method`` on ``train_idx``, pick the epoch on ``val_idx``, report accuracy on ``test_idx``."""
+    start = time.perf_counter()
+    torch.manual_seed(seed)
+    model = build_classifier(
+        method, dataset.num_features, dataset.num_classes, config.hidden, config.clusters, config.dropout
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    train = _loader(dataset, train_idx, config.batch_size, True, seed)
+    val = _loader(dataset, val_idx, config.batch_size, False, seed)
+    best = (-1.0, float("inf"))
+    best_state, best_epoch = copy.deepcopy(model.state_dict()), 0
+    for epoch in range(1, config.epochs + 1):
+        model.train()
+        for batch in train:
+            logits, aux = model(batch)
+            loss = F.cross_entropy(logits, batch.y) + config.aux_weight * aux
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        val_acc, val_loss = evaluate(model, val)
+        if (val_acc, -val_loss) > (best[0], -best[1]):
+            best, best_epoch = (val_acc, val_loss), epoch
+            best_state = copy.deepcopy(model.state_dict())
+    model.load_state_dict(best_state)
+    test_acc, _ = evaluate(model, _loader(dataset, test_idx, config.batch_size, False, seed))
+    return FitResult(test_acc, best[0], best_epoch, time.perf_counter() - start)

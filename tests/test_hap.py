@@ -1,0 +1,198 @@
+"""HAP: shapes, permutation invariance, pipeline layers vs the whole model, learning on MUTAG,
+baselines, the TU loader's scratch copy and the cross-validation experiment's outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from torch_geometric.loader import DataLoader
+
+from analysis.hap_experiment import run_hap_experiment
+from exec.hap.baselines import METHODS, build_classifier
+from exec.hap.data import dense_batch, graph_labels, load_tu, majority_accuracy
+from exec.hap.model import HAP, HAPConfig, pack_graph, unpack_graph
+from exec.hap.train import SizeBucketedBatches, TrainConfig, fit
+from exec.workloads import get_workload, run_layers
+from traces.errors import ConfigError
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def mutag(tmp_path_factory: pytest.TempPathFactory):
+    return load_tu("MUTAG", cache_dir=tmp_path_factory.mktemp("tu"))
+
+
+def random_graphs(batch: int, nodes: int, features: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """Padded random undirected graphs of different sizes (the first graph fills all ``nodes``)."""
+    gen = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(2, nodes + 1, (batch,), generator=gen)
+    sizes[0] = nodes
+    mask = torch.arange(nodes) < sizes.unsqueeze(1)
+    upper = (torch.rand(batch, nodes, nodes, generator=gen) < 0.3).float().triu(1)
+    adj = (upper + upper.transpose(1, 2)) * mask.unsqueeze(1) * mask.unsqueeze(2)
+    x = torch.randn(batch, nodes, features, generator=gen) * mask.unsqueeze(-1)
+    return x, adj, mask
+
+
+def test_output_shapes_and_levels() -> None:
+    torch.manual_seed(0)
+    model = HAP(HAPConfig(in_features=5, num_classes=3, hidden=8, clusters=(6, 2)))
+    x, adj, mask = random_graphs(4, 10, 5, seed=0)
+    assert model(x, adj, mask).shape == (4, 3)
+    assert model.embed(x, adj, mask).shape == (4, 16)
+    x1, adj1, mask1 = model.levels[0](x, adj, mask)
+    assert x1.shape == (4, 6, 8) and adj1.shape == (4, 6, 6) and bool(mask1.all())
+    loss = model.content_loss.detach()
+    assert loss.dim() == 0 and 0 <= float(loss) <= 2
+
+
+def test_pack_unpack_round_trip() -> None:
+    x, adj, mask = random_graphs(3, 7, 4, seed=1)
+    packed = pack_graph(x, adj, mask)
+    assert packed.shape == (3, 7, 4 + 7 + 1)
+    x2, adj2, mask2 = unpack_graph(packed)
+    assert torch.equal(x2, x) and torch.equal(adj2, adj) and torch.equal(mask2, mask)
+
+
+def test_graph_embedding_is_invariant_to_node_permutation() -> None:
+    torch.manual_seed(1)
+    model = HAP(HAPConfig(in_features=5, num_classes=2, hidden=16, clusters=(5, 2))).eval()
+    x, adj, mask = random_graphs(5, 12, 5, seed=2)
+    reference = model.embed(x, adj, mask)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        # a different permutation per graph, padding included (padded slots end up scattered)
+        perm = torch.stack([torch.randperm(12, generator=gen) for _ in range(5)])
+        rows = torch.arange(5).unsqueeze(1)
+        px, pmask = x[rows, perm], mask[rows, perm]
+        padj = adj[rows.unsqueeze(2), perm.unsqueeze(2), perm.unsqueeze(1)]
+        torch.testing.assert_close(model.embed(px, padj, pmask), reference, atol=1e-5, rtol=1e-5)
+    # ...but it does see the structure: rewiring one graph changes its embedding
+    rewired = adj.clone()
+    rewired[0] = 1 - rewired[0] - torch.eye(12)
+    assert not torch.allclose(model.embed(x, rewired, mask)[0], reference[0], atol=1e-4)
+
+
+def test_padding_does_not_change_the_embedding() -> None:
+    torch.manual_seed(2)
+    model = HAP(HAPConfig(in_features=3, num_classes=2, hidden=8, clusters=(4, 2))).eval()
+    x, adj, mask = random_graphs(3, 9, 3, seed=4)
+    n = int(mask[1].sum())
+    alone = model.embed(x[1:2, :n], adj[1:2, :n, :n], mask[1:2, :n])
+    torch.testing.assert_close(model.embed(x, adj, mask)[1:2], alone, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["hap-tiny", "hap-mutag"])
+def test_workload_layers_chained_equal_the_full_model(name: str) -> None:
+    wl = get_workload(name)
+    layers = wl.build_layers(seed=5)
+    assert wl.layer_names() == ["level0", "level1", "readout"]
+    model = HAP(wl.model_config).eval()
+    for i, level in enumerate(model.levels):
+        level.load_state_dict(layers[i].level.state_dict())
+    model.readout.load_state_dict(layers[-1].readout.state_dict())
+    batch = wl.make_batch(6, seed=7)
+    x, adj, mask = unpack_graph(batch.inputs)
+    torch.testing.assert_close(run_layers(layers, batch.inputs), model(x, adj, mask), atol=1e-6, rtol=1e-5)
+    # two-way pipeline partition: bit for bit the same as the whole
+    first, second = wl.build_layers(0, 1, seed=5), wl.build_layers(1, wl.num_layers, seed=5)
+    assert torch.equal(run_layers(second, run_layers(first, batch.inputs)), run_layers(layers, batch.inputs))
+    loss = wl.loss(run_layers(layers, batch.inputs), batch.targets)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+
+
+def test_workload_batches_are_deterministic_and_build_on_meta() -> None:
+    wl = get_workload("hap-mutag")
+    a, b, c = wl.make_batch(4, seed=1), wl.make_batch(4, seed=1), wl.make_batch(4, seed=2)
+    assert torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets)
+    assert not torch.equal(a.inputs, c.inputs)
+    assert a.inputs.shape == (4, 28, 7 + 28 + 1) and set(a.targets.tolist()) <= {0, 1}
+    tiny = get_workload("hap-tiny", hidden=32, clusters=[6, 3])
+    layers = tiny.build_layers(device="meta")
+    assert all(p.device.type == "meta" for p in layers.parameters())
+    out = run_layers(layers, tiny.make_batch(5, device="meta").inputs)  # shapes without data
+    assert out.shape == (5, 2) and out.device.type == "meta"
+    with pytest.raises(ConfigError, match="workload"):
+        get_workload("hap-tiny", depth=3)
+    with pytest.raises(ConfigError, match="MUTAG"):
+        get_workload("hap-mutag", in_features=3)
+
+
+def test_hap_learns_mutag_beyond_the_majority_class(mutag) -> None:
+    from sklearn.model_selection import train_test_split
+
+    labels = graph_labels(mutag)
+    train, test = train_test_split(torch.arange(len(mutag)).numpy(), test_size=0.25, stratify=labels.numpy(),
+                                   random_state=0)
+    train, val = train_test_split(train, test_size=0.15, stratify=labels[train].numpy(), random_state=0)
+    config = TrainConfig(epochs=40, clusters=(9, 3))
+    result = fit("hap", mutag, torch.as_tensor(train), torch.as_tensor(val), torch.as_tensor(test), config)
+    majority = majority_accuracy(labels[torch.as_tensor(test)])
+    assert result.test_accuracy > majority, (result, majority)
+
+
+def test_every_baseline_gives_logits_and_a_finite_regulariser(mutag) -> None:
+    batch = next(iter(DataLoader(mutag, batch_size=8)))
+    for method in METHODS:
+        torch.manual_seed(0)
+        model = build_classifier(method, mutag.num_features, mutag.num_classes, hidden=16, clusters=(6, 2))
+        logits, aux = model(batch)
+        assert logits.shape == (8, 2) and aux.dim() == 0 and torch.isfinite(aux), method
+        (logits.sum() + aux).backward()
+    with pytest.raises(ConfigError, match="method"):
+        build_classifier("gin", 7, 2)
+
+
+def test_loader_reads_a_scratch_copy_and_never_writes_next_to_the_data(tmp_path: Path, mutag) -> None:
+    x, adj, mask = dense_batch(next(iter(DataLoader(mutag, batch_size=4))))
+    assert mutag.num_features == 7 and mutag.num_classes == 2 and len(mutag) == 188
+    assert x.shape[-1] == 7 and adj.shape[1] == adj.shape[2] == x.shape[1] and mask.dtype == torch.bool
+    assert torch.bincount(graph_labels(mutag)).tolist() == [63, 125]  # MUTAG README: 63 / 125
+    source = tmp_path / "source"
+    (source / "MUTAG").mkdir(parents=True)
+    original = Path(mutag.root) / "MUTAG" / "raw"
+    (source / "MUTAG" / "raw").symlink_to(original)  # stand-in for the read-only shared folder
+    before = sorted(p.name for p in (source / "MUTAG").iterdir())
+    again = load_tu("MUTAG", data_root=source, cache_dir=tmp_path / "cache")
+    assert len(again) == 188 and (tmp_path / "cache" / "MUTAG" / "processed").is_dir()
+    assert sorted(p.name for p in (source / "MUTAG").iterdir()) == before
+    with pytest.raises(ConfigError, match="dataset"):
+        load_tu("NOPE", data_root=source, cache_dir=tmp_path / "cache")
+
+
+def test_proteins_attributes_are_standardized(tmp_path: Path) -> None:
+    proteins = load_tu("PROTEINS", cache_dir=tmp_path)
+    attribute = proteins._data.x[:, 0]  # the one continuous attribute, before the 3 one-hot labels
+    assert abs(float(attribute.mean())) < 1e-3 and abs(float(attribute.std()) - 1) < 1e-3
+    assert proteins.num_features == 4
+
+
+def test_size_bucketed_batches_cover_every_graph_once_per_epoch() -> None:
+    sizes = torch.tensor([5, 600, 30, 7, 7, 120, 64, 3] * 10)
+    sampler = SizeBucketedBatches(sizes, batch_size=8, seed=0, pool=2)
+    first, second = list(sampler), list(sampler)
+    for epoch in (first, second):
+        assert sorted(i for b in epoch for i in b) == list(range(len(sizes)))
+        assert all(len(b) <= 8 and (len(b) == 1 or len(b) * int(sizes[b].max()) <= 64 * 8) for b in epoch)
+    assert first != second  # reshuffled each epoch
+
+
+def test_experiment_writes_tables_and_figure(tmp_path: Path, mutag) -> None:
+    summary = run_hap_experiment(["MUTAG"], ["hap", "gcn-mean"], folds=2, epochs=1, out_dir=tmp_path,
+                                 cache_dir=Path(mutag.root), verbose=False)
+    assert list(summary["method"]) == ["hap", "gcn-mean"]
+    assert set(summary.columns) >= {"dataset", "method", "accuracy_mean", "accuracy_std", "folds", "epochs"}
+    assert (summary["folds"] == 2).all() and summary["accuracy_mean"].between(0, 1).all()
+    per_fold = pd.read_csv(tmp_path / "hap_folds.csv")
+    assert len(per_fold) == 4 and set(per_fold["fold"]) == {0, 1}
+    assert "| hap |" in (tmp_path / "hap_results.md").read_text()
+    for suffix in ("png", "pdf"):
+        assert (tmp_path / f"hap_accuracy.{suffix}").stat().st_size > 1000
+    with pytest.raises(ConfigError, match="methods"):
+        run_hap_experiment(["MUTAG"], ["hap", "gin"], out_dir=tmp_path)
+    with pytest.raises(ConfigError, match="folds"):
+        run_hap_experiment(["MUTAG"], None, folds=1, out_dir=tmp_path)
