@@ -139,6 +139,22 @@ def run(
 
 
 @app.command()
+def calibrate(
+    out: Annotated[Path, typer.Option(help="directory for predictions, figure and summary")] = Path("runs/calibration"),
+    seed: Annotated[int, typer.Option(help="seed of the calibration / holdout split")] = 0,
+    save: Annotated[bool, typer.Option("--save-data", help="store the fitted curve as the A100 default")] = False,
+) -> None:
+    """Fit the A100 analytic model on half of the Megatron-LM measurements; report error on the rest."""
+    from analysis.calibrate import print_summary, run_calibration, save_calibration_data
+
+    summary = run_calibration(out, seed=seed)
+    print_summary(summary)
+    console.print(f"wrote {out}")
+    if save:
+        console.print(f"wrote {save_calibration_data(summary)}")
+
+
+@app.command()
 def hap(
     datasets: Annotated[list[str], typer.Option("--dataset", help="TU dataset (repeatable): MUTAG, PROTEINS, ...")],
     out: Annotated[Path, typer.Option(help="directory for the table and figure")] = Path("runs/hap"),

@@ -16,9 +16,11 @@ here exclude that communication: the engine schedules it on its own stream (``tp
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from sim.cluster import ClusterSpec
 from sim.collectives import collective_time
@@ -73,12 +75,33 @@ class EfficiencyCurve:
         return asdict(self)
 
 
+# Curves fitted by ``paratwin calibrate`` on measured data (one half of it; the file records the error
+# on the other half), used by default for that device family and 16-bit training.
+CALIBRATED_CURVES = {"A100": Path(__file__).parent / "data" / "a100_calibration.json"}
+
+
 def default_for(device: DeviceSpec, dtype: str | None = None) -> EfficiencyCurve:
-    """Uncalibrated curve: eff_max from a large-GEMM measurement, x_half from a per-call overhead."""
-    eff_max = CPU_EFF_MAX if device.kind == "cpu" else GPU_EFF_MAX
+    """The calibrated curve where one exists for the device, else an uncalibrated one: eff_max from a
+    large-GEMM measurement, x_half from a per-call overhead."""
     if dtype is None:
         dtype = max(device.peak_flops, key=lambda k: device.peak_flops[k] if k != "fp8" else 0.0)
+    calibrated = calibrated_curve(device, dtype)
+    if calibrated is not None:
+        return calibrated
+    return uncalibrated_curve(device, dtype)
+
+
+def uncalibrated_curve(device: DeviceSpec, dtype: str) -> EfficiencyCurve:
+    eff_max = CPU_EFF_MAX if device.kind == "cpu" else GPU_EFF_MAX
     return EfficiencyCurve(eff_max=eff_max, flops_half=CALL_OVERHEAD_S * eff_max * device.peak(dtype))
+
+
+def calibrated_curve(device: DeviceSpec, dtype: str) -> EfficiencyCurve | None:
+    path = next((p for family, p in CALIBRATED_CURVES.items() if device.name.startswith(family)), None)
+    if path is None or normalize_dtype(dtype) not in ("fp16", "bf16") or not path.is_file():
+        return None
+    curve = json.loads(path.read_text())["efficiency_curve"]
+    return EfficiencyCurve(curve["eff_max"], curve["flops_half"], curve["mem_eff"])
 
 
 @dataclass(frozen=True)

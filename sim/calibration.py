@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.analytic import AnalyticCostModel, EfficiencyCurve, LayerCosts, default_for, tp_comm_times
+from sim.analytic import AnalyticCostModel, EfficiencyCurve, LayerCosts, tp_comm_times, uncalibrated_curve
 from sim.cluster import ClusterSpec, load_cluster
 from sim.collectives import collective_time, p2p_time
 from sim.hardware import get_device
@@ -222,7 +222,7 @@ def main() -> None:
     df = load_megatron_a100()
     calib, holdout = split_calibration(df, 0.5, seed=0)
     predict = megatron_predictor()
-    default = default_for(get_device(MEGATRON_DEVICE), MEGATRON_DTYPE)
+    default = uncalibrated_curve(get_device(MEGATRON_DEVICE), MEGATRON_DTYPE)
     fitted = fit_efficiency(calib, predict, initial=default)
     held_shapes = sorted(map(tuple, holdout[SHAPE_COLUMNS].drop_duplicates().to_numpy().tolist()))
     print(f"held-out shapes (hidden, heads, layers, seq): {held_shapes}")

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from sim.analytic import AnalyticCostModel, EfficiencyCurve, default_for, tp_comm_times
+from sim.analytic import AnalyticCostModel, EfficiencyCurve, default_for, tp_comm_times, uncalibrated_curve
 from sim.calibration import (
     MEGATRON_A100_CSV,
     SHAPE_COLUMNS,
@@ -210,7 +210,10 @@ def _block(name: str = "gpt-8.3b"):
 
 
 def test_layer_time_scales_linearly_with_micro_batch_for_big_layers():
-    model = AnalyticCostModel(get_device("A100-80GB"), "bf16")
+    # The roofline itself, with the uncalibrated (small) per-call overhead: the A100 calibration fits a
+    # 0.7 ms fixed cost per layer call on small models, which would mask the scaling this checks.
+    a100 = get_device("A100-80GB")
+    model = AnalyticCostModel(a100, "bf16", uncalibrated_curve(a100, "bf16"))
     block = _block()
     t1, t8 = model.layer_costs(block, 1).fwd_s, model.layer_costs(block, 8).fwd_s
     assert 7.0 < t8 / t1 <= 8.0
@@ -297,5 +300,5 @@ def test_fit_uses_calibration_rows_only_and_gives_finite_holdout_error():
     summary = summarize(score(hold, predict, fitted))
     assert math.isfinite(summary["max_abs_error"])
     assert summary["median_abs_error"] < 0.5  # loose sanity bound; docs/hardware.md reports the numbers
-    default = default_for(get_device("A100-80GB"), "fp16")
+    default = uncalibrated_curve(get_device("A100-80GB"), "fp16")
     assert summary["median_abs_error"] < summarize(score(hold, predict, default))["median_abs_error"]

@@ -1,0 +1,584 @@
+"""Calibrate the A100 analytic model with the full simulator as the predictor, and test it on held-out data.
+
+The data: 1,440 Megatron-LM GPT iteration times on one 8 x A100 node (vTrain, Bang et al. MICRO 2024;
+``/work/shared/validation/README.md``). Each row becomes a paratwin ``Plan`` (1F1B, full recompute, one
+gradient bucket, fp16, one DGX A100 node with as many GPUs as the row used) and is predicted by the
+full simulator (``sim.simulate``'s prepare, lower, engine) with ``AnalyticCosts`` under an
+``EfficiencyCurve``. The curve's two parameters (eff_max, flops_half), and optionally one NVLink
+bandwidth-efficiency factor, are fitted by
+``scipy.optimize.least_squares`` on the calibration split only; errors are reported on the held-out
+split, side by side with the uncalibrated defaults and with ``sim.calibration.quick_predict`` (the
+closed-form 1F1B predictor) fitted on the same rows.
+
+Splits: ``sim.calibration.split_calibration`` (whole model shapes held out, stratified by hidden size;
+the same split the closed-form calibration reports), and a harder cross-hidden-size split (fit on one
+hidden size, test on the other).
+
+``run_calibration(out_dir)`` writes ``predictions.csv``, ``calibration.json`` and the
+predicted-vs-measured figure; ``save_calibration_data`` writes ``sim/data/a100_calibration.json``, which
+``load_calibrated_curve`` reads back.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.analytic import CALL_OVERHEAD_S, GPU_EFF_MAX, MEM_EFF, EfficiencyCurve
+from sim.analytic_costs import AnalyticCosts
+from sim.calibration import (
+    MEGATRON_A100_CSV,
+    MEGATRON_CLUSTER,
+    MEGATRON_DEVICE,
+    MEGATRON_DTYPE,
+    MEGATRON_VOCAB,
+    load_megatron_a100,
+    megatron_predictor,
+    split_calibration,
+)
+from sim.cluster import ClusterSpec, load_cluster
+from sim.engine import Engine, EngineOptions
+from sim.hardware import get_device
+from sim.lower import lower
+from sim.plan import Plan
+from sim.simulate import prepare, simulate
+from sim.workloads import LayerSpec, transformer_config, transformer_layers
+from traces.errors import BundleError, ConfigError
+
+CALIBRATION_DATA = Path(__file__).resolve().parent.parent / "sim" / "data" / "a100_calibration.json"
+
+# The columns that make a configuration: two rows equal in all of them are the same experiment.
+CONFIG_COLUMNS = ["gpus", "global_batch", "micro_batch", "hidden", "heads", "layers", "seq", "tp", "dp", "pp"]
+# Any transformer preset works as the base: every field that matters is overridden from the row.
+BASE_PRESET = "gpt2-medium"
+# "No gradient bucketing" (the source's configuration): a bucket limit far above any model here (the
+# largest, hidden 2,048 x 24 layers, has ~1.3 GB of fp16 gradients) makes the whole gradient one bucket.
+ONE_BUCKET_MB = 1e6
+# Default cap on the calibration rows a fit simulates. None = all 720: a simulation costs ~2-4 ms here
+# and a 2-parameter fit ~30 evaluations, so a fit on the whole split takes ~40 s on the shared 2-core
+# machine. A cap of 240 gives the same curve to 1% (eff_max 0.814 vs 0.817, flops_half 1.74e11 vs
+# 1.76e11 at seed 0) for a third of the time.
+MAX_FIT_ROWS: int | None = None
+
+# Parameter bounds of the fit (eff_max, log10 flops_half, NVLink efficiency), and the loss. The loss
+# is the one ``sim.calibration.fit_efficiency`` uses (soft-L1 on log(predicted / measured), scale 0.1),
+# so the simulator's fit and the closed form's fit differ only in the predictor.
+_LOWER = (0.05, 6.0, 0.05)
+_UPPER = (1.0, 15.0, 1.0)
+
+
+# --- the data and its plans -------------------------------------------------------------------------------
+
+def load_rows(csv_path: Path | None = None) -> pd.DataFrame:
+    """The Megatron table, one row per distinct configuration, with ``row_id`` (0-based CSV data row).
+
+    Repeated configurations are merged: their measured times are averaged, ``row_id`` is the first
+    one and ``repeats`` counts them (the vTrain file has none: 1,440 rows, 1,440 configurations).
+    """
+    df = load_megatron_a100(csv_path or MEGATRON_A100_CSV)
+    df = df.rename_axis("row_id").reset_index()
+    grouped = df.groupby(CONFIG_COLUMNS, sort=False, as_index=False)
+    out = grouped.agg(row_id=("row_id", "min"), iter_time_s=("iter_time_s", "mean"),
+                      repeats=("row_id", "size"))
+    out["iter_time_ms"] = out["iter_time_s"] * 1e3
+    return out.sort_values("row_id").reset_index(drop=True)[["row_id", *CONFIG_COLUMNS, "iter_time_ms",
+                                                             "iter_time_s", "repeats"]]
+
+
+def microbatches_of(row: Mapping[str, Any]) -> int:
+    """Micro-batches per iteration: global batch / (micro batch x data-parallel degree)."""
+    per_step = int(row["micro_batch"]) * int(row["dp"])
+    m, rest = divmod(int(row["global_batch"]), per_step)
+    if m < 1 or rest:
+        raise ConfigError("global_batch", f"{row['global_batch']} is not a positive multiple of micro_batch "
+                          f"x dp = {per_step} (row {row.get('row_id', '?')})",
+                          "drop the row or fix its batch sizes")
+    return m
+
+
+def cluster_of(row: Mapping[str, Any], nvlink_efficiency: float = 1.0) -> dict[str, Any]:
+    """One DGX A100 node with the row's GPU count; the NVLink efficiency overrides the catalog's 1.0."""
+    cluster: dict[str, Any] = {"preset": MEGATRON_CLUSTER, "devices_per_node": int(row["gpus"])}
+    if nvlink_efficiency != 1.0:
+        cluster["overrides"] = {"intra_node_link": {"efficiency": float(nvlink_efficiency)}}
+    return cluster
+
+
+def megatron_partition(num_blocks: int, pp: int) -> list[list[int]]:
+    """Megatron-LM's stages: ``num_blocks / pp`` transformer blocks each, the embedding added to the
+    first stage and the output head to the last (Megatron requires pp to divide the block count).
+
+    paratwin's "uniform" partition would count the embedding and the head as layers like the blocks
+    and move blocks off the first stages; the head (a 51,200-wide projection) weighs ~3.5 blocks at
+    hidden 1,024, so the cut matters for the pipeline's slowest stage.
+    """
+    per_stage, rest = divmod(num_blocks, pp)
+    if rest:
+        raise ConfigError("pp", f"pp={pp} does not divide the {num_blocks} transformer layers",
+                          "use a pipeline degree that divides the layer count, as Megatron-LM requires")
+    # Layer 0 is the embedding, 1..num_blocks the blocks, num_blocks + 1 the head.
+    cuts = [0] + [1 + per_stage * s for s in range(1, pp)] + [num_blocks + 2]
+    return [[cuts[s], cuts[s + 1]] for s in range(pp)]
+
+
+def row_to_plan(row: Mapping[str, Any], nvlink_efficiency: float = 1.0) -> Plan:
+    """The paratwin Plan of one Megatron measurement (see the module docstring for the assumptions)."""
+    return Plan(
+        name=f"megatron-a100-row{int(row.get('row_id', -1))}",
+        workload=BASE_PRESET,
+        workload_options={"hidden": int(row["hidden"]), "heads": int(row["heads"]),
+                          "num_layers": int(row["layers"]), "seq": int(row["seq"]), "vocab": MEGATRON_VOCAB},
+        cluster=cluster_of(row, nvlink_efficiency),
+        dtype=MEGATRON_DTYPE,
+        tp=int(row["tp"]), dp=int(row["dp"]), pp=int(row["pp"]),
+        micro_batch=int(row["micro_batch"]), microbatches=microbatches_of(row),
+        partition=megatron_partition(int(row["layers"]), int(row["pp"])),
+        schedule="1f1b", recompute="full", dp_bucket_mb=ONE_BUCKET_MB,
+    )
+
+
+# --- the predictor ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the fit adjusts: the compute efficiency curve and the NVLink bandwidth efficiency."""
+
+    curve: EfficiencyCurve
+    nvlink_efficiency: float = 1.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {**self.curve.to_dict(), "nvlink_efficiency": self.nvlink_efficiency}
+
+
+class SimulatorPredictor:
+    """``predictor(row, calibration) -> seconds``: the full simulator on the row's plan.
+
+    ``engine_only`` (the default) runs exactly ``sim.simulate.simulate``'s steps (``prepare``, ``lower``
+    in symmetric mode, ``Engine.run``) but skips building the per-instruction result table, which is
+    two thirds of a call's time here and which a fit never reads; the iteration time is the same
+    number (tests/test_calibrate.py checks it is identical). ``engine_only=False`` calls ``simulate``.
+
+    Records the ``row_id`` of every row it is asked about in ``seen``, so a test can check by
+    construction that a fit never touched a held-out row.
+    """
+
+    def __init__(self, engine_only: bool = True) -> None:
+        self.engine_only = engine_only
+        self.seen: set[int] = set()
+        self.calls = 0
+        self._layers: dict[tuple[int, int, int, int], list[LayerSpec]] = {}
+        self._clusters: dict[tuple[int, float], ClusterSpec] = {}
+        self._options = EngineOptions(layer_rows=False)  # per-layer rows cost time; nothing here reads them
+
+    def __call__(self, row: Mapping[str, Any], calibration: Calibration | EfficiencyCurve) -> float:
+        if isinstance(calibration, EfficiencyCurve):
+            calibration = Calibration(calibration)
+        self.seen.add(int(row["row_id"]))
+        self.calls += 1
+        plan = row_to_plan(row, calibration.nvlink_efficiency)
+        cluster = self._cluster(plan, int(row["gpus"]), calibration.nvlink_efficiency)
+        costs = AnalyticCosts(self._layer_specs(plan), cluster.device, plan.dtype, cluster, calibration.curve)
+        if not self.engine_only:
+            return simulate(plan, costs=costs, options=self._options).iteration_s
+        setup = prepare(plan, costs)
+        program = lower(plan, setup.stage_layers, setup.costs, setup.policy, symmetric=True)
+        return Engine(program, setup.costs, setup.comm, setup.policy, plan.micro_batch, plan.tp_overlap,
+                      self._options).run()
+
+    def _layer_specs(self, plan: Plan) -> list[LayerSpec]:
+        o = plan.workload_options
+        key = (o["hidden"], o["heads"], o["num_layers"], o["seq"])
+        if key not in self._layers:
+            self._layers[key] = transformer_layers(transformer_config(plan.workload, **o))
+        return self._layers[key]
+
+    def _cluster(self, plan: Plan, gpus: int, nvlink_efficiency: float) -> ClusterSpec:
+        key = (gpus, nvlink_efficiency)
+        if key not in self._clusters:
+            if len(self._clusters) > 64:  # the optimiser moves on; keep the cache small
+                self._clusters.clear()
+            self._clusters[key] = load_cluster(plan.cluster)
+        return self._clusters[key]
+
+
+def quick_predictor() -> Callable[[Mapping[str, Any], Calibration | EfficiencyCurve], float]:
+    """The other calibration's closed-form 1F1B predictor behind the same signature (curve only)."""
+    predict = megatron_predictor()
+
+    def closed_form(row: Mapping[str, Any], calibration: Calibration | EfficiencyCurve) -> float:
+        curve = calibration.curve if isinstance(calibration, Calibration) else calibration
+        return predict(row, curve)
+
+    return closed_form
+
+
+Predictor = Callable[[Mapping[str, Any], Calibration], float]
+
+
+# --- fitting ----------------------------------------------------------------------------------------------
+
+def fit(rows: pd.DataFrame, predict: Predictor, start: Calibration, fit_nvlink: bool = False) -> Calibration:
+    """Least-squares fit of (eff_max, flops_half[, NVLink efficiency]) on log(predicted / measured).
+
+    Only ``rows`` are predicted: pass the calibration part. flops_half is fitted on a log scale (it
+    spans orders of magnitude); ``mem_eff`` stays at the start's value.
+    """
+    from scipy.optimize import least_squares  # slow to import; only fitting needs it
+
+    if rows.empty:
+        raise ConfigError("rows", "no rows to fit", "pass the calibration part of the data")
+    records = rows.to_dict("records")
+    measured = rows["iter_time_s"].to_numpy(dtype=float)
+    n = 3 if fit_nvlink else 2
+
+    def calibration_of(theta: np.ndarray) -> Calibration:
+        curve = EfficiencyCurve(eff_max=float(theta[0]), flops_half=float(10 ** theta[1]),
+                                mem_eff=start.curve.mem_eff)
+        return Calibration(curve, float(theta[2]) if fit_nvlink else start.nvlink_efficiency)
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        calibration = calibration_of(theta)
+        return np.log(np.array([predict(r, calibration) for r in records]) / measured)
+
+    x0 = np.array([start.curve.eff_max, math.log10(max(start.curve.flops_half, 1e6)),
+                   start.nvlink_efficiency])
+    x0 = np.clip(x0[:n], np.array(_LOWER[:n]) + 1e-6, np.array(_UPPER[:n]) - 1e-6)
+    result = least_squares(residuals, x0, bounds=(_LOWER[:n], _UPPER[:n]), loss="soft_l1", f_scale=0.1,
+                           diff_step=1e-3, xtol=1e-6, ftol=1e-6)
+    return calibration_of(result.x)
+
+
+# --- scoring ----------------------------------------------------------------------------------------------
+
+def error_metrics(measured: Sequence[float] | np.ndarray,
+                  predicted: Sequence[float] | np.ndarray) -> dict[str, float]:
+    """Relative error (predicted - measured) / measured: median, p90 and max of its absolute value,
+    its mean (signed; positive = too slow), and the Spearman rank correlation of predicted vs measured."""
+    from scipy.stats import spearmanr
+
+    measured, predicted = np.asarray(measured, dtype=float), np.asarray(predicted, dtype=float)
+    if measured.shape != predicted.shape or measured.size == 0:
+        raise ConfigError("predicted", f"{predicted.size} predictions for {measured.size} measurements",
+                          "pass one prediction per measured row")
+    rel = (predicted - measured) / measured
+    spearman = float(spearmanr(predicted, measured).statistic) if measured.size > 1 else float("nan")
+    return {"rows": int(measured.size), "median_abs_error": float(np.median(np.abs(rel))),
+            "p90_abs_error": float(np.quantile(np.abs(rel), 0.9)),
+            "max_abs_error": float(np.max(np.abs(rel))),
+            "mean_signed_error": float(np.mean(rel)), "spearman": spearman}
+
+
+def predict_rows(rows: pd.DataFrame, predict: Predictor, calibration: Calibration) -> np.ndarray:
+    return np.array([predict(r, calibration) for r in rows.to_dict("records")])
+
+
+def subsample(rows: pd.DataFrame, max_rows: int | None, seed: int) -> pd.DataFrame:
+    """At most ``max_rows`` rows, drawn at random with ``seed`` and returned in row order."""
+    if max_rows is None or len(rows) <= max_rows:
+        return rows
+    if max_rows < 1:
+        raise ConfigError("max_fit_rows", f"must be >= 1, got {max_rows}", "use e.g. 240, or None for all")
+    return rows.sample(n=max_rows, random_state=seed).sort_values("row_id")
+
+
+# --- the whole calibration ------------------------------------------------------------------------------
+
+def default_calibration() -> Calibration:
+    """The uncalibrated model on A100 fp16 with nominal NVLink: ``sim.analytic``'s prior constants.
+
+    Built from the constants rather than ``default_for`` so that, should ``default_for`` one day load
+    this very calibration for A100, the "defaults" rows and the fit's starting point stay uncalibrated.
+    """
+    peak = get_device(MEGATRON_DEVICE).peak(MEGATRON_DTYPE)
+    return Calibration(EfficiencyCurve(eff_max=GPU_EFF_MAX, flops_half=CALL_OVERHEAD_S * GPU_EFF_MAX * peak,
+                                       mem_eff=MEM_EFF))
+
+
+def fit_on(rows: pd.DataFrame, make_predictor: Callable[[], Predictor], start: Calibration,
+           fit_nvlink: bool = False) -> Calibration:
+    """``fit`` with a fresh predictor, then check that it predicted no row outside ``rows``.
+
+    A ``SimulatorPredictor`` records every row it was asked about, so the check is by construction:
+    a fit that read a held-out row fails here instead of quietly reporting a flattering error.
+    """
+    predictor = make_predictor()
+    calibration = fit(rows, predictor, start, fit_nvlink)
+    seen = getattr(predictor, "seen", None)
+    if seen is not None and not seen <= set(rows["row_id"]):
+        raise RuntimeError(f"the fit predicted {len(seen - set(rows['row_id']))} row(s) it was not given")
+    return calibration
+
+
+def choose_fit(metrics: Mapping[str, Mapping[str, Mapping[str, float]]], margin: float = 0.01) -> str:
+    """The fit saved for users: the NVLink variant only if it lowers the *calibration* split's median
+    |error| by more than ``margin`` (1 point) over the 2-parameter fit. The holdout is not consulted."""
+    if "sim_fitted_nvlink" not in metrics:
+        return "sim_fitted"
+    gain = (metrics["sim_fitted"]["calibration"]["median_abs_error"]
+            - metrics["sim_fitted_nvlink"]["calibration"]["median_abs_error"])
+    return "sim_fitted_nvlink" if gain > margin else "sim_fitted"
+
+
+def run_calibration(out_dir: Path, csv_path: Path | None = None, seed: int = 0,
+                    max_fit_rows: int | None = MAX_FIT_ROWS, fit_nvlink: bool = True,
+                    cross_hidden: bool = True, figure: bool = True) -> dict[str, Any]:
+    """Fit on the calibration split, score the holdout, write predictions, figures and a JSON summary.
+
+    Writes ``out_dir/predictions.csv`` (one row per configuration: split, measured and every
+    predictor's time and relative error), ``out_dir/calibration.json`` (returned) and
+    ``out_dir/pred_vs_measured.{png,pdf}``.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+    data = load_rows(csv_path)
+    calib, holdout = split_calibration(data, 0.5, seed=seed)
+    fit_rows = subsample(calib, max_fit_rows, seed)
+    start = default_calibration()
+
+    # Fits: the simulator (2 parameters, then + NVLink efficiency) and the closed form, same rows.
+    fits: dict[str, Calibration] = {}
+    t = time.perf_counter()
+    fits["sim_fitted"] = fit_on(fit_rows, SimulatorPredictor, start)
+    timings["fit_sim_s"] = time.perf_counter() - t
+    if fit_nvlink:
+        t = time.perf_counter()
+        fits["sim_fitted_nvlink"] = fit_on(fit_rows, SimulatorPredictor, fits["sim_fitted"], fit_nvlink=True)
+        timings["fit_sim_nvlink_s"] = time.perf_counter() - t
+    fits["quick_fitted"] = fit_on(fit_rows, quick_predictor, start)
+
+    # Predictions of every row by every (predictor, parameters) pair; scored per split.
+    sim_predict, quick_predict = SimulatorPredictor(), quick_predictor()
+    predictions = data.copy()
+    predictions["split"] = np.where(predictions["row_id"].isin(holdout["row_id"]), "holdout", "calibration")
+    predictions["in_fit"] = predictions["row_id"].isin(fit_rows["row_id"])
+    columns: dict[str, tuple[Predictor, Calibration]] = {
+        "sim_default": (sim_predict, start), "sim_fitted": (sim_predict, fits["sim_fitted"]),
+        "quick_default": (quick_predict, start), "quick_fitted": (quick_predict, fits["quick_fitted"]),
+    }
+    if fit_nvlink:
+        columns["sim_fitted_nvlink"] = (sim_predict, fits["sim_fitted_nvlink"])
+    t = time.perf_counter()
+    for name, (predict, calibration) in columns.items():
+        predictions[f"pred_{name}_s"] = predict_rows(predictions, predict, calibration)
+    timings["predict_all_s"] = time.perf_counter() - t
+    metrics = {name: {part: error_metrics(rows["iter_time_s"], rows[f"pred_{name}_s"])
+                      for part, rows in predictions.groupby("split")} for name in columns}
+
+    cross: dict[str, Any] = {}
+    if cross_hidden:
+        t = time.perf_counter()
+        cross = _cross_hidden(predictions, start, max_fit_rows, seed)
+        timings["cross_hidden_s"] = time.perf_counter() - t
+
+    for column in [c for c in predictions.columns if c.startswith("pred_")]:
+        predictions[column.replace("pred_", "err_").removesuffix("_s")] = (
+            predictions[column] / predictions["iter_time_s"] - 1.0)
+    predictions.to_csv(out_dir / "predictions.csv", index=False)
+    timings["total_s"] = time.perf_counter() - started
+
+    summary: dict[str, Any] = {
+        "data": {"source": str(csv_path or MEGATRON_A100_CSV), "csv_rows": int(data["repeats"].sum()),
+                 "distinct_configurations": int(len(data))},
+        "assumptions": {"device": MEGATRON_DEVICE, "dtype": MEGATRON_DTYPE, "vocab": MEGATRON_VOCAB,
+                        "cluster": f"{MEGATRON_CLUSTER} with devices_per_node = the row's GPUs",
+                        "schedule": "1f1b", "recompute": "full", "dp_bucket_mb": ONE_BUCKET_MB,
+                        "partition": "Megatron: layers / pp blocks per stage, embedding first, head last"},
+        "split": {"method": "sim.calibration.split_calibration: whole model shapes (hidden, heads, layers, "
+                            "seq) held out, stratified by hidden size",
+                  "holdout_fraction": 0.5, "seed": seed,
+                  "calibration_rows": int(len(calib)), "holdout_rows": int(len(holdout)),
+                  "fit_rows": int(len(fit_rows)), "max_fit_rows": max_fit_rows,
+                  "calibration_shapes": _shapes(calib), "holdout_shapes": _shapes(holdout)},
+        "fitted": {name: c.to_dict() for name, c in {"default": start, **fits}.items()},
+        "chosen": choose_fit(metrics),
+        "metrics": metrics,
+        "cross_hidden": cross,
+        "timings_s": timings,
+        "date": dt.date.today().isoformat(),
+    }
+    (out_dir / "calibration.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if figure:
+        plot_predictions(predictions, out_dir / "pred_vs_measured", summary)
+    return summary
+
+
+def _shapes(rows: pd.DataFrame) -> list[list[int]]:
+    return sorted(rows[["hidden", "heads", "layers", "seq"]].drop_duplicates().to_numpy().tolist())
+
+
+def _cross_hidden(predictions: pd.DataFrame, start: Calibration, max_fit_rows: int | None,
+                  seed: int) -> dict[str, Any]:
+    """Fit on the rows of one hidden size (capped at ``max_fit_rows``), test on all rows of the other.
+
+    Adds ``pred_{sim,quick}_cross_hidden_s`` to ``predictions``: each row predicted by the fit that
+    did not see its hidden size.
+    """
+    out: dict[str, Any] = {}
+    makers: dict[str, Callable[[], Predictor]] = {"sim": SimulatorPredictor, "quick": quick_predictor}
+    for name in makers:
+        predictions[f"pred_{name}_cross_hidden_s"] = np.nan
+    for fit_hidden in sorted(predictions["hidden"].unique()):
+        train = subsample(predictions[predictions["hidden"] == fit_hidden], max_fit_rows, seed)
+        test_mask = predictions["hidden"] != fit_hidden
+        test = predictions[test_mask]
+        entry: dict[str, Any] = {"fit_rows": int(len(train)), "test_rows": int(len(test))}
+        for name, make in makers.items():
+            calibration = fit_on(train, make, start)
+            predicted = predict_rows(test, make(), calibration)
+            predictions.loc[test_mask, f"pred_{name}_cross_hidden_s"] = predicted
+            entry[name] = {"fitted": calibration.to_dict(),
+                           "test": error_metrics(test["iter_time_s"], predicted)}
+        out[f"fit_{int(fit_hidden)}_test_other"] = entry
+    return out
+
+
+# --- figure -----------------------------------------------------------------------------------------------
+
+def plot_predictions(predictions: pd.DataFrame, stem: Path, summary: Mapping[str, Any] | None = None,
+                     column: str = "pred_sim_fitted_s") -> list[Path]:
+    """Predicted vs measured iteration time, log-log, calibration and holdout rows in two colours."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if column not in predictions:
+        raise ConfigError("column", f"no prediction column {column!r}", "pass one of the pred_*_s columns")
+    fig, ax = plt.subplots(figsize=(5.2, 5.0))
+    for part, colour in (("calibration", "tab:blue"), ("holdout", "tab:orange")):
+        rows = predictions[predictions["split"] == part]
+        label = part
+        if summary is not None:
+            name = column.removeprefix("pred_").removesuffix("_s")
+            m = summary["metrics"].get(name, {}).get(part)
+            if m:
+                label = f"{part} (median |err| {m['median_abs_error']:.1%})"
+        ax.scatter(rows["iter_time_s"] * 1e3, rows[column] * 1e3, s=7, alpha=0.55, color=colour, label=label,
+                   edgecolors="none")
+    both = np.concatenate([predictions["iter_time_s"], predictions[column]]) * 1e3
+    lo, hi = float(both.min()) / 1.3, float(both.max()) * 1.3
+    ax.plot([lo, hi], [lo, hi], color="black", lw=1, label="y = x")
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured iteration time (ms)",
+           ylabel="simulated iteration time (ms)",
+           title="Megatron GPT, one A100 node: calibrated simulator")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.grid(True, which="both", alpha=0.25)
+    fig.tight_layout()
+    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
+    for path in paths:
+        fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return paths
+
+
+# --- the data file the simulator's users load ---------------------------------------------------------------
+
+def save_calibration_data(summary: Mapping[str, Any], path: Path = CALIBRATION_DATA,
+                          which: str | None = None) -> Path:
+    """Write the fitted curve with its provenance (data, split, seed, date, holdout error) as JSON.
+
+    ``which`` defaults to the summary's ``chosen`` fit (see ``choose_fit``).
+    """
+    which = which or summary["chosen"]
+    if which not in summary["fitted"]:
+        raise ConfigError("which", f"no fit named {which!r}", f"use one of {sorted(summary['fitted'])}")
+    fitted = summary["fitted"][which]
+    holdout = summary["metrics"][which]["holdout"]
+    record = {
+        "device": MEGATRON_DEVICE,
+        "dtype": MEGATRON_DTYPE,
+        "efficiency_curve": {k: fitted[k] for k in ("eff_max", "flops_half", "mem_eff")},
+        "nvlink_efficiency": fitted["nvlink_efficiency"],
+        "provenance": {
+            "data": "vTrain (Bang et al., MICRO 2024) ground_truth_single.csv: Megatron-LM GPT on one "
+                    "8 x A100 node; " + summary["data"]["source"],
+            "predictor": "paratwin's full simulator with AnalyticCosts (sim.simulate's prepare, lower, "
+                         f"Engine.run), fit '{which}' of analysis.calibrate.run_calibration",
+            "split": summary["split"]["method"],
+            "seed": summary["split"]["seed"],
+            "fit_rows": summary["split"]["fit_rows"],
+            "holdout_rows": summary["split"]["holdout_rows"],
+            "calibration_shapes": summary["split"].get("calibration_shapes", []),
+            "holdout_shapes": summary["split"]["holdout_shapes"],
+            "assumptions": summary["assumptions"],
+            "date": summary["date"],
+            "holdout_error": holdout,
+        },
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path
+
+
+def load_calibrated_curve(path: Path = CALIBRATION_DATA) -> EfficiencyCurve:
+    """The ``EfficiencyCurve`` stored by ``save_calibration_data`` (or a ``run_calibration`` summary)."""
+    path = Path(path)
+    if not path.is_file():
+        raise BundleError(path, "calibration file not found; run analysis.calibrate.run_calibration first")
+    try:
+        record = json.loads(path.read_text())
+        if "efficiency_curve" in record:
+            values = record["efficiency_curve"]
+        else:  # a run_calibration summary: the fit it chose
+            values = record["fitted"][record["chosen"]]
+        return EfficiencyCurve(eff_max=float(values["eff_max"]), flops_half=float(values["flops_half"]),
+                               mem_eff=float(values.get("mem_eff", 0.9)))
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise BundleError(path, f"not a calibration file ({exc.__class__.__name__}: {exc})") from None
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/calibration"))
+    parser.add_argument("--csv", type=Path, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-fit-rows", type=int, default=MAX_FIT_ROWS or 0,
+                        help="0 = all calibration rows")
+    parser.add_argument("--save-data", action="store_true",
+                        help="also write sim/data/a100_calibration.json")
+    parser.add_argument("--quick", action="store_true",
+                        help="skip the NVLink fit, the cross-hidden split and the figure")
+    args = parser.parse_args()
+    summary = run_calibration(args.out, args.csv, args.seed, args.max_fit_rows or None,
+                              fit_nvlink=not args.quick, cross_hidden=not args.quick, figure=not args.quick)
+    print_summary(summary)
+    if args.save_data:
+        print(f"wrote {save_calibration_data(summary)}")
+
+
+def print_summary(summary: Mapping[str, Any]) -> None:
+    for name, values in summary["fitted"].items():
+        print(f"{name:18s} eff_max={values['eff_max']:.3f} flops_half={values['flops_half']:.3g} "
+              f"nvlink_eff={values['nvlink_efficiency']:.3f}")
+    print(f"{'predictor':18s} {'split':11s} {'rows':>5s} {'med|err|':>8s} {'p90|err|':>8s} {'max|err|':>8s} "
+          f"{'mean err':>8s} {'spearman':>8s}")
+    for name, parts in summary["metrics"].items():
+        for part, m in parts.items():
+            print(_metric_line(name, part, m))
+    for label, entry in summary.get("cross_hidden", {}).items():
+        for name in ("sim", "quick"):
+            print(_metric_line(f"{name} {label}", "test", entry[name]["test"]))
+    print(f"chosen for sim/data: {summary['chosen']}; {summary['timings_s']['total_s']:.0f} s in all")
+
+
+def _metric_line(name: str, part: str, m: Mapping[str, float]) -> str:
+    return (f"{name:18s} {part:11s} {m['rows']:5d} {m['median_abs_error']:8.1%} {m['p90_abs_error']:8.1%} "
+            f"{m['max_abs_error']:8.1%} {m['mean_signed_error']:+8.1%} {m['spearman']:8.3f}")
+
+
+if __name__ == "__main__":
+    main()

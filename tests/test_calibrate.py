@@ -1,0 +1,197 @@
+"""Calibration of the A100 analytic model with the full simulator (analysis/calibrate.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.calibrate import (
+    CALIBRATION_DATA,
+    Calibration,
+    SimulatorPredictor,
+    default_calibration,
+    error_metrics,
+    fit_on,
+    load_calibrated_curve,
+    load_rows,
+    megatron_partition,
+    microbatches_of,
+    predict_rows,
+    row_to_plan,
+    save_calibration_data,
+    subsample,
+)
+from sim.calibration import MEGATRON_A100_CSV, split_calibration
+from sim.cluster import load_cluster
+from sim.simulate import prepare, simulate
+from traces.errors import BundleError, ConfigError
+
+pytestmark = pytest.mark.skipif(not MEGATRON_A100_CSV.is_file(), reason="validation CSV not present")
+
+
+@pytest.fixture(scope="module")
+def rows() -> pd.DataFrame:
+    return load_rows()
+
+
+def test_every_csv_row_is_one_configuration_with_its_csv_row_id(rows: pd.DataFrame) -> None:
+    raw = pd.read_csv(MEGATRON_A100_CSV)
+    assert len(rows) == len(raw) == 1440 and rows["repeats"].eq(1).all()
+    assert rows["row_id"].tolist() == list(range(len(raw)))
+    # row_id is the 0-based data row: its measured time is that line's.
+    assert np.allclose(rows["iter_time_ms"], raw["iteration time (ms)"])
+
+
+def test_repeated_configurations_are_merged_and_averaged(tmp_path: Path) -> None:
+    raw = pd.read_csv(MEGATRON_A100_CSV).head(3)
+    doubled = pd.concat([raw, raw.iloc[[1]].assign(**{"iteration time (ms)": 300.0})], ignore_index=True)
+    doubled.to_csv(tmp_path / "dup.csv", index=False)
+    merged = load_rows(tmp_path / "dup.csv")
+    assert len(merged) == 3 and merged["repeats"].tolist() == [1, 2, 1]
+    assert merged.loc[1, "row_id"] == 1
+    assert merged.loc[1, "iter_time_ms"] == pytest.approx((raw.loc[1, "iteration time (ms)"] + 300.0) / 2)
+
+
+def test_rows_become_the_plans_megatron_ran(rows: pd.DataFrame) -> None:
+    # CSV data row 1: 8 GPUs, global 32, micro 4, hidden 1024, 16 heads, 24 layers, seq 1024, tp2 dp2 pp2.
+    plan = row_to_plan(rows.iloc[1])
+    assert (plan.tp, plan.dp, plan.pp, plan.micro_batch) == (2, 2, 2, 4)
+    assert plan.microbatches == 32 // (4 * 2) == 4 and plan.global_batch == 32
+    assert plan.workload_options == {"hidden": 1024, "heads": 16, "num_layers": 24, "seq": 1024,
+                                     "vocab": 51200}
+    assert (plan.dtype, plan.schedule, plan.recompute) == ("fp16", "1f1b", "full")
+    assert plan.partition == [[0, 13], [13, 26]]  # embedding + 12 blocks | 12 blocks + head
+    cluster = load_cluster(plan.cluster)
+    assert (cluster.nodes, cluster.devices_per_node, cluster.device.name) == (1, 8, "A100-80GB")
+    # Row 3: 8 GPUs, global 8, micro 2, hidden 2048, 20 layers, tp4 dp1 pp2: 8 / (2 x 1) = 4 micro-batches.
+    plan = row_to_plan(rows.iloc[3])
+    assert (plan.tp, plan.dp, plan.pp, plan.microbatches) == (4, 1, 2, 4)
+    assert plan.workload_options["hidden"] == 2048 and plan.workload_options["num_layers"] == 20
+    # A 2-GPU row runs on a 2-GPU node, and an NVLink efficiency reaches the cluster's link.
+    two = rows[rows["gpus"] == 2].iloc[0]
+    cluster = load_cluster(row_to_plan(two, nvlink_efficiency=0.5).cluster)
+    assert cluster.world_size == 2 and cluster.intra_node_link.effective_bandwidth_Bps == pytest.approx(150e9)
+
+
+def test_megatron_partition_and_bad_batches() -> None:
+    assert megatron_partition(20, 4) == [[0, 6], [6, 11], [11, 16], [16, 22]]
+    assert megatron_partition(12, 1) == [[0, 14]]
+    with pytest.raises(ConfigError, match="pp"):
+        megatron_partition(20, 3)
+    with pytest.raises(ConfigError, match="global_batch"):
+        microbatches_of({"global_batch": 12, "micro_batch": 8, "dp": 1})
+
+
+def test_every_csv_plan_validates(rows: pd.DataFrame) -> None:
+    # No row is skipped: each plan passes every check the simulator makes before running.
+    for row in rows.to_dict("records"):
+        setup = prepare(row_to_plan(row))
+        assert setup.cluster.world_size == row["gpus"] == row["tp"] * row["dp"] * row["pp"]
+        assert len(setup.stage_layers) == row["pp"]
+
+
+def test_the_largest_configuration_fits_in_memory(rows: pd.DataFrame) -> None:
+    # Biggest activations per GPU: hidden 2048, 24 layers, micro-batch 8, no model parallelism.
+    big = rows[(rows["hidden"] == 2048) & (rows["layers"] == 24) & (rows["micro_batch"] == 8)]
+    big = big.sort_values(["tp", "pp"]).iloc[0]
+    result = simulate(row_to_plan(big))
+    assert not result.oom and result.peak_memory_bytes < 80e9
+
+
+def test_engine_only_predictor_equals_simulate(rows: pd.DataFrame) -> None:
+    calibration = Calibration(default_calibration().curve, nvlink_efficiency=0.7)
+    sample = rows.sample(6, random_state=3)
+    fast = predict_rows(sample, SimulatorPredictor(engine_only=True), calibration)
+    full = predict_rows(sample, SimulatorPredictor(engine_only=False), calibration)
+    assert fast.tolist() == full.tolist()
+
+
+def test_fit_reads_only_its_rows_and_improves_them(rows: pd.DataFrame) -> None:
+    calib, holdout = split_calibration(rows, 0.5, seed=0)
+    fit_rows = subsample(calib, 10, seed=0)
+    predictor = SimulatorPredictor()
+    fitted = fit_on(fit_rows, lambda: predictor, default_calibration())
+    assert predictor.seen == set(fit_rows["row_id"])
+    assert predictor.seen.isdisjoint(holdout["row_id"])
+    before = error_metrics(fit_rows["iter_time_s"], predict_rows(fit_rows, predictor, default_calibration()))
+    after = error_metrics(fit_rows["iter_time_s"], predict_rows(fit_rows, predictor, fitted))
+    assert after["median_abs_error"] < before["median_abs_error"] / 2
+
+
+class _LeakyPredictor(SimulatorPredictor):
+    """A predictor that also looks at one row it was not given (what the guard must catch)."""
+
+    def __init__(self, extra_row: dict) -> None:
+        super().__init__()
+        self.extra_row = extra_row
+
+    def __call__(self, row, calibration):  # type: ignore[no-untyped-def]
+        super().__call__(self.extra_row, calibration)
+        return super().__call__(row, calibration)
+
+
+def test_a_fit_that_reads_a_held_out_row_is_refused(rows: pd.DataFrame) -> None:
+    calib, holdout = split_calibration(rows, 0.5, seed=0)
+    leaky = _LeakyPredictor(holdout.iloc[0].to_dict())
+    with pytest.raises(RuntimeError, match="not given"):
+        fit_on(subsample(calib, 3, seed=0), lambda: leaky, default_calibration())
+
+
+def test_error_metrics_on_a_hand_example() -> None:
+    measured = [1.0, 2.0, 4.0, 5.0]
+    predicted = [2.5, 1.8, 4.0, 6.0]  # relative errors +150%, -10%, 0%, +20%
+    m = error_metrics(measured, predicted)
+    assert m["rows"] == 4
+    assert m["median_abs_error"] == pytest.approx(0.15)  # |err| sorted 0, 0.1, 0.2, 1.5
+    assert m["p90_abs_error"] == pytest.approx(0.2 + 0.7 * 1.3)  # linear interpolation at rank 2.7
+    assert m["max_abs_error"] == pytest.approx(1.5)
+    assert m["mean_signed_error"] == pytest.approx((1.5 - 0.1 + 0.0 + 0.2) / 4)
+    # Ranks of predicted 2, 1, 3, 4 against 1, 2, 3, 4: 1 - 6 x 2 / (4 x 15) = 0.8.
+    assert m["spearman"] == pytest.approx(0.8)
+    with pytest.raises(ConfigError):
+        error_metrics([1.0, 2.0], [1.0])
+
+
+def test_a100_defaults_to_the_calibrated_curve_and_the_prior_stays_uncalibrated() -> None:
+    from sim.analytic import default_for, uncalibrated_curve
+    from sim.hardware import get_device
+
+    a100 = get_device("A100-80GB")
+    assert default_for(a100, "fp16") == load_calibrated_curve()
+    assert default_for(a100, "fp32") == uncalibrated_curve(a100, "fp32")  # calibrated for 16-bit only
+    assert default_for(get_device("H200"), "bf16") == uncalibrated_curve(get_device("H200"), "bf16")
+    assert default_calibration().curve == uncalibrated_curve(a100, "fp16")
+    assert default_calibration().nvlink_efficiency == 1.0
+
+
+def test_saved_curve_round_trips(tmp_path: Path) -> None:
+    summary = {
+        "fitted": {"sim_fitted": {"eff_max": 0.7, "flops_half": 2e11, "mem_eff": 0.9,
+                                  "nvlink_efficiency": 1.0}},
+        "chosen": "sim_fitted",
+        "metrics": {"sim_fitted": {"holdout": {"median_abs_error": 0.08}}},
+        "data": {"source": "x.csv"},
+        "split": {"method": "m", "seed": 0, "fit_rows": 10, "holdout_rows": 5, "holdout_shapes": []},
+        "assumptions": {}, "date": "2026-01-01",
+    }
+    path = save_calibration_data(summary, tmp_path / "cal.json")
+    curve = load_calibrated_curve(path)
+    assert (curve.eff_max, curve.flops_half, curve.mem_eff) == (0.7, 2e11, 0.9)
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(BundleError):
+        load_calibrated_curve(tmp_path / "bad.json")
+
+
+def test_shipped_calibration_file_has_its_provenance() -> None:
+    record = json.loads(CALIBRATION_DATA.read_text())
+    curve = load_calibrated_curve()
+    assert 0 < curve.eff_max <= 1 and curve.flops_half > 0
+    provenance = record["provenance"]
+    for key in ("data", "split", "seed", "date", "holdout_error", "fit_rows", "holdout_rows"):
+        assert key in provenance
+    assert math.isfinite(provenance["holdout_error"]["median_abs_error"])
