@@ -186,7 +186,7 @@ def admm(
 
     table = run_admm_experiment(task, iterations, out, seed=seed, workers=workers, staleness=staleness)
     final = table.sort_values("iteration").groupby("method").tail(1)
-    console.print(final.to_string(index=False))
+    console.print(final[["method", "iteration", "train_loss", "test_loss", "test_acc"]].to_string(index=False))
     console.print(f"wrote {out}")
 
 
