@@ -24,7 +24,14 @@ from sim.plan import Plan
 from sim.program import Program
 from sim.result import RankMemory, SimResult
 from sim.schedules import SCHEDULES, check_preconditions
-from sim.workloads import TRANSFORMER_PRESETS, TransformerConfig, transformer_config, transformer_layers
+from sim.workloads import (
+    TRANSFORMER_PRESETS,
+    WORKLOAD_FAMILIES,
+    TransformerConfig,
+    transformer_config,
+    transformer_layers,
+    workload_names,
+)
 from traces.errors import ConfigError
 from traces.schema import INSTRUCTION_TABLE
 from traces.tables import conform
@@ -74,9 +81,7 @@ def prepare(plan: Plan, costs: CostModel | None = None) -> Setup:
 
 def _transformer_of(plan: Plan) -> TransformerConfig | None:
     if plan.workload not in TRANSFORMER_PRESETS:
-        from exec.workloads import workload_names  # the registry is plain Python; no torch import
-
-        if plan.workload not in workload_names():
+        if plan.workload not in WORKLOAD_FAMILIES:
             raise ConfigError("workload", f"unknown workload {plan.workload!r}",
                               f"choose one of {', '.join(workload_names())}")
         return None

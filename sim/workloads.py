@@ -116,6 +116,21 @@ RESNET_PRESETS: dict[str, ResNetConfig] = {
 }
 
 
+# Every workload preset and its model family (exec.workloads builds each family's modules). The
+# simulator costs transformers in closed form; the other families need a profile bundle.
+WORKLOAD_FAMILIES: dict[str, str] = {
+    **{name: cfg.family for name, cfg in TRANSFORMER_PRESETS.items()},
+    **{name: "lstm" for name in LSTM_PRESETS},
+    **{name: "resnet" for name in RESNET_PRESETS},
+    "hap-tiny": "hap", "hap-mutag": "hap",
+    "rnn-tiny": "rnn", "rnn-digits": "rnn",
+}
+
+
+def workload_names() -> list[str]:
+    return sorted(WORKLOAD_FAMILIES)
+
+
 def transformer_config(name: str, **overrides: object) -> TransformerConfig:
     if name not in TRANSFORMER_PRESETS:
         raise ConfigError("workload", f"unknown transformer preset {name!r}",

@@ -167,3 +167,13 @@ def test_random_plans_simulate_or_are_rejected_clearly(draw: dict) -> None:
         return
     assert result.iteration_s > 0
     assert all(0.0 <= b < 1.0 for b in result.bubble_fraction.values())
+
+
+def test_simulating_a_paper_scale_plan_never_imports_torch() -> None:
+    code = ("import sys; from sim.plan import Plan; from sim.simulate import simulate; "
+            "simulate(Plan.load('examples/plans/gpt-175b-h100-1024.yaml')); "
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -8,30 +8,26 @@ from __future__ import annotations
 
 import importlib
 
+from sim.workloads import WORKLOAD_FAMILIES, workload_names
 from traces.errors import ConfigError
 
 from .base import Batch, Workload, run_layers
 
-# preset name -> "module:factory"; the factory takes the preset name and keyword overrides.
-_PRESETS: dict[str, str] = {
-    **{name: "exec.workloads.gpt:from_preset" for name in (
-        "gpt-tiny", "gpt2-small", "gpt2-medium", "gpt-1.5b", "gpt-2.5b", "gpt-8.3b", "gpt-20b", "gpt-175b")},
-    **{name: "exec.workloads.bert:from_preset" for name in ("bert-tiny", "bert-base", "bert-large")},
-    **{name: "exec.workloads.lstm:from_preset" for name in ("lstm-tiny", "lstm-lm")},
-    **{name: "exec.workloads.resnet:from_preset" for name in ("resnet-tiny", "resnet50", "resnet101")},
-    **{name: "exec.workloads.hap:from_preset" for name in ("hap-tiny", "hap-mutag")},
-    **{name: "exec.workloads.rnn:from_preset" for name in ("rnn-tiny", "rnn-digits")},
+# model family -> "module:factory"; the factory takes the preset name and keyword overrides.
+_FACTORIES: dict[str, str] = {
+    "gpt": "exec.workloads.gpt:from_preset",
+    "bert": "exec.workloads.bert:from_preset",
+    "lstm": "exec.workloads.lstm:from_preset",
+    "resnet": "exec.workloads.resnet:from_preset",
+    "hap": "exec.workloads.hap:from_preset",
+    "rnn": "exec.workloads.rnn:from_preset",
 }
 
 
-def workload_names() -> list[str]:
-    return sorted(_PRESETS)
-
-
 def get_workload(name: str, **overrides: object) -> Workload:
-    if name not in _PRESETS:
+    if name not in WORKLOAD_FAMILIES:
         raise ConfigError("workload", f"unknown workload {name!r}", f"choose one of {', '.join(workload_names())}")
-    module_name, factory = _PRESETS[name].split(":")
+    module_name, factory = _FACTORIES[WORKLOAD_FAMILIES[name]].split(":")
     return getattr(importlib.import_module(module_name), factory)(name, **overrides)
 
 
