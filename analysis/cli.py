@@ -139,6 +139,45 @@ def run(
 
 
 @app.command()
+def validate(
+    plan: Annotated[Path, typer.Argument(help="plan YAML or JSON")],
+    out: Annotated[Path | None, typer.Option(help="directory for the report, figure and traces")] = None,
+    nproc: Annotated[int | None, typer.Option(help="ranks (default: the plan's world size)")] = None,
+    profile: Annotated[Path | None, typer.Option(help="reuse this trace bundle instead of profiling")] = None,
+    iterations: Annotated[int, typer.Option(help="measured iterations")] = 20,
+    warmup: Annotated[int, typer.Option(help="untimed iterations first")] = 3,
+    commbench: Annotated[bool, typer.Option(help="benchmark communication for the simulator")] = True,
+) -> None:
+    """Profile, benchmark communication, simulate, run, and compare prediction with measurement."""
+    from analysis.validate import format_report, validate_plan
+    from sim.plan import Plan
+
+    loaded = Plan.load(plan)
+    target = out or Path("runs") / f"validate-{loaded.name}"
+    report = validate_plan(loaded, nproc=nproc, profile=profile, iterations=iterations, warmup=warmup,
+                           out_dir=target, commbench=commbench)
+    console.print(format_report(report), highlight=False)
+    console.print(f"wrote {target}")
+
+
+@app.command("validate-suite")
+def validate_suite(
+    out: Annotated[Path, typer.Option(help="directory for the suite table and per-plan reports")] = Path(
+        "runs/validation"),
+    plans: Annotated[list[Path] | None, typer.Option("--plan", help="plan (repeatable); default: "
+                                                     "examples/validation/*.yaml")] = None,
+    iterations: Annotated[int, typer.Option(help="measured iterations per plan")] = 20,
+    warmup: Annotated[int, typer.Option(help="untimed iterations first")] = 3,
+) -> None:
+    """Validate the simulator on >= 8 plans on 2 gloo ranks; one table of errors."""
+    from analysis.validation_suite import format_suite, run_suite
+
+    table = run_suite(out, plans, iterations, warmup)
+    console.print(format_suite(table), highlight=False)
+    console.print(f"wrote {out}")
+
+
+@app.command()
 def calibrate(
     out: Annotated[Path, typer.Option(help="directory for predictions, figure and summary")] = Path("runs/calibration"),
     seed: Annotated[int, typer.Option(help="seed of the calibration / holdout split")] = 0,
