@@ -198,6 +198,7 @@ def _failure_message(failed: list[int], processes: list, out_dir: Path, beats: d
 
 
 def _stop(processes: list) -> None:
+    processes = [p for p in processes if p.pid is not None]  # a failed start leaves some unstarted
     for p in processes:
         if p.is_alive():
             p.terminate()

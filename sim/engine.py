@@ -238,15 +238,21 @@ class Engine:
             self.compute_busy[rank] += duration
             return
         layers = [self._layer(layer) for layer in instruction.layers]
+        # The first stage has no input gradient to send anywhere, so its split backward does all the
+        # work in the W step (as exec.runtime runs it) and its I step is empty.
+        whole_backward_in_w = instruction.stage == 0
         phase_time = {
             Kind.FWD: lambda c: c.fwd_s,
             Kind.RECOMPUTE: lambda c: c.recompute_s,
             Kind.BWD: lambda c: c.bwd_input_s + c.bwd_weight_s,
-            Kind.BWD_I: lambda c: c.bwd_input_s,
-            Kind.BWD_W: lambda c: c.bwd_weight_s,
+            Kind.BWD_I: (lambda c: 0.0) if whole_backward_in_w else (lambda c: c.bwd_input_s),
+            Kind.BWD_W: (lambda c: c.bwd_input_s + c.bwd_weight_s) if whole_backward_in_w
+            else (lambda c: c.bwd_weight_s),
         }[kind]
-        # BWD_W needs no TP all-reduce: weight gradients of TP shards are local.
-        with_tp = self.program.tp > 1 and kind is not Kind.BWD_W
+        # A W step alone needs no TP all-reduce (weight gradients of TP shards are local); the
+        # input-gradient all-reduces go with whichever step computes the input gradients.
+        computes_input_grads = kind is not Kind.BWD_W if not whole_backward_in_w else kind is not Kind.BWD_I
+        with_tp = self.program.tp > 1 and computes_input_grads
         segments = [
             (phase_time(c), self._tp_allreduce_s(c, rank) if with_tp else 0.0, max(c.tp_allreduces, 1))
             for c in layers

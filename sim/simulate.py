@@ -56,11 +56,12 @@ def prepare(plan: Plan, costs: CostModel | None = None) -> Setup:
                           "change the degrees so that their product is the cluster's device count")
     transformer = _transformer_of(plan)
     _check_tp(plan, transformer)
-    fits = None
+    # A profile measured on this hardware brings its communication fits, whatever computes the costs.
+    bundle_costs = BundleCostModel.load(plan.profile) if plan.profile is not None else None
+    fits = bundle_costs.bundle.comm_fits if bundle_costs is not None else None
     if costs is None:
-        if plan.profile is not None:
-            bundle_costs = BundleCostModel.load(plan.profile)
-            fits, costs = bundle_costs.bundle.comm_fits, bundle_costs
+        if bundle_costs is not None:
+            costs = bundle_costs
         elif transformer is not None:
             from sim.analytic_costs import AnalyticCosts
 

@@ -1,0 +1,153 @@
+"""End-to-end validation of one small 2-rank plan: real profile, real commbench, real gloo run.
+
+No accuracy thresholds here (timing on a shared CPU machine is noisy); accuracy is the suite's
+report (docs/validation.md). What is checked: the report has every field and finite numbers, the
+files exist and are what they claim to be, and the combined trace holds both processes of every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis.validate import (
+    Calibration,
+    ValidationReport,
+    calibrated_setup,
+    fit_calibration,
+    format_report,
+    iteration_stats,
+    kind_comparison,
+    validate_plan,
+)
+from sim.costs import UniformCosts
+from sim.plan import Plan
+from sim.simulate import prepare, simulate
+from traces.bundle import read_bundle
+
+PLAN = {
+    "name": "test-validate-pp2",
+    "workload": "gpt-tiny",
+    "cluster": {"preset": "local-cpu-2"},
+    "pp": 2,
+    "micro_batch": 2,
+    "microbatches": 2,
+    "schedule": "1f1b",
+}
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> ValidationReport:
+    out = tmp_path_factory.mktemp("validate")
+    return validate_plan(Plan.from_dict(PLAN), iterations=3, warmup=1, out_dir=out, profile_repeats=3,
+                         comm_repeats=3)
+
+
+def test_iteration_numbers_are_finite(report: ValidationReport) -> None:
+    assert report.world_size == 2
+    assert report.measured["n"] == 3
+    assert len(report.measured["times_s"]) == 3
+    for value in (report.predicted_s, report.measured_s, report.error, report.measured["spread"]):
+        assert math.isfinite(value)
+    assert report.predicted_s > 0 and report.measured_s > 0
+    assert report.measured["min_s"] <= report.measured_s <= report.measured["max_s"]
+
+
+def test_every_executed_kind_is_compared(report: ValidationReport) -> None:
+    kinds = set(report.per_kind["kind"])
+    # 1F1B on two stages: forwards, backwards, both message directions and the optimizer step.
+    assert {"FWD", "BWD", "SEND_ACT", "RECV_ACT", "SEND_GRAD", "RECV_GRAD", "OPTIMIZER_STEP"} <= kinds
+    compute = report.per_kind[report.per_kind["kind"].isin(["FWD", "BWD"])]
+    assert compute["error"].map(math.isfinite).all()
+    # Two ranks x two micro-batches: 2 FWD predicted per stage pair, 3 iterations of them measured.
+    fwd = report.per_kind.set_index("kind").loc["FWD"]
+    assert fwd["n_predicted"] == 4 and fwd["n_measured"] == 12
+
+
+def test_memory_compared_per_rank(report: ValidationReport) -> None:
+    assert list(report.memory["rank"]) == [0, 1]
+    assert (report.memory["predicted_peak"] > 0).all()
+    # Comparable = the ledger without buckets in flight, the runtime with gradients from the start.
+    assert (report.memory["predicted_comparable"] <= report.memory["predicted_peak"]).all()
+    assert (report.memory["measured_comparable"] >= report.memory["measured_peak"]).all()
+    assert report.memory["error"].map(math.isfinite).all()
+
+
+def test_bundle_carries_measured_comm_fits(report: ValidationReport) -> None:
+    bundle = read_bundle(report.profile)
+    assert bundle.comm_fits is not None
+    assert {"all_reduce", "send_recv"} <= set(bundle.comm_fits["primitive"])
+    assert int(bundle.meta["settings"]["micro_batch"]) == PLAN["micro_batch"]
+    assert int(bundle.meta["settings"]["colocated_processes"]) == 2
+    # The simulated plan pointed at that bundle.
+    assert Path(Plan.load(report.out_dir / "plan.yaml").profile) == report.profile
+
+
+def test_figures_are_png_and_pdf(report: ValidationReport) -> None:
+    png, pdf = report.paths["timeline_png"], report.paths["timeline_pdf"]
+    assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert pdf.stat().st_size > 1000 and pdf.read_bytes()[:5] == b"%PDF-"
+
+
+def test_combined_trace_has_prediction_and_measurement(report: ValidationReport) -> None:
+    events = json.loads(report.paths["combined_trace"].read_text())["traceEvents"]
+    processes = {e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
+    assert processes == {"predicted rank 0", "predicted rank 1", "measured rank 0", "measured rank 1"}
+    spans = [e for e in events if e.get("ph") == "X"]
+    assert {e["pid"] for e in spans} == {0, 1, 1000, 1001}
+    for name in ("predicted_trace", "measured_trace"):
+        assert json.loads(report.paths[name].read_text())["traceEvents"]
+
+
+def test_report_files_round_trip(report: ValidationReport) -> None:
+    data = json.loads(report.paths["report_json"].read_text())
+    assert data["plan"] == PLAN["name"]
+    assert data["iteration"]["predicted_s"] == pytest.approx(report.predicted_s)
+    assert len(data["per_kind"]) == len(report.per_kind)
+    assert "gradient" in data["memory"]["note"]
+    text = report.paths["report_md"].read_text()
+    assert text == format_report(report)
+    assert "| FWD |" in text and "Peak memory per rank" in text
+
+
+def test_statistics_helpers() -> None:
+    stats = iteration_stats([1.0, 2.0, 3.0, 4.0, 10.0])
+    assert stats["median_s"] == 3.0 and stats["min_s"] == 1.0 and stats["max_s"] == 10.0
+    assert stats["p10_s"] < stats["median_s"] < stats["p90_s"]
+    rows = pd.DataFrame({"kind": ["FWD", "FWD", "BWD"], "start_s": [0.0, 1.0, 2.0], "end_s": [1.0, 3.0, 5.0],
+                         "parent": [-1, -1, -1]})
+    child = pd.DataFrame({"kind": ["FWD"], "start_s": [0.0], "end_s": [0.1], "parent": [0]})
+    table = kind_comparison(rows, pd.concat([rows.assign(end_s=rows["end_s"] * 2), child]))
+    fwd = table.set_index("kind").loc["FWD"]
+    assert fwd["predicted_median_s"] == 1.5 and fwd["n_measured"] == 2  # child rows left out
+
+
+def test_calibrated_comm_adds_overhead_to_all_reduces_only() -> None:
+    plan = Plan.from_dict({**PLAN, "pp": 1, "dp": 2, "microbatches": 1})
+    setup = prepare(plan, costs=UniformCosts(num_layers=6, param_bytes=1 << 20))
+    calibrated = calibrated_setup(setup, Calibration(allreduce_overhead_s=0.004))
+    base, comm = setup.comm, calibrated.comm
+    assert comm.collective_s("allreduce", 1 << 20, (0, 1)) == pytest.approx(
+        base.collective_s("allreduce", 1 << 20, (0, 1)) + 0.004)
+    assert comm.collective_s("alltoall", 1 << 20, (0, 1)) == base.collective_s("alltoall", 1 << 20, (0, 1))
+    assert comm.p2p_route(0, 1) == base.p2p_route(0, 1)
+    # The simulated iteration grows by the overhead of the bucket all-reduce on the critical path.
+    plain = simulate(plan, full=True, setup=setup).iteration_s
+    assert simulate(plan, full=True, setup=calibrated).iteration_s == pytest.approx(plain + 0.004)
+
+
+def test_fit_calibration_is_never_worse_than_none(report: ValidationReport) -> None:
+    fitted = fit_calibration([report], max_overhead_s=0.01)
+    assert 0.0 <= fitted.allreduce_overhead_s <= 0.01 and fitted.compute_scale == 1.0
+    plan = Plan.load(report.out_dir / "plan.yaml")
+    setup = prepare(plan)
+
+    def error(calibration: Calibration) -> float:
+        predicted = simulate(plan, full=True, setup=calibrated_setup(setup, calibration)).iteration_s
+        return abs(math.log(predicted / report.measured_s))
+
+    assert error(fitted) <= error(Calibration()) + 1e-9
