@@ -15,13 +15,13 @@ def gib(nbytes: float) -> str:
 def size(nbytes: float) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(nbytes) >= scale:
-            return f"{nbytes / scale:.1f}{unit}"
-    return f"{int(nbytes)}B"
+            return f"{nbytes / scale:.3g}{unit[0]}"
+    return f"{int(nbytes)}B"  # K, M, G are binary (KiB, MiB, GiB)
 
 
 def print_layers(layers) -> None:  # noqa: ANN001 - a DataFrame
-    table = Table("#", "name", "F ms", "B ms", "W ms", "R ms", "params", "saved", "out", "GFLOP",
-                  title="per-layer profile (medians; F forward, B input grad, W weight grad, R recompute)")
+    table = Table("#", "name", "F ms", "B ms", "W ms", "R ms", "param B", "saved B", "out B", "GFLOP",
+                  title="per-layer medians: F fwd, B input grad, W weight grad, R recompute; bytes")
     for row in layers.itertuples():
         table.add_row(str(row.layer), row.name, f"{row.fwd_s * 1e3:.3f}", f"{row.bwd_input_s * 1e3:.3f}",
                       f"{row.bwd_weight_s * 1e3:.3f}", f"{row.recompute_s * 1e3:.3f}", size(row.param_bytes),
