@@ -203,22 +203,24 @@ class Engine:
         self.arrivals[(instruction.peer, instruction.tag)].succeed(start)
 
     def _collective(self, rank: int, instruction: Instruction):
-        tag = instruction.tag
-        if not self.program.symmetric:
-            arrived = self.collective_arrivals[tag]
-            arrived.append(rank)
-            if len(arrived) < len(instruction.group):
-                yield self.collective_done[tag]
-                return
-        self.comm_active[rank] += 1
+        """Every member holds its flattened bucket from its arrival; in full mode the collective runs
+        once the whole group has arrived, in symmetric mode the identical peers arrive together."""
         ledger = self.ledgers[rank]
-        ledger.change_buffers(instruction.bytes, self.env.now, instruction.label)  # the flattened bucket
-        yield self.env.timeout(self.comm.collective_s("allreduce" if instruction.kind is Kind.ALLREDUCE
-                                                      else "alltoall", instruction.bytes, instruction.group))
+        ledger.change_buffers(instruction.bytes, self.env.now, instruction.label)
+        self.comm_active[rank] += 1
+        primitive = "allreduce" if instruction.kind is Kind.ALLREDUCE else "alltoall"
+        duration = self.comm.collective_s(primitive, instruction.bytes, instruction.group)
+        if self.program.symmetric:
+            yield self.env.timeout(duration)
+        else:
+            done = self.collective_done[instruction.tag]
+            arrived = self.collective_arrivals[instruction.tag]
+            arrived.append(rank)
+            if len(arrived) == len(instruction.group):
+                self.env.timeout(duration).callbacks.append(lambda _event: done.succeed())
+            yield done
         self.comm_active[rank] -= 1
         ledger.change_buffers(-instruction.bytes, self.env.now, instruction.label)
-        if not self.program.symmetric:
-            self.collective_done[tag].succeed()
 
     def _copy(self, rank: int, instruction: Instruction):
         latency, bandwidth = self.comm.host_copy()

@@ -177,3 +177,14 @@ def test_simulating_a_paper_scale_plan_never_imports_torch() -> None:
                           cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_every_member_of_a_full_mode_all_reduce_holds_its_bucket() -> None:
+    # No activations to speak of (one micro-batch of size 1) and one bucket of all gradients: every
+    # data-parallel rank's peak is during its all-reduce, in full and in symmetric mode alike.
+    plan = gpt("gpt2-small", tp=1, pp=1, dp=8, micro_batch=1, microbatches=1, dp_bucket_mb=10_000,
+               workload_options={"seq": 16})
+    symmetric, full = simulate(plan), simulate(plan, full=True)
+    expected = symmetric.memory[0].breakdown["comm_buffers"]
+    assert expected == symmetric.memory[0].breakdown["gradients"] > 0
+    assert all(m.breakdown["comm_buffers"] == expected for m in full.memory.values())
