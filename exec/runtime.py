@@ -202,6 +202,15 @@ class SavedStore:
     def device_tensors(self) -> list[torch.Tensor]:
         return [t for i, t in enumerate(self.tensors) if i not in self.host]
 
+    def release(self) -> None:
+        """Drop the saved tensors. The graph's unpack hooks reference this store and the store
+        references tensors whose ``grad_fn`` is that graph: a cycle through C++ that Python's
+        garbage collector cannot see. A backward without ``retain_graph`` frees the saved
+        variables (and hooks) itself; a graph kept by the split backward would leak every
+        micro-batch's activations without this."""
+        self.tensors.clear()
+        self.host.clear()
+
 
 @dataclass
 class Segment:
@@ -364,6 +373,7 @@ class RankRuntime:
     def _free(self, key: tuple[int, int]) -> None:
         slot = self.slots.pop(key)
         self.activation_bytes -= slot.resident
+        slot.store.release()
 
     # -- one iteration ---------------------------------------------------------------------------
     def run_iteration(self, iteration: int) -> dict:
