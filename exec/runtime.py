@@ -818,22 +818,21 @@ def write_error(out_dir: Path, rank: int, exc: BaseException, runtime: RankRunti
 
 def _groups(program: Program, rank: int, timeout: dt.timedelta) -> tuple[object, object]:
     """TP and DP process groups; every rank creates every group, in the same order."""
-    tp_group = dp_group = None
-    if program.tp > 1:
-        for dp in range(program.dp):
-            for pp in range(program.pp):
-                ranks = [program.rank_of(dp, pp, t) for t in range(program.tp)]
-                group = dist.new_group(ranks, timeout=timeout)
-                if rank in ranks:
-                    tp_group = group
-    if program.dp > 1:
-        for pp in range(program.pp):
-            for tp in range(program.tp):
-                ranks = [program.rank_of(d, pp, tp) for d in range(program.dp)]
-                group = dist.new_group(ranks, timeout=timeout)
-                if rank in ranks:
-                    dp_group = group
-    return tp_group, dp_group
+    tp_groups = [[program.rank_of(d, p, t) for t in range(program.tp)]
+                 for d in range(program.dp) for p in range(program.pp)] if program.tp > 1 else []
+    dp_groups = [[program.rank_of(d, p, t) for d in range(program.dp)]
+                 for p in range(program.pp) for t in range(program.tp)] if program.dp > 1 else []
+    return _own_group(tp_groups, rank, timeout), _own_group(dp_groups, rank, timeout)
+
+
+def _own_group(all_ranks: list[list[int]], rank: int, timeout: dt.timedelta) -> object:
+    """Create every group (a collective call on all ranks) and return the one holding ``rank``."""
+    own = None
+    for ranks in all_ranks:
+        group = dist.new_group(ranks, timeout=timeout)
+        if rank in ranks:
+            own = group
+    return own
 
 
 def run_meta(run: RunSetup, backend: str, device: torch.device) -> dict:

@@ -7,9 +7,13 @@ to describe. Layer lists here match ``exec.workloads`` one to one (same names, s
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import TypeVar
 
 from traces.errors import ConfigError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -131,15 +135,24 @@ def workload_names() -> list[str]:
     return sorted(WORKLOAD_FAMILIES)
 
 
-def transformer_config(name: str, **overrides: object) -> TransformerConfig:
-    if name not in TRANSFORMER_PRESETS:
-        raise ConfigError("workload", f"unknown transformer preset {name!r}",
-                          f"choose one of {', '.join(sorted(TRANSFORMER_PRESETS))}")
-    base = asdict(TRANSFORMER_PRESETS[name])
-    unknown = set(overrides) - set(base)
+def preset_with_overrides(kind: str, presets: Mapping[str, T], name: str, overrides: Mapping[str, object],
+                          allowed: Iterable[str] | None = None, extra: Iterable[str] = ()) -> T:
+    """The preset ``name`` of a dataclass config with ``overrides`` applied; ``allowed`` limits which
+    fields may change (default: all), ``extra`` names options the caller consumed itself (for the
+    message)."""
+    if name not in presets:
+        raise ConfigError("workload", f"unknown {kind} preset {name!r}", f"choose one of {', '.join(sorted(presets))}")
+    base = presets[name]
+    allowed = set(asdict(base) if allowed is None else allowed)  # type: ignore[call-overload]
+    unknown = set(overrides) - allowed
     if unknown:
-        raise ConfigError("workload", f"unknown option(s) {sorted(unknown)} for {name}", f"use {sorted(base)}")
-    return TransformerConfig(**{**base, **overrides})
+        raise ConfigError("workload", f"unknown option(s) {sorted(unknown)} for {name}",
+                          f"use {sorted([*allowed, *extra])}")
+    return replace(base, **overrides)  # type: ignore[type-var]
+
+
+def transformer_config(name: str, **overrides: object) -> TransformerConfig:
+    return preset_with_overrides("transformer", TRANSFORMER_PRESETS, name, overrides)
 
 
 def transformer_layers(cfg: TransformerConfig) -> list[LayerSpec]:

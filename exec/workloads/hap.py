@@ -16,13 +16,14 @@ regulariser the experiment (``analysis.hap_experiment``) adds, not part of this 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from exec.hap.model import HAPConfig, build_pipeline_layer, pack_graph
+from sim.workloads import preset_with_overrides
 from traces.errors import ConfigError
 
 from .base import Batch, Workload
@@ -125,17 +126,9 @@ class HAPWorkload(Workload):
 
 def from_preset(name: str, **overrides: object) -> HAPWorkload:
     """``hap-tiny`` or ``hap-mutag``; overrides are HAPWorkloadConfig fields."""
-    if name not in HAP_PRESETS:
-        raise ConfigError("workload", f"unknown HAP preset {name!r}",
-                          f"choose one of {', '.join(sorted(HAP_PRESETS))}")
-    base = HAP_PRESETS[name]
-    unknown = set(overrides) - set(asdict(base))
-    if unknown:
-        raise ConfigError("workload", f"unknown option(s) {sorted(unknown)} for {name}",
-                          f"use {sorted(asdict(base))}")
     if "clusters" in overrides:
         overrides["clusters"] = tuple(overrides["clusters"])  # type: ignore[arg-type]
-    cfg = replace(base, **overrides)  # type: ignore[arg-type]
+    cfg = preset_with_overrides("HAP", HAP_PRESETS, name, overrides)
     if cfg.data not in ("synthetic", "mutag"):
         raise ConfigError("workload.data", f"unknown HAP data {cfg.data!r}", "use 'synthetic' or 'mutag'")
     if not cfg.clusters or min(cfg.clusters) < 1:

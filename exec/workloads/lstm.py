@@ -7,14 +7,13 @@ EmbRace target. ``sparse=True`` makes the embedding produce a sparse gradient (r
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import asdict
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sim.workloads import LSTM_PRESETS, LSTMConfig
-from traces.errors import ConfigError
+from sim.workloads import LSTM_PRESETS, LSTMConfig, preset_with_overrides
 
 from .base import Batch, Workload
 from .data import check_data_source, token_windows
@@ -70,14 +69,7 @@ class LSTMWorkload(Workload):
 
 def from_preset(name: str, **overrides: object) -> LSTMWorkload:
     """``lstm-tiny`` or ``lstm-lm``; overrides are LSTMConfig fields, ``sparse`` and ``data``."""
-    if name not in LSTM_PRESETS:
-        raise ConfigError("workload", f"unknown LSTM preset {name!r}",
-                          f"choose one of {', '.join(sorted(LSTM_PRESETS))}")
     sparse = bool(overrides.pop("sparse", False))
     data = str(overrides.pop("data", "synthetic"))
-    base = LSTM_PRESETS[name]
-    unknown = set(overrides) - set(asdict(base))
-    if unknown:
-        raise ConfigError("workload", f"unknown option(s) {sorted(unknown)} for {name}",
-                          f"use {sorted([*asdict(base), 'sparse', 'data'])}")
-    return LSTMWorkload(name, replace(base, **overrides), sparse=sparse, data=data)
+    cfg = preset_with_overrides("LSTM", LSTM_PRESETS, name, overrides, extra=("sparse", "data"))
+    return LSTMWorkload(name, cfg, sparse=sparse, data=data)

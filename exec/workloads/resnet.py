@@ -10,13 +10,13 @@ max-pool and one bottleneck per stage.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sim.workloads import RESNET_PRESETS, ResNetConfig
+from sim.workloads import RESNET_PRESETS, ResNetConfig, preset_with_overrides
 from traces.errors import ConfigError
 
 from .base import Batch, Workload
@@ -173,16 +173,10 @@ class ResNetWorkload(Workload):
 
 def from_preset(name: str, **overrides: object) -> ResNetWorkload:
     """``resnet-tiny``, ``resnet50``, ``resnet101``; overrides: ``image``, ``classes``, ``definition``."""
-    if name not in RESNET_PRESETS:
-        raise ConfigError("workload", f"unknown ResNet preset {name!r}",
-                          f"choose one of {', '.join(sorted(RESNET_PRESETS))}")
     definition = str(overrides.pop("definition", "auto"))
     if check_data_source(overrides.pop("data", "synthetic")) != "synthetic":
         raise ConfigError("data", f"{name} reads images; only synthetic images are available",
                           "use data='synthetic'")
-    allowed = {"image", "classes"}
-    unknown = set(overrides) - allowed
-    if unknown:
-        raise ConfigError("workload", f"unknown option(s) {sorted(unknown)} for {name}",
-                          f"use {sorted([*allowed, 'definition', 'data'])}")
-    return ResNetWorkload(name, replace(RESNET_PRESETS[name], **overrides), definition=definition)
+    cfg = preset_with_overrides("ResNet", RESNET_PRESETS, name, overrides, allowed=("image", "classes"),
+                                extra=("definition", "data"))
+    return ResNetWorkload(name, cfg, definition=definition)

@@ -13,12 +13,13 @@ the last step); ``rnn-tiny`` is a synthetic one-hot next-token task for tests.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sim.workloads import preset_with_overrides
 from traces.errors import ConfigError
 
 from .base import Batch, Workload
@@ -121,15 +122,7 @@ class RNNWorkload(Workload):
 
 def from_preset(name: str, **overrides: object) -> RNNWorkload:
     """``rnn-tiny`` or ``rnn-digits``; overrides are RNNConfig fields."""
-    if name not in RNN_PRESETS:
-        raise ConfigError("workload", f"unknown RNN preset {name!r}",
-                          f"choose one of {', '.join(sorted(RNN_PRESETS))}")
-    base = RNN_PRESETS[name]
-    unknown = set(overrides) - set(asdict(base))
-    if unknown:
-        raise ConfigError("workload", f"unknown option(s) {sorted(unknown)} for {name}",
-                          f"use {sorted(asdict(base))}")
-    cfg = replace(base, **overrides)  # type: ignore[arg-type]
+    cfg = preset_with_overrides("RNN", RNN_PRESETS, name, overrides)
     if cfg.data not in ("digits", "synthetic"):
         raise ConfigError("workload.data", f"unknown RNN data {cfg.data!r}", "use 'digits' or 'synthetic'")
     if cfg.data == "digits" and (cfg.inputs, cfg.seq, cfg.classes, cfg.per_step) != (8, 8, 10, False):
