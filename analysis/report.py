@@ -5,7 +5,15 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-console = Console()
+
+
+def _make_console() -> Console:
+    # A pipe or a file has no width to wrap at: keep table rows and error lines whole there.
+    terminal = Console()
+    return terminal if terminal.is_terminal else Console(width=250, soft_wrap=True)
+
+
+console = _make_console()
 
 
 def gib(nbytes: float) -> str:
