@@ -6,7 +6,6 @@ from rich.console import Console
 from rich.table import Table
 
 
-
 def _make_console() -> Console:
     # A pipe or a file has no width to wrap at: keep table rows and error lines whole there.
     terminal = Console()
