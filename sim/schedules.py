@@ -69,8 +69,14 @@ class Action:
         return f"{self.stage}{self.op.value}{self.microbatch}{mark}"
 
 
+Builder = Callable[[int, int, int, Sequence[bool]], list[list[Action]]]  # (pp, m, chunks, recompute)
+Check = Callable[[int, int], None]  # (pp, microbatches): raise ConfigError
+
+
 @dataclass(frozen=True)
 class ScheduleInfo:
+    """One registered schedule: what it needs, how to generate it, one line of docs."""
+
     name: str
     placement: str  # "loop" or "v" (see stage_to_rank)
     chunks: str  # the rule, for people: "1", ">= 2", "2"
@@ -80,94 +86,25 @@ class ScheduleInfo:
     description: str
     preconditions: str
     torch_class: str | None  # the torch.distributed.pipelining class with the same order
+    build: Builder  # per pipeline rank, the ordered actions (see generate_schedule)
     recompute_is_schedule: bool = False  # Merak: the recompute placement is fixed by the schedule
+    check: Check | None = None  # preconditions beyond the chunk count
+
+
+SCHEDULES: dict[str, ScheduleInfo] = {}
+
+
+def register_schedule(info: ScheduleInfo) -> ScheduleInfo:
+    """Add a schedule to the registry that plans, the simulator, the runtime and `paratwin options` read."""
+    if info.name in SCHEDULES:
+        raise ValueError(f"schedule {info.name!r} is registered twice")
+    SCHEDULES[info.name] = info
+    return info
 
 
 def _info(name: str, placement: str, chunks: str, split_backward: bool, **rest: object) -> ScheduleInfo:
     low, high = {"1": (1, 1), "2": (2, 2), ">= 2": (2, None)}[chunks]
-    return ScheduleInfo(name, placement, chunks, low, high, split_backward, **rest)  # type: ignore[arg-type]
-
-
-# fmt: off
-SCHEDULES: dict[str, ScheduleInfo] = {
-    info.name: info
-    for info in (
-        _info(
-            "gpipe", "loop", "1", False,
-            description="All forwards, then all backwards (fill-drain). Peak in-flight m on every stage.",
-            preconditions="pp >= 1, microbatches >= 1",
-            torch_class="ScheduleGPipe",
-        ),
-        _info(
-            "1f1b", "loop", "1", False,
-            description="One-forward-one-backward (PipeDream-Flush / Megatron): stage s runs min(m, pp-s) "
-            "forwards, then alternates B and F. Bubble (p-1)/(m+p-1); peak in-flight min(pp-s, m).",
-            preconditions="pp >= 1, microbatches >= 1 (torch's Schedule1F1B also needs microbatches >= pp)",
-            torch_class="Schedule1F1B",
-        ),
-        _info(
-            "interleaved-1f1b", "loop", ">= 2", False,
-            description="Megatron interleaved 1F1B with `chunks` virtual stages per rank (stage s on rank "
-            "s % pp), in torch's flexible form: max(1, m // pp) rounds of equal size. Bubble divided by "
-            "chunks; more in-flight activations on the first ranks.",
-            preconditions="chunks >= 2, microbatches divisible by max(1, microbatches // pp)",
-            torch_class="ScheduleInterleaved1F1B",
-        ),
-        _info(
-            "zb-h1", "loop", "1", True,
-            description="Zero Bubble H1 (Qi et al., ICLR 2024): 1F1B with the backward split into I and W; "
-            "rank r delays its W's by r steps so they fill the drain bubble. Bubble (p-1)(F+I-W) instead "
-            "of (p-1)(F+I+W), same in-flight micro-batches as 1F1B.",
-            preconditions="pp >= 1, microbatches >= 1",
-            torch_class="ScheduleInterleavedZeroBubble (one stage per rank)",
-        ),
-        _info(
-            "zb-v", "v", "2", True,
-            description="Zero Bubble V: two chunks per rank in a V (chunk 0 on ranks 0..pp-1, chunk 1 back "
-            "on pp-1..0), split backward; no bubble beyond the ramp at F=I=W.",
-            preconditions="chunks == 2, microbatches >= 1",
-            torch_class="ScheduleZBVZeroBubble",
-        ),
-        _info(
-            "dualpipev", "v", "2", True,
-            description="DualPipeV (DeepSeek-V3's DualPipe cut to one V): V placement; the steady state "
-            "pairs a forward of one chunk with a full backward of the other (an executor may overlap "
-            "the pair; here they are two consecutive actions, forward first, as torch runs them), the "
-            "drain splits backwards into I and W.",
-            preconditions="chunks == 2, microbatches >= 2 * pp",
-            torch_class="ScheduleDualPipeV",
-        ),
-        _info(
-            "merak-shifted", "loop", "1", False,
-            description="Merak's shifted critical path: 1F1B, checkpointing on every stage but the last; "
-            "the last pp-s-1 micro-batches of stage s <= pp-3 recompute eagerly in the drain, stage pp-2 "
-            "pre-recomputes m0 and m1 and runs forward m2 in its first-backward wait, stage pp-3 "
-            "pre-recomputes m0.",
-            preconditions="pp >= 2, microbatches >= pp and >= 4",
-            torch_class=None,
-            recompute_is_schedule=True,
-        ),
-        _info(
-            "merak-cooldown", "loop", "1", False,
-            description="Merak ablation pre_recompute_1f1b: checkpointing on all stages; only the drain "
-            "(last pp-s-1 micro-batches of stage s) recomputes eagerly.",
-            preconditions="pp >= 2, microbatches >= pp",
-            torch_class=None,
-            recompute_is_schedule=True,
-        ),
-        _info(
-            "merak-cooldown-lastnorecompute", "loop", "1", False,
-            description="Merak ablation last_no_recompute_1f1b: like merak-cooldown, but the last stage "
-            "does not checkpoint and stage pp-2 pre-recomputes m0 instead of its drain micro-batch.",
-            preconditions="pp >= 2, microbatches >= pp",
-            torch_class=None,
-            recompute_is_schedule=True,
-        ),
-    )
-}
-
-
-# fmt: on
+    return register_schedule(ScheduleInfo(name, placement, chunks, low, high, split_backward, **rest))  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,10 +159,15 @@ def check_preconditions(name: str, pp: int, microbatches: int, chunks: int) -> N
         raise ConfigError(
             "chunks", f"{name} needs chunks {info.chunks} (got {chunks})", f"set chunks to {info.min_chunks}"
         )
-    if name.startswith("merak"):
-        # Merak's engine asserts micro_batches >= pipeline size for all its schedules, and >= 4
-        # for full_critical_path_1f1b (merak_engine.py, scheduler_method); the stage pp-2 and
-        # pp-3 special cases also need a stage before the last one.
+    if info.check is not None:
+        info.check(pp, microbatches)
+
+
+def _merak_check(name: str) -> Check:
+    # Merak's engine asserts micro_batches >= pipeline size for all its schedules, and >= 4 for
+    # full_critical_path_1f1b (merak_engine.py, scheduler_method); the stage pp-2 and pp-3 special
+    # cases also need a stage before the last one.
+    def check(pp: int, microbatches: int) -> None:
         need = max(pp, 4) if name == "merak-shifted" else pp
         if pp < 2:
             raise ConfigError("pp", f"{name} needs pp >= 2 (got {pp})", "use 1f1b for pp = 1")
@@ -236,17 +178,24 @@ def check_preconditions(name: str, pp: int, microbatches: int, chunks: int) -> N
                 f"{name} needs microbatches >= pp{extra} (got {microbatches})",
                 f"raise microbatches to {need}",
             )
-    if name == "interleaved-1f1b":
-        rounds, _ = _interleaved_rounds(pp, microbatches)
-        if microbatches % rounds:
-            lower = (microbatches // rounds) * rounds
-            raise ConfigError(
-                "microbatches",
-                f"interleaved-1f1b needs microbatches divisible by max(1, microbatches // pp) = {rounds} "
-                f"(got {microbatches})",
-                f"use {lower} or {lower + rounds} micro-batches, or a multiple of pp",
-            )
-    if name == "dualpipev" and microbatches < 2 * pp:
+
+    return check
+
+
+def _interleaved_check(pp: int, microbatches: int) -> None:
+    rounds, _ = _interleaved_rounds(pp, microbatches)
+    if microbatches % rounds:
+        lower = (microbatches // rounds) * rounds
+        raise ConfigError(
+            "microbatches",
+            f"interleaved-1f1b needs microbatches divisible by max(1, microbatches // pp) = {rounds} "
+            f"(got {microbatches})",
+            f"use {lower} or {lower + rounds} micro-batches, or a multiple of pp",
+        )
+
+
+def _dualpipev_check(pp: int, microbatches: int) -> None:
+    if microbatches < 2 * pp:
         raise ConfigError(
             "microbatches",
             f"dualpipev needs microbatches >= 2 * pp = {2 * pp} (got {microbatches})",
@@ -495,14 +444,32 @@ def _merak(name: str, pp: int, m: int) -> list[list[Action]]:
     return ranks
 
 
-_PLAIN_GENERATORS: dict[str, Callable[[int, int, int], list[list[Step]]]] = {
-    "gpipe": lambda pp, m, c: _gpipe(pp, m),
-    "1f1b": lambda pp, m, c: _one_f_one_b(pp, m),
-    "interleaved-1f1b": _interleaved,
-    "zb-h1": lambda pp, m, c: _zb_h1(pp, m),
-    "zb-v": lambda pp, m, c: _zb_v(pp, m),
-    "dualpipev": lambda pp, m, c: _dualpipev(pp, m),
-}
+def _with_recompute(steps: Callable[[int, int, int], list[list[Step]]]) -> Builder:
+    """A schedule of plain steps, with checkpointing added: a stage whose flag is set keeps only
+    its input in the forward and recomputes (ordinarily) right before its first backward action."""
+
+    def build(pp: int, m: int, chunks: int, recompute: Sequence[bool]) -> list[list[Action]]:
+        ranks = []
+        for rank_steps in steps(pp, m, chunks):
+            actions: list[Action] = []
+            for op, stage, mb in rank_steps:
+                if op is FWD:
+                    actions.append(Action(FWD, stage, mb, save=not recompute[stage]))
+                    continue
+                if recompute[stage] and op in (BWD, BWD_I):
+                    actions.append(Action(RECOMP, stage, mb))
+                actions.append(Action(op, stage, mb))
+            ranks.append(actions)
+        return ranks
+
+    return build
+
+
+def _merak_builder(name: str) -> Builder:
+    def build(pp: int, m: int, chunks: int, recompute: Sequence[bool]) -> list[list[Action]]:
+        return _merak(name, pp, m)
+
+    return build
 
 
 def merak_recompute(name: str, pp: int) -> list[bool]:
@@ -521,6 +488,7 @@ def generate_schedule(
     placement; they accept ``recompute`` only as None or exactly ``merak_recompute(name, pp)``.
     """
     check_preconditions(name, pp, microbatches, chunks)
+    info = SCHEDULES[name]
     stages = pp * chunks
     if recompute is not None and len(recompute) != stages:
         raise ConfigError(
@@ -528,7 +496,7 @@ def generate_schedule(
             f"needs one flag per virtual stage ({stages}), got {len(recompute)}",
             f"pass {stages} booleans (pp * chunks)",
         )
-    if SCHEDULES[name].recompute_is_schedule:
+    if info.recompute_is_schedule:
         policy = merak_recompute(name, pp)
         if recompute is not None and list(recompute) != policy:
             raise ConfigError(
@@ -536,20 +504,100 @@ def generate_schedule(
                 f"{name} fixes which stages recompute ({policy}), got {list(recompute)}",
                 "leave recompute unset for Merak schedules",
             )
-        return _merak(name, pp, microbatches)
     flags = list(recompute) if recompute is not None else [False] * stages
-    ranks = []
-    for steps in _PLAIN_GENERATORS[name](pp, microbatches, chunks):
-        actions: list[Action] = []
-        for op, stage, mb in steps:
-            if op is FWD:
-                actions.append(Action(FWD, stage, mb, save=not flags[stage]))
-                continue
-            if flags[stage] and op in (BWD, BWD_I):
-                actions.append(Action(RECOMP, stage, mb))
-            actions.append(Action(op, stage, mb))
-        ranks.append(actions)
-    return ranks
+    return info.build(pp, microbatches, chunks, flags)
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry: one record per schedule.
+
+# fmt: off
+_info(
+    "gpipe", "loop", "1", False,
+    description="All forwards, then all backwards (fill-drain). Peak in-flight m on every stage.",
+    preconditions="pp >= 1, microbatches >= 1",
+    torch_class="ScheduleGPipe",
+    build=_with_recompute(lambda pp, m, c: _gpipe(pp, m)),
+)
+_info(
+    "1f1b", "loop", "1", False,
+    description="One-forward-one-backward (PipeDream-Flush / Megatron): stage s runs min(m, pp-s) "
+    "forwards, then alternates B and F. Bubble (p-1)/(m+p-1); peak in-flight min(pp-s, m).",
+    preconditions="pp >= 1, microbatches >= 1 (torch's Schedule1F1B also needs microbatches >= pp)",
+    torch_class="Schedule1F1B",
+    build=_with_recompute(lambda pp, m, c: _one_f_one_b(pp, m)),
+)
+_info(
+    "interleaved-1f1b", "loop", ">= 2", False,
+    description="Megatron interleaved 1F1B with `chunks` virtual stages per rank (stage s on rank "
+    "s % pp), in torch's flexible form: max(1, m // pp) rounds of equal size. Bubble divided by "
+    "chunks; more in-flight activations on the first ranks.",
+    preconditions="chunks >= 2, microbatches divisible by max(1, microbatches // pp)",
+    torch_class="ScheduleInterleaved1F1B",
+    build=_with_recompute(_interleaved),
+    check=_interleaved_check,
+)
+_info(
+    "zb-h1", "loop", "1", True,
+    description="Zero Bubble H1 (Qi et al., ICLR 2024): 1F1B with the backward split into I and W; "
+    "rank r delays its W's by r steps so they fill the drain bubble. Bubble (p-1)(F+I-W) instead "
+    "of (p-1)(F+I+W), same in-flight micro-batches as 1F1B.",
+    preconditions="pp >= 1, microbatches >= 1",
+    torch_class="ScheduleInterleavedZeroBubble (one stage per rank)",
+    build=_with_recompute(lambda pp, m, c: _zb_h1(pp, m)),
+)
+_info(
+    "zb-v", "v", "2", True,
+    description="Zero Bubble V: two chunks per rank in a V (chunk 0 on ranks 0..pp-1, chunk 1 back "
+    "on pp-1..0), split backward; no bubble beyond the ramp at F=I=W.",
+    preconditions="chunks == 2, microbatches >= 1",
+    torch_class="ScheduleZBVZeroBubble",
+    build=_with_recompute(lambda pp, m, c: _zb_v(pp, m)),
+)
+_info(
+    "dualpipev", "v", "2", True,
+    description="DualPipeV (DeepSeek-V3's DualPipe cut to one V): V placement; the steady state "
+    "pairs a forward of one chunk with a full backward of the other (an executor may overlap "
+    "the pair; here they are two consecutive actions, forward first, as torch runs them), the "
+    "drain splits backwards into I and W.",
+    preconditions="chunks == 2, microbatches >= 2 * pp",
+    torch_class="ScheduleDualPipeV",
+    build=_with_recompute(lambda pp, m, c: _dualpipev(pp, m)),
+    check=_dualpipev_check,
+)
+_info(
+    "merak-shifted", "loop", "1", False,
+    description="Merak's shifted critical path: 1F1B, checkpointing on every stage but the last; "
+    "the last pp-s-1 micro-batches of stage s <= pp-3 recompute eagerly in the drain, stage pp-2 "
+    "pre-recomputes m0 and m1 and runs forward m2 in its first-backward wait, stage pp-3 "
+    "pre-recomputes m0.",
+    preconditions="pp >= 2, microbatches >= pp and >= 4",
+    torch_class=None,
+    recompute_is_schedule=True,
+    build=_merak_builder("merak-shifted"),
+    check=_merak_check("merak-shifted"),
+)
+_info(
+    "merak-cooldown", "loop", "1", False,
+    description="Merak ablation pre_recompute_1f1b: checkpointing on all stages; only the drain "
+    "(last pp-s-1 micro-batches of stage s) recomputes eagerly.",
+    preconditions="pp >= 2, microbatches >= pp",
+    torch_class=None,
+    recompute_is_schedule=True,
+    build=_merak_builder("merak-cooldown"),
+    check=_merak_check("merak-cooldown"),
+)
+_info(
+    "merak-cooldown-lastnorecompute", "loop", "1", False,
+    description="Merak ablation last_no_recompute_1f1b: like merak-cooldown, but the last stage "
+    "does not checkpoint and stage pp-2 pre-recomputes m0 instead of its drain micro-batch.",
+    preconditions="pp >= 2, microbatches >= pp",
+    torch_class=None,
+    recompute_is_schedule=True,
+    build=_merak_builder("merak-cooldown-lastnorecompute"),
+    check=_merak_check("merak-cooldown-lastnorecompute"),
+)
+# fmt: on
 
 
 # ---------------------------------------------------------------------------------------------
