@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from analysis.report import console, print_layers, print_sim, size
+from analysis.report import console, plain, print_error, print_layers, print_sim, size
 from traces.errors import ParatwinError
+from traces.outdir import fresh_run_folder, safe_name
 
 app = typer.Typer(
     name="paratwin",
@@ -52,9 +54,9 @@ def profile(
                               warmup=warmup, repeats=repeats, with_ops=ops)
     path = write_bundle(bundle, out, fmt=fmt)
     print_layers(bundle.layers)
-    console.print(f"wrote trace bundle {path}")
+    plain(f"wrote trace bundle {path}")
     if (path / OP_TIMELINE_NAME).is_file():
-        console.print(f"per-op timeline (open in https://ui.perfetto.dev): {path / OP_TIMELINE_NAME}")
+        plain(f"per-op timeline (open in https://ui.perfetto.dev): {path / OP_TIMELINE_NAME}")
 
 
 @app.command()
@@ -84,7 +86,7 @@ def commbench(
                       f"{row.bandwidth_Bps / 1e9:.3g}", f"{row.r2:.2f}", note)
     console.print(table)
     if out:
-        console.print(f"wrote {out}")
+        plain(f"wrote {out}")
 
 
 @app.command()
@@ -100,10 +102,10 @@ def simulate(
     loaded = Plan.load(plan)
     result = run_simulation(loaded, full=full)
     print_sim(result)
-    target = out or Path("runs") / f"sim-{loaded.name}"
-    paths = result.write(target)
-    console.print(f"instruction table: {paths['table']}\ntimeline (open in https://ui.perfetto.dev): "
-                  f"{paths['trace']}\nsummary: {paths['summary']}")
+    target = out or Path("runs") / f"sim-{safe_name(loaded.name)}"
+    paths = result.write(target)  # under the folder's lock: one writer at a time
+    plain(f"instruction table: {paths['table']}\ntimeline (open in https://ui.perfetto.dev): "
+          f"{paths['trace']}\nsummary: {paths['summary']}")
 
 
 @app.command()
@@ -115,6 +117,7 @@ def run(
     warmup: Annotated[int, typer.Option(help="untimed iterations first")] = 1,
     backend: Annotated[str | None, typer.Option(help="gloo or nccl; default: nccl on CUDA, else gloo")] = None,
     timeout: Annotated[float, typer.Option(help="seconds without progress before the run is declared hung")] = 300,
+    force: Annotated[bool, typer.Option("--force", help="replace an earlier run's files in --out")] = False,
 ) -> None:
     """Run a plan for real with torch.distributed: every rank interprets its Program and times it."""
     from statistics import median
@@ -123,11 +126,12 @@ def run(
     from sim.plan import Plan
 
     loaded = Plan.load(plan)
-    target = out or Path("runs") / f"run-{loaded.name}"
+    # Without --out every run gets a folder of its own (runs/run-<name>, then -2, -3, ...).
+    target = out or fresh_run_folder(Path("runs") / f"run-{safe_name(loaded.name)}")
     result = run_plan(loaded, nproc=nproc, backend=backend, iterations=iterations, warmup=warmup,
-                      out_dir=target, timeout_s=timeout)
+                      out_dir=target, timeout_s=timeout, force=force)
     times = result.iteration_times
-    table = Table("figure", "value", title=f"run of {loaded.name} ({loaded.world_size} ranks)")
+    table = Table("figure", "value", title=f"run of {escape(loaded.name)} ({loaded.world_size} ranks)")
     table.add_row("iteration time (median)", f"{median(times) * 1e3:.3f} ms")
     table.add_row("iteration time (min-max)", f"{min(times) * 1e3:.3f} - {max(times) * 1e3:.3f} ms")
     table.add_row("losses", ", ".join(f"{loss:.4f}" for loss in result.losses))
@@ -135,7 +139,7 @@ def run(
         table.add_row(f"peak memory, rank {rank}", size(peak))
     console.print(table)
     for name, path in result.paths.items():
-        console.print(f"{name}: {path}")
+        plain(f"{name}: {path}")
 
 
 @app.command()
@@ -153,11 +157,11 @@ def validate(
     from sim.plan import Plan
 
     loaded = Plan.load(plan)
-    target = out or Path("runs") / f"validate-{loaded.name}"
+    target = out or Path("runs") / f"validate-{safe_name(loaded.name)}"
     report = validate_plan(loaded, nproc=nproc, profile=profile, iterations=iterations, warmup=warmup,
                            out_dir=target, commbench=commbench)
-    console.print(format_report(report), highlight=False)
-    console.print(f"wrote {target}")
+    plain(format_report(report))
+    plain(f"wrote {target}")
 
 
 @app.command("validate-suite")
@@ -173,8 +177,8 @@ def validate_suite(
     from analysis.validation_suite import format_suite, run_suite
 
     table = run_suite(out, plans, iterations, warmup)
-    console.print(format_suite(table), highlight=False)
-    console.print(f"wrote {out}")
+    plain(format_suite(table))
+    plain(f"wrote {out}")
 
 
 @app.command()
@@ -188,9 +192,9 @@ def calibrate(
 
     summary = run_calibration(out, seed=seed)
     print_summary(summary)
-    console.print(f"wrote {out}")
+    plain(f"wrote {out}")
     if save:
-        console.print(f"wrote {save_calibration_data(summary)}")
+        plain(f"wrote {save_calibration_data(summary)}")
 
 
 @app.command()
@@ -207,8 +211,8 @@ def hap(
 
     extra = {} if epochs is None else {"epochs": epochs}
     table = run_hap_experiment(datasets, methods, folds=folds, out_dir=out, seed=seed, **extra)
-    console.print(table.to_string(index=False))
-    console.print(f"wrote {out}")
+    plain(table.to_string(index=False))
+    plain(f"wrote {out}")
 
 
 @app.command()
@@ -225,8 +229,8 @@ def admm(
 
     table = run_admm_experiment(task, iterations, out, seed=seed, workers=workers, staleness=staleness)
     final = table.sort_values("iteration").groupby("method").tail(1)
-    console.print(final[["method", "iteration", "train_loss", "test_loss", "test_acc"]].to_string(index=False))
-    console.print(f"wrote {out}")
+    plain(final[["method", "iteration", "train_loss", "test_loss", "test_acc"]].to_string(index=False))
+    plain(f"wrote {out}")
 
 
 @app.command()
@@ -243,8 +247,9 @@ def main() -> None:
     try:
         app()
     except ParatwinError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        sys.exit(2)
+        print_error(exc)
+        # 2 for every error paratwin reports; a run stopped by a signal exits 128 + its number.
+        sys.exit(getattr(exc, "exit_code", 2))
 
 
 if __name__ == "__main__":

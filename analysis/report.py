@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -13,6 +14,20 @@ def _make_console() -> Console:
 
 
 console = _make_console()
+ERROR_CHARS = 4000  # the most of an error message the CLI prints
+
+
+def plain(text: object) -> None:
+    """Print text as it is: no markup (a gloo error holds ``[/__w/...]``), no highlighting."""
+    console.print(str(text), markup=False, highlight=False)
+
+
+def print_error(message: object) -> None:
+    """``error: <message>`` on one line, the message escaped and cut to ``ERROR_CHARS``."""
+    text = str(message)
+    if len(text) > ERROR_CHARS:
+        text = text[:ERROR_CHARS] + f"... ({len(text) - ERROR_CHARS:,} more characters)"
+    console.print(f"[red]error:[/red] {escape(text)}", highlight=False, soft_wrap=True)
 
 
 def gib(nbytes: float) -> str:
@@ -30,14 +45,14 @@ def print_layers(layers) -> None:  # noqa: ANN001 - a DataFrame
     table = Table("#", "name", "F ms", "B ms", "W ms", "R ms", "param B", "saved B", "out B", "GFLOP",
                   title="per-layer medians: F fwd, B input grad, W weight grad, R recompute; bytes")
     for row in layers.itertuples():
-        table.add_row(str(row.layer), row.name, f"{row.fwd_s * 1e3:.3f}", f"{row.bwd_input_s * 1e3:.3f}",
+        table.add_row(str(row.layer), escape(str(row.name)), f"{row.fwd_s * 1e3:.3f}", f"{row.bwd_input_s * 1e3:.3f}",
                       f"{row.bwd_weight_s * 1e3:.3f}", f"{row.recompute_s * 1e3:.3f}", size(row.param_bytes),
                       size(row.saved_bytes), size(row.output_bytes), f"{row.flops_fwd / 1e9:.3f}")
     console.print(table)
 
 
 def print_sim(result) -> None:  # noqa: ANN001 - SimResult
-    table = Table("figure", "value", title=f"simulation of {result.plan_name}")
+    table = Table("figure", "value", title=f"simulation of {escape(str(result.plan_name))}")
     table.add_row("iteration time", f"{result.iteration_s * 1e3:.3f} ms")
     table.add_row("throughput", f"{result.samples_per_s:.2f} samples/s, {result.tokens_per_s:,.0f} tokens/s")
     table.add_row("model TFLOP/s per device", f"{result.model_flops_per_device / 1e12:.2f}")
@@ -51,4 +66,4 @@ def print_sim(result) -> None:  # noqa: ANN001 - SimResult
                   f"{'symmetric' if result.symmetric else 'full'} mode")
     console.print(table)
     for note in result.notes:
-        console.print(f"note: {note}")
+        plain(f"note: {note}")

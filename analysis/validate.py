@@ -566,7 +566,7 @@ def validate_plan(plan: Plan | str | Path, nproc: int | None = None, profile: Pa
 
     # Measure first when the profile brackets the run; the prediction never reads the run.
     run = run_plan(measured_plan, nproc=plan.world_size, iterations=iterations, warmup=warmup, out_dir=out / "run",
-                   timeout_s=timeout_s)
+                   timeout_s=timeout_s, force=True)  # a validation's own folder: replace its earlier run
     drift = None
     if bracket and profile is None:
         before = read_bundle(bundle_dir)

@@ -11,16 +11,27 @@ was executing (from its error file, or its heartbeat when it died without one). 
 rank completes an instruction for ``timeout_s`` seconds is declared hung and stopped the same way
 (the process groups carry the same timeout, so a rank blocked in a collective fails too). Either
 way the iterations already measured are written as a run record before the error is raised.
+
+Lifecycle: the plan is checked here, once, before any rank starts. The output folder is locked
+and claimed (``traces.outdir``): a second run into it is refused, nothing the run did not write
+is deleted. Each rank dies with its parent (``PR_SET_PDEATHSIG`` on Linux, and a thread that
+watches the parent and the launcher's pid). SIGINT and SIGTERM stop the ranks, remove the
+rendezvous folder and keep what the completed iterations measured (``RunInterrupted``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,13 +39,17 @@ import pandas as pd
 import torch.multiprocessing as tmp
 
 from exec.records import read_rank_results, summarise, write_record
-from exec.runtime import RunOptions, pick_backend, run_rank, write_error
+from exec.runtime import RunOptions, pick_backend, run_rank, setup_for_run, write_error
 from sim.plan import Plan
 from traces.errors import ConfigError, ParatwinError
+from traces.outdir import RENDEZVOUS_NAME, OutputLock, claim_run_folder, finish_marker
 from traces.runrecord import read_run_record
 
 POLL_S = 0.1
 STARTUP_GRACE_S = 120.0  # time allowed for a rank to import, rendezvous and build its stages
+PARENT_POLL_S = 0.5  # how often a rank checks that its parent and the launcher still live
+STALE_S = 3.0  # a heartbeat older than this (it is rewritten every 0.2 s) means a frozen process
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class RunFailed(ParatwinError):
@@ -43,6 +58,24 @@ class RunFailed(ParatwinError):
     def __init__(self, message: str, record: Path | None) -> None:
         super().__init__(message + (f" (measured iterations kept in {record})" if record else ""))
         self.record = record
+
+
+class RunInterrupted(RunFailed):
+    """The launcher got SIGINT or SIGTERM; ``record`` keeps what completed iterations measured."""
+
+    def __init__(self, message: str, record: Path | None, signum: int) -> None:
+        super().__init__(message, record)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+
+
+class _Signalled(BaseException):  # noqa: N818 - raised by the SIGTERM handler, like KeyboardInterrupt
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 @dataclass
@@ -64,9 +97,10 @@ class RunResult:
 
 
 def _spawned(rank: int, world_size: int, plan_data: dict, out_dir: str, options: RunOptions, init: str,
-             environment: dict[str, str]) -> None:
+             environment: dict[str, str], launcher_pid: int) -> None:
     # Runs in the child, forked from the forkserver, whose environment is that of its own start:
     # take the launcher's current one (e.g. NCCL_*, GLOO_* or the fault-injection variable).
+    _die_with_parent(launcher_pid)
     os.environ.clear()
     os.environ.update(environment)
     try:
@@ -80,15 +114,45 @@ def _spawned(rank: int, world_size: int, plan_data: dict, out_dir: str, options:
         sys.exit(1)
 
 
+def _die_with_parent(launcher_pid: int) -> None:
+    """Make this rank die when its parent (the forkserver, which exits with the launcher) or the
+    launcher dies: the kernel's parent-death signal on Linux, and a polling thread everywhere."""
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    watcher = threading.Thread(target=_watch_parent, args=(parent, launcher_pid), daemon=True,
+                               name="paratwin-parent-watch")
+    watcher.start()
+
+
+def _watch_parent(parent: int, launcher_pid: int) -> None:
+    while os.getppid() == parent and _alive(launcher_pid):
+        time.sleep(PARENT_POLL_S)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def run_plan(plan: Plan | str | Path, nproc: int | None = None, backend: str | None = None,
              iterations: int = 5, warmup: int = 1, out_dir: Path | None = None, timeout_s: float = 300, *,
-             save_params: bool = False, threads: int = 1) -> RunResult:
+             save_params: bool = False, threads: int = 1, force: bool = False) -> RunResult:
     """Run ``plan`` for ``warmup + iterations`` training iterations on this machine.
 
     ``nproc`` defaults to the plan's world size (and must equal it). Results go to ``out_dir``
     (a new temporary directory by default): ``record/`` (the run record: INSTRUCTION_TABLE and a
     summary), ``trace.json`` (Chrome trace), ``ranks/`` (per-rank, per-iteration results),
-    ``heartbeat/``, ``errors/`` and, with ``save_params``, ``params/rank<r>.pt``.
+    ``heartbeat/``, ``errors/`` and, with ``save_params``, ``params/rank<r>.pt``. A folder that
+    already holds a run's outputs is refused unless ``force`` (then that run's files are replaced);
+    one that holds anything else under those names is always refused.
     """
     if not isinstance(plan, Plan):
         plan = Plan.load(plan)
@@ -100,33 +164,98 @@ def run_plan(plan: Plan | str | Path, nproc: int | None = None, backend: str | N
         raise ConfigError("iterations", f"need iterations >= 1 and warmup >= 0 (got {iterations}, {warmup})",
                           "e.g. --iterations 5 --warmup 1")
     backend = pick_backend(backend)
+    _check_plan(plan)
     out_dir = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="paratwin-run-"))
-    for sub in ("ranks", "heartbeat", "errors", "params", "record"):
-        shutil.rmtree(out_dir / sub, ignore_errors=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
     # The process groups time out later than the watchdog, so that a hang is reported as one
     # (naming every rank's instruction) before a blocked rank's own timeout error.
     options = RunOptions(iterations, warmup, backend, 1.5 * float(timeout_s) + 5.0, save_params, threads)
-    rendezvous = tempfile.mkdtemp(prefix="paratwin-rdzv-")
-    init = f"file://{rendezvous}/store"
+    with OutputLock(out_dir):
+        claim_run_folder(out_dir, force)
+        return _launch(plan, out_dir, options, float(timeout_s))
 
+
+def _check_plan(plan: Plan) -> None:
+    """Every check a rank makes before its first instruction, here, once (a ``ConfigError``)."""
+    setup_for_run(plan)
+
+
+def _launch(plan: Plan, out_dir: Path, options: RunOptions, timeout_s: float) -> RunResult:
+    world = plan.world_size
+    rendezvous = out_dir / RENDEZVOUS_NAME
+    shutil.rmtree(rendezvous, ignore_errors=True)
+    rendezvous.mkdir()
+    init = f"file://{rendezvous.resolve()}/store"
     context = tmp.get_context("forkserver")
     context.set_forkserver_preload(["exec.runtime"])
     environment = dict(os.environ)
     processes = [context.Process(target=_spawned, name=f"paratwin-rank{r}", daemon=False,
-                                 args=(r, world, plan.model_dump(), str(out_dir), options, init, environment))
+                                 args=(r, world, plan.model_dump(), str(out_dir), options, init, environment,
+                                       os.getpid()))
                  for r in range(world)]
+    signum = 0
+    with _signals_raise():
+        try:
+            for p in processes:
+                p.start()
+            failure = _watch(processes, out_dir, timeout_s)
+        except (KeyboardInterrupt, _Signalled) as exc:
+            signum = getattr(exc, "signum", int(signal.SIGINT))
+            failure = f"run interrupted by {signal.Signals(signum).name}"
+        finally:
+            with _signals_ignored():  # a second Ctrl-C must not cut the clean-up short
+                _stop(processes)
+                shutil.rmtree(rendezvous, ignore_errors=True)
+    if failure is None:
+        finish_marker(out_dir, "ok")
+        return _result(plan, out_dir)
+    status = "interrupted" if signum else "failed"
+    if signum:
+        failure += f" after {_measured_iterations(out_dir)} measured iteration(s)"
+    record = _salvage(plan, out_dir, options.backend, failure, status)
+    finish_marker(out_dir, status)
+    if signum:
+        raise RunInterrupted(failure + ("" if record else "; nothing was measured, so no record was written"),
+                             record, signum)
+    raise RunFailed(failure, record)
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM raises ``_Signalled`` (SIGINT raises KeyboardInterrupt anyway) in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise _Signalled(signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
     try:
-        for p in processes:
-            p.start()
-        failure = _watch(processes, out_dir, float(timeout_s))
+        yield
     finally:
-        _stop(processes)
-        shutil.rmtree(rendezvous, ignore_errors=True)
-    if failure is not None:
-        record = _salvage(plan, out_dir, backend, failure)
-        raise RunFailed(failure, record)
-    return _result(plan, out_dir)
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _measured_iterations(out_dir: Path) -> int:
+    results = read_rank_results(out_dir)
+    measured = {(r["rank"], r["iteration"]) for r in results if not r.get("warmup")}
+    ranks = {rank for rank, _ in measured}
+    # An iteration counts when every rank that wrote anything finished it.
+    iterations = {it for _, it in measured}
+    return sum(1 for it in iterations if all((rank, it) in measured for rank in ranks))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -140,11 +269,17 @@ def _read(path: Path) -> dict | None:
         return None
 
 
-def _where(beat: dict | None) -> str:
+def _where(beat: dict | None, now: float) -> str:
+    """Where a rank is and for how long, from its last heartbeat; a heartbeat older than
+    ``STALE_S`` (it is rewritten every 0.2 s) says the process itself stopped (frozen, starved)."""
     if beat is None:
         return "before its first heartbeat"
-    return (f"at iteration {beat['iteration']} instruction {beat['index']} ({beat['instruction']}, "
-            f"for {max(0.0, beat['time'] - beat['since']):.1f} s)")
+    where = (f"at iteration {beat['iteration']} instruction {beat['index']} ({beat['instruction']}, "
+             f"for {max(0.0, now - beat['since']):.1f} s")
+    silent = now - beat["time"]
+    if silent > STALE_S:
+        where += f"; no heartbeat for {silent:.1f} s: the process is frozen"
+    return where + ")"
 
 
 def _watch(processes: list, out_dir: Path, timeout_s: float) -> str | None:
@@ -163,9 +298,10 @@ def _watch(processes: list, out_dir: Path, timeout_s: float) -> str | None:
         if done != progress:
             progress, progress_at = done, time.time()
         limit = timeout_s if progress > 0 else max(timeout_s, STARTUP_GRACE_S)
-        if time.time() - progress_at > limit:
-            stuck = "; ".join(f"rank {r} {_where(b)}" for r, b in beats.items())
-            return (f"run hung: no rank finished an instruction for {time.time() - progress_at:.0f} s "
+        now = time.time()
+        if now - progress_at > limit:
+            stuck = "; ".join(f"rank {r} {_where(b, now)}" for r, b in beats.items())
+            return (f"run hung: no rank finished an instruction for {now - progress_at:.0f} s "
                     f"(timeout {timeout_s:g} s): {stuck}")
         time.sleep(POLL_S)
 
@@ -181,11 +317,11 @@ def _failure_message(failed: list[int], processes: list, out_dir: Path, beats: d
 
     first = min(failed, key=when)
     error = errors.get(first)
+    now = time.time()
     if error:
-        message = (f"rank {first} failed at iteration {error['iteration']} instruction {error['index']} "
-                   f"({error['instruction']}): {error['error']}")
+        message = f"rank {first} failed {_place(error)}: {error['error']}"
     else:
-        message = f"rank {first} died (exit code {processes[first].exitcode}) {_where(beats.get(first))}"
+        message = f"rank {first} died (exit code {processes[first].exitcode}) {_where(beats.get(first), now)}"
     others = [r for r in failed if r != first]
     if others:
         message += "; then " + "; ".join(
@@ -193,8 +329,16 @@ def _failure_message(failed: list[int], processes: list, out_dir: Path, beats: d
             else f"rank {r} died" for r in others)
     alive = [r for r in range(len(processes)) if r not in failed]
     if alive:  # a rank that is still running where another timed out is the likely culprit
-        message += "; still running: " + "; ".join(f"rank {r} {_where(beats.get(r))}" for r in alive)
+        message += "; still running: " + "; ".join(f"rank {r} {_where(beats.get(r), now)}" for r in alive)
     return message
+
+
+def _place(error: dict) -> str:
+    """Where a rank failed: at an instruction, or in the phase it was in (setup, gathering, ...)."""
+    if error.get("index", -1) >= 0:
+        return f"at iteration {error['iteration']} instruction {error['index']} ({error['instruction']})"
+    after = f" (after iteration {error['iteration']})" if error.get("iteration", -1) >= 0 else ""
+    return f"while {error.get('phase') or error['instruction'].strip('()')}{after}"
 
 
 def _stop(processes: list) -> None:
@@ -214,12 +358,12 @@ def _stop(processes: list) -> None:
 # Results
 
 
-def _salvage(plan: Plan, out_dir: Path, backend: str, failure: str) -> Path | None:
+def _salvage(plan: Plan, out_dir: Path, backend: str, failure: str, status: str = "failed") -> Path | None:
     results = read_rank_results(out_dir)
     if not results:
         return None
     try:
-        return write_record(out_dir, plan, results, {"backend": backend}, status="failed", error=failure)
+        return write_record(out_dir, plan, results, {"backend": backend}, status=status, error=failure)
     except Exception:  # noqa: BLE001 - best effort: the failure itself is what gets reported
         return None
 
@@ -243,4 +387,4 @@ def _result(plan: Plan, out_dir: Path) -> RunResult:
     )
 
 
-__all__ = ["RunFailed", "RunResult", "run_plan"]
+__all__ = ["RunFailed", "RunInterrupted", "RunResult", "run_plan"]

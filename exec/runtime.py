@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -68,6 +69,7 @@ LEARNING_RATE = 1e-3
 # makes rank R fail (raise), stop making progress (hang) or die (exit) before instruction I.
 FAULT_ENV = "PARATWIN_FAULT"
 HEARTBEAT_PERIOD_S = 0.2
+ERROR_CHARS = 500  # an error file keeps this much of the error's first line (and the whole traceback)
 MEMORY_NOTE_CPU = ("tracked bytes: parameters + gradients + Adam state + activations held by the runtime "
                    "(stage inputs, tensors saved for backward with each storage counted once, parameters "
                    "excluded, swapped-out ones not counted) + message buffers in flight; sampled at "
@@ -121,6 +123,7 @@ class Fault:
     index: int
     iteration: int = 0
     mode: str = "raise"
+    phase: str = ""  # with phase=P (a key of PHASES) the rank raises on entering that phase instead
 
     @classmethod
     def from_env(cls) -> Fault | None:
@@ -129,13 +132,16 @@ class Fault:
             return None
         try:
             fields = dict(item.split("=", 1) for item in text.split(","))
-            fault = cls(int(fields["rank"]), int(fields["index"]), int(fields.get("iteration", 0)),
-                        fields.get("mode", "raise"))
+            phase = fields.get("phase", "")
+            fault = cls(int(fields["rank"]), int(fields.get("index", -1) if phase else fields["index"]),
+                        int(fields.get("iteration", 0)), fields.get("mode", "raise"), phase)
         except (KeyError, ValueError):
-            raise ConfigError(FAULT_ENV, f"cannot read {text!r}",
-                              "use rank=R,index=I[,iteration=N][,mode=raise|hang|exit]") from None
+            raise ConfigError(FAULT_ENV, f"cannot read {text[:200]!r}",
+                              "use rank=R,index=I[,iteration=N][,mode=raise|hang|exit] or rank=R,phase=P") from None
         if fault.mode not in ("raise", "hang", "exit"):
-            raise ConfigError(FAULT_ENV, f"unknown mode {fault.mode!r}", "use raise, hang or exit")
+            raise ConfigError(FAULT_ENV, f"unknown mode {fault.mode[:50]!r}", "use raise, hang or exit")
+        if fault.phase and fault.phase not in PHASES:
+            raise ConfigError(FAULT_ENV, f"unknown phase {fault.phase[:50]!r}", f"use one of {', '.join(PHASES)}")
         return fault
 
 
@@ -307,6 +313,9 @@ class RankRuntime:
             self.layer_modules.update(zip(layers, modules, strict=True))
         self.params = [p for s in self.program.stages for p in self.stages[s].parameters()]
         self.param_storages = {_storage_key(p) for p in self.params}
+        # Every SavedStore still alive (weakly held): what they hold at an iteration's end is
+        # the per-rank record ``saved_bytes`` (0 unless a store outlives its backward).
+        self.stores: weakref.WeakSet[SavedStore] = weakref.WeakSet()
         self.optimizer = make_optimizer(self.params)
 
         # Split backward needs the outputs of every parameter-holding module (see _backward_input).
@@ -370,6 +379,10 @@ class RankRuntime:
         self.activation_bytes += now - slot.resident
         slot.resident = now
 
+    def saved_bytes(self) -> int:
+        """Bytes of saved-for-backward tensors (device or host) still held by any live store."""
+        return _unique_bytes([t for store in list(self.stores) for t in store.tensors])
+
     def _free(self, key: tuple[int, int]) -> None:
         slot = self.slots.pop(key)
         self.activation_bytes -= slot.resident
@@ -420,7 +433,7 @@ class RankRuntime:
         return {"rank": self.rank, "iteration": iteration, "t0_wall": t0_wall, "t0_mono": self.clock.t0,
                 "host": socket.gethostname(),
                 "iteration_s": self.clock.seconds(end), "rows": self.rows, "losses": self.losses,
-                "peak_memory": self.peak}
+                "peak_memory": self.peak, "saved_bytes": self.saved_bytes()}
 
     def _maybe_fail(self, instruction: Instruction) -> None:
         f = self.fault
@@ -559,6 +572,7 @@ class RankRuntime:
         layers = self.stages[s]
         x = self._stage_input(s, mb)
         slot = Slot(inp=x, store=SavedStore(self.param_storages))
+        self.stores.add(slot.store)
         slot.prefix = 0 if ins.save else len(self.policy.recompute_layers[s])
         captures: list = []
         with self._recording(slot, captures):
@@ -708,10 +722,50 @@ class RunOptions:
     threads: int = 1
 
 
+BACKENDS = ("gloo", "nccl")
+
+
 def pick_backend(requested: str | None) -> str:
-    if requested:
-        return requested
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    """``requested`` checked against this machine, or nccl with CUDA and gloo without."""
+    if not requested:
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if requested not in BACKENDS:
+        raise ConfigError("--backend", f"unknown backend {str(requested)[:50]!r}", "use gloo or nccl")
+    if requested == "nccl" and not torch.cuda.is_available():
+        raise ConfigError("--backend", "nccl needs CUDA GPUs and torch sees none on this machine",
+                          "use --backend gloo (the default without CUDA), or run on a machine with GPUs")
+    return requested
+
+
+# What a rank does outside its instructions; errors there are labelled with the phase.
+PHASES = {
+    "setup": "setting up (process groups, stages)",
+    "iterations": "running iterations",
+    "params": "saving parameters",
+    "gather": "gathering results to rank 0",
+    "record": "writing the run record",
+    "finish": "at the final barrier",
+}
+
+
+class Phase:
+    """The phase a rank is in (for its error file), and the fault injected there, if any."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.key = rank, "setup"
+        self.fault: Fault | None = None
+
+    @property
+    def description(self) -> str:
+        return PHASES[self.key]
+
+    def enter(self, key: str) -> None:
+        self.key = key
+        if key == "setup" and "phase=" in os.environ.get(FAULT_ENV, ""):
+            self.fault = Fault.from_env()  # here, so that a malformed value is reported as an error
+        f = self.fault
+        if f is not None and f.rank == self.rank and f.phase == key:
+            raise RuntimeError(f"injected fault ({FAULT_ENV}) while {self.description}")
 
 
 class Heartbeat(threading.Thread):
@@ -753,7 +807,9 @@ def run_rank(plan: Plan, rank: int, world_size: int, local_rank: int, out_dir: P
     runtime: RankRuntime | None = None
     heartbeat = Heartbeat(lambda: runtime, out_dir / "heartbeat" / f"rank{rank}.json", rank)
     heartbeat.start()
+    phase = Phase(rank)
     try:
+        phase.enter("setup")
         backend = pick_backend(options.backend)
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
@@ -773,6 +829,7 @@ def run_rank(plan: Plan, rank: int, world_size: int, local_rank: int, out_dir: P
         results_path = out_dir / "ranks" / f"rank{rank}.jsonl"
         results_path.write_text("")
         results = []
+        phase.enter("iterations")
         for iteration in range(options.warmup + options.iterations):
             result = runtime.run_iteration(iteration)
             result["warmup"] = iteration < options.warmup
@@ -780,16 +837,20 @@ def run_rank(plan: Plan, rank: int, world_size: int, local_rank: int, out_dir: P
                 fh.write(json.dumps(result) + "\n")
             results.append(result)
         if options.save_params:
+            phase.enter("params")
             (out_dir / "params").mkdir(exist_ok=True)
             torch.save(runtime.parameters_by_name(), out_dir / "params" / f"rank{rank}.pt")
+        phase.enter("gather")
         gathered: list[Any] = [None] * world_size
         dist.all_gather_object(gathered, results)
         if rank == 0:
+            phase.enter("record")
             everything = [r for per_rank in gathered for r in per_rank]
             write_record(out_dir, plan, everything, run_meta(run, backend, device))
+        phase.enter("finish")
         dist.barrier()
     except BaseException as exc:
-        write_error(out_dir, rank, exc, runtime)
+        write_error(out_dir, rank, exc, runtime, phase.description)
         raise
     finally:
         heartbeat.stopped.set()
@@ -801,17 +862,20 @@ def run_rank(plan: Plan, rank: int, world_size: int, local_rank: int, out_dir: P
                 dist.destroy_process_group()
 
 
-def write_error(out_dir: Path, rank: int, exc: BaseException, runtime: RankRuntime | None = None) -> None:
-    """``errors/rank<r>.json``: the error, where the rank was, and the traceback."""
+def write_error(out_dir: Path, rank: int, exc: BaseException, runtime: RankRuntime | None = None,
+                phase: str = PHASES["setup"]) -> None:
+    """``errors/rank<r>.json``: the error, where the rank was (instruction, or else phase), and the traceback."""
     current = runtime.current if runtime is not None else None
     text = str(exc).strip()
+    first_line = text.splitlines()[0] if text else ""
     (Path(out_dir) / "errors").mkdir(parents=True, exist_ok=True)
     _write_json(Path(out_dir) / "errors" / f"rank{rank}.json", {
         "rank": rank, "time": time.time(),
         "iteration": runtime.iteration if runtime is not None else -1,
         "index": current.index if current is not None else -1,
-        "instruction": current.label if current is not None else "(setup)",
-        "error": f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}",
+        "instruction": current.label if current is not None else f"({phase})",
+        "phase": phase,
+        "error": f"{type(exc).__name__}: {first_line[:ERROR_CHARS]}",
         "traceback": traceback.format_exc(),
     })
 

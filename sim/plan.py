@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from traces.errors import ConfigError
+from traces.limits import check_document, check_file_size, short_repr
 
 RecomputeMode = Literal["none", "full", "stage-aware"]
 
@@ -71,13 +72,14 @@ class Plan(BaseModel):
     def from_dict(cls, data: dict[str, Any], source: str = "plan") -> Plan:
         if not isinstance(data, dict):
             raise ConfigError(source, "a plan must be a mapping of fields", "see examples/plans/*.yaml")
+        check_document(data, source)
         try:
             return cls(**data)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "plan"
             fix = "remove it (known fields: " + ", ".join(cls.model_fields) + ")" \
-                if first["type"] == "extra_forbidden" else f"got {first.get('input')!r}"
+                if first["type"] == "extra_forbidden" else f"got {short_repr(first.get('input'))}"
             raise ConfigError(f"{source}: {where}", first["msg"], fix) from None
 
     @classmethod
@@ -85,6 +87,7 @@ class Plan(BaseModel):
         path = Path(path)
         if not path.is_file():
             raise ConfigError(str(path), "plan file not found", "pass the path of a .yaml or .json plan")
+        check_file_size(path, str(path))
         text = path.read_text()
         try:
             data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)

@@ -64,18 +64,21 @@ class SimResult:
         }
 
     def write(self, out_dir: str | Path) -> dict[str, Path]:
-        """Instruction table (Parquet), Chrome trace (Perfetto) and summary JSON."""
+        """Instruction table (Parquet), Chrome trace (Perfetto) and summary JSON, each written
+        atomically, under the folder's lock (a concurrent writer is refused: the three are of one plan)."""
         import json
 
+        from traces.atomic import atomic_write_text
         from traces.chrome import instruction_table_to_chrome
+        from traces.outdir import OutputLock
         from traces.tables import write_table
 
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        paths = {
-            "table": write_table(self.table, INSTRUCTION_TABLE, out / "instructions.parquet"),
-            "trace": instruction_table_to_chrome(self.table, out / "timeline.json"),
-            "summary": out / "summary.json",
-        }
-        paths["summary"].write_text(json.dumps(self.summary(), indent=2, default=str))
+        with OutputLock(out):
+            paths = {
+                "table": write_table(self.table, INSTRUCTION_TABLE, out / "instructions.parquet"),
+                "trace": instruction_table_to_chrome(self.table, out / "timeline.json"),
+                "summary": atomic_write_text(out / "summary.json",
+                                             json.dumps(self.summary(), indent=2, default=str)),
+            }
         return paths

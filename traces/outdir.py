@@ -1,0 +1,165 @@
+"""Output folders: safe names, one writer at a time, and never deleting what paratwin did not write.
+
+* ``safe_name`` turns a plan name into one path component (no separators, no ``..``).
+* ``OutputLock`` holds an exclusive ``flock`` on ``<folder>/.paratwin.lock`` while a command
+  writes there; a second writer gets a one-line ``OutputError`` naming the holder's pid. The
+  kernel drops the lock when the holder exits, however it exits, so a lock is never stale.
+* ``claim_run_folder`` prepares a folder for ``paratwin run``: it refuses a folder that already
+  holds run outputs (unless ``force`` and a marker shows that an earlier run wrote them, in which
+  case exactly the files that run writes are removed) and records in ``.paratwin-run.json`` what
+  this run creates.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+from traces.atomic import atomic_write_text
+from traces.errors import ParatwinError
+
+LOCK_NAME = ".paratwin.lock"
+MARKER_NAME = ".paratwin-run.json"
+RENDEZVOUS_NAME = ".paratwin-rendezvous"
+NAME_LIMIT = 100
+
+# What a run writes, folder by folder: file name patterns (glob) inside each.
+RUN_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "ranks": ("rank*.jsonl",),
+    "heartbeat": ("rank*.json", "rank*.json.tmp*"),
+    "errors": ("rank*.json", "rank*.json.tmp*"),
+    "params": ("rank*.pt",),
+    "record": ("manifest.json", "*.parquet", "*.csv", "*.schema.json", "trace.json", ".*.tmp", ".*.tmp*"),
+}
+RUN_FILES = ("trace.json",)
+
+
+class OutputError(ParatwinError):
+    """An output folder that cannot be written as asked (in use, or holding other outputs)."""
+
+
+def safe_name(name: str) -> str:
+    """One path component made of ``[A-Za-z0-9._-]``: separators and other characters become ``_``;
+    leading dots are dropped (no ``..``, no hidden folder); at most ``NAME_LIMIT`` characters."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", str(name)).lstrip(".")[:NAME_LIMIT]
+    return cleaned or "plan"
+
+
+class OutputLock:
+    """An exclusive, non-blocking lock on a folder (``with OutputLock(folder):``)."""
+
+    def __init__(self, folder: Path, option: str = "--out") -> None:
+        self.folder = Path(folder)
+        self.option = option
+        self._fd: int | None = None
+
+    def acquire(self) -> OutputLock:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            raise OutputError(f"{self.option} {self.folder}: in use by another paratwin process (pid {holder}); "
+                              f"wait for it to finish or choose another {self.option}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+    def __enter__(self) -> OutputLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _present(folder: Path) -> list[str]:
+    names = [*RUN_OUTPUTS, *RUN_FILES]
+    return [name for name in names if (folder / name).exists() or (folder / name).is_symlink()]
+
+
+def read_marker(folder: Path) -> dict | None:
+    try:
+        marker = json.loads((Path(folder) / MARKER_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def claim_run_folder(folder: Path, force: bool = False) -> None:
+    """Make ``folder`` ready for a run (the caller holds its ``OutputLock``) or refuse in one line."""
+    folder = Path(folder)
+    present = _present(folder)
+    if present:
+        marker = read_marker(folder)
+        created = set(marker.get("created", [])) if marker else set()
+        foreign = [name for name in present if name not in created]
+        if foreign:
+            raise OutputError(f"--out {folder}: already holds {', '.join(foreign)} that no paratwin run wrote; "
+                              "choose an empty or new --out (nothing was deleted)")
+        if not force:
+            raise OutputError(f"--out {folder}: holds the outputs of an earlier run "
+                              f"(status {marker.get('status', '?')}); choose another --out, or pass --force "
+                              "to replace that run's files")
+        _remove_run_outputs(folder, present)
+        left = _present(folder)
+        if left:
+            raise OutputError(f"--out {folder}: {', '.join(left)} still hold files that no run wrote; "
+                              "move them away or choose another --out")
+    write_marker(folder, {"created": [*RUN_OUTPUTS, *RUN_FILES], "status": "running", "pid": os.getpid(),
+                          "started": time.time()})
+
+
+def write_marker(folder: Path, marker: dict) -> None:
+    atomic_write_text(Path(folder) / MARKER_NAME, json.dumps(marker, indent=1) + "\n")
+
+
+def finish_marker(folder: Path, status: str) -> None:
+    marker = read_marker(folder) or {"created": [*RUN_OUTPUTS, *RUN_FILES]}
+    write_marker(folder, {**marker, "status": status, "finished": time.time()})
+
+
+def _remove_run_outputs(folder: Path, names: list[str]) -> None:
+    """Remove the files a run writes (by name pattern) from ``names``; a folder left empty goes too."""
+    for name in names:
+        path = folder / name
+        if name in RUN_FILES:
+            if path.is_file() and not path.is_symlink():
+                path.unlink()
+            continue
+        if path.is_symlink() or not path.is_dir():
+            continue
+        for pattern in RUN_OUTPUTS[name]:
+            for child in path.glob(pattern):
+                if child.is_file() and not child.is_symlink():
+                    child.unlink()
+        if not any(path.iterdir()):
+            path.rmdir()
+
+
+__all__ = ["LOCK_NAME", "MARKER_NAME", "RENDEZVOUS_NAME", "OutputError", "OutputLock", "claim_run_folder",
+           "finish_marker", "fresh_run_folder", "read_marker", "safe_name"]
+
+
+def fresh_run_folder(base: Path) -> Path:
+    """``base`` if it holds no run outputs, else the first of ``base-2``, ``base-3``, ... that holds none."""
+    base = Path(base)
+    candidate, number = base, 1
+    while _present(candidate):
+        number += 1
+        candidate = base.with_name(f"{base.name}-{number}")
+    return candidate
