@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sim.costs import CostModel, LayerCosts
 from sim.plan import Plan
 from sim.program import Coords, Instruction, Kind, Program, RankProgram
 from sim.schedules import SCHEDULES, Action, Op, generate_schedule, merak_recompute, stage_to_rank
-
-_BACKWARD_OPS = (Op.BACKWARD, Op.BACKWARD_INPUT)
 
 
 @dataclass(frozen=True)
@@ -86,6 +84,7 @@ def lower(
     policy: MemoryPolicy,
     symmetric: bool = True,
 ) -> Program:
+    """The passes, composed: compute order, swaps, point-to-point messages, gradient sync, step."""
     info = SCHEDULES[plan.schedule]
     orders = generate_schedule(plan.schedule, plan.pp, plan.microbatches, plan.chunks,
                                recompute=[policy.recomputes(s) for s in range(plan.num_stages)])
@@ -96,166 +95,250 @@ def lower(
     for rank in ranks:
         coords = program.coords_of(rank)
         stages = tuple(s for s in range(plan.num_stages) if stage_rank[s] == coords.pp)
-        rank_program = RankProgram(rank=rank, coords=coords, stages=stages)
-        builder = _RankBuilder(plan, program, rank_program, stage_rank, costs, policy)
-        builder.emit_pipeline(orders[coords.pp])
-        builder.emit_gradient_sync()
-        program.ranks[rank] = rank_program
+        draft = _Draft(plan, program, coords, stage_rank, costs, policy)
+        compute_pass(draft, orders[coords.pp])
+        swap_pass(draft)
+        p2p_pass(draft)
+        gradient_sync_pass(draft, stages)
+        optimizer_step_pass(draft, stages)
+        program.ranks[rank] = RankProgram(rank=rank, coords=coords, stages=stages,
+                                          instructions=draft.finalize())
     return program
 
 
-class _RankBuilder:
-    def __init__(self, plan: Plan, program: Program, rank_program: RankProgram, stage_rank: list[int],
-                 costs: CostModel, policy: MemoryPolicy) -> None:
-        self.plan, self.program, self.rp = plan, program, rank_program
-        self.stage_rank, self.costs, self.policy = stage_rank, costs, policy
-        self.coords: Coords = rank_program.coords
-        self.done: dict[tuple[Kind, int, int], int] = {}  # (kind, stage, mb) -> instruction index
-        self.last_grad_writer: dict[int, int] = {}
-        self.last_compute: int | None = None
+# ---------------------------------------------------------------------------------------------
+# A rank's instructions while passes work on them: dependencies point at nodes, not positions,
+# so a pass can insert anywhere; ``finalize`` numbers them once at the end.
 
-    # -- helpers -------------------------------------------------------------------------------
-    def _peer(self, stage: int) -> int:
+
+@dataclass(eq=False)
+class Node:
+    kind: Kind
+    stage: int = -1
+    microbatch: int = -1
+    deps: list[Node] = field(default_factory=list)
+    save: bool = True
+    eager: bool = False  # a RECOMPUTE that does not wait for the output gradient (Merak)
+    peer: int = -1
+    group: tuple[int, ...] = ()
+    tag: str = ""
+    bytes: int = 0
+    layers: tuple[int, ...] = ()
+
+
+class _Draft:
+    def __init__(self, plan: Plan, program: Program, coords: Coords, stage_rank: list[int],
+                 costs: CostModel, policy: MemoryPolicy) -> None:
+        self.plan, self.program, self.coords = plan, program, coords
+        self.stage_rank, self.costs, self.policy = stage_rank, costs, policy
+        self.nodes: list[Node] = []
+        self._by_key: dict[tuple[Kind, int, int], Node] = {}
+
+    def find(self, kind: Kind, stage: int, microbatch: int) -> Node | None:
+        return self._by_key.get((kind, stage, microbatch))
+
+    def append(self, node: Node) -> Node:
+        return self._insert(len(self.nodes), node)
+
+    def insert_before(self, anchor: Node, node: Node) -> Node:
+        return self._insert(self._position(anchor), node)
+
+    def insert_after(self, anchor: Node, node: Node) -> Node:
+        return self._insert(self._position(anchor) + 1, node)
+
+    def _insert(self, position: int, node: Node) -> Node:
+        self.nodes.insert(position, node)
+        if node.stage >= 0 and node.microbatch >= 0:
+            self._by_key.setdefault((node.kind, node.stage, node.microbatch), node)
+        return node
+
+    def _position(self, anchor: Node) -> int:
+        return next(i for i, n in enumerate(self.nodes) if n is anchor)
+
+    def peer(self, stage: int) -> int:
         return self.program.rank_of(self.coords.dp, self.stage_rank[stage], self.coords.tp)
 
-    def _is_remote(self, stage: int) -> bool:
+    def is_remote(self, stage: int) -> bool:
         return self.stage_rank[stage] != self.coords.pp
 
-    def _message_bytes(self, stage: int) -> int:
-        """Bytes of the activation leaving ``stage`` (and of the gradient coming back to it)."""
-        last_layer = self.program.stage_layers[stage][-1]
-        return self._cost(last_layer).output_bytes
-
-    def _cost(self, layer: int) -> LayerCosts:
+    def cost(self, layer: int) -> LayerCosts:
         return self.costs.layer_costs(layer, self.plan.micro_batch, self.plan.tp)
 
-    def _add(self, kind: Kind, stage: int = -1, microbatch: int = -1, deps: Sequence[int | None] = (),
-             **fields: object) -> Instruction:
-        clean = tuple(sorted({d for d in deps if d is not None}))
-        instruction = self.rp.add(kind, stage=stage, microbatch=microbatch, deps=clean, **fields)
-        if kind.is_compute:
-            self.last_compute = instruction.index
-        if stage >= 0 and microbatch >= 0:
-            self.done[(kind, stage, microbatch)] = instruction.index
-        return instruction
+    def message_bytes(self, stage: int) -> int:
+        """Bytes of the activation leaving ``stage`` (and of the gradient coming back to it)."""
+        return self.cost(self.program.stage_layers[stage][-1]).output_bytes
 
-    # -- pipeline ------------------------------------------------------------------------------
-    def emit_pipeline(self, actions: Sequence[Action]) -> None:
-        prefetch_before = self._swap_prefetch_points(actions)
-        for position, action in enumerate(actions):
-            for stage, mb in prefetch_before.get(position, ()):
-                # Starts with the next compute step: when the compute emitted last has finished.
-                swap_out = self.rp.instructions[self.done[(Kind.SWAP_OUT, stage, mb)]]
-                self._add(Kind.SWAP_IN, stage, mb, deps=[swap_out.index, self.last_compute], bytes=swap_out.bytes)
-            handler = {
-                Op.FORWARD: self._forward,
-                Op.RECOMPUTE: self._recompute,
-                Op.BACKWARD: self._backward,
-                Op.BACKWARD_INPUT: self._backward,
-                Op.BACKWARD_WEIGHT: self._backward_weight,
-            }[action.op]
-            handler(action)
+    def finalize(self) -> list[Instruction]:
+        index = {id(node): i for i, node in enumerate(self.nodes)}
+        return [
+            Instruction(index=i, kind=n.kind, stage=n.stage, microbatch=n.microbatch,
+                        deps=tuple(sorted({index[id(d)] for d in n.deps})), save=n.save, peer=n.peer,
+                        group=n.group, tag=n.tag, bytes=n.bytes, layers=n.layers)
+            for i, n in enumerate(self.nodes)
+        ]
 
-    def _swap_prefetch_points(self, actions: Sequence[Action]) -> dict[int, list[tuple[int, int]]]:
-        """Swap-in of a backward's activations starts when the compute step before it starts (but
-        never before the forward whose swap-out it undoes)."""
-        points: dict[int, list[tuple[int, int]]] = {}
-        forward_at: dict[tuple[int, int], int] = {}
-        for position, action in enumerate(actions):
-            if action.op is Op.FORWARD:
-                forward_at[(action.stage, action.microbatch)] = position
-            if action.op in _BACKWARD_OPS and self.policy.swap_fraction[action.stage] > 0:
-                point = max(position - 1, forward_at[(action.stage, action.microbatch)] + 1)
-                points.setdefault(point, []).append((action.stage, action.microbatch))
-        return points
 
-    def _forward(self, action: Action) -> None:
+# ---------------------------------------------------------------------------------------------
+# Passes, in the order ``lower`` runs them.
+
+_COMPUTE_KIND = {Op.FORWARD: Kind.FWD, Op.RECOMPUTE: Kind.RECOMPUTE, Op.BACKWARD: Kind.BWD,
+                 Op.BACKWARD_INPUT: Kind.BWD_I, Op.BACKWARD_WEIGHT: Kind.BWD_W}
+
+
+def compute_pass(draft: _Draft, actions: Sequence[Action]) -> None:
+    """One compute node per schedule action, depending on the compute of this rank it needs."""
+    last_stage = draft.plan.num_stages - 1
+    for action in actions:
         s, mb = action.stage, action.microbatch
-        layers = self.program.stage_layers[s]
-        if s == 0:
-            source = None
-        elif self._is_remote(s - 1):
-            source = self._add(Kind.RECV_ACT, s, mb, peer=self._peer(s - 1), tag=f"act:{s}:{mb}",
-                               bytes=self._message_bytes(s - 1)).index
+        kind = _COMPUTE_KIND[action.op]
+        node = Node(kind, s, mb, save=action.save, eager=action.eager)
+        if kind is Kind.FWD:
+            node.deps.append(_local(draft, s > 0 and not draft.is_remote(s - 1), Kind.FWD, s - 1, mb))
+        elif kind is Kind.BWD_W:
+            node.deps.append(draft.find(Kind.BWD_I, s, mb))
         else:
-            source = self.done[(Kind.FWD, s - 1, mb)]
-        fwd = self._add(Kind.FWD, s, mb, deps=[source], save=action.save, layers=layers)
-        if s + 1 < self.plan.num_stages and self._is_remote(s + 1):
-            self._add(Kind.SEND_ACT, s, mb, deps=[fwd.index], peer=self._peer(s + 1),
-                      tag=f"act:{s + 1}:{mb}", bytes=self._message_bytes(s))
-        if self.policy.swap_fraction[s] > 0:
-            kept = self.policy.forward_kept_bytes(s, layers, action.save, self._cost)
-            self._add(Kind.SWAP_OUT, s, mb, deps=[fwd.index], bytes=int(kept * self.policy.swap_fraction[s]))
+            forward = draft.find(Kind.FWD, s, mb)
+            node.deps.append(forward)
+            if kind is not Kind.RECOMPUTE:
+                node.deps.append(draft.find(Kind.RECOMPUTE, s, mb))
+            if not node.eager and s < last_stage and not draft.is_remote(s + 1):
+                node.deps.append(draft.find(Kind.BWD, s + 1, mb) or draft.find(Kind.BWD_I, s + 1, mb))
+        node.layers = (draft.policy.recompute_layers[s] if kind is Kind.RECOMPUTE
+                       else draft.program.stage_layers[s])
+        node.deps = [d for d in node.deps if d is not None]
+        draft.append(node)
 
-    def _recompute(self, action: Action) -> None:
-        """An eager recompute (Merak's pre-recompute) needs only the forward; an ordinary one is
-        started by the backward and so also waits for the output gradient."""
-        s, mb = action.stage, action.microbatch
-        grad = None if action.eager else self._output_gradient(s, mb)
-        self._add(Kind.RECOMPUTE, s, mb, deps=[self.done[(Kind.FWD, s, mb)], grad],
-                  layers=self.policy.recompute_layers[s])
 
-    def _output_gradient(self, s: int, mb: int) -> int | None:
-        """The instruction that delivers d loss / d output of (s, mb), receiving it if remote."""
-        if s == self.plan.num_stages - 1:
-            return None
-        if not self._is_remote(s + 1):
-            return self.done.get((Kind.BWD, s + 1, mb), self.done.get((Kind.BWD_I, s + 1, mb)))
-        received = self.done.get((Kind.RECV_GRAD, s, mb))
-        if received is None:
-            received = self._add(Kind.RECV_GRAD, s, mb, peer=self._peer(s + 1), tag=f"grad:{s}:{mb}",
-                                 bytes=self._message_bytes(s)).index
-        return received
+def _local(draft: _Draft, condition: bool, kind: Kind, stage: int, mb: int) -> Node | None:
+    return draft.find(kind, stage, mb) if condition else None
 
-    def _backward(self, action: Action) -> None:
-        s, mb = action.stage, action.microbatch
-        kind = Kind.BWD if action.op is Op.BACKWARD else Kind.BWD_I
-        grad = self._output_gradient(s, mb)
-        deps = [grad, self.done[(Kind.FWD, s, mb)], self.done.get((Kind.RECOMPUTE, s, mb)),
-                self.done.get((Kind.SWAP_IN, s, mb))]
-        bwd = self._add(kind, s, mb, deps=deps, layers=self.program.stage_layers[s])
-        if kind is Kind.BWD:
-            self.last_grad_writer[s] = bwd.index
-        if s > 0 and self._is_remote(s - 1):
-            self._add(Kind.SEND_GRAD, s, mb, deps=[bwd.index], peer=self._peer(s - 1),
-                      tag=f"grad:{s - 1}:{mb}", bytes=self._message_bytes(s - 1))
 
-    def _backward_weight(self, action: Action) -> None:
-        s, mb = action.stage, action.microbatch
-        w = self._add(Kind.BWD_W, s, mb, deps=[self.done[(Kind.BWD_I, s, mb)]],
-                      layers=self.program.stage_layers[s])
-        self.last_grad_writer[s] = w.index
+def swap_pass(draft: _Draft) -> None:
+    """Swap part of each forward's kept bytes to host right after it; prefetch them back so the
+    swap-in starts with the compute step before the backward that needs them (but never before
+    the forward whose swap-out it undoes)."""
+    compute = list(draft.nodes)
+    prefetches: list[tuple[int, Node]] = []  # (compute position to start before, swap-out)
+    forward_at: dict[tuple[int, int], int] = {}
+    for position, node in enumerate(compute):
+        fraction = draft.policy.swap_fraction[node.stage]
+        if node.kind is Kind.FWD:
+            forward_at[(node.stage, node.microbatch)] = position
+            if fraction > 0:
+                kept = draft.policy.forward_kept_bytes(node.stage, node.layers, node.save, draft.cost)
+                swap_out = Node(Kind.SWAP_OUT, node.stage, node.microbatch, deps=[node],
+                                bytes=int(kept * fraction))
+                draft.insert_after(node, swap_out)
+        elif node.kind in (Kind.BWD, Kind.BWD_I) and fraction > 0:
+            point = max(position - 1, forward_at[(node.stage, node.microbatch)] + 1)
+            prefetches.append((point, node))
+    # Stable by start point, so prefetches for the same point keep their backward order.
+    for point, backward in sorted(prefetches, key=lambda item: item[0]):
+        swap_out = draft.find(Kind.SWAP_OUT, backward.stage, backward.microbatch)
+        assert swap_out is not None
+        swap_in = Node(Kind.SWAP_IN, backward.stage, backward.microbatch,
+                       deps=[swap_out, compute[point - 1]], bytes=swap_out.bytes)
+        draft.insert_before(compute[point], swap_in)
+        backward.deps.append(swap_in)
 
-    # -- data parallelism and the step -----------------------------------------------------------
-    def emit_gradient_sync(self) -> None:
-        """Gradient buckets in backward order (last layers first), then the optimizer step."""
-        syncs: list[int] = []
-        if self.plan.dp > 1:
-            group = tuple(self.program.rank_of(d, self.coords.pp, self.coords.tp) for d in range(self.plan.dp))
-            for number, (layers, nbytes) in enumerate(self._buckets()):
-                stages = {s for s in self.rp.stages if set(layers) & set(self.program.stage_layers[s])}
-                bucket = self._add(Kind.ALLREDUCE, deps=[self.last_grad_writer[s] for s in stages],
-                                   group=group, tag=f"dp:{self.coords.pp}:{self.coords.tp}:{number}",
-                                   bytes=nbytes, layers=layers)
-                syncs.append(bucket.index)
-        self._add(Kind.OPTIMIZER_STEP, deps=[*syncs, *self.last_grad_writer.values()],
-                  layers=tuple(layer for s in self.rp.stages for layer in self.program.stage_layers[s]))
 
-    def _buckets(self) -> list[tuple[tuple[int, ...], int]]:
-        limit = self.plan.dp_bucket_mb * 2**20
-        layers = sorted((layer for s in self.rp.stages for layer in self.program.stage_layers[s]), reverse=True)
-        buckets: list[tuple[tuple[int, ...], int]] = []
-        current: list[int] = []
-        size = 0
-        for layer in layers:
-            grad = self._cost(layer).grad_bytes
-            if grad == 0:
-                continue
-            current.append(layer)
-            size += grad
-            if size >= limit:
-                buckets.append((tuple(current), size))
-                current, size = [], 0
-        if current:
+def p2p_pass(draft: _Draft) -> None:
+    """Receive a remote activation or gradient right before its first consumer; send what a
+    remote stage needs right after it is produced."""
+    last_stage = draft.plan.num_stages - 1
+    for node in [n for n in draft.nodes if n.kind.is_compute]:
+        s, mb = node.stage, node.microbatch
+        if node.kind is Kind.FWD:
+            if s > 0 and draft.is_remote(s - 1):
+                recv = Node(Kind.RECV_ACT, s, mb, peer=draft.peer(s - 1), tag=f"act:{s}:{mb}",
+                            bytes=draft.message_bytes(s - 1))
+                node.deps.append(draft.insert_before(node, recv))
+            if s < last_stage and draft.is_remote(s + 1):
+                draft.insert_after(node, Node(Kind.SEND_ACT, s, mb, deps=[node], peer=draft.peer(s + 1),
+                                              tag=f"act:{s + 1}:{mb}", bytes=draft.message_bytes(s)))
+            continue
+        needs_gradient = node.kind in (Kind.BWD, Kind.BWD_I) or (node.kind is Kind.RECOMPUTE and not node.eager)
+        if needs_gradient and s < last_stage and draft.is_remote(s + 1):
+            recv = draft.find(Kind.RECV_GRAD, s, mb) or draft.insert_before(
+                node, Node(Kind.RECV_GRAD, s, mb, peer=draft.peer(s + 1), tag=f"grad:{s}:{mb}",
+                           bytes=draft.message_bytes(s)))
+            node.deps.append(recv)
+        if node.kind in (Kind.BWD, Kind.BWD_I) and s > 0 and draft.is_remote(s - 1):
+            draft.insert_after(node, Node(Kind.SEND_GRAD, s, mb, deps=[node], peer=draft.peer(s - 1),
+                                          tag=f"grad:{s - 1}:{mb}", bytes=draft.message_bytes(s - 1)))
+
+
+def _last_gradient_writers(draft: _Draft) -> dict[int, Node]:
+    """Per stage, the instruction that writes its weight gradients last (a BWD or a BWD_W)."""
+    writers: dict[int, Node] = {}
+    for node in draft.nodes:
+        if node.kind in (Kind.BWD, Kind.BWD_W):
+            writers[node.stage] = node
+    return writers
+
+
+def gradient_sync_pass(draft: _Draft, stages: Sequence[int]) -> None:
+    """Data-parallel gradient buckets in backward order (last layers first), each once the last
+    gradient it holds is written."""
+    if draft.plan.dp == 1:
+        return
+    writers = _last_gradient_writers(draft)
+    coords = draft.coords
+    group = tuple(draft.program.rank_of(d, coords.pp, coords.tp) for d in range(draft.plan.dp))
+    for number, (layers, nbytes) in enumerate(_buckets(draft, stages)):
+        touched = [s for s in stages if set(layers) & set(draft.program.stage_layers[s])]
+        draft.append(Node(Kind.ALLREDUCE, deps=[writers[s] for s in touched], group=group,
+                                tag=f"dp:{coords.pp}:{coords.tp}:{number}", bytes=nbytes, layers=layers))
+
+
+def optimizer_step_pass(draft: _Draft, stages: Sequence[int]) -> None:
+    syncs = [n for n in draft.nodes if n.kind is Kind.ALLREDUCE]
+    draft.append(Node(Kind.OPTIMIZER_STEP, deps=[*syncs, *_last_gradient_writers(draft).values()],
+                            layers=tuple(layer for s in stages for layer in draft.program.stage_layers[s])))
+
+
+def _buckets(draft: _Draft, stages: Sequence[int]) -> list[tuple[tuple[int, ...], int]]:
+    limit = draft.plan.dp_bucket_mb * 2**20
+    layers = sorted((layer for s in stages for layer in draft.program.stage_layers[s]), reverse=True)
+    buckets: list[tuple[tuple[int, ...], int]] = []
+    current: list[int] = []
+    size = 0
+    for layer in layers:
+        grad = draft.cost(layer).grad_bytes
+        if grad == 0:
+            continue
+        current.append(layer)
+        size += grad
+        if size >= limit:
             buckets.append((tuple(current), size))
-        return buckets
+            current, size = [], 0
+    if current:
+        buckets.append((tuple(current), size))
+    return buckets
+
+
+# ---------------------------------------------------------------------------------------------
+# A text form of Programs, for golden tests and for reading.
+
+
+def format_rank(rank_program: RankProgram) -> str:
+    """One line per instruction: index, label, dependencies and the fields that are set."""
+    lines = []
+    for ins in rank_program.instructions:
+        extras = [f"deps={','.join(map(str, ins.deps))}" if ins.deps else "",
+                  "nosave" if not ins.save else "",
+                  f"peer={ins.peer}" if ins.peer >= 0 else "",
+                  f"group={','.join(map(str, ins.group))}" if ins.group else "",
+                  f"bytes={ins.bytes}" if ins.bytes else "",
+                  f"layers={_span(ins.layers)}" if ins.layers else ""]
+        lines.append(f"{ins.index:3d} {ins.label:<22} " + " ".join(e for e in extras if e))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _span(layers: tuple[int, ...]) -> str:
+    ascending = list(layers) == list(range(layers[0], layers[0] + len(layers)))
+    return f"{layers[0]}-{layers[-1]}" if ascending and len(layers) > 1 else ",".join(map(str, layers))
+
+
+def format_program(program: Program) -> str:
+    return "\n\n".join(f"rank {rank}\n{format_rank(rp)}" for rank, rp in sorted(program.ranks.items()))
