@@ -1,18 +1,19 @@
 """Calibrate the A100 analytic model with the full simulator as the predictor, and test it on held-out data.
 
 The data: 1,440 Megatron-LM GPT iteration times on one 8 x A100 node (vTrain, Bang et al. MICRO 2024;
-``/work/shared/validation/README.md``). Each row becomes a paratwin ``Plan`` (1F1B, full recompute, one
-gradient bucket, fp16, one DGX A100 node with as many GPUs as the row used) and is predicted by the
-full simulator (``sim.simulate``'s prepare, lower, engine) with ``AnalyticCosts`` under an
-``EfficiencyCurve``. The curve's two parameters (eff_max, flops_half), and optionally one NVLink
-bandwidth-efficiency factor, are fitted by
-``scipy.optimize.least_squares`` on the calibration split only; errors are reported on the held-out
-split, side by side with the uncalibrated defaults and with ``sim.calibration.quick_predict`` (the
-closed-form 1F1B predictor) fitted on the same rows.
+``sim/data/a100_single_node_megatron.csv``, source in ``sim/data/a100_single_node_megatron.md``).
+Each row becomes a paratwin ``Plan`` (1F1B, full recompute, one gradient bucket, fp16, one DGX A100
+node with as many GPUs as the row used) and is predicted by the full simulator (``sim.simulate``'s
+prepare, lower, engine) with ``AnalyticCosts`` under an ``EfficiencyCurve``. The curve's two
+parameters (eff_max, flops_half), and optionally one NVLink bandwidth-efficiency factor, are fitted by
+``scipy.optimize.least_squares`` on fit rows only, side by side with the uncalibrated defaults and
+with ``sim.calibration.quick_predict`` (the closed-form 1F1B predictor) fitted on the same rows.
 
-Splits: ``sim.calibration.split_calibration`` (whole model shapes held out, stratified by hidden size;
-the same split the closed-form calibration reports), and a harder cross-hidden-size split (fit on one
-hidden size, test on the other).
+Splits: ``sim.calibration.model_splits``, leave one *model shape* out. A model shape is (hidden, heads,
+seq) with every layer count of it, so a held-out row never has a fitted row of the same width at
+another depth. The data hold two shapes (hidden 1,024 and 2,048), so there are two splits, and both
+are reported. The curve that ships is then fitted on all rows; its expected error on a model it has
+not seen is what the two splits measure (its error on its own rows is reported as "in-sample" only).
 
 ``run_calibration(out_dir)`` writes ``predictions.csv``, ``calibration.json`` and the
 predicted-vs-measured figure; ``save_calibration_data`` writes ``sim/data/a100_calibration.json``, which
@@ -41,9 +42,10 @@ from sim.calibration import (
     MEGATRON_DEVICE,
     MEGATRON_DTYPE,
     MEGATRON_VOCAB,
+    ModelShape,
     load_megatron_a100,
     megatron_predictor,
-    split_calibration,
+    model_splits,
 )
 from sim.cluster import ClusterSpec, load_cluster
 from sim.engine import Engine, EngineOptions
@@ -63,11 +65,13 @@ BASE_PRESET = "gpt2-medium"
 # "No gradient bucketing" (the source's configuration): a bucket limit far above any model here (the
 # largest, hidden 2,048 x 24 layers, has ~1.3 GB of fp16 gradients) makes the whole gradient one bucket.
 ONE_BUCKET_MB = 1e6
-# Default cap on the calibration rows a fit simulates. None = all 720: a simulation costs ~2-4 ms here
-# and a 2-parameter fit ~30 evaluations, so a fit on the whole split takes ~40 s on the shared 2-core
-# machine. A cap of 240 gives the same curve to 1% (eff_max 0.814 vs 0.817, flops_half 1.74e11 vs
-# 1.76e11 at seed 0) for a third of the time.
-MAX_FIT_ROWS: int | None = None
+# Default cap on the rows a fit simulates (drawn at random with the seed; None = all). A simulation
+# costs ~2-4 ms here and a 2-parameter fit ~30 evaluations, so a fit on 720 rows takes ~40 s on the
+# shared 2-core machine, and the whole run (3 fits of each kind, 2 with the NVLink factor) ~10 min.
+# Measured with the earlier random-shape split at seed 0: 240 rows gave the 720-row curve to 1%
+# (eff_max 0.814 vs 0.817, flops_half 1.74e11 vs 1.76e11) in a third of the time. The shipped curve
+# and docs/calibration-notes.md use this default.
+MAX_FIT_ROWS: int | None = 240
 
 # Parameter bounds of the fit (eff_max, log10 flops_half, NVLink efficiency), and the loss. The loss
 # is the one ``sim.calibration.fit_efficiency`` uses (soft-L1 on log(predicted / measured), scale 0.1),
@@ -318,68 +322,85 @@ def fit_on(rows: pd.DataFrame, make_predictor: Callable[[], Predictor], start: C
     return calibration
 
 
-def choose_fit(metrics: Mapping[str, Mapping[str, Mapping[str, float]]], margin: float = 0.01) -> str:
-    """The fit saved for users: the NVLink variant only if it lowers the *calibration* split's median
-    |error| by more than ``margin`` (1 point) over the 2-parameter fit. The holdout is not consulted."""
-    if "sim_fitted_nvlink" not in metrics:
+def choose_fit(in_sample: Mapping[str, Mapping[str, float]], margin: float = 0.01) -> str:
+    """The fit saved for users: the NVLink variant only if it lowers the median |error| on the rows it
+    was fitted on by more than ``margin`` (1 point) over the 2-parameter fit. No held-out row is consulted."""
+    if "sim_fitted_nvlink" not in in_sample:
         return "sim_fitted"
-    gain = (metrics["sim_fitted"]["calibration"]["median_abs_error"]
-            - metrics["sim_fitted_nvlink"]["calibration"]["median_abs_error"])
+    gain = in_sample["sim_fitted"]["median_abs_error"] - in_sample["sim_fitted_nvlink"]["median_abs_error"]
     return "sim_fitted_nvlink" if gain > margin else "sim_fitted"
+
+
+def shape_label(shape: ModelShape) -> str:
+    hidden, heads, seq = shape
+    return f"hidden{hidden}-heads{heads}-seq{seq}"
+
+
+def fit_all(rows: pd.DataFrame, start: Calibration, fit_nvlink: bool,
+            timings: dict[str, float] | None = None) -> dict[str, Calibration]:
+    """Every fitted predictor on the same ``rows``: the simulator (2 parameters, then + NVLink
+    efficiency from the 2-parameter fit) and the closed form."""
+    fits: dict[str, Calibration] = {}
+    t = time.perf_counter()
+    fits["sim_fitted"] = fit_on(rows, SimulatorPredictor, start)
+    if fit_nvlink:
+        fits["sim_fitted_nvlink"] = fit_on(rows, SimulatorPredictor, fits["sim_fitted"], fit_nvlink=True)
+    fits["quick_fitted"] = fit_on(rows, quick_predictor, start)
+    if timings is not None:
+        timings[f"fit_{len(rows)}_rows_s"] = timings.get(f"fit_{len(rows)}_rows_s", 0.0) + time.perf_counter() - t
+    return fits
+
+
+def _predictor_of(name: str, sim: Predictor, quick: Predictor) -> Predictor:
+    return sim if name.startswith("sim_") else quick
 
 
 def run_calibration(out_dir: Path, csv_path: Path | None = None, seed: int = 0,
                     max_fit_rows: int | None = MAX_FIT_ROWS, fit_nvlink: bool = True,
-                    cross_hidden: bool = True, figure: bool = True) -> dict[str, Any]:
-    """Fit on the calibration split, score the holdout, write predictions, figures and a JSON summary.
+                    figure: bool = True) -> dict[str, Any]:
+    """Leave each model shape out in turn (fit on the rest, score it), then fit on all rows.
 
-    Writes ``out_dir/predictions.csv`` (one row per configuration: split, measured and every
-    predictor's time and relative error), ``out_dir/calibration.json`` (returned) and
-    ``out_dir/pred_vs_measured.{png,pdf}``.
+    Writes ``out_dir/predictions.csv`` (one row per configuration: the model it belongs to, measured
+    time, and per predictor the time predicted by the fit that did not see its model, ``pred_*_s``, and
+    by the all-rows fit, ``pred_*_all_s``), ``out_dir/calibration.json`` (returned) and
+    ``out_dir/pred_vs_measured.{png,pdf}``. ``seed`` only draws the rows when ``max_fit_rows`` caps them.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     timings: dict[str, float] = {}
     data = load_rows(csv_path)
-    calib, holdout = split_calibration(data, 0.5, seed=seed)
-    fit_rows = subsample(calib, max_fit_rows, seed)
     start = default_calibration()
-
-    # Fits: the simulator (2 parameters, then + NVLink efficiency) and the closed form, same rows.
-    fits: dict[str, Calibration] = {}
-    t = time.perf_counter()
-    fits["sim_fitted"] = fit_on(fit_rows, SimulatorPredictor, start)
-    timings["fit_sim_s"] = time.perf_counter() - t
-    if fit_nvlink:
-        t = time.perf_counter()
-        fits["sim_fitted_nvlink"] = fit_on(fit_rows, SimulatorPredictor, fits["sim_fitted"], fit_nvlink=True)
-        timings["fit_sim_nvlink_s"] = time.perf_counter() - t
-    fits["quick_fitted"] = fit_on(fit_rows, quick_predictor, start)
-
-    # Predictions of every row by every (predictor, parameters) pair; scored per split.
     sim_predict, quick_predict = SimulatorPredictor(), quick_predictor()
     predictions = data.copy()
-    predictions["split"] = np.where(predictions["row_id"].isin(holdout["row_id"]), "holdout", "calibration")
-    predictions["in_fit"] = predictions["row_id"].isin(fit_rows["row_id"])
-    columns: dict[str, tuple[Predictor, Calibration]] = {
-        "sim_default": (sim_predict, start), "sim_fitted": (sim_predict, fits["sim_fitted"]),
-        "quick_default": (quick_predict, start), "quick_fitted": (quick_predict, fits["quick_fitted"]),
-    }
-    if fit_nvlink:
-        columns["sim_fitted_nvlink"] = (sim_predict, fits["sim_fitted_nvlink"])
-    t = time.perf_counter()
-    for name, (predict, calibration) in columns.items():
-        predictions[f"pred_{name}_s"] = predict_rows(predictions, predict, calibration)
-    timings["predict_all_s"] = time.perf_counter() - t
-    metrics = {name: {part: error_metrics(rows["iter_time_s"], rows[f"pred_{name}_s"])
-                      for part, rows in predictions.groupby("split")} for name in columns}
+    predictions["held_out_model"] = ""
+    names = ["sim_default", "quick_default", "sim_fitted", *(["sim_fitted_nvlink"] if fit_nvlink else []),
+             "quick_fitted"]
 
-    cross: dict[str, Any] = {}
-    if cross_hidden:
-        t = time.perf_counter()
-        cross = _cross_hidden(predictions, start, max_fit_rows, seed)
-        timings["cross_hidden_s"] = time.perf_counter() - t
+    splits: list[dict[str, Any]] = []
+    for shape, fit_rows_all, held in model_splits(data):
+        fit_rows = subsample(fit_rows_all, max_fit_rows, seed)
+        fits = {"sim_default": start, "quick_default": start, **fit_all(fit_rows, start, fit_nvlink, timings)}
+        mask = predictions["row_id"].isin(held["row_id"])
+        predictions.loc[mask, "held_out_model"] = shape_label(shape)
+        metrics = {}
+        for name in names:
+            predicted = predict_rows(held, _predictor_of(name, sim_predict, quick_predict), fits[name])
+            predictions.loc[mask, f"pred_{name}_s"] = predicted
+            metrics[name] = error_metrics(held["iter_time_s"], predicted)
+        splits.append({"held_out_model": list(shape), "label": shape_label(shape),
+                       "fit_rows": int(len(fit_rows)), "holdout_rows": int(len(held)),
+                       "fitted": {name: fits[name].to_dict() for name in names if "fitted" in name},
+                       "metrics": metrics})
+
+    # What ships: every fit again on all rows (capped alike); its error on those rows is in-sample.
+    all_rows = subsample(data, max_fit_rows, seed)
+    shipped = fit_all(all_rows, start, fit_nvlink, timings)
+    in_sample = {}
+    for name, calibration in shipped.items():
+        predicted = predict_rows(data, _predictor_of(name, sim_predict, quick_predict), calibration)
+        predictions[f"pred_{name}_all_s"] = predicted
+        in_sample[name] = error_metrics(data["iter_time_s"], predicted)
 
     for column in [c for c in predictions.columns if c.startswith("pred_")]:
         predictions[column.replace("pred_", "err_").removesuffix("_s")] = (
@@ -388,22 +409,20 @@ def run_calibration(out_dir: Path, csv_path: Path | None = None, seed: int = 0,
     timings["total_s"] = time.perf_counter() - started
 
     summary: dict[str, Any] = {
-        "data": {"source": str(csv_path or MEGATRON_A100_CSV), "csv_rows": int(data["repeats"].sum()),
+        "data": {"source": _source_name(csv_path), "csv_rows": int(data["repeats"].sum()),
                  "distinct_configurations": int(len(data))},
         "assumptions": {"device": MEGATRON_DEVICE, "dtype": MEGATRON_DTYPE, "vocab": MEGATRON_VOCAB,
                         "cluster": f"{MEGATRON_CLUSTER} with devices_per_node = the row's GPUs",
                         "schedule": "1f1b", "recompute": "full", "dp_bucket_mb": ONE_BUCKET_MB,
                         "partition": "Megatron: layers / pp blocks per stage, embedding first, head last"},
-        "split": {"method": "sim.calibration.split_calibration: whole model shapes (hidden, heads, layers, "
-                            "seq) held out, stratified by hidden size",
-                  "holdout_fraction": 0.5, "seed": seed,
-                  "calibration_rows": int(len(calib)), "holdout_rows": int(len(holdout)),
-                  "fit_rows": int(len(fit_rows)), "max_fit_rows": max_fit_rows,
-                  "calibration_shapes": _shapes(calib), "holdout_shapes": _shapes(holdout)},
-        "fitted": {name: c.to_dict() for name, c in {"default": start, **fits}.items()},
-        "chosen": choose_fit(metrics),
-        "metrics": metrics,
-        "cross_hidden": cross,
+        "split": {"method": "sim.calibration.model_splits: leave one model shape (hidden, heads, seq; all "
+                            "its layer counts) out, once per shape; the shipped fit then uses all rows",
+                  "seed": seed, "max_fit_rows": max_fit_rows, "models": [s["label"] for s in splits]},
+        "splits": splits,
+        "fitted": {name: c.to_dict() for name, c in {"default": start, **shipped}.items()},
+        "fit_rows": int(len(all_rows)),
+        "in_sample": in_sample,
+        "chosen": choose_fit(in_sample),
         "timings_s": timings,
         "date": dt.date.today().isoformat(),
     }
@@ -413,41 +432,19 @@ def run_calibration(out_dir: Path, csv_path: Path | None = None, seed: int = 0,
     return summary
 
 
-def _shapes(rows: pd.DataFrame) -> list[list[int]]:
-    return sorted(rows[["hidden", "heads", "layers", "seq"]].drop_duplicates().to_numpy().tolist())
-
-
-def _cross_hidden(predictions: pd.DataFrame, start: Calibration, max_fit_rows: int | None,
-                  seed: int) -> dict[str, Any]:
-    """Fit on the rows of one hidden size (capped at ``max_fit_rows``), test on all rows of the other.
-
-    Adds ``pred_{sim,quick}_cross_hidden_s`` to ``predictions``: each row predicted by the fit that
-    did not see its hidden size.
-    """
-    out: dict[str, Any] = {}
-    makers: dict[str, Callable[[], Predictor]] = {"sim": SimulatorPredictor, "quick": quick_predictor}
-    for name in makers:
-        predictions[f"pred_{name}_cross_hidden_s"] = np.nan
-    for fit_hidden in sorted(predictions["hidden"].unique()):
-        train = subsample(predictions[predictions["hidden"] == fit_hidden], max_fit_rows, seed)
-        test_mask = predictions["hidden"] != fit_hidden
-        test = predictions[test_mask]
-        entry: dict[str, Any] = {"fit_rows": int(len(train)), "test_rows": int(len(test))}
-        for name, make in makers.items():
-            calibration = fit_on(train, make, start)
-            predicted = predict_rows(test, make(), calibration)
-            predictions.loc[test_mask, f"pred_{name}_cross_hidden_s"] = predicted
-            entry[name] = {"fitted": calibration.to_dict(),
-                           "test": error_metrics(test["iter_time_s"], predicted)}
-        out[f"fit_{int(fit_hidden)}_test_other"] = entry
-    return out
+def _source_name(csv_path: Path | None) -> str:
+    """The data file as the package names it (no machine-specific absolute path), or the path given."""
+    if csv_path is None:
+        return "sim/data/" + MEGATRON_A100_CSV.name
+    return str(csv_path)
 
 
 # --- figure -----------------------------------------------------------------------------------------------
 
 def plot_predictions(predictions: pd.DataFrame, stem: Path, summary: Mapping[str, Any] | None = None,
                      column: str = "pred_sim_fitted_s") -> list[Path]:
-    """Predicted vs measured iteration time, log-log, calibration and holdout rows in two colours."""
+    """Predicted vs measured iteration time, log-log, one colour per held-out model: each row is
+    predicted by the fit that did not see its model."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -455,24 +452,23 @@ def plot_predictions(predictions: pd.DataFrame, stem: Path, summary: Mapping[str
 
     if column not in predictions:
         raise ConfigError("column", f"no prediction column {column!r}", "pass one of the pred_*_s columns")
+    name = column.removeprefix("pred_").removesuffix("_s")
+    medians = {s["label"]: s["metrics"].get(name, {}).get("median_abs_error") for s in summary["splits"]} \
+        if summary is not None else {}
     fig, ax = plt.subplots(figsize=(5.2, 5.0))
-    for part, colour in (("calibration", "tab:blue"), ("holdout", "tab:orange")):
-        rows = predictions[predictions["split"] == part]
-        label = part
-        if summary is not None:
-            name = column.removeprefix("pred_").removesuffix("_s")
-            m = summary["metrics"].get(name, {}).get(part)
-            if m:
-                label = f"{part} (median |err| {m['median_abs_error']:.1%})"
-        ax.scatter(rows["iter_time_s"] * 1e3, rows[column] * 1e3, s=7, alpha=0.55, color=colour, label=label,
-                   edgecolors="none")
+    colours = ("tab:blue", "tab:orange", "tab:green", "tab:red")
+    for i, (label, rows) in enumerate(predictions.groupby("held_out_model", sort=True)):
+        median = medians.get(label)
+        text = f"{label} held out" + (f" (median |err| {median:.1%})" if median is not None else "")
+        ax.scatter(rows["iter_time_s"] * 1e3, rows[column] * 1e3, s=7, alpha=0.55,
+                   color=colours[i % len(colours)], label=text, edgecolors="none")
     both = np.concatenate([predictions["iter_time_s"], predictions[column]]) * 1e3
     lo, hi = float(both.min()) / 1.3, float(both.max()) * 1.3
     ax.plot([lo, hi], [lo, hi], color="black", lw=1, label="y = x")
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured iteration time (ms)",
            ylabel="simulated iteration time (ms)",
-           title="Megatron GPT, one A100 node: calibrated simulator")
-    ax.legend(loc="upper left", fontsize=8)
+           title="Megatron GPT, one A100 node: held-out model shapes")
+    ax.legend(loc="upper left", fontsize=7)
     ax.grid(True, which="both", alpha=0.25)
     fig.tight_layout()
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
@@ -486,15 +482,21 @@ def plot_predictions(predictions: pd.DataFrame, stem: Path, summary: Mapping[str
 
 def save_calibration_data(summary: Mapping[str, Any], path: Path = CALIBRATION_DATA,
                           which: str | None = None) -> Path:
-    """Write the fitted curve with its provenance (data, split, seed, date, holdout error) as JSON.
+    """Write the all-rows fit with its provenance (data, splits, date, every held-out model's error) as JSON.
 
-    ``which`` defaults to the summary's ``chosen`` fit (see ``choose_fit``).
+    ``which`` defaults to the summary's ``chosen`` fit (see ``choose_fit``). ``provenance.holdout``
+    lists, per held-out model, the same kind of fit made without that model and its error there, for
+    ``which`` and for the closed form (``quick_fitted``).
     """
     which = which or summary["chosen"]
     if which not in summary["fitted"]:
         raise ConfigError("which", f"no fit named {which!r}", f"use one of {sorted(summary['fitted'])}")
     fitted = summary["fitted"][which]
-    holdout = summary["metrics"][which]["holdout"]
+    holdout = [{"held_out_model": split["held_out_model"], "fit_rows": split["fit_rows"],
+                "holdout_rows": split["holdout_rows"],
+                "fitted": split["fitted"][which], "error": split["metrics"][which],
+                "closed_form_fitted": split["fitted"]["quick_fitted"],
+                "closed_form_error": split["metrics"]["quick_fitted"]} for split in summary["splits"]]
     record = {
         "device": MEGATRON_DEVICE,
         "dtype": MEGATRON_DTYPE,
@@ -507,13 +509,13 @@ def save_calibration_data(summary: Mapping[str, Any], path: Path = CALIBRATION_D
                          f"Engine.run), fit '{which}' of analysis.calibrate.run_calibration",
             "split": summary["split"]["method"],
             "seed": summary["split"]["seed"],
-            "fit_rows": summary["split"]["fit_rows"],
-            "holdout_rows": summary["split"]["holdout_rows"],
-            "calibration_shapes": summary["split"].get("calibration_shapes", []),
-            "holdout_shapes": summary["split"]["holdout_shapes"],
+            "rows": summary["data"]["distinct_configurations"],
+            "fit_rows": summary["fit_rows"],
+            "max_fit_rows": summary["split"]["max_fit_rows"],
+            "in_sample_error": summary["in_sample"][which],
+            "holdout": holdout,
             "assumptions": summary["assumptions"],
             "date": summary["date"],
-            "holdout_error": holdout,
         },
     }
     path = Path(path)
@@ -545,38 +547,45 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/calibration"))
     parser.add_argument("--csv", type=Path, default=None)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="draws the fit rows when --max-fit-rows caps them")
     parser.add_argument("--max-fit-rows", type=int, default=MAX_FIT_ROWS or 0,
-                        help="0 = all calibration rows")
+                        help=f"rows per fit, drawn with --seed (default {MAX_FIT_ROWS}; 0 = all rows)")
     parser.add_argument("--save-data", action="store_true",
                         help="also write sim/data/a100_calibration.json")
-    parser.add_argument("--quick", action="store_true",
-                        help="skip the NVLink fit, the cross-hidden split and the figure")
+    parser.add_argument("--quick", action="store_true", help="skip the NVLink fit and the figure")
     args = parser.parse_args()
     summary = run_calibration(args.out, args.csv, args.seed, args.max_fit_rows or None,
-                              fit_nvlink=not args.quick, cross_hidden=not args.quick, figure=not args.quick)
+                              fit_nvlink=not args.quick, figure=not args.quick)
     print_summary(summary)
     if args.save_data:
         print(f"wrote {save_calibration_data(summary)}")
 
 
 def print_summary(summary: Mapping[str, Any]) -> None:
+    header = (f"{'predictor':18s} {'rows':>5s} {'med|err|':>8s} {'p90|err|':>8s} {'max|err|':>8s} "
+              f"{'mean err':>8s} {'spearman':>8s}")
+    for split in summary["splits"]:
+        print(f"held out: model {split['label']} ({split['holdout_rows']} rows), fitted on the other "
+              f"{split['fit_rows']}")
+        for name, values in split["fitted"].items():
+            print(f"  {name:18s} eff_max={values['eff_max']:.3f} flops_half={values['flops_half']:.3g} "
+                  f"nvlink_eff={values['nvlink_efficiency']:.3f}")
+        print("  " + header)
+        for name, m in split["metrics"].items():
+            print("  " + _metric_line(name, m))
+    print(f"fitted on all rows ({summary['fit_rows']} used), what ships; its error on them is in-sample, "
+          "not a test:")
     for name, values in summary["fitted"].items():
-        print(f"{name:18s} eff_max={values['eff_max']:.3f} flops_half={values['flops_half']:.3g} "
+        print(f"  {name:18s} eff_max={values['eff_max']:.3f} flops_half={values['flops_half']:.3g} "
               f"nvlink_eff={values['nvlink_efficiency']:.3f}")
-    print(f"{'predictor':18s} {'split':11s} {'rows':>5s} {'med|err|':>8s} {'p90|err|':>8s} {'max|err|':>8s} "
-          f"{'mean err':>8s} {'spearman':>8s}")
-    for name, parts in summary["metrics"].items():
-        for part, m in parts.items():
-            print(_metric_line(name, part, m))
-    for label, entry in summary.get("cross_hidden", {}).items():
-        for name in ("sim", "quick"):
-            print(_metric_line(f"{name} {label}", "test", entry[name]["test"]))
+    print("  " + header)
+    for name, m in summary["in_sample"].items():
+        print("  " + _metric_line(name, m))
     print(f"chosen for sim/data: {summary['chosen']}; {summary['timings_s']['total_s']:.0f} s in all")
 
 
-def _metric_line(name: str, part: str, m: Mapping[str, float]) -> str:
-    return (f"{name:18s} {part:11s} {m['rows']:5d} {m['median_abs_error']:8.1%} {m['p90_abs_error']:8.1%} "
+def _metric_line(name: str, m: Mapping[str, float]) -> str:
+    return (f"{name:18s} {m['rows']:5d} {m['median_abs_error']:8.1%} {m['p90_abs_error']:8.1%} "
             f"{m['max_abs_error']:8.1%} {m['mean_signed_error']:+8.1%} {m['spearman']:8.3f}")
 
 

@@ -1,12 +1,14 @@
 """Calibrating the analytic cost model on public measurements, with a held-out part never fitted.
 
-The data: 1,440 Megatron-LM GPT iteration times on one 8 x A100 node (vTrain, Bang et al. MICRO 2024;
-see shared/validation/README.md). ``split_calibration`` holds out whole *model shapes*, so every
-held-out configuration belongs to a model the fit has never seen. ``fit_efficiency`` fits the
-efficiency curve's two parameters to any predictor (the lead plugs in the full simulator later);
-``quick_predict`` is a closed-form 1F1B predictor to have something measurable now.
+The data: 1,440 Megatron-LM GPT iteration times on one 8 x A100 node (vTrain, Bang et al. MICRO 2024),
+shipped as ``sim/data/a100_single_node_megatron.csv`` (source and licence in
+``sim/data/a100_single_node_megatron.md``). ``hold_out_model`` holds out a whole *model shape*
+(hidden, heads, seq) with every layer count of it, so no held-out row has a fitted row of the same
+width at another depth (a straight line through those would predict it almost exactly);
+``model_splits`` gives one such split per shape. ``fit_efficiency`` fits the efficiency curve's two
+parameters to any predictor; ``quick_predict`` is a closed-form 1F1B predictor.
 
-Run ``python -m sim.calibration`` to fit on the calibration part and print the errors of both parts.
+Run ``python -m sim.calibration`` to fit the closed form on each split and print every split's errors.
 """
 
 from __future__ import annotations
@@ -26,9 +28,8 @@ from sim.collectives import collective_time, p2p_time
 from sim.hardware import get_device
 from sim.workloads import TransformerConfig, transformer_layers
 from traces.errors import BundleError, ConfigError
-from traces.paths import validation_root
 
-MEGATRON_A100_CSV = validation_root() / "a100_single_node_megatron.csv"
+MEGATRON_A100_CSV = Path(__file__).resolve().parent / "data" / "a100_single_node_megatron.csv"
 
 _COLUMNS = {
     "# GPUs": "gpus", "global batch": "global_batch", "micro batch": "micro_batch",
@@ -36,7 +37,11 @@ _COLUMNS = {
     "sequence length": "seq", "tensor parallelism": "tp", "data parallelism": "dp",
     "pipeline parallelism": "pp", "iteration time (ms)": "iter_time_ms",
 }
-SHAPE_COLUMNS = ["hidden", "heads", "layers", "seq"]
+# A model shape: its width, heads and sequence. The layer count is not part of it, so a split holds out
+# every depth of a shape together. The vTrain data has two shapes: hidden 1,024 and 2,048 (16 heads,
+# sequence 1,024), each at 12, 16, 20 and 24 layers.
+MODEL_COLUMNS = ["hidden", "heads", "seq"]
+ModelShape = tuple[int, int, int]
 # Not stated by the data set; assumed as its README says: GPT-2 vocabulary padded to 51,200
 # (Shoeybi et al. 2019) and fp16 mixed precision with Adam. A100 memory size is not stated either:
 # the 80 GB part (2,039 GB/s) of the dgx-a100-8 preset is assumed.
@@ -63,31 +68,26 @@ def load_megatron_a100(path: str | Path = MEGATRON_A100_CSV) -> pd.DataFrame:
     return df
 
 
-def split_calibration(df: pd.DataFrame, holdout_fraction: float = 0.5,
-                      seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(calibration, holdout), split by model shape and stratified by hidden size.
+def model_shapes(df: pd.DataFrame) -> list[ModelShape]:
+    """The distinct (hidden, heads, seq) of ``df``, sorted."""
+    return sorted(tuple(int(v) for v in row) for row in df[MODEL_COLUMNS].drop_duplicates().to_numpy())
 
-    Within each hidden size, the shapes (hidden, heads, layers, seq) are sorted, shuffled with
-    ``seed`` and ``round(fraction x count)`` of them are held out (at least one kept on each side
-    when there are two or more), so both parts span every hidden size and no held-out row shares its
-    model with a calibration row. Deterministic for a given seed.
-    """
-    if not 0 < holdout_fraction < 1:
-        raise ConfigError("holdout_fraction", f"must be in (0, 1), got {holdout_fraction}", "use e.g. 0.5")
-    rng = np.random.default_rng(seed)
-    shapes = df[SHAPE_COLUMNS].drop_duplicates().sort_values(SHAPE_COLUMNS)
-    held: list[tuple[int, ...]] = []
-    for _, group in shapes.groupby("hidden", sort=True):
-        keys = [tuple(int(v) for v in row) for row in group.to_numpy()]
-        order = rng.permutation(len(keys))
-        k = round(holdout_fraction * len(keys))
-        if len(keys) >= 2:
-            k = min(max(k, 1), len(keys) - 1)
-        held.extend(keys[i] for i in order[:k])
-    held_set = set(held)
-    is_held = pd.Series([tuple(int(v) for v in r) in held_set for r in df[SHAPE_COLUMNS].to_numpy()],
-                        index=df.index)
+
+def hold_out_model(df: pd.DataFrame, shape: ModelShape) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(fit rows, held-out rows): every row of model ``shape`` (all its layer counts) is held out."""
+    is_held = (df[MODEL_COLUMNS] == pd.Series(shape, index=MODEL_COLUMNS)).all(axis=1)
+    if not is_held.any():
+        raise ConfigError("shape", f"no rows of model (hidden, heads, seq) = {tuple(shape)}",
+                          f"use one of {model_shapes(df)}")
+    if is_held.all():
+        raise ConfigError("rows", "every row belongs to the held-out model; nothing is left to fit",
+                          "calibrate on data with at least two model shapes")
     return df[~is_held].reset_index(drop=True), df[is_held].reset_index(drop=True)
+
+
+def model_splits(df: pd.DataFrame) -> list[tuple[ModelShape, pd.DataFrame, pd.DataFrame]]:
+    """Leave one model shape out, once per shape: [(held-out shape, fit rows, held-out rows)]."""
+    return [(shape, *hold_out_model(df, shape)) for shape in model_shapes(df)]
 
 
 # --- a closed-form 1F1B predictor -------------------------------------------------------------------------
@@ -220,18 +220,15 @@ def summarize(scored: pd.DataFrame) -> dict[str, float]:
 
 def main() -> None:
     df = load_megatron_a100()
-    calib, holdout = split_calibration(df, 0.5, seed=0)
     predict = megatron_predictor()
     default = uncalibrated_curve(get_device(MEGATRON_DEVICE), MEGATRON_DTYPE)
-    fitted = fit_efficiency(calib, predict, initial=default)
-    held_shapes = sorted(map(tuple, holdout[SHAPE_COLUMNS].drop_duplicates().to_numpy().tolist()))
-    print(f"held-out shapes (hidden, heads, layers, seq): {held_shapes}")
-    for label, curve in (("default", default), ("fitted", fitted)):
-        print(f"{label} curve: eff_max={curve.eff_max:.3f} flops_half={curve.flops_half:.3g} "
-              f"mem_eff={curve.mem_eff}")
-        for part, rows in (("calibration", calib), ("holdout", holdout)):
-            s = summarize(score(rows, predict, curve))
-            print(f"  {part:11s} rows={s['rows']:4d} median|err|={s['median_abs_error']:.1%} "
+    for shape, fit_rows, held in model_splits(df):
+        fitted = fit_efficiency(fit_rows, predict, initial=default)
+        print(f"held out: model (hidden, heads, seq) = {shape}, {len(held)} rows; fitted on the other "
+              f"{len(fit_rows)}: eff_max={fitted.eff_max:.3f} flops_half={fitted.flops_half:.3g}")
+        for label, curve in (("default", default), ("fitted", fitted)):
+            s = summarize(score(held, predict, curve))
+            print(f"  {label:8s} held-out median|err|={s['median_abs_error']:.1%} "
                   f"p90|err|={s['p90_abs_error']:.1%} max|err|={s['max_abs_error']:.1%} "
                   f"mean err={s['mean_signed_error']:+.1%}")
 

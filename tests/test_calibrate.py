@@ -26,12 +26,11 @@ from analysis.calibrate import (
     save_calibration_data,
     subsample,
 )
-from sim.calibration import MEGATRON_A100_CSV, split_calibration
+from sim.analytic import EfficiencyCurve
+from sim.calibration import MEGATRON_A100_CSV, hold_out_model, model_splits
 from sim.cluster import load_cluster
 from sim.simulate import prepare, simulate
 from traces.errors import BundleError, ConfigError
-
-pytestmark = pytest.mark.skipif(not MEGATRON_A100_CSV.is_file(), reason="validation CSV not present")
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +111,7 @@ def test_engine_only_predictor_equals_simulate(rows: pd.DataFrame) -> None:
 
 
 def test_fit_reads_only_its_rows_and_improves_them(rows: pd.DataFrame) -> None:
-    calib, holdout = split_calibration(rows, 0.5, seed=0)
+    calib, holdout = hold_out_model(rows, (2048, 16, 1024))
     fit_rows = subsample(calib, 10, seed=0)
     predictor = SimulatorPredictor()
     fitted = fit_on(fit_rows, lambda: predictor, default_calibration())
@@ -136,7 +135,7 @@ class _LeakyPredictor(SimulatorPredictor):
 
 
 def test_a_fit_that_reads_a_held_out_row_is_refused(rows: pd.DataFrame) -> None:
-    calib, holdout = split_calibration(rows, 0.5, seed=0)
+    calib, holdout = hold_out_model(rows, (1024, 16, 1024))
     leaky = _LeakyPredictor(holdout.iloc[0].to_dict())
     with pytest.raises(RuntimeError, match="not given"):
         fit_on(subsample(calib, 3, seed=0), lambda: leaky, default_calibration())
@@ -170,28 +169,54 @@ def test_a100_defaults_to_the_calibrated_curve_and_the_prior_stays_uncalibrated(
 
 
 def test_saved_curve_round_trips(tmp_path: Path) -> None:
+    curve = {"eff_max": 0.7, "flops_half": 2e11, "mem_eff": 0.9, "nvlink_efficiency": 1.0}
+    error = {"rows": 5, "median_abs_error": 0.15}
     summary = {
-        "fitted": {"sim_fitted": {"eff_max": 0.7, "flops_half": 2e11, "mem_eff": 0.9,
-                                  "nvlink_efficiency": 1.0}},
-        "chosen": "sim_fitted",
-        "metrics": {"sim_fitted": {"holdout": {"median_abs_error": 0.08}}},
-        "data": {"source": "x.csv"},
-        "split": {"method": "m", "seed": 0, "fit_rows": 10, "holdout_rows": 5, "holdout_shapes": []},
-        "assumptions": {}, "date": "2026-01-01",
+        "fitted": {"sim_fitted": curve}, "chosen": "sim_fitted", "fit_rows": 10,
+        "in_sample": {"sim_fitted": {"median_abs_error": 0.08}},
+        "splits": [{"held_out_model": [1024, 16, 1024], "fit_rows": 5, "holdout_rows": 5,
+                    "fitted": {"sim_fitted": curve, "quick_fitted": curve},
+                    "metrics": {"sim_fitted": error, "quick_fitted": error}}],
+        "data": {"source": "x.csv", "distinct_configurations": 10},
+        "split": {"method": "m", "seed": 0, "max_fit_rows": None}, "assumptions": {},
+        "date": "2026-01-01",
     }
     path = save_calibration_data(summary, tmp_path / "cal.json")
-    curve = load_calibrated_curve(path)
-    assert (curve.eff_max, curve.flops_half, curve.mem_eff) == (0.7, 2e11, 0.9)
+    loaded = load_calibrated_curve(path)
+    assert (loaded.eff_max, loaded.flops_half, loaded.mem_eff) == (0.7, 2e11, 0.9)
+    assert json.loads(path.read_text())["provenance"]["holdout"][0]["error"] == error
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(BundleError):
         load_calibrated_curve(tmp_path / "bad.json")
 
 
-def test_shipped_calibration_file_has_its_provenance() -> None:
+def test_shipped_calibration_file_reports_every_held_out_model(rows: pd.DataFrame) -> None:
     record = json.loads(CALIBRATION_DATA.read_text())
     curve = load_calibrated_curve()
     assert 0 < curve.eff_max <= 1 and curve.flops_half > 0
     provenance = record["provenance"]
-    for key in ("data", "split", "seed", "date", "holdout_error", "fit_rows", "holdout_rows"):
-        assert key in provenance
-    assert math.isfinite(provenance["holdout_error"]["median_abs_error"])
+    assert "sim/data/a100_single_node_megatron.csv" in provenance["data"] and "/work/" not in provenance["data"]
+    # The shipped curve is fitted on rows drawn from all models (all rows unless max_fit_rows caps them) ...
+    assert provenance["rows"] == len(rows) and provenance["fit_rows"] == min(len(rows), provenance["max_fit_rows"]
+                                                                             or len(rows))
+    held = [tuple(h["held_out_model"]) for h in provenance["holdout"]]
+    assert held == [shape for shape, _, _ in model_splits(rows)]  # ... and every model was held out once
+    for entry in provenance["holdout"]:
+        assert entry["fit_rows"] + entry["holdout_rows"] == len(rows)
+        assert math.isfinite(entry["error"]["median_abs_error"])
+
+
+def test_reported_held_out_errors_are_what_the_simulator_gives(rows: pd.DataFrame) -> None:
+    """Each recorded held-out error, recomputed: the simulator with the recorded fold curve on the
+    rows of the model that fold held out. Catches a record that no longer matches the code."""
+    provenance = json.loads(CALIBRATION_DATA.read_text())["provenance"]
+    predictor = SimulatorPredictor()
+    for entry in provenance["holdout"]:
+        _, held = hold_out_model(rows, tuple(entry["held_out_model"]))
+        fitted = entry["fitted"]
+        calibration = Calibration(EfficiencyCurve(fitted["eff_max"], fitted["flops_half"], fitted["mem_eff"]),
+                                  fitted["nvlink_efficiency"])
+        again = error_metrics(held["iter_time_s"], predict_rows(held, predictor, calibration))
+        for key in ("median_abs_error", "p90_abs_error", "max_abs_error", "mean_signed_error"):
+            assert again[key] == pytest.approx(entry["error"][key], rel=1e-6, abs=1e-9), (entry["held_out_model"],
+                                                                                           key)

@@ -3,6 +3,8 @@ baselines, the TU loader's scratch copy and the cross-validation experiment's ou
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pandas as pd
@@ -12,7 +14,7 @@ from torch_geometric.loader import DataLoader
 
 from analysis.hap_experiment import run_hap_experiment
 from exec.hap.baselines import METHODS, build_classifier
-from exec.hap.data import dense_batch, graph_labels, load_tu, majority_accuracy
+from exec.hap.data import TU_URL, dense_batch, graph_labels, load_tu, majority_accuracy
 from exec.hap.model import HAP, HAPConfig, pack_graph, unpack_graph
 from exec.hap.train import SizeBucketedBatches, TrainConfig, fit
 from exec.workloads import get_workload, run_layers
@@ -155,7 +157,7 @@ def test_loader_reads_a_scratch_copy_and_never_writes_next_to_the_data(tmp_path:
     source = tmp_path / "source"
     (source / "MUTAG").mkdir(parents=True)
     original = Path(mutag.root) / "MUTAG" / "raw"
-    (source / "MUTAG" / "raw").symlink_to(original)  # stand-in for the read-only shared folder
+    (source / "MUTAG" / "raw").symlink_to(original)  # stand-in for a read-only user copy
     before = sorted(p.name for p in (source / "MUTAG").iterdir())
     again = load_tu("MUTAG", data_root=source, cache_dir=tmp_path / "cache")
     assert len(again) == 188 and (tmp_path / "cache" / "MUTAG" / "processed").is_dir()
@@ -164,11 +166,57 @@ def test_loader_reads_a_scratch_copy_and_never_writes_next_to_the_data(tmp_path:
         load_tu("NOPE", data_root=source, cache_dir=tmp_path / "cache")
 
 
-def test_proteins_attributes_are_standardized(tmp_path: Path) -> None:
-    proteins = load_tu("PROTEINS", cache_dir=tmp_path)
-    attribute = proteins._data.x[:, 0]  # the one continuous attribute, before the 3 one-hot labels
-    assert abs(float(attribute.mean())) < 1e-3 and abs(float(attribute.std()) - 1) < 1e-3
-    assert proteins.num_features == 4
+def test_mutag_and_ptc_mr_ship_with_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PARATWIN_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
+    ptc = load_tu("PTC_MR", cache_dir=tmp_path / "scratch")
+    assert len(ptc) == 344 and ptc.num_features == 18  # PTC_MR README: 344 graphs, 18 node labels
+    assert torch.bincount(graph_labels(ptc)).tolist() == [192, 152]
+    package_tu = Path(__file__).resolve().parents[1] / "exec" / "data" / "TU"
+    assert not (package_tu / "PTC_MR" / "processed").exists()  # built in the scratch copy only
+
+
+def _write_tu(root: Path, name: str, attributes: list[float]) -> None:
+    """A two-graph TU data set (a triangle and an edge) with one continuous node attribute."""
+    raw = root / name / "raw"
+    raw.mkdir(parents=True)
+    edges = [(1, 2), (2, 1), (2, 3), (3, 2), (1, 3), (3, 1), (4, 5), (5, 4)]
+    (raw / f"{name}_A.txt").write_text("".join(f"{a}, {b}\n" for a, b in edges))
+    (raw / f"{name}_graph_indicator.txt").write_text("1\n1\n1\n2\n2\n")
+    (raw / f"{name}_graph_labels.txt").write_text("1\n2\n")
+    (raw / f"{name}_node_labels.txt").write_text("0\n1\n0\n1\n1\n")
+    (raw / f"{name}_node_attributes.txt").write_text("".join(f"{v}\n" for v in attributes))
+
+
+def test_continuous_attributes_are_standardized_and_paratwin_data_is_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # PROTEINS-like: one continuous attribute with a wide range, then the one-hot node labels.
+    _write_tu(tmp_path / "user" / "TU", "PROTEINS", [-538.0, 798.0, 10.0, 3.0, 0.5])
+    monkeypatch.setenv("PARATWIN_DATA", str(tmp_path / "user"))
+    dataset = load_tu("PROTEINS", cache_dir=tmp_path / "scratch")
+    attribute = dataset._data.x[:, 0]
+    assert abs(float(attribute.mean())) < 1e-5 and abs(float(attribute.std()) - 1) < 1e-5
+    assert dataset.num_features == 3 and len(dataset) == 2  # 1 attribute + 2 one-hot labels
+    raw = load_tu("PROTEINS", cache_dir=tmp_path / "scratch2", standardize=False)._data.x[:, 0]
+    assert raw.tolist() == [-538.0, 798.0, 10.0, 3.0, 0.5]
+
+
+def test_a_large_data_set_offline_is_one_line_naming_the_variable_and_the_url(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PARATWIN_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
+    asked: list[str] = []
+
+    def offline(url, *args, **kwargs):
+        asked.append(url if isinstance(url, str) else url.full_url)
+        raise urllib.error.URLError("no network")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    with pytest.raises(ConfigError) as info:
+        load_tu("ENZYMES", cache_dir=tmp_path / "scratch")
+    message = str(info.value)
+    assert asked == [f"{TU_URL}/ENZYMES.zip"]
+    assert "\n" not in message and "PARATWIN_DATA" in message and f"{TU_URL}/ENZYMES.zip" in message
 
 
 def test_size_bucketed_batches_cover_every_graph_once_per_epoch() -> None:

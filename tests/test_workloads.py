@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import re
+import urllib.error
+import urllib.request
+from pathlib import Path
+
 import pytest
 import torch
 
+from exec.admm.data import load_shakespeare_task
 from exec.workloads import get_workload, run_layers
-from exec.workloads.data import load_wikitext2, synthetic_tokens, token_windows
+from exec.workloads.data import load_wikitext2, synthetic_tokens, token_windows, wikitext2_path
 from exec.workloads.gpt import Attention, Block
 from exec.workloads.resnet import Bottleneck
 from sim.workloads import (
@@ -17,6 +23,7 @@ from sim.workloads import (
     transformer_layers,
 )
 from traces.errors import ConfigError
+from traces.paths import PACKAGE_DATA, git_blob_sha1
 
 torch.set_num_threads(1)
 
@@ -176,6 +183,46 @@ def test_wikitext2_loader_reads_real_text_with_a_capped_vocabulary() -> None:
     windows = token_windows("wikitext-2", 3, 20, 50, seed=1, split="valid")
     assert windows.shape == (3, 20)
     assert torch.equal(windows, token_windows("wikitext-2", 3, 20, 50, seed=1, split="valid"))
+
+
+def test_every_shipped_data_file_is_the_one_sources_md_names() -> None:
+    # Rows "| <path> | <bytes> | <lines> | <git blob> |" of exec/data/SOURCES.md; downloaded files excepted.
+    rows = re.findall(r"^\| ([\w./-]+) \| (\d+) \| \d+ \| ([0-9a-f]{40}) \|$",
+                      (PACKAGE_DATA / "SOURCES.md").read_text(), flags=re.M)
+    listed = {path: (int(size), blob) for path, size, blob in rows}
+    shipped = {str(p.relative_to(PACKAGE_DATA)) for p in PACKAGE_DATA.rglob("*") if p.is_file()}
+    assert shipped - {"SOURCES.md"} == set(listed)  # nothing unlisted ships, nothing listed is missing
+    for path, (size, blob) in listed.items():
+        data = (PACKAGE_DATA / path).read_bytes()
+        assert (len(data), git_blob_sha1(data)) == (size, blob), path
+    assert sum((PACKAGE_DATA / p).stat().st_size for p in shipped) < 3_000_000  # the repo stays small
+
+
+def test_wikitext2_reads_the_package_copy_and_offline_names_the_variable_and_the_url(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PARATWIN_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
+    assert wikitext2_path("valid") == PACKAGE_DATA / "wikitext-2" / "valid.txt"
+    assert load_wikitext2().source == str(PACKAGE_DATA / "wikitext-2" / "valid.txt")  # the default split
+
+    def offline(url, *args, **kwargs):
+        raise urllib.error.URLError("no network")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    with pytest.raises(ConfigError) as info:
+        wikitext2_path("train")
+    message = str(info.value)
+    assert "\n" not in message and "PARATWIN_DATA" in message
+    assert "raw.githubusercontent.com/pytorch/examples/" in message and "wikitext-2/train.txt" in message
+    (tmp_path / "mine" / "wikitext-2").mkdir(parents=True)
+    (tmp_path / "mine" / "wikitext-2" / "train.txt").write_text(" a b c \n")
+    monkeypatch.setenv("PARATWIN_DATA", str(tmp_path / "mine"))  # a local copy wins, no download
+    assert wikitext2_path("train") == tmp_path / "mine" / "wikitext-2" / "train.txt"
+
+
+def test_tiny_shakespeare_ships_with_the_package() -> None:
+    task = load_shakespeare_task(seed=0, seq_len=8, train_sequences=4, test_sequences=2)
+    assert task.train.num_classes == 65 and tuple(task.train.x.shape) == (8, 4, 65)  # 65 characters
 
 
 def test_gpt_reads_wikitext2_when_asked() -> None:

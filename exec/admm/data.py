@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from traces.errors import BundleError, ConfigError
-from traces.paths import datasets_root
+from traces.paths import find_data
 
 
 @dataclass(frozen=True)
@@ -96,8 +96,10 @@ def load_shakespeare_task(
 ) -> TaskData:
     """Random windows of ``seq_len + 1`` characters: the first 90% of the text feeds training
     windows, the last 10% test windows, so test text is never seen in training. ``path``
-    defaults to the shared copy (Karpathy's char-rnn input.txt, see shared/datasets/SOURCES.md)."""
-    path = Path(path) if path is not None else datasets_root() / "tinyshakespeare" / "input.txt"
+    defaults to the copy in the package (Karpathy's char-rnn input.txt, see exec/data/SOURCES.md),
+    or ``$PARATWIN_DATA/tinyshakespeare/input.txt`` where that exists."""
+    relative = Path("tinyshakespeare") / "input.txt"
+    path = Path(path) if path is not None else find_data(relative) or relative
     if not path.is_file():
         raise BundleError(path, "Tiny Shakespeare text not found (pass path= to its input.txt)")
     text = path.read_text(encoding="utf-8")

@@ -1,33 +1,72 @@
-"""TU graph-classification datasets (MUTAG, PROTEINS, PTC_MR, NCI1, ENZYMES) from a read-only copy.
+"""TU graph-classification datasets (MUTAG, PROTEINS, PTC_MR, NCI1, ENZYMES), built in a scratch copy.
 
-torch_geometric's ``TUDataset`` writes ``processed/`` next to ``raw/``, and the shared dataset
-folder is read-only in CI, so the raw text files are first copied into a scratch cache directory
-and the dataset is built there. Node features are the node attributes (where the dataset has
-them) followed by the one-hot node labels (``use_node_attr=True``). Continuous node attributes
+MUTAG and PTC_MR ship in the package (``exec/data/TU/``, see ``exec/data/SOURCES.md``). The larger
+ones are read from ``$PARATWIN_DATA/TU/<NAME>/raw/`` where a copy exists, or downloaded on first use
+from the TU collection's site (the URL torch_geometric's ``TUDataset`` downloads from) into the cache
+``~/.cache/paratwin/TU/`` (``traces.paths``). Offline, one line names the variable and the URL.
+
+torch_geometric's ``TUDataset`` writes ``processed/`` next to ``raw/``, and the data folders are
+read-only (the package's, a user's copy), so the raw text files are first copied into a scratch cache
+directory and the dataset is built there. Node features are the node attributes (where the dataset
+has them) followed by the one-hot node labels (``use_node_attr=True``). Continuous node attributes
 are z-scored per column over all nodes of the dataset (label-free statistics): PROTEINS' attribute
 spans -538..798 and would otherwise swamp the one-hot labels.
 """
 
 from __future__ import annotations
 
-import os
+import io
 import shutil
 import tempfile
+import urllib.error
+import urllib.request
+import zipfile
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from traces.errors import ConfigError
-from traces.paths import datasets_root
+from traces.paths import DATA_ENV, DOWNLOAD_TIMEOUT_S, cache_root, data_roots, offline_error
 
 TU_NAMES = ("MUTAG", "PROTEINS", "PTC_MR", "NCI1", "ENZYMES")
+# torch_geometric.datasets.TUDataset.url (PyG 2.8.1): <url>/<NAME>.zip holds <NAME>/<NAME>_*.txt.
+TU_URL = "https://www.chrsmrrs.com/graphkerneldatasets"
 
 
-def default_tu_root() -> Path:
-    """Where the raw TU folders live: $PARATWIN_TU_ROOT, else the shared datasets' TU/."""
-    env = os.environ.get("PARATWIN_TU_ROOT")
-    return Path(env) if env else datasets_root() / "TU"
+def _has_raw(root: Path, name: str) -> bool:
+    raw = root / name / "raw"
+    return (raw / f"{name}_A.txt").is_file() and (raw / f"{name}_graph_indicator.txt").is_file()
+
+
+def find_tu_root(name: str) -> Path | None:
+    """The first ``<data root>/TU`` (``$PARATWIN_DATA``, the package, the download cache) holding ``name``."""
+    return next((root / "TU" for root in data_roots() if _has_raw(root / "TU", name)), None)
+
+
+def download_tu(name: str) -> Path:
+    """Download ``<TU_URL>/<name>.zip`` into ``cache_root()/TU/<name>/raw/``; return ``cache_root()/TU``."""
+    url = f"{TU_URL}/{name}.zip"
+    try:
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
+            archive = zipfile.ZipFile(io.BytesIO(response.read()))
+    except (urllib.error.URLError, OSError, zipfile.BadZipFile) as exc:
+        raise offline_error(f"TU dataset {name}", url, exc) from None
+    root = cache_root() / "TU"
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=root))  # moved into place only when complete
+    for member in archive.namelist():
+        file_name = Path(member).name
+        if file_name.startswith(f"{name}_") and file_name.endswith(".txt"):
+            (staging / file_name).write_bytes(archive.read(member))
+    if not (staging / f"{name}_A.txt").is_file():
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ConfigError("data", f"{url} holds no {name}_A.txt", f"put a copy under ${DATA_ENV}/TU/{name}/raw/")
+    target = root / name / "raw"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return root
 
 
 def default_cache_dir() -> Path:
@@ -39,21 +78,29 @@ def load_tu(
 ):
     """Load TU dataset ``name`` as a ``torch_geometric.datasets.TUDataset`` built in a scratch copy.
 
-    ``data_root`` holds ``<name>/raw/<name>_A.txt`` etc. (never written to); ``cache_dir`` is
-    where the copy and ``processed/`` go (default: the system temp dir).
+    ``data_root`` holds ``<name>/raw/<name>_A.txt`` etc. (never written to); without it the data
+    roots of ``traces.paths`` are searched and, for a known TU name found in none, the dataset is
+    downloaded into the cache. ``cache_dir`` is where the copy and ``processed/`` go (default: the
+    system temp dir).
     """
     from torch_geometric.datasets import TUDataset
 
-    source = Path(data_root) if data_root is not None else default_tu_root()
+    if data_root is not None:
+        source = Path(data_root)
+        if not _has_raw(source, name):
+            found = source.iterdir() if source.is_dir() else []
+            available = sorted(p.name for p in found if (p / "raw").is_dir())
+            raise ConfigError(
+                "dataset",
+                f"no TU dataset {name!r} under {source} (expected {source / name / 'raw'}/{name}_A.txt)",
+                f"choose one of {', '.join(available) or 'none found'} or pass another data_root",
+            )
+    elif name not in TU_NAMES:
+        raise ConfigError("dataset", f"unknown TU dataset {name!r}",
+                          f"choose one of {', '.join(TU_NAMES)} or pass data_root")
+    else:
+        source = find_tu_root(name) or download_tu(name)
     raw = source / name / "raw"
-    if not (raw / f"{name}_A.txt").is_file() or not (raw / f"{name}_graph_indicator.txt").is_file():
-        found = source.iterdir() if source.is_dir() else []
-        available = sorted(p.name for p in found if (p / "raw").is_dir())
-        raise ConfigError(
-            "dataset",
-            f"no TU dataset {name!r} under {source} (expected {raw}/{name}_A.txt)",
-            f"choose one of {', '.join(available) or 'none found'} or pass data_root / set PARATWIN_TU_ROOT",
-        )
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = cache / name / "raw"
     if not _same_files(raw, target):

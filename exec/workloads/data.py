@@ -1,9 +1,10 @@
 """Input data for the workload zoo: seeded synthetic tokens and images, and WikiText-2 as real text.
 
 Synthetic data is the default everywhere: it is generated on the CPU from a seeded generator and
-then moved, so the same seed gives the same batch on every device. Real text comes from the
-tokenized WikiText-2 copy in ``shared/datasets/wikitext-2`` (read only; nothing is written next to
-it), cut into windows at seeded offsets.
+then moved, so the same seed gives the same batch on every device. Real text is the tokenized
+WikiText-2 (PyTorch's word_language_model copy), cut into windows at seeded offsets. Its valid split
+(1.1 MB) ships in ``exec/data/wikitext-2/`` and is the default; train (10.8 MB) and test are fetched
+on first use into the cache, or read from ``$PARATWIN_DATA/wikitext-2/`` (``traces.paths``).
 """
 
 from __future__ import annotations
@@ -16,12 +17,20 @@ from pathlib import Path
 import torch
 
 from traces.errors import ConfigError
-from traces.paths import datasets_root
+from traces.paths import DATA_ENV, download, find_data
 
 UNK = "<unk>"
 EOS = "<eos>"
 DATA_SOURCES = ("synthetic", "wikitext-2")
 WIKITEXT_SPLITS = ("train", "valid", "test")
+# The split in the package (the only one the tests and the demo read); the others are downloaded.
+WIKITEXT_DEFAULT_SPLIT = "valid"
+# pytorch/examples at the commit exec/data/SOURCES.md names; git blob ids from the same table.
+_WIKITEXT_URL = ("https://raw.githubusercontent.com/pytorch/examples/77f55b912142e11fcfdf5b530231fb9c52f181e8/"
+                 "word_language_model/data/wikitext-2/{split}.txt")
+_WIKITEXT_BLOBS = {"train": "2d84b35af79e411d73ea7cae83c73964c6ac83b4",
+                   "valid": "eec944eb2d9e46061cd34a6913528797db6842fc",
+                   "test": "6f3fc88e4cd88456ea892971f9f12243e8428624"}
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -73,7 +82,7 @@ def _tokens(text: str, tokenizer: str) -> list[str]:
 
 @lru_cache(maxsize=8)
 def load_wikitext2(
-    split: str = "train", vocab_size: int = 33_279, tokenizer: str = "word", root: str | None = None
+    split: str = WIKITEXT_DEFAULT_SPLIT, vocab_size: int = 33_279, tokenizer: str = "word", root: str | None = None
 ) -> TokenStream:
     """WikiText-2 ``split`` as a token stream with at most ``vocab_size`` types.
 
@@ -88,10 +97,7 @@ def load_wikitext2(
                           f"use one of {', '.join(WIKITEXT_SPLITS)}")
     if vocab_size < 2:
         raise ConfigError("vocab", f"vocabulary of {vocab_size} is too small for real text", "use at least 2")
-    path = (Path(root) if root else datasets_root()) / "wikitext-2" / f"{split}.txt"
-    if not path.is_file():
-        raise ConfigError("data", f"{path} does not exist",
-                          "set PARATWIN_DATASETS to the folder holding wikitext-2/")
+    path = wikitext2_path(split, root)
     tokens = _tokens(path.read_text(encoding="utf-8"), tokenizer)
     counts = Counter(tokens)
     counts.pop(UNK, None)
@@ -99,6 +105,18 @@ def load_wikitext2(
     index = {tok: i for i, tok in enumerate(vocab)}
     ids = torch.tensor([index.get(tok, 0) for tok in tokens], dtype=torch.int64)
     return TokenStream(ids=ids, vocab=vocab, source=str(path))
+
+
+def wikitext2_path(split: str, root: str | None = None) -> Path:
+    """The split's file: under ``root`` if given, else the first data root holding it, else downloaded."""
+    relative = Path("wikitext-2") / f"{split}.txt"
+    if root:
+        path = Path(root) / relative
+        if not path.is_file():
+            raise ConfigError("data", f"{path} does not exist",
+                              f"pass the folder holding wikitext-2/, or unset it to use ${DATA_ENV} / the package")
+        return path
+    return find_data(relative) or download(_WIKITEXT_URL.format(split=split), relative, _WIKITEXT_BLOBS[split])
 
 
 def text_windows(stream: TokenStream, batch: int, length: int, seed: int = 0) -> torch.Tensor:
@@ -111,7 +129,7 @@ def text_windows(stream: TokenStream, batch: int, length: int, seed: int = 0) ->
 
 
 def token_windows(
-    data: str, batch: int, length: int, vocab: int, seed: int = 0, split: str = "train"
+    data: str, batch: int, length: int, vocab: int, seed: int = 0, split: str = WIKITEXT_DEFAULT_SPLIT
 ) -> torch.Tensor:
     """[batch, length] token ids from ``data`` ("synthetic" or "wikitext-2"), all ids < ``vocab``."""
     if check_data_source(data) == "synthetic":

@@ -39,7 +39,7 @@ class HAPWorkloadConfig:
     data: str  # "synthetic" or "mutag"
     gcn_layers: int = 2
     hops: int = 3
-    data_root: str = ""  # TU root for "mutag" ("" = exec.hap.data.default_tu_root())
+    data_root: str = ""  # TU root for "mutag" ("" = the package's copy, see traces.paths)
     source: str = ""
 
     def model_config(self) -> HAPConfig:
