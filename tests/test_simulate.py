@@ -7,14 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sim.engine import Engine, EngineOptions
+from sim.lower import lower
 from sim.plan import Plan
+from sim.program import Stream
 from sim.schedules import SCHEDULES
-from sim.simulate import simulate
+from sim.simulate import prepare, simulate
 from traces.errors import ConfigError
 from traces.schema import INSTRUCTION_TABLE
 
@@ -166,7 +170,39 @@ def test_random_plans_simulate_or_are_rejected_clearly(draw: dict) -> None:
         assert "\n" not in str(error) and str(error)
         return
     assert result.iteration_s > 0
+    assert_engine_invariants(plan, result.iteration_s)
     assert all(0.0 <= b < 1.0 for b in result.bubble_fraction.values())
+
+
+def assert_engine_invariants(plan: Plan, iteration_s: float) -> None:
+    """What any correct simulation of ``plan`` satisfies, whatever the costs: every instruction of
+    the Program runs exactly once, no instruction starts before one it depends on ends, every byte
+    of activations and buffers taken during the iteration is given back by its end, and the
+    iteration lasts at least as long as the busiest rank computes."""
+    setup = prepare(plan)
+    program = lower(plan, setup.stage_layers, setup.costs, setup.policy, symmetric=True)
+    engine = Engine(program, setup.costs, setup.comm, setup.policy, plan.micro_batch, plan.tp_overlap,
+                    EngineOptions(layer_rows=False))
+    iteration = engine.run()
+    assert iteration == pytest.approx(iteration_s, rel=1e-12)
+    rows = pd.DataFrame(engine.rows, columns=engine.rows[0]._fields)
+    rows = rows[rows["parent"] == -1]
+    eps = 1e-12 * max(iteration, 1.0)
+    for rank, rank_program in program.ranks.items():
+        mine = rows[rows["rank"] == rank]
+        executed = sorted(mine["index"])
+        assert executed == sorted(i.index for i in rank_program.instructions), f"rank {rank}: not each once"
+        start, end = dict(zip(mine["index"], mine["start_s"], strict=True)), dict(
+            zip(mine["index"], mine["end_s"], strict=True))
+        for ins in rank_program.instructions:
+            assert start[ins.index] <= end[ins.index] + eps
+            for dep in ins.deps:
+                assert start[ins.index] >= end[dep] - eps, f"rank {rank}: {ins.label} starts before dep {dep} ends"
+        ledger = engine.ledgers[rank]
+        assert (ledger.activations, ledger.buffers) == (0, 0), f"rank {rank}: memory not back at iteration end"
+        compute = mine[mine["stream"] == Stream.COMPUTE.value]
+        assert (compute["end_s"] - compute["start_s"]).sum() <= iteration + eps, f"rank {rank} computes longer"
+        assert mine["end_s"].max() <= iteration + eps
 
 
 def test_simulating_a_paper_scale_plan_never_imports_torch() -> None:
