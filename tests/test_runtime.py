@@ -336,6 +336,11 @@ CASES = [
     plan_of(tp=2, pp=2, schedule="zb-h1"),
     plan_of(workload="lstm-tiny", dp=2),
     plan_of(workload="resnet-tiny", dp=2),
+    plan_of(pp=2, schedule="interleaved-1f1b", chunks=2),
+    plan_of(pp=2, schedule="zb-v", chunks=2),
+    plan_of(pp=2, schedule="dualpipev", chunks=2, microbatches=4, micro_batch=1),
+    plan_of(pp=2, schedule="1f1b", recompute="stage-aware").model_copy(
+        update={"name": "gpt-tiny-dp1-tp1-pp2-1f1b-stage-aware-recompute"}),
 ]
 
 
@@ -350,6 +355,16 @@ def test_recompute_and_swap_do_not_change_training(tmp_path: Path) -> None:
     table = read_run_record(tmp_path / plan.name / "record").instructions
     assert {"RECOMPUTE", "SWAP_OUT", "SWAP_IN"} <= set(table["kind"])
     assert (table.loc[table["kind"] == "SWAP_OUT", "bytes"] > 0).all()
+
+
+def test_split_backward_frees_saved_tensors(tmp_path: Path) -> None:
+    """Regression (6b7a8d8): a graph kept for BWD_W and its store of saved tensors referenced each
+    other, so every micro-batch's activations on a ZB stage outlived the iteration. Each rank
+    records the bytes its stores still hold at every iteration's end: nothing, on every rank."""
+    plan = plan_of(pp=2, schedule="zb-h1", microbatches=4, micro_batch=1)
+    result = run_plan(plan, iterations=2, warmup=0, out_dir=tmp_path / "leak", timeout_s=120)
+    assert "BWD_W" in set(result.table["kind"])
+    assert saved_bytes_per_iteration(result.paths["ranks"], plan) == {0: [0, 0], 1: [0, 0]}
 
 
 def test_message_bytes_are_the_lowered_bytes(tmp_path: Path) -> None:
