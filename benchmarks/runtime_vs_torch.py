@@ -91,6 +91,14 @@ def _torch_rank(rank: int, world: int, plan_data: dict, steps: int, init: str, o
         if last:
             losses.append(sum(float(x.detach()) for x in mb_losses) / len(mb_losses))
     Path(out, f"rank{rank}.json").write_text(json.dumps({"times": times, "losses": losses}))
+    # Parameters after the last step, named "<layer>.<name>" with global layer indices, as ours.
+    named = {}
+    for s, stage in zip(program.ranks[rank].stages, stages, strict=True):
+        first_layer = program.stage_layers[s][0]
+        for name, p in stage.submod.named_parameters():
+            local, rest = name.split(".", 1)
+            named[f"{first_layer + int(local)}.{rest}"] = p.detach().clone()
+    torch.save(named, Path(out, f"params{rank}.pt"))
     dist.destroy_process_group()
 
 
@@ -111,17 +119,22 @@ def torch_run(plan: Plan, steps: int) -> dict:
         raise RuntimeError(f"torch pipelining run failed: exit codes {[p.exitcode for p in processes]}")
     results = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(plan.world_size)]
     losses = next(r["losses"] for r in results if r["losses"])
-    return {"times": [r["times"] for r in results], "losses": losses}
+    params = {k: v for r in range(plan.world_size) for k, v in torch.load(Path(out, f"params{r}.pt")).items()}
+    return {"times": [r["times"] for r in results], "losses": losses, "params": params}
 
 
 def compare(plan: Plan, iterations: int, warmup: int) -> dict:
     steps = warmup + iterations
     theirs = torch_run(plan, steps)
-    ours = run_plan(plan, iterations=iterations, warmup=warmup, timeout_s=300)
+    ours = run_plan(plan, iterations=iterations, warmup=warmup, timeout_s=300, save_params=True,
+                    out_dir=tempfile.mkdtemp(prefix="paratwin-ours-"))
+    our_params = {k: v for r in range(plan.world_size)
+                  for k, v in torch.load(ours.paths["params"] / f"rank{r}.pt").items()}
     our_times = ours.iteration_times
     their_times = [max(ts) for ts in zip(*(t[warmup:] for t in theirs["times"]), strict=True)]
     return {"schedule": plan.schedule, "our_losses": ours.losses, "torch_losses": theirs["losses"],
-            "our_times": our_times, "torch_times": their_times}
+            "our_times": our_times, "torch_times": their_times,
+            "our_params": our_params, "torch_params": theirs["params"]}
 
 
 def _spread(values: list[float]) -> float:
