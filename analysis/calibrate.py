@@ -338,14 +338,20 @@ def shape_label(shape: ModelShape) -> str:
 
 def fit_all(rows: pd.DataFrame, start: Calibration, fit_nvlink: bool,
             timings: dict[str, float] | None = None) -> dict[str, Calibration]:
-    """Every fitted predictor on the same ``rows``: the simulator (2 parameters, then + NVLink
-    efficiency from the 2-parameter fit) and the closed form."""
+    """Every fitted predictor on the same ``rows``: the closed form from ``start``, the simulator
+    (2 parameters) from the closed form's fit, then + NVLink efficiency from the simulator's fit.
+
+    Why the warm start: from the uncalibrated start the simulator's fit on the 240 rows drawn from all
+    models at seed 0 stopped at eff_max 0.64, flops_half 1.5e11 (soft-L1 cost 2.40, median |error|
+    16.6% on those rows), where (0.817, 1.76e11) costs 1.34; started from the closed form's fit it
+    reaches (0.845, 1.85e11), median 8.1%. The closed form is cheap and its fit is smooth.
+    """
     fits: dict[str, Calibration] = {}
     t = time.perf_counter()
-    fits["sim_fitted"] = fit_on(rows, SimulatorPredictor, start)
+    fits["quick_fitted"] = fit_on(rows, quick_predictor, start)
+    fits["sim_fitted"] = fit_on(rows, SimulatorPredictor, fits["quick_fitted"])
     if fit_nvlink:
         fits["sim_fitted_nvlink"] = fit_on(rows, SimulatorPredictor, fits["sim_fitted"], fit_nvlink=True)
-    fits["quick_fitted"] = fit_on(rows, quick_predictor, start)
     if timings is not None:
         timings[f"fit_{len(rows)}_rows_s"] = timings.get(f"fit_{len(rows)}_rows_s", 0.0) + time.perf_counter() - t
     return fits
