@@ -106,6 +106,9 @@ def simulate(
     paths = result.write(target)  # under the folder's lock: one writer at a time
     plain(f"instruction table: {paths['table']}\ntimeline (open in https://ui.perfetto.dev): "
           f"{paths['trace']}\nsummary: {paths['summary']}")
+    does_not_fit = result.does_not_fit()
+    if does_not_fit is not None:  # the outputs are written (summary.json says "oom": true); exit 3
+        raise does_not_fit
 
 
 @app.command()

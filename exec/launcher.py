@@ -41,6 +41,7 @@ import torch.multiprocessing as tmp
 from exec.records import read_rank_results, summarise, write_record
 from exec.runtime import RunOptions, pick_backend, run_rank, setup_for_run, write_error
 from sim.plan import Plan
+from sim.simulate import check_local_run
 from traces.errors import ConfigError, ParatwinError
 from traces.outdir import RENDEZVOUS_NAME, OutputLock, claim_run_folder, finish_marker
 from traces.runrecord import read_run_record
@@ -176,6 +177,7 @@ def run_plan(plan: Plan | str | Path, nproc: int | None = None, backend: str | N
 
 def _check_plan(plan: Plan) -> None:
     """Every check a rank makes before its first instruction, here, once (a ``ConfigError``)."""
+    check_local_run(plan)
     setup_for_run(plan)
 
 

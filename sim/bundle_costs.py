@@ -9,6 +9,7 @@ embedding and head layers are replicated on TP ranks (``exec`` does not shard th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
@@ -31,13 +32,55 @@ class BundleCostModel:
         if "micro_batch" not in settings:
             raise ConfigError(f"{source}: settings.micro_batch", "the bundle does not record its micro-batch",
                               "re-profile with paratwin profile")
-        self.profiled_micro_batch = int(settings["micro_batch"])
+        micro_batch = settings["micro_batch"]
+        if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
+            raise ConfigError(f"{source}: settings.micro_batch", f"{micro_batch!r} is not a positive integer",
+                              "re-profile with paratwin profile")
+        self.profiled_micro_batch = micro_batch
         self.optimizer_s_per_byte = float(settings.get("optimizer_s_per_param_byte", 0.0))
         self._rows = self.layers.to_dict("records")
 
     @classmethod
     def load(cls, directory: str | Path) -> BundleCostModel:
         return cls(read_bundle(Path(directory)), source=str(directory))
+
+    def check_describes(self, workload: str, options: Mapping[str, object], config: Mapping[str, object] | None,
+                        num_layers: int | None, dtype: str, device_kind: str) -> None:
+        """Refuse a bundle that was measured for another workload, configuration, layer count, dtype
+        or device kind than the plan's: its times would silently predict a different job.
+        ``config`` is the plan's resolved workload configuration (None when the simulator cannot
+        resolve it; then the options the plan sets are compared one by one)."""
+        described = self.bundle.meta.get("workload", {})
+        settings = self.bundle.meta.get("settings", {})
+        redo = f"profile {workload} as the plan sets it (paratwin profile --workload {workload} ...) and " \
+               "point profile: at that bundle"
+        if described.get("name") != workload:
+            raise ConfigError("profile", f"{self.source} profiles workload {described.get('name')!r}, the plan's "
+                              f"workload is {workload!r}", redo)
+        recorded = described.get("config")
+        if not isinstance(recorded, dict):
+            raise ConfigError("profile", f"{self.source} does not record its workload configuration", redo)
+        expected = {k: v for k, v in (config or options).items() if k != "source"}
+        for key, value in expected.items():
+            if _plain(recorded.get(key)) != _plain(value):
+                raise ConfigError(f"profile: workload.config.{key}", f"{self.source} was profiled with {key}="
+                                  f"{recorded.get(key)!r}, the plan has {value!r}", redo)
+        span = settings.get("layers")
+        if num_layers is None:
+            num_layers = described.get("num_layers")
+        if self.num_layers != num_layers or span != [0, num_layers]:
+            raise ConfigError("profile: layers", f"{self.source} holds {self.num_layers} layer rows (profiled "
+                              f"span {span}), the plan's workload has {num_layers}", redo + " (all layers)")
+        profiled_dtype = _DTYPES.get(str(settings.get("dtype")), settings.get("dtype"))
+        if profiled_dtype != dtype:
+            raise ConfigError("profile: dtype", f"{self.source} was profiled in {settings.get('dtype')}, the plan "
+                              f"trains in {dtype}", f"profile with --dtype {_TORCH_DTYPES[dtype]} or set dtype: "
+                              f"{profiled_dtype}")
+        profiled_kind = "gpu" if str(settings.get("device", "")).startswith("cuda") else "cpu"
+        if profiled_kind != device_kind:
+            raise ConfigError("profile: device", f"{self.source} was measured on {settings.get('device')!r}, the "
+                              f"plan's cluster has {device_kind} devices",
+                              "profile on the cluster's kind of device (--device cpu or cuda)")
 
     def layer_costs(self, layer: int, micro_batch: int, tp: int) -> LayerCosts:
         row = self._rows[layer]
@@ -67,3 +110,13 @@ class BundleCostModel:
         if by == "parameters":
             return [float(v) for v in self.layers["param_bytes"]]
         return [float(f + b) for f, b in zip(self.layers["fwd_s"], self.layers["bwd_s"], strict=True)]
+
+
+_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}  # profiler name -> plan name
+_TORCH_DTYPES = {plan: torch for torch, plan in _DTYPES.items()}
+
+
+def _plain(value: object) -> object:
+    """Compare configuration values as JSON holds them (tuples come back from a bundle as lists)."""
+    return list(value) if isinstance(value, tuple) else value
+

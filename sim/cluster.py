@@ -120,6 +120,16 @@ class ClusterSpec(BaseModel):
         return link
 
     @property
+    def memory_per_rank_bytes(self) -> int:
+        """Memory one rank may use. A GPU's memory is its own; a CPU device's memory is the host's,
+        shared by every rank placed on that host, so each gets an even share (the catalog's
+        ``memory_GiB`` of a CPU device is the whole host's). An even share is exact for ranks that
+        use equal memory and conservative for a pipeline whose stages differ."""
+        if self.device.kind == "cpu":
+            return int(self.device.memory_bytes) // self.devices_per_node
+        return int(self.device.memory_bytes)
+
+    @property
     def node_network_Bps(self) -> float:
         """Effective network bandwidth of a whole node (all its adapters, one direction)."""
         if self.inter_node_link is None:

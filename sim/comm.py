@@ -23,7 +23,7 @@ _FIT_NAMES = {"allreduce": "all_reduce", "alltoall": "all_to_all", "p2p": "send_
 class ClusterComm:
     def __init__(self, cluster: ClusterSpec, fits: pd.DataFrame | None = None) -> None:
         self.cluster = cluster
-        self.capacity_bytes = int(cluster.device.memory_bytes)
+        self.capacity_bytes = cluster.memory_per_rank_bytes
         self._fits = {}
         if fits is not None and len(fits):
             for row in fits.to_dict("records"):

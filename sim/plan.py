@@ -88,7 +88,11 @@ class Plan(BaseModel):
         if not path.is_file():
             raise ConfigError(str(path), "plan file not found", "pass the path of a .yaml or .json plan")
         check_file_size(path, str(path))
-        text = path.read_text()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(str(path), f"not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x})",
+                              "save the plan as UTF-8 YAML or JSON") from None
         try:
             data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
         except (json.JSONDecodeError, yaml.YAMLError) as exc:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from traces.errors import PlanDoesNotFit
 from traces.schema import INSTRUCTION_TABLE
 
 
@@ -41,6 +42,15 @@ class SimResult:
     @property
     def oom(self) -> bool:
         return any(m.oom for m in self.memory.values())
+
+    def does_not_fit(self) -> PlanDoesNotFit | None:
+        """The error to report when a rank exceeds its memory (the rank furthest over), else None."""
+        over = [m for m in self.memory.values() if m.oom]
+        if not over:
+            return None
+        worst = max(over, key=lambda m: m.peak_bytes - m.capacity_bytes)
+        return PlanDoesNotFit(worst.rank, worst.oom_instruction, worst.peak_bytes - worst.capacity_bytes,
+                              worst.capacity_bytes)
 
     @property
     def peak_memory_bytes(self) -> int:

@@ -25,12 +25,13 @@ from sim.program import Program
 from sim.result import RankMemory, SimResult
 from sim.schedules import SCHEDULES, check_preconditions
 from sim.workloads import (
+    EXEC_ONLY_OPTIONS,
     TRANSFORMER_PRESETS,
     WORKLOAD_FAMILIES,
     TransformerConfig,
     transformer_config,
     transformer_layers,
-    workload_names,
+    workload_config,
 )
 from traces.errors import ConfigError
 from traces.schema import INSTRUCTION_TABLE
@@ -54,22 +55,33 @@ def prepare(plan: Plan, costs: CostModel | None = None) -> Setup:
         raise ConfigError("dp x tp x pp", f"{plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size} but cluster "
                           f"{cluster.name} has {cluster.world_size} devices",
                           "change the degrees so that their product is the cluster's device count")
+    config = workload_config(plan.workload, plan.workload_options)  # checks every option
     transformer = _transformer_of(plan)
     _check_tp(plan, transformer)
+    check_size(plan, full=False)
     # A profile measured on this hardware brings its communication fits, whatever computes the costs.
     bundle_costs = BundleCostModel.load(plan.profile) if plan.profile is not None else None
+    if bundle_costs is not None:
+        layers = len(transformer_layers(transformer)) if transformer is not None else None
+        bundle_costs.check_describes(plan.workload, plan.workload_options, config, layers, plan.dtype,
+                                     cluster.device.kind)
     fits = bundle_costs.bundle.comm_fits if bundle_costs is not None else None
     if costs is None:
+        profile_it = (f"profile it on this machine: paratwin profile --workload {plan.workload} --micro-batch "
+                      f"{plan.micro_batch} --device cpu --out DIR, then set profile: DIR in the plan")
         if bundle_costs is not None:
             costs = bundle_costs
+        elif transformer is not None and cluster.device.kind == "cpu":
+            # The analytic model knows a CPU's matmul rate but not its per-operator overheads, which
+            # dominate small models (gpt-tiny: 4 ms predicted, 54 ms measured): no guess is printed.
+            raise ConfigError("profile", f"no profile for a plan on CPU devices ({cluster.device.name}); the "
+                              "analytic model does not predict CPU times", profile_it)
         elif transformer is not None:
             from sim.analytic_costs import AnalyticCosts
 
             costs = AnalyticCosts(transformer_layers(transformer), cluster.device, plan.dtype, cluster)
         else:
-            raise ConfigError("profile", f"workload {plan.workload!r} has no closed-form cost model",
-                              f"profile it: paratwin profile --workload {plan.workload} --out DIR, "
-                              "then set profile: DIR in the plan")
+            raise ConfigError("profile", f"workload {plan.workload!r} has no closed-form cost model", profile_it)
     if plan.num_stages > costs.num_layers:
         raise ConfigError("pp x chunks", f"{plan.num_stages} stages but the workload has {costs.num_layers} layers",
                           f"use at most {costs.num_layers} stages")
@@ -82,11 +94,39 @@ def prepare(plan: Plan, costs: CostModel | None = None) -> Setup:
 
 def _transformer_of(plan: Plan) -> TransformerConfig | None:
     if plan.workload not in TRANSFORMER_PRESETS:
-        if plan.workload not in WORKLOAD_FAMILIES:
-            raise ConfigError("workload", f"unknown workload {plan.workload!r}",
-                              f"choose one of {', '.join(workload_names())}")
         return None
-    return transformer_config(plan.workload, **plan.workload_options)
+    family = WORKLOAD_FAMILIES[plan.workload]
+    options = {k: v for k, v in plan.workload_options.items() if k not in EXEC_ONLY_OPTIONS[family]}
+    return transformer_config(plan.workload, **options)
+
+
+# The most instructions (as estimated below) one simulation may hold. Measured on the 2-core
+# development VM, gpt2-medium pp 8 1f1b on dgx-a100-8: the engine keeps ~1.9 kB per instruction
+# with its per-layer rows (tracemalloc peak, 11k and 45k instructions), and ran 45k instructions in
+# 8 s and 180k in 111 s (estimate 328k). An estimate of 500k is then ~1 GB and minutes; beyond it a
+# plan would run out of memory or for a very long time instead of answering.
+MAX_INSTRUCTIONS = 500_000
+# Instructions per (rank, virtual stage, micro-batch) at most: FWD, BWD (or BWD_I + BWD_W),
+# RECOMPUTE, a send and a receive each way, SWAP_OUT and SWAP_IN.
+_INSTRUCTIONS_PER_MICROBATCH = 10
+
+
+def estimate_instructions(plan: Plan, full: bool) -> int:
+    """An upper estimate of the instructions a simulation lowers: ranks x stages per rank x
+    micro-batches x instructions per micro-batch (only one rank per pipeline position unless full)."""
+    ranks = plan.world_size if full else plan.pp
+    return ranks * plan.chunks * plan.microbatches * _INSTRUCTIONS_PER_MICROBATCH
+
+
+def check_size(plan: Plan, full: bool) -> None:
+    """Refuse, up front, a plan too large to simulate in reasonable memory and time."""
+    count = estimate_instructions(plan, full)
+    if count > MAX_INSTRUCTIONS:
+        ranks = "dp x tp x pp" if full else "pp"
+        raise ConfigError(f"{ranks}, chunks, microbatches", f"about {count:.3g} instructions to simulate "
+                          f"({'every rank' if full else 'one rank per pipeline position'}), more than the "
+                          f"limit of {MAX_INSTRUCTIONS:,}", "simulate fewer micro-batches or stages"
+                          + (", or drop --full" if full else ""))
 
 
 def _check_tp(plan: Plan, transformer: TransformerConfig | None) -> None:
@@ -112,6 +152,24 @@ def _partition(plan: Plan, costs: CostModel) -> list[tuple[int, ...]]:
     return [tuple(range(a, b)) for a, b in ranges]
 
 
+# ``paratwin run`` starts one process per rank on this machine; more than this many per usable CPU
+# core would only oversubscribe it (a policy, not a measurement: each rank runs one thread).
+MAX_LOCAL_RANKS_PER_CORE = 4
+
+
+def check_local_run(plan: Plan) -> None:
+    """Refuse, before any process starts, a plan that one host cannot run: too many ranks for its
+    cores, or too many instructions to lower for every rank."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if plan.world_size > MAX_LOCAL_RANKS_PER_CORE * cores:
+        raise ConfigError("dp x tp x pp", f"{plan.world_size} ranks on one machine with {cores} usable cores "
+                          f"(at most {MAX_LOCAL_RANKS_PER_CORE} ranks per core)",
+                          "run fewer ranks here, or launch under torchrun/SLURM across hosts")
+    check_size(plan, full=True)
+
+
 def _check_schedule(plan: Plan) -> None:
     if plan.schedule not in SCHEDULES:
         raise ConfigError("schedule", f"unknown schedule {plan.schedule!r}",
@@ -135,6 +193,7 @@ def simulate(plan: Plan, full: bool = False, costs: CostModel | None = None,
              options: EngineOptions | None = None, setup: Setup | None = None) -> SimResult:
     started = time.perf_counter()
     setup = setup or prepare(plan, costs)
+    check_size(plan, full)
     program = lower(plan, setup.stage_layers, setup.costs, setup.policy, symmetric=not full)
     if options is None:
         options = EngineOptions(layer_rows=len(program.ranks) <= 64)

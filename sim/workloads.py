@@ -7,11 +7,13 @@ to describe. Layer lists here match ``exec.workloads`` one to one (same names, s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TypeVar
 
 from traces.errors import ConfigError
+from traces.limits import short_repr
 
 T = TypeVar("T")
 
@@ -146,13 +148,77 @@ def preset_with_overrides(kind: str, presets: Mapping[str, T], name: str, overri
     allowed = set(asdict(base) if allowed is None else allowed)  # type: ignore[call-overload]
     unknown = set(overrides) - allowed
     if unknown:
-        raise ConfigError("workload", f"unknown option(s) {sorted(unknown)} for {name}",
+        raise ConfigError("workload_options", f"unknown option(s) {sorted(unknown)} for {name}",
                           f"use {sorted([*allowed, *extra])}")
+    for key, value in overrides.items():
+        _check_option(name, key, value, getattr(base, key))
     return replace(base, **overrides)  # type: ignore[type-var]
 
 
+# Integer workload options (sizes, counts, lengths) must lie in [1, MAX_OPTION_INT]: zero or negative
+# sizes give negative or zero costs, and larger ones overflow the int32 shapes of torch kernels.
+MAX_OPTION_INT = 2**31 - 1
+
+
+def _check_option(name: str, key: str, value: object, preset: object) -> None:
+    """An override must have its preset value's type, and integers a sensible range."""
+    field = f"workload_options.{key}"
+    shown = short_repr(value, 60)
+    if isinstance(preset, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(field, f"must be true or false, got {shown}", f"see {name}'s preset: {preset}")
+    elif isinstance(preset, int):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_OPTION_INT:
+            raise ConfigError(field, f"must be an integer in [1, {MAX_OPTION_INT}], got {shown}",
+                              f"{name}'s preset has {preset}")
+    elif isinstance(preset, float):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ConfigError(field, f"must be a finite number, got {shown}", f"{name}'s preset has {preset}")
+    elif isinstance(preset, str):
+        if not isinstance(value, str):
+            raise ConfigError(field, f"must be a string, got {shown}", f"{name}'s preset has {preset!r}")
+    elif isinstance(preset, tuple) and not _positive_ints(value):
+        raise ConfigError(field, f"must be a non-empty list of positive integers, got {shown}",
+                          f"{name}'s preset has {list(preset)}")
+
+
+def _positive_ints(value: object) -> bool:
+    return isinstance(value, list | tuple) and bool(value) and all(
+        not isinstance(v, bool) and isinstance(v, int) and 1 <= v <= MAX_OPTION_INT for v in value)
+
+
 def transformer_config(name: str, **overrides: object) -> TransformerConfig:
-    return preset_with_overrides("transformer", TRANSFORMER_PRESETS, name, overrides)
+    sizes = [f for f in asdict(TRANSFORMER_PRESETS["gpt-tiny"]) if f != "family"]  # the family is the preset's
+    cfg = preset_with_overrides("transformer", TRANSFORMER_PRESETS, name, overrides, allowed=sizes)
+    if cfg.hidden % cfg.heads:
+        raise ConfigError("workload_options.heads", f"{cfg.heads} heads do not divide hidden size {cfg.hidden}",
+                          "choose heads that divide hidden")
+    return cfg
+
+
+# Options that exec.workloads consumes itself (data source, kernel choices): they change no cost
+# the simulator models, so the simulator sets them aside before resolving the configuration.
+EXEC_ONLY_OPTIONS: dict[str, tuple[str, ...]] = {
+    "gpt": ("data",), "bert": ("data",), "lstm": ("sparse", "data"), "resnet": ("definition", "data"),
+}
+
+
+def workload_config(name: str, options: Mapping[str, object]) -> dict[str, object] | None:
+    """The resolved configuration of a workload preset with ``options`` applied, as the profiler
+    records it in a bundle (``meta.workload.config``), checking every option; None for families whose
+    presets live only in ``exec`` (HAP, RNN: exec checks their options when it builds them)."""
+    family = WORKLOAD_FAMILIES.get(name)
+    if family is None:
+        raise ConfigError("workload", f"unknown workload {name!r}", f"choose one of {', '.join(workload_names())}")
+    kept = {k: v for k, v in options.items() if k not in EXEC_ONLY_OPTIONS.get(family, ())}
+    if family in ("gpt", "bert"):
+        return asdict(transformer_config(name, **kept))
+    if family == "lstm":
+        return asdict(preset_with_overrides("LSTM", LSTM_PRESETS, name, kept, extra=EXEC_ONLY_OPTIONS["lstm"]))
+    if family == "resnet":
+        return asdict(preset_with_overrides("ResNet", RESNET_PRESETS, name, kept, allowed=("image", "classes"),
+                                            extra=EXEC_ONLY_OPTIONS["resnet"]))
+    return None
 
 
 def transformer_layers(cfg: TransformerConfig) -> list[LayerSpec]:

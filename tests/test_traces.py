@@ -39,6 +39,8 @@ def layer_table(n: int = 3) -> pd.DataFrame:
             rows[col] = rng.random(n) * 1e-3  # awkward floats: the round trip must be exact
         elif dtype == "int64":
             rows[col] = rng.integers(0, 2**40, n)
+        elif dtype == "bool":
+            rows[col] = [i % 2 == 1 for i in range(n)]
         else:
             rows[col] = [f"{col}-{i}, with comma \"and quote\"" for i in range(n)]
     rows["layer"] = np.arange(n)

@@ -240,9 +240,9 @@ def test_synthetic_tokens_are_seeded() -> None:
 
 @pytest.mark.parametrize(
     ("name", "overrides", "field"),
-    [("gpt-tiny", {"depth": 3}, "workload"), ("gpt-tiny", {"data": "imagenet"}, "data"),
-     ("lstm-tiny", {"layers": 3}, "workload"), ("resnet50", {"seq": 128}, "workload"),
-     ("resnet50", {"data": "wikitext-2"}, "data"), ("gpt-tiny", {"heads": 3}, "heads")],
+    [("gpt-tiny", {"depth": 3}, "workload_options"), ("gpt-tiny", {"data": "imagenet"}, "data"),
+     ("lstm-tiny", {"layers": 3}, "workload_options"), ("resnet50", {"seq": 128}, "workload_options"),
+     ("resnet50", {"data": "wikitext-2"}, "data"), ("gpt-tiny", {"heads": 3}, "workload_options.heads")],
 )
 def test_bad_options_are_config_errors(name: str, overrides: dict, field: str) -> None:
     with pytest.raises(ConfigError) as err:

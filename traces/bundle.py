@@ -102,12 +102,33 @@ def read_bundle(directory: Path) -> ProfileBundle:
         directory, PROFILE_BUNDLE_FORMAT, PROFILE_BUNDLE_VERSION, schemas, required=("layers", "ops")
     )
     meta = manifest.get("meta")
+    manifest_path = Path(directory) / MANIFEST_NAME
     if not isinstance(meta, dict) or any(not isinstance(meta.get(s), dict) for s in META_SECTIONS):
         sections = ", ".join(META_SECTIONS)
-        raise BundleError(Path(directory) / MANIFEST_NAME, f"'meta' needs object sections {sections}")
+        raise BundleError(manifest_path, f"'meta' needs object sections {sections}")
+    if "meta" not in manifest["extra_sha256"]:
+        raise BundleError(manifest_path, "'meta' is not covered by 'extra_sha256' (re-create the bundle)")
+    _check_layer_rows(tables["layers"], meta["settings"], directory / manifest["tables"]["layers"]["file"])
     return ProfileBundle(
         meta, tables["layers"], tables["ops"], tables.get("comm_samples"), tables.get("comm_fits")
     )
+
+
+def _check_layer_rows(layers: pd.DataFrame, settings: dict, path: Path) -> None:
+    """One row per layer, no duplicates and no gaps, over the span the settings say was profiled."""
+    found = sorted(int(v) for v in layers["layer"])
+    span = settings.get("layers")
+    first = int(span[0]) if isinstance(span, list) and len(span) == 2 else (found[0] if found else 0)
+    expected = list(range(first, int(span[1]))) if isinstance(span, list) and len(span) == 2 \
+        else list(range(first, first + len(found)))
+    if found != expected:
+        missing = sorted(set(expected) - set(found))
+        extra = sorted({v for v in found if found.count(v) > 1} | (set(found) - set(expected)))
+        problem = (f"layer(s) {missing[:8]} missing" if missing else f"layer(s) {extra[:8]} duplicated or "
+                   "outside the profiled span")
+        raise BundleError(path, f"{problem}; the table must hold one row per layer "
+                                f"{expected[0] if expected else 0}..{expected[-1] if expected else 0} "
+                                "(re-profile)")
 
 
 # --- the generic table directory -----------------------------------------------------------------
@@ -160,6 +181,10 @@ def write_table_dir(
         }
         try:
             text = json.dumps(manifest, indent=1, allow_nan=False, default=_json_default)
+            # The metadata steers predictions (a bundle's micro-batch scales every time), so it is
+            # checksummed like the tables: a hand edit of it is refused on reading.
+            manifest["extra_sha256"] = {key: _json_sha256(json.loads(text)[key]) for key in extra}
+            text = json.dumps(manifest, indent=1, allow_nan=False, default=_json_default)
         except (TypeError, ValueError) as exc:
             problem = f"metadata cannot be stored as JSON: {exc}"
             raise BundleError(directory / MANIFEST_NAME, problem) from None
@@ -185,6 +210,14 @@ def read_table_dir(
     for key in required:
         if key not in entries:
             raise BundleError(manifest_path, f"lists no {key!r} table")
+    _check_extra_sums(manifest, manifest_path)
+    for key, entry in entries.items():
+        # Every table file must be covered by a checksum: a deleted sha256 entry would otherwise
+        # let a changed table through unchecked.
+        file = entry.get("file") if isinstance(entry, dict) else None
+        if isinstance(file, str) and file not in sums:
+            raise BundleError(manifest_path, f"has no sha256 entry for table {key!r} ({file}); the bundle was "
+                                             "edited after writing (re-create it)")
     for name, digest in sums.items():
         path = _member(directory, name, manifest_path)
         if not path.is_file():
@@ -258,6 +291,22 @@ def _member(directory: Path, name: object, manifest_path: Path) -> Path:
     if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
         raise BundleError(manifest_path, f"file entry {name!r} is not a plain file name")
     return directory / name
+
+
+def _check_extra_sums(manifest: dict, manifest_path: Path) -> None:
+    sums = manifest.get("extra_sha256")
+    if not isinstance(sums, dict) or not sums:
+        raise BundleError(manifest_path, "has no 'extra_sha256' (written by an older paratwin, or edited); "
+                                         "re-create it with this paratwin")
+    for key, digest in sums.items():
+        if key not in manifest or _json_sha256(manifest[key]) != digest:
+            raise BundleError(manifest_path, f"{key!r} differs from its checksum (edited after writing; "
+                                             "re-create it rather than editing it)")
+
+
+def _json_sha256(value: object) -> str:
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def _sha256(path: Path) -> str:

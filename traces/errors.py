@@ -25,3 +25,21 @@ class ConfigError(ParatwinError):
         self.field = field
         self.problem = problem
         self.fix = fix
+
+
+class PlanDoesNotFit(ParatwinError):
+    """A simulated plan that exceeds a device's memory. The simulation still completes and writes
+    its outputs (marked as OOM); the CLI then exits with ``exit_code`` instead of 0."""
+
+    exit_code = 3
+
+    def __init__(self, rank: int, instruction: str, over_bytes: int, capacity_bytes: int) -> None:
+        super().__init__(f"plan does not fit: rank {rank} exceeds its {capacity_bytes / 2**30:.2f} GiB by "
+                         f"{over_bytes / 2**30:.2f} GiB ({over_bytes:,} bytes) at its peak; first over capacity "
+                         f"at {instruction or 'set-up (model states alone)'} (fix: more stages or TP, recompute, "
+                         "swap, or a smaller micro-batch)")
+        self.rank = rank
+        self.instruction = instruction
+        self.over_bytes = over_bytes
+        self.capacity_bytes = capacity_bytes
+

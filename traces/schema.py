@@ -24,6 +24,11 @@ class TableSchema:
     # Columns added after a table was first published carry a default, so that tables written
     # before (and producers that do not know the column yet) still conform.
     defaults: dict[str, object] = field(default_factory=dict)
+    # Columns whose values must be finite and >= 0 (times, sizes, counts), and columns that must
+    # not be negative but may be NaN or infinite (fits that record "could not be fitted" as NaN).
+    # ``traces.tables.conform`` refuses a table that breaks either, naming table, row and column.
+    finite_nonnegative: tuple[str, ...] = ()
+    nonnegative: tuple[str, ...] = ()
 
     @property
     def column_names(self) -> list[str]:
@@ -58,6 +63,11 @@ LAYER_TABLE = TableSchema(
         "flops_fwd": "int64",
         "flops_bwd": "int64",
     },
+    finite_nonnegative=(
+        "fwd_s", "fwd_spread", "bwd_input_s", "bwd_input_spread", "bwd_weight_s", "bwd_weight_spread",
+        "bwd_s", "bwd_spread", "recompute_s", "recompute_spread", "param_bytes", "grad_bytes",
+        "optimizer_bytes", "saved_bytes", "output_bytes", "peak_transient_bytes", "flops_fwd", "flops_bwd",
+    ),
 )
 
 # The per-op drill-down, from torch.profiler (Kineto) or an imported Chrome-trace JSON.
@@ -91,6 +101,7 @@ COMM_SAMPLE_TABLE = TableSchema(
         "max_s": "float64",
         "repeats": "int64",
     },
+    finite_nonnegative=("world_size", "bytes", "median_s", "min_s", "max_s", "repeats"),
 )
 
 COMM_FIT_TABLE = TableSchema(
@@ -106,6 +117,7 @@ COMM_FIT_TABLE = TableSchema(
         "note": "string",  # how the backend implements the primitive, when that matters for the fit
     },
     defaults={"note": ""},
+    nonnegative=("alpha_s", "bandwidth_Bps"),  # NaN: the samples could not be fitted
 )
 
 # The table that the simulator and the runtime both write, one row per executed instruction

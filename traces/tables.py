@@ -52,7 +52,24 @@ def conform(df: pd.DataFrame, schema: TableSchema, source: object) -> pd.DataFra
     for col in df.columns:
         if col not in schema.columns:
             columns[col] = df[col]
+    _check_ranges(columns, schema, source)
     return pd.DataFrame(columns, index=df.index)
+
+
+def _check_ranges(columns: dict[object, pd.Series], schema: TableSchema, source: object) -> None:
+    """Refuse negative (and, where the schema asks, NaN or infinite) values: a negative time in a
+    profile would otherwise surface much later as a simulator traceback, or as a wrong prediction."""
+    rules = [(col, True) for col in schema.finite_nonnegative] + [(col, False) for col in schema.nonnegative]
+    for col, finite in rules:
+        values = columns[col].to_numpy(dtype="float64")
+        bad = values < 0
+        if finite:
+            bad |= ~np.isfinite(values)
+        if bad.any():
+            row = int(np.argmax(bad))
+            need = "finite and >= 0" if finite else ">= 0 (or NaN)"
+            raise BundleError(source, f"table {schema.name!r} row {row} column {col!r} holds {float(values[row])!r}; "
+                                      f"it must be {need} (re-measure, or correct the value)")
 
 
 def write_table(df: pd.DataFrame, schema: TableSchema, path: Path) -> Path:
