@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -140,14 +141,36 @@ def test_calibrated_comm_adds_overhead_to_all_reduces_only() -> None:
     assert simulate(plan, full=True, setup=calibrated).iteration_s == pytest.approx(plain + 0.004)
 
 
-def test_fit_calibration_is_never_worse_than_none(report: ValidationReport) -> None:
-    fitted = fit_calibration([report], max_overhead_s=0.01)
-    assert 0.0 <= fitted.allreduce_overhead_s <= 0.01 and fitted.compute_scale == 1.0
-    plan = Plan.load(report.out_dir / "plan.yaml")
+@pytest.fixture(scope="module")
+def dp_report(report: ValidationReport, tmp_path_factory: pytest.TempPathFactory) -> ValidationReport:
+    """A real run of a plan with a data-parallel all-reduce (what the calibration changes), on the
+    pipeline report's profile and communication fits (no second profile or benchmark)."""
+    plan = Plan.from_dict({**PLAN, "name": "test-validate-dp2", "pp": 1, "dp": 2})
+    return validate_plan(plan, profile=report.profile, commbench=False, comm_fits_from=report.profile,
+                         iterations=3, warmup=1, out_dir=tmp_path_factory.mktemp("validate-dp"))
+
+
+def test_fit_calibration_is_never_worse_than_none(dp_report: ValidationReport) -> None:
+    plan = Plan.load(dp_report.out_dir / "plan.yaml")
     setup = prepare(plan)
 
-    def error(calibration: Calibration) -> float:
-        predicted = simulate(plan, full=True, setup=calibrated_setup(setup, calibration)).iteration_s
-        return abs(math.log(predicted / report.measured_s))
+    def predicted(overhead: float) -> float:
+        calibration = Calibration(allreduce_overhead_s=overhead)
+        return simulate(plan, full=True, setup=calibrated_setup(setup, calibration)).iteration_s
 
-    assert error(fitted) <= error(Calibration()) + 1e-9
+    # The plan exercises what the calibration changes: its all-reduce is on the critical path.
+    assert predicted(0.005) >= predicted(0.0) + 0.004
+    # On the real measurement: the fit is never worse than no calibration.
+    fitted = fit_calibration([dp_report], max_overhead_s=0.01)
+    assert 0.0 <= fitted.allreduce_overhead_s <= 0.01 and fitted.compute_scale == 1.0
+
+    def error(overhead: float, measured: float) -> float:
+        return abs(math.log(predicted(overhead) / measured))
+
+    assert error(fitted.allreduce_overhead_s, dp_report.measured_s) <= error(0.0, dp_report.measured_s) + 1e-9
+    # On a measurement made to be 3 ms of all-reduce overhead away: the fit finds those 3 ms.
+    target = predicted(0.003)
+    synthetic = replace(dp_report, measured={**dp_report.measured, "median_s": target})
+    recovered = fit_calibration([synthetic], max_overhead_s=0.01).allreduce_overhead_s
+    assert recovered == pytest.approx(0.003, abs=1e-4)
+    assert error(recovered, target) < error(0.0, target)
