@@ -116,8 +116,11 @@ def _spawned(rank: int, world_size: int, plan_data: dict, out_dir: str, options:
 
 
 def _die_with_parent(launcher_pid: int) -> None:
-    """Make this rank die when its parent (the forkserver, which exits with the launcher) or the
-    launcher dies: the kernel's parent-death signal on Linux, and a polling thread everywhere."""
+    """Make this rank die when the launcher or its parent dies.
+
+    The parent is the forkserver, which outlives a killed launcher for as long as any rank holds
+    its pipe, so the thread that polls the launcher's pid is what ends the ranks of a SIGKILLed
+    launcher; the kernel's parent-death signal (Linux) covers a killed forkserver."""
     parent = os.getppid()
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
@@ -134,13 +137,18 @@ def _watch_parent(parent: int, launcher_pid: int) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a zombie (dead, not yet reaped by its parent) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): the signal test above is all there is
+    return state not in ("Z", "X")
 
 
 def run_plan(plan: Plan | str | Path, nproc: int | None = None, backend: str | None = None,
