@@ -24,7 +24,7 @@ import torch
 from exec.launcher import RunFailed, run_plan
 from exec.runtime import FAULT_ENV
 from sim.plan import Plan
-from traces.outdir import OutputError, OutputLock, safe_name
+from traces.outdir import OutputError, OutputLock, fresh_run_folder, safe_name
 from traces.runrecord import read_run_record
 
 REPO = Path(__file__).resolve().parents[1]
@@ -335,3 +335,12 @@ def test_error_after_the_iterations_is_labelled_by_its_phase(tmp_path: Path, mon
     assert "setup" not in message
     error = json.loads((tmp_path / "out" / "errors" / "rank0.json").read_text())
     assert error["instruction"] == "(writing the run record)"
+
+
+def test_default_run_folder_never_replaces_an_earlier_run(tmp_path: Path) -> None:
+    base = tmp_path / "runs" / "run-x"
+    assert fresh_run_folder(base) == base
+    (base / "record").mkdir(parents=True)
+    assert fresh_run_folder(base) == tmp_path / "runs" / "run-x-2"
+    (tmp_path / "runs" / "run-x-2" / "ranks").mkdir(parents=True)
+    assert fresh_run_folder(base) == tmp_path / "runs" / "run-x-3"

@@ -151,10 +151,6 @@ def _remove_run_outputs(folder: Path, names: list[str]) -> None:
             path.rmdir()
 
 
-__all__ = ["LOCK_NAME", "MARKER_NAME", "RENDEZVOUS_NAME", "OutputError", "OutputLock", "claim_run_folder",
-           "finish_marker", "fresh_run_folder", "read_marker", "safe_name"]
-
-
 def fresh_run_folder(base: Path) -> Path:
     """``base`` if it holds no run outputs, else the first of ``base-2``, ``base-3``, ... that holds none."""
     base = Path(base)
@@ -163,3 +159,7 @@ def fresh_run_folder(base: Path) -> Path:
         number += 1
         candidate = base.with_name(f"{base.name}-{number}")
     return candidate
+
+
+__all__ = ["LOCK_NAME", "MARKER_NAME", "RENDEZVOUS_NAME", "OutputError", "OutputLock", "claim_run_folder",
+           "finish_marker", "fresh_run_folder", "read_marker", "safe_name"]
