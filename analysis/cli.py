@@ -251,7 +251,8 @@ def main() -> None:
         app()
     except ParatwinError as exc:
         print_error(exc)
-        # 2 for every error paratwin reports; a run stopped by a signal exits 128 + its number.
+        # 2 for every error paratwin reports, unless it carries its own code (3: plan does not fit;
+        # 128 + the signal's number: a run stopped by SIGINT or SIGTERM).
         sys.exit(getattr(exc, "exit_code", 2))
 
 
