@@ -41,6 +41,29 @@ def size(nbytes: float) -> str:
     return f"{int(nbytes)}B"  # K, M, G are binary (KiB, MiB, GiB)
 
 
+def flop_rate(per_s: float) -> str:
+    """FLOP/s with a decimal prefix and three significant digits: a CPU's 2.1 GFLOP/s is not
+    "0.00" TFLOP/s, and a rate that really is zero says so."""
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(per_s) >= scale:
+            return f"{per_s / scale:.3g} {prefix}FLOP/s"
+    return f"{per_s:.3g} FLOP/s" + (" (no FLOPs counted)" if per_s == 0 else "")
+
+
+def unsteady_notes(layers) -> list[str]:  # noqa: ANN001 - a DataFrame
+    """One line per layer the profiler flagged unsteady: name, spread and why (empty when none)."""
+    if "unsteady" not in layers.columns:
+        return []
+    notes = []
+    for row in layers[layers["unsteady"].astype(bool)].itertuples():
+        why = str(getattr(row, "steadiness", "") or "")
+        spreads = ", ".join(f"{k} {getattr(row, k + '_spread'):.2f}"
+                            for k in ("fwd", "bwd", "recompute", "bwd_input", "bwd_weight"))
+        notes.append(f"unsteady: layer {row.layer} {row.name}: {why or 'flagged'} (spread IQR/median: {spreads}); "
+                     "its times are the fastest attempt's medians, re-profile on a quieter machine")
+    return notes
+
+
 def print_layers(layers) -> None:  # noqa: ANN001 - a DataFrame
     table = Table("#", "name", "F ms", "B ms", "W ms", "R ms", "param B", "saved B", "out B", "GFLOP",
                   title="per-layer medians: F fwd, B input grad, W weight grad, R recompute; bytes")
@@ -49,13 +72,15 @@ def print_layers(layers) -> None:  # noqa: ANN001 - a DataFrame
                       f"{row.bwd_weight_s * 1e3:.3f}", f"{row.recompute_s * 1e3:.3f}", size(row.param_bytes),
                       size(row.saved_bytes), size(row.output_bytes), f"{row.flops_fwd / 1e9:.3f}")
     console.print(table)
+    for note in unsteady_notes(layers):  # plain text: layer names and reasons are not markup
+        console.print(note, markup=False, highlight=False)
 
 
 def print_sim(result) -> None:  # noqa: ANN001 - SimResult
     table = Table("figure", "value", title=f"simulation of {escape(str(result.plan_name))}")
     table.add_row("iteration time", f"{result.iteration_s * 1e3:.3f} ms")
     table.add_row("throughput", f"{result.samples_per_s:.2f} samples/s, {result.tokens_per_s:,.0f} tokens/s")
-    table.add_row("model TFLOP/s per device", f"{result.model_flops_per_device / 1e12:.2f}")
+    table.add_row("model FLOP/s per device", flop_rate(result.model_flops_per_device))
     table.add_row("MFU", f"{result.mfu:.1%}")
     for stage, bubble in sorted(result.bubble_fraction.items()):
         table.add_row(f"bubble, pipeline rank {stage}", f"{bubble:.1%}")

@@ -3,10 +3,10 @@
 Each layer is built alone (a pipeline rank never holds more) and fed the activation that layers
 0..i-1 produce, once and without autograd, from the seeded batch. Then, on the local device:
 
-- times (CUDA events on a GPU, ``perf_counter`` on a CPU), ``warmup`` unrecorded rounds and then
-  the median and spread of ``repeats`` rounds of: forward; full backward (input and parameter
-  gradients in one ``autograd.grad`` call); recompute (a forward with autograd right after a
-  no-grad forward, as activation checkpointing runs it); B, the input gradient alone
+- times (CUDA events on a GPU, ``perf_counter`` on a CPU), taken once the layer is warm (see
+  "Steady measurements" below): the median and spread of ``repeats`` rounds of: forward; full
+  backward (input and parameter gradients in one ``autograd.grad`` call); recompute (a forward
+  with autograd right after a no-grad forward, as activation checkpointing runs it); B, the input gradient alone
   (``autograd.grad`` w.r.t. the layer input: autograd skips every weight-gradient kernel); and
   W, the parameter gradients alone given the graph B left: every module that owns parameters
   had its output's gradient captured during B, and W is ``autograd.grad`` from those outputs to
@@ -29,19 +29,40 @@ Each layer is built alone (a pipeline rank never holds more) and fed the activat
 
 The last layer is profiled together with ``workload.loss``: it runs on the last pipeline stage,
 so its output is the scalar loss and its backward starts from d(loss) = 1.
+
+Steady measurements (``Steadiness``). A layer's first calls pay one-off costs (allocator growth,
+lazy initialisation, oneDNN primitive creation, thread-pool start) and a shared machine has slow
+periods; a fixed two-round warm-up let a 50x outlier through as a median. So:
+
+1. warm-up until stable: at least ``warmup`` rounds, then more until the last ``window`` rounds'
+   total times agree within ``band`` (relative), capped at ``max_warmup`` rounds, and at
+   ``max_warmup_s`` seconds unless the rounds are still getting faster;
+2. robust statistics: median, and spread = interquartile range / median, per timed quantity;
+3. a layer whose spread exceeds ``max_spread`` in any quantity that is not negligible (IQR above
+   ``floor_s``) is measured again, warm-up included, up to ``retries`` more times;
+4. identical layers (same kind, bytes and FLOPs) must cost the same: once every layer is
+   measured, a layer whose time differs from the median of its identical siblings by more than
+   ``sibling_tolerance`` (relative) is rebuilt and measured again, up to ``retries`` times, until
+   it agrees. This catches a slow period that lasts a whole layer's measurement (steady but wrong);
+5. of a layer's attempts the profiler keeps a steady one (agreeing with its siblings, when it has
+   any) and among those the fastest: contention and one-off costs only ever add time. A layer
+   with no such attempt keeps its fastest attempt and is flagged: column ``unsteady`` and
+   ``meta.settings.unsteady_layers`` (layer, name, why), which ``paratwin profile`` prints.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import nn
@@ -60,6 +81,56 @@ from traces.tables import conform, empty_table
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ADAM_STATE_BYTES_PER_PARAM = 2 * 4  # exp_avg and exp_avg_sq, kept in fp32
 OP_GAP_US = 10.0  # space between layers on the op table's common time axis
+TIME_KEYS = ("fwd", "bwd", "recompute", "bwd_input", "bwd_weight")
+
+
+@dataclass(frozen=True)
+class Steadiness:
+    """How hard the profiler works for a steady time per layer (module docstring, "Steady
+    measurements"). ``Steadiness.fixed()`` is the old behaviour: ``warmup`` rounds, no retries."""
+
+    window: int = 3  # warm-up ends when this many consecutive rounds agree (0: fixed warm-up)
+    band: float = 0.2  # ... within this relative band: (max - min) <= band * median of their totals
+    max_warmup: int = 30  # warm-up rounds at most (never fewer than ``warmup``)
+    # and seconds, per attempt, unless the last round still clearly beat all earlier ones: rounds
+    # that stop getting faster yet never agree are contention, which warming longer does not cure.
+    max_warmup_s: float = 2.0
+    # Interquartile range / median above which a quantity is unsteady. The standard error of a
+    # median of n samples is about 0.93 IQR / sqrt(n): 0.5 with 10 repeats is +-15% (one sigma).
+    max_spread: float = 0.5
+    retries: int = 2  # extra attempts for an unsteady layer, and again for a sibling outlier
+    sibling_tolerance: float | None = 0.5  # |t / siblings' median - 1| above this: re-measure
+    # Re-measurements together may take this multiple of the first measurements' time (at least
+    # 5 s); past it a layer that needs one is flagged instead. Bounds the cost on a busy machine.
+    retry_budget: float = 1.0
+    # Differences below this many seconds are timer and interpreter jitter, never "unsteady"
+    # (a 20 us layer is not re-measured for a 10 us wobble). CUDA events resolve ~1 us.
+    floor_s: float = 20e-6
+
+    @classmethod
+    def fixed(cls) -> Steadiness:
+        return cls(window=0, max_warmup=0, retries=0, sibling_tolerance=None, max_spread=float("inf"))
+
+
+@dataclass
+class _Budget:
+    """Seconds spent on first measurements and on re-measurements (Steadiness.retry_budget)."""
+
+    share: float
+    first_s: float = 0.0
+    retry_s: float = 0.0
+
+    def allows_retry(self) -> bool:
+        return self.retry_s < self.share * max(self.first_s, 5.0)
+
+    def timed(self, fn: Callable[[], _Attempt], retry: bool) -> _Attempt:
+        t0 = time.perf_counter()
+        out = fn()
+        if retry:
+            self.retry_s += time.perf_counter() - t0
+        else:
+            self.first_s += time.perf_counter() - t0
+        return out
 
 
 def profile_workload(
@@ -73,8 +144,12 @@ def profile_workload(
     with_ops: bool = True,
     layers: range | None = None,
     seed: int = 0,
+    steady: Steadiness | None = None,
 ) -> ProfileBundle:
-    """Profile ``layers`` (default all) of ``workload`` at ``micro_batch`` on the local device."""
+    """Profile ``layers`` (default all) of ``workload`` at ``micro_batch`` on the local device.
+
+    ``warmup`` is the least number of warm-up rounds; ``steady`` (default ``Steadiness()``) says how
+    many more, and when a layer is measured again or flagged unsteady."""
     started = time.perf_counter()
     wl = _resolve_workload(workload, seq)
     dev = _resolve_device(device)
@@ -88,6 +163,8 @@ def profile_workload(
     span = _resolve_layers(layers, wl.num_layers)
     names = wl.layer_names()
     timer = _Timer(dev)
+    policy = Steadiness() if steady is None else steady
+    budget = _Budget(policy.retry_budget)
 
     batch = wl.make_batch(micro_batch, seed=seed, device=dev)
     x = batch.inputs.to(torch_dtype) if batch.inputs.is_floating_point() else batch.inputs
@@ -95,14 +172,21 @@ def profile_workload(
     op_tables: list[pd.DataFrame] = []
     op_offset = 0.0
     optimizer_s = 0.0
+    inputs: dict[int, torch.Tensor] = {}  # each layer's input, kept for a re-measurement at the end
+    attempts: dict[int, list[_Attempt]] = {}
+
+    def probe_of(index: int, layer: nn.Module, x: torch.Tensor) -> _LayerProbe:
+        targets = batch.targets if index == wl.num_layers - 1 else None
+        return _LayerProbe(index, layer, x.to(dev), targets, wl.loss, seed)
+
     for index in range(span.stop):
         layer = wl.build_layers(index, index + 1, device=dev, dtype=torch_dtype, seed=seed)[0]
         if index in span:
-            probe = _LayerProbe(index, layer, x, batch.targets if index == wl.num_layers - 1 else None,
-                                wl.loss, seed)
+            probe = probe_of(index, layer, x)
+            inputs[index] = x.detach().to("cpu") if dev.type == "cuda" else x.detach()
+            attempts[index] = _measure_steady(probe, timer, warmup, repeats, policy, budget)
             rows.append({"layer": index, "name": names[index], "kind": _kind(wl, index),
-                         **_measure_times(probe, timer, warmup, repeats), **_measure_bytes(probe, dev),
-                         **_measure_flops(probe)})
+                         **_measure_bytes(probe, dev), **_measure_flops(probe)})
             optimizer_s += _measure_optimizer_step(layer, timer, warmup, repeats)
             if with_ops:
                 ops = _op_table(probe, dev, op_offset)
@@ -114,6 +198,21 @@ def profile_workload(
                 x = layer(x)
         del layer
 
+    def remeasure(index: int) -> _Attempt:
+        layer = wl.build_layers(index, index + 1, device=dev, dtype=torch_dtype, seed=seed)[0]
+        probe = probe_of(index, layer, inputs[index])
+        return budget.timed(lambda: _measure_attempt(probe, timer, warmup, repeats, policy), retry=True)
+
+    notes = _settle(rows, attempts, remeasure, policy, budget)
+    inputs.clear()
+    for row in rows:
+        chosen = attempts[row["layer"]][row.pop("_chosen")]
+        row.update(chosen.columns())
+        row["unsteady"] = bool(notes.get(row["layer"]))
+        row["warmup_rounds"] = chosen.warmup_rounds  # extra columns: how the times were obtained
+        row["attempts"] = len(attempts[row["layer"]])
+        row["steadiness"] = notes.get(row["layer"], "")
+
     layer_table = conform(pd.DataFrame(rows), LAYER_TABLE, "profiler")
     ops_table = conform(pd.concat(op_tables, ignore_index=True), OP_TABLE, "profiler") if op_tables \
         else empty_table(OP_TABLE)
@@ -122,7 +221,12 @@ def profile_workload(
         "warmup": warmup, "repeats": repeats, "with_ops": with_ops, "layers": [span.start, span.stop],
         "seed": seed, "torch_threads": torch.get_num_threads(),
         "timer": "cuda events" if dev.type == "cuda" else "time.perf_counter",
-        "statistic": "median over repeats; spread = (max - min) / median",
+        "statistic": "median over repeats; spread = interquartile range / median",
+        "steadiness": {**asdict(policy), "min_warmup": warmup},
+        "retry_s": budget.retry_s,
+        "load_average_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "unsteady_layers": [{"layer": row["layer"], "name": row["name"], "why": row["steadiness"]}
+                            for row in rows if row["unsteady"]],
         "bwd_weight": "autograd.grad from each parameter-owning module's output (gradient captured "
                       "during B) to its own parameters; whole backward when the input is not a float",
         "saved_bytes": "saved_tensors_hooks, each storage once, parameters excluded, layer input "
@@ -309,31 +413,170 @@ class _Timer:
         return time.perf_counter() - t0, out
 
 
-def _measure_times(probe: _LayerProbe, timer: _Timer, warmup: int, repeats: int) -> dict[str, float]:
-    samples: dict[str, list[float]] = {k: [] for k in ("fwd", "bwd", "recompute", "bwd_input", "bwd_weight")}
-    for round_ in range(warmup + repeats):
-        t_fwd, y = timer(probe.forward)
-        t_bwd, _ = timer(lambda y=y: probe.backward(y))
-        del y
-        with torch.no_grad():  # the first, non-saving forward of a checkpointed layer
-            probe.forward()
-        with _capture_weight_edges(probe.layer) as captures:
-            t_recompute, y = timer(probe.forward)
-        t_b = 0.0
-        if probe.has_input_grad:
-            t_b, _ = timer(lambda y=y: probe.backward_input(y))
-        _release_prehooks(captures)
-        t_w, _ = timer(lambda y=y, c=captures: probe.backward_weight(y, c))
-        del y, captures
-        if round_ >= warmup:
-            for key, value in zip(samples, (t_fwd, t_bwd, t_recompute, t_b, t_w), strict=True):
-                samples[key].append(value)
-    out: dict[str, float] = {}
-    for key, values in samples.items():
-        median = statistics.median(values)
-        out[f"{key}_s"] = median
-        out[f"{key}_spread"] = (max(values) - min(values)) / median if median > 0 else 0.0
+def _round(probe: _LayerProbe, timer: _Timer) -> tuple[float, ...]:
+    """One round of every timed quantity, in TIME_KEYS order."""
+    t_fwd, y = timer(probe.forward)
+    t_bwd, _ = timer(lambda y=y: probe.backward(y))
+    del y
+    with torch.no_grad():  # the first, non-saving forward of a checkpointed layer
+        probe.forward()
+    with _capture_weight_edges(probe.layer) as captures:
+        t_recompute, y = timer(probe.forward)
+    t_b = 0.0
+    if probe.has_input_grad:
+        t_b, _ = timer(lambda y=y: probe.backward_input(y))
+    _release_prehooks(captures)
+    t_w, _ = timer(lambda y=y, c=captures: probe.backward_weight(y, c))
+    del y, captures
+    return t_fwd, t_bwd, t_recompute, t_b, t_w
+
+
+def _iqr(values: list[float]) -> float:
+    q1, q3 = np.percentile(values, [25, 75])
+    return float(q3 - q1)
+
+
+@dataclass
+class _Attempt:
+    """One warm-up and ``repeats`` timed rounds of a layer."""
+
+    samples: dict[str, list[float]]
+    warmup_rounds: int
+    warm: bool  # the warm-up ended because rounds agreed, not at its cap
+
+    def median(self, key: str) -> float:
+        return statistics.median(self.samples[key])
+
+    def spread(self, key: str) -> float:
+        median = self.median(key)
+        return _iqr(self.samples[key]) / median if median > 0 else 0.0
+
+    @property
+    def total(self) -> float:
+        return sum(self.median(k) for k in TIME_KEYS)
+
+    def unsteady(self, policy: Steadiness) -> dict[str, float]:
+        """Quantities whose spread exceeds the policy's, with their spreads."""
+        return {k: self.spread(k) for k in TIME_KEYS
+                if self.spread(k) > policy.max_spread and _iqr(self.samples[k]) > policy.floor_s}
+
+    def columns(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for key in TIME_KEYS:
+            out[f"{key}_s"] = self.median(key)
+            out[f"{key}_spread"] = self.spread(key)
+        return out
+
+
+def _warm_up(probe: _LayerProbe, timer: _Timer, warmup: int, policy: Steadiness) -> tuple[int, bool]:
+    """Unrecorded rounds: at least ``warmup``, then until the last ``policy.window`` round totals
+    agree within ``policy.band`` (or ``policy.floor_s``), at most ``policy.max_warmup`` rounds, and
+    past ``policy.max_warmup_s`` seconds only while the rounds still get faster. Returns (rounds
+    run, whether they agreed)."""
+    totals: list[float] = []
+    started = time.perf_counter()
+    while True:
+        done = len(totals)
+        if done >= warmup:
+            if policy.window <= 0:
+                return done, True
+            if done >= policy.window:
+                last = totals[-policy.window:]
+                if max(last) - min(last) <= max(policy.band * statistics.median(last), policy.floor_s):
+                    return done, True
+            if done >= policy.max_warmup:
+                return done, False
+            # Past the time cap, stop unless the layer is still getting faster (its last round
+            # clearly beat every earlier one): that is a one-off cost still wearing off.
+            improving = done >= 2 and totals[-1] < (1 - policy.band) * min(totals[:-1])
+            if time.perf_counter() - started > policy.max_warmup_s and not improving:
+                return done, False
+        totals.append(sum(_round(probe, timer)))
+
+
+def _measure_attempt(probe: _LayerProbe, timer: _Timer, warmup: int, repeats: int,
+                     policy: Steadiness) -> _Attempt:
+    rounds, warm = _warm_up(probe, timer, warmup, policy)
+    samples: dict[str, list[float]] = {k: [] for k in TIME_KEYS}
+    for _ in range(repeats):
+        for key, value in zip(TIME_KEYS, _round(probe, timer), strict=True):
+            samples[key].append(value)
+    return _Attempt(samples, rounds, warm)
+
+
+def _measure_steady(probe: _LayerProbe, timer: _Timer, warmup: int, repeats: int,
+                    policy: Steadiness, budget: _Budget) -> list[_Attempt]:
+    """Attempts until one is steady, at most 1 + ``policy.retries`` (and within the budget)."""
+    def attempt() -> _Attempt:
+        return _measure_attempt(probe, timer, warmup, repeats, policy)
+
+    attempts = [budget.timed(attempt, retry=False)]
+    while attempts[-1].unsteady(policy) and len(attempts) <= policy.retries and budget.allows_retry():
+        attempts.append(budget.timed(attempt, retry=True))
+    return attempts
+
+
+def _signature(row: dict[str, object]) -> tuple[object, ...]:
+    """Layers with equal signatures are identical (same kind and shapes): they must cost the same."""
+    return tuple(row[k] for k in ("kind", "param_bytes", "saved_bytes", "output_bytes", "flops_fwd",
+                                  "flops_bwd"))
+
+
+def _off_siblings(attempt: _Attempt, reference: dict[str, float], policy: Steadiness) -> dict[str, float]:
+    """Quantities of ``attempt`` that differ from the siblings' medians: {key: ratio}."""
+    if policy.sibling_tolerance is None:
+        return {}
+    out = {}
+    for key, ref in reference.items():
+        t = attempt.median(key)
+        if abs(t - ref) > max(policy.sibling_tolerance * ref, policy.floor_s):
+            out[key] = t / ref if ref > 0 else float("inf")
     return out
+
+
+def _settle(rows: list[dict[str, object]], attempts: dict[int, list[_Attempt]],
+            remeasure: Callable[[int], _Attempt], policy: Steadiness, budget: _Budget) -> dict[int, str]:
+    """Compare identical layers, re-measure the odd ones out, choose each layer's attempt (sets
+    row["_chosen"]) and say why a layer is unsteady: {layer: note}."""
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for row in rows:
+        groups.setdefault(_signature(row), []).append(int(row["layer"]))
+
+    def best(index: int) -> _Attempt:
+        return min(attempts[index], key=lambda a: (bool(a.unsteady(policy)), a.total))
+
+    def reference(index: int, group: list[int]) -> dict[str, float]:
+        # Only steady siblings are a reference: an unsteady one must not drag the others along.
+        others = [a for a in (best(j) for j in group if j != index) if not a.unsteady(policy)]
+        return {k: statistics.median(a.median(k) for a in others) for k in TIME_KEYS} if others else {}
+
+    notes: dict[int, str] = {}
+    for row in rows:
+        index = int(row["layer"])
+        group = groups[_signature(row)]
+        ref = reference(index, group)
+        if _off_siblings(best(index), ref, policy):
+            # A steady but wrong measurement (a slow period that lasted the whole layer): rebuild
+            # the layer and measure it again, warm, until it agrees with its siblings.
+            for _ in range(policy.retries):
+                if not budget.allows_retry():
+                    break
+                attempts[index].append(remeasure(index))
+                if not _off_siblings(attempts[index][-1], ref, policy) and \
+                        not attempts[index][-1].unsteady(policy):
+                    break
+        agreeing = [a for a in attempts[index] if not a.unsteady(policy) and not _off_siblings(a, ref, policy)]
+        chosen = min(agreeing, key=lambda a: a.total) if agreeing else \
+            min(attempts[index], key=lambda a: (bool(a.unsteady(policy)), a.total))
+        row["_chosen"] = attempts[index].index(chosen)
+        if agreeing:
+            continue
+        why = [f"{k} spread {v:.2f}" for k, v in chosen.unsteady(policy).items()]
+        why += [f"{k} {v:.2f}x its {len(group) - 1} identical siblings' median"
+                for k, v in _off_siblings(chosen, ref, policy).items()]
+        notes[index] = f"{'; '.join(why)} after {len(attempts[index])} attempt(s)" + \
+            ("" if budget.allows_retry() else " (retry time budget spent)")
+    return notes
 
 
 def _measure_optimizer_step(layer: nn.Module, timer: _Timer, warmup: int, repeats: int) -> float:
