@@ -36,7 +36,8 @@ class TableSchema:
 
 
 # One row per layer of the profiled workload. Times in seconds, sizes in bytes, medians over
-# the repeated measurements; *_spread is (max - min) / median over those repeats.
+# the repeated measurements; *_spread is the interquartile range / median over those repeats
+# ((max - min) / median in bundles older than the `unsteady` column; meta settings["statistic"]).
 LAYER_TABLE = TableSchema(
     "layers",
     1,
@@ -62,7 +63,11 @@ LAYER_TABLE = TableSchema(
         "peak_transient_bytes": "int64",
         "flops_fwd": "int64",
         "flops_bwd": "int64",
+        # True when the profiler got no steady measurement of the layer after its retries (bundle
+        # meta settings["unsteady_layers"] says why); absent in older bundles, hence the default.
+        "unsteady": "bool",
     },
+    defaults={"unsteady": False},
     finite_nonnegative=(
         "fwd_s", "fwd_spread", "bwd_input_s", "bwd_input_spread", "bwd_weight_s", "bwd_weight_spread",
         "bwd_s", "bwd_spread", "recompute_s", "recompute_spread", "param_bytes", "grad_bytes",
