@@ -60,7 +60,7 @@ def unsteady_notes(layers) -> list[str]:  # noqa: ANN001 - a DataFrame
         spreads = ", ".join(f"{k} {getattr(row, k + '_spread'):.2f}"
                             for k in ("fwd", "bwd", "recompute", "bwd_input", "bwd_weight"))
         notes.append(f"unsteady: layer {row.layer} {row.name}: {why or 'flagged'} (spread IQR/median: {spreads}); "
-                     "its times are the fastest attempt's medians, re-profile on a quieter machine")
+                     "re-profile on a quieter machine")
     return notes
 
 

@@ -3,10 +3,12 @@
     python benchmarks/profile_overhead.py [--workload gpt2-small] [--micro-batch 1] [--seq 64]
 
 A training step is forward + backward + Adam over the whole model, built once; the profiler is
-one full ``profile_workload`` call (every layer, its defaults: warm-up 2, repeats 10, op table
-on). Both are medians over repeats, with spread = (max - min) / median. It also prints the sum
-of the profiled per-layer forward and backward times beside the step's own forward + backward,
-a first check that per-layer profiles add up to the whole model.
+one full ``profile_workload`` call (every layer, its defaults: at least 2 warm-up rounds and
+more until rounds agree, repeats 10, re-measurements of unsteady layers and of outliers among
+identical siblings, op table on). Both are medians over repeats, with spread = (max - min) /
+median. It also prints how many warm-up rounds and attempts the profiler needed and what the
+re-measurements cost, and the sum of the profiled per-layer forward and backward times beside
+the step's own forward + backward, a first check that per-layer profiles add up to the model.
 """
 
 from __future__ import annotations
@@ -71,15 +73,23 @@ def main() -> None:
     print(f"training step (fwd+bwd+Adam): median {step:.3f} s, spread {step_spread:.0%} "
           f"over {len(totals)} steps (fwd+bwd alone {step_compute:.3f} s)")
 
-    walls, layer_sums = [], []
+    walls, layer_sums, warmups, attempts, retry_s, unsteady = [], [], [], [], [], []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
         bundle = profile_workload(args.workload, args.micro_batch, seq=args.seq)
         walls.append(time.perf_counter() - t0)
-        layer_sums.append(float((bundle.layers["fwd_s"] + bundle.layers["bwd_s"]).sum()))
+        layers = bundle.layers
+        layer_sums.append(float((layers["fwd_s"] + layers["bwd_s"]).sum()))
+        warmups += list(layers["warmup_rounds"])
+        attempts += list(layers["attempts"])
+        retry_s.append(float(bundle.meta["settings"]["retry_s"]))
+        unsteady.append(int(layers["unsteady"].sum()))
     wall, wall_spread = median_spread(walls)
-    print(f"profiler (warm-up 2, repeats 10, op table): median {wall:.1f} s, spread {wall_spread:.0%} "
-          f"over {len(walls)} runs")
+    print(f"profiler (warm-up >= 2 until stable, repeats 10, op table): median {wall:.1f} s, "
+          f"spread {wall_spread:.0%} over {len(walls)} runs")
+    print(f"steadiness: warm-up rounds per layer median {statistics.median(warmups):g} (max {max(warmups)}), "
+          f"attempts per layer median {statistics.median(attempts):g} (max {max(attempts)}), re-measuring "
+          f"{statistics.median(retry_s):.1f} s of each run (median), unsteady layers per run {unsteady}")
     print(f"ratio profiler / training step: {wall / step:.0f}x")
     print(f"sum of profiled per-layer fwd+bwd: {statistics.median(layer_sums):.3f} s "
           f"(the step's own fwd+bwd: {step_compute:.3f} s)")

@@ -46,8 +46,10 @@ periods; a fixed two-round warm-up let a 50x outlier through as a median. So:
    it agrees. This catches a slow period that lasts a whole layer's measurement (steady but wrong);
 5. of a layer's attempts the profiler keeps a steady one (agreeing with its siblings, when it has
    any) and among those the fastest: contention and one-off costs only ever add time. A layer
-   with no such attempt keeps its fastest attempt and is flagged: column ``unsteady`` and
-   ``meta.settings.unsteady_layers`` (layer, name, why), which ``paratwin profile`` prints.
+   with no such attempt is flagged: column ``unsteady`` and ``meta.settings.unsteady_layers``
+   (layer, name, why), which ``paratwin profile`` prints. Its times are the median of its steady
+   identical siblings when it has two or more (they do the same work and agree with each other),
+   else those of its fastest attempt (steady ones first).
 """
 
 from __future__ import annotations
@@ -206,7 +208,7 @@ def profile_workload(
     notes = _settle(rows, attempts, remeasure, policy, budget)
     inputs.clear()
     for row in rows:
-        chosen = attempts[row["layer"]][row.pop("_chosen")]
+        chosen = row.pop("_chosen")
         row.update(chosen.columns())
         row["unsteady"] = bool(notes.get(row["layer"]))
         row["warmup_rounds"] = chosen.warmup_rounds  # extra columns: how the times were obtained
@@ -536,8 +538,8 @@ def _off_siblings(attempt: _Attempt, reference: dict[str, float], policy: Steadi
 
 def _settle(rows: list[dict[str, object]], attempts: dict[int, list[_Attempt]],
             remeasure: Callable[[int], _Attempt], policy: Steadiness, budget: _Budget) -> dict[int, str]:
-    """Compare identical layers, re-measure the odd ones out, choose each layer's attempt (sets
-    row["_chosen"]) and say why a layer is unsteady: {layer: note}."""
+    """Compare identical layers, re-measure the odd ones out, choose each layer's times (sets
+    row["_chosen"], an attempt) and say why a layer is unsteady: {layer: note}."""
     groups: dict[tuple[object, ...], list[int]] = {}
     for row in rows:
         groups.setdefault(_signature(row), []).append(int(row["layer"]))
@@ -545,9 +547,12 @@ def _settle(rows: list[dict[str, object]], attempts: dict[int, list[_Attempt]],
     def best(index: int) -> _Attempt:
         return min(attempts[index], key=lambda a: (bool(a.unsteady(policy)), a.total))
 
-    def reference(index: int, group: list[int]) -> dict[str, float]:
+    def steady_siblings(index: int, group: list[int]) -> list[_Attempt]:
         # Only steady siblings are a reference: an unsteady one must not drag the others along.
-        others = [a for a in (best(j) for j in group if j != index) if not a.unsteady(policy)]
+        return [a for a in (best(j) for j in group if j != index) if not a.unsteady(policy)]
+
+    def reference(index: int, group: list[int]) -> dict[str, float]:
+        others = steady_siblings(index, group)
         return {k: statistics.median(a.median(k) for a in others) for k in TIME_KEYS} if others else {}
 
     notes: dict[int, str] = {}
@@ -568,14 +573,21 @@ def _settle(rows: list[dict[str, object]], attempts: dict[int, list[_Attempt]],
         agreeing = [a for a in attempts[index] if not a.unsteady(policy) and not _off_siblings(a, ref, policy)]
         chosen = min(agreeing, key=lambda a: a.total) if agreeing else \
             min(attempts[index], key=lambda a: (bool(a.unsteady(policy)), a.total))
-        row["_chosen"] = attempts[index].index(chosen)
+        row["_chosen"] = chosen
         if agreeing:
             continue
         why = [f"{k} spread {v:.2f}" for k, v in chosen.unsteady(policy).items()]
         why += [f"{k} {v:.2f}x its {len(group) - 1} identical siblings' median"
                 for k, v in _off_siblings(chosen, ref, policy).items()]
-        notes[index] = f"{'; '.join(why)} after {len(attempts[index])} attempt(s)" + \
+        note = f"{'; '.join(why)} after {len(attempts[index])} attempt(s)" + \
             ("" if budget.allows_retry() else " (retry time budget spent)")
+        siblings = steady_siblings(index, group)
+        if len(siblings) >= 2:
+            # Identical layers do identical work: when two or more of them agree and this one
+            # never did, their median is the better estimate of its cost (flagged all the same).
+            row["_chosen"] = _Attempt({k: [a.median(k) for a in siblings] for k in TIME_KEYS}, 0, True)
+            note += f"; times are the median of its {len(siblings)} steady identical siblings"
+        notes[index] = note
     return notes
 
 

@@ -357,3 +357,17 @@ def test_flop_rates_never_print_as_zero() -> None:
     assert flop_rate(2.1e9) == "2.1 GFLOP/s"
     assert flop_rate(3.12e14) == "312 TFLOP/s"
     assert flop_rate(0.0).startswith("0 FLOP/s")
+
+
+def test_a_layer_that_never_agrees_with_its_identical_siblings_is_flagged_and_given_their_median() -> None:
+    # Layer 0 is 10x slow on every build (a slow period outlasting all its re-measurements);
+    # layers 1-3 agree. Layer 4 is the last one (with the loss), not identical.
+    wl = SleepyWorkload(5, lambda index: (lambda c: STEADY_S + (0.036 if index == 0 else 0.0)))
+    policy = Steadiness(retries=1)
+    bundle = profile_workload(wl, micro_batch=2, warmup=1, repeats=5, with_ops=False, steady=policy)
+    layers = bundle.layers
+    assert layers.loc[0, "unsteady"] and layers.loc[0, "attempts"] == 1 + policy.retries
+    siblings = layers.loc[1:3, "fwd_s"]
+    assert 0.5 < layers.loc[0, "fwd_s"] / siblings.median() < 2, layers["fwd_s"].tolist()
+    why = [f["why"] for f in bundle.meta["settings"]["unsteady_layers"] if f["layer"] == 0]
+    assert "identical siblings' median" in why[0] and "times are the median of its" in why[0], why
