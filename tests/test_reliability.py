@@ -243,6 +243,13 @@ def rank_pids(out: Path, world: int = 2) -> list[int]:
     return pids
 
 
+def heartbeat_iteration(out: Path, rank: int) -> int:
+    try:
+        return int(json.loads((out / "heartbeat" / f"rank{rank}.json").read_text())["iteration"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
 def lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.is_file() else 0
 
@@ -310,7 +317,9 @@ def test_frozen_rank_is_named_with_how_long_it_has_been_silent(tmp_path: Path) -
     process = start_paratwin("run", str(PLAN), "--iterations", "100000", "--warmup", "0", "--out", str(out),
                              "--timeout", "6")
     try:
-        wait_for(lambda: lines(out / "ranks" / "rank1.jsonl") >= 2 and rank_pids(out), "iterations", process)
+        # Freeze rank 1 once its heartbeat (rewritten every 0.2 s) has seen it inside an iteration:
+        # iterations of gpt-tiny can finish between two heartbeats.
+        wait_for(lambda: heartbeat_iteration(out, 1) >= 2 and rank_pids(out), "iterations", process)
         frozen = rank_pids(out)[1]
         os.kill(frozen, signal.SIGSTOP)
         output = process.communicate(timeout=WAIT_S)[0]
@@ -319,7 +328,7 @@ def test_frozen_rank_is_named_with_how_long_it_has_been_silent(tmp_path: Path) -
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(30)
     assert process.returncode == 2, output[-3000:]
-    match = re.search(r"rank 1 at iteration \d+ instruction -?\d+ \([^,]*, for ([\d.]+) s; "
+    match = re.search(r"rank 1 at iteration [1-9]\d* instruction -?\d+ \([^,]*, for ([\d.]+) s; "
                       r"no heartbeat for ([\d.]+) s: the process is frozen\)", output)
     assert match, output[-3000:]
     assert float(match.group(1)) >= float(match.group(2)) > 3.0  # before: "for 0.0 s"
