@@ -94,12 +94,15 @@ def simulate(
     plan: Annotated[Path, typer.Argument(help="plan YAML or JSON")],
     out: Annotated[Path | None, typer.Option(help="directory for the instruction table and timeline")] = None,
     full: Annotated[bool, typer.Option("--full", help="simulate every rank, not one per symmetric group")] = False,
+    profile: Annotated[Path | None, typer.Option(help="trace bundle to use in place of the plan's profile:")] = None,
 ) -> None:
     """Predict iteration time, throughput, bubbles and memory of a plan; write its timeline."""
     from sim.plan import Plan
     from sim.simulate import simulate as run_simulation
 
     loaded = Plan.load(plan)
+    if profile is not None:
+        loaded = loaded.replace(profile=str(profile))
     result = run_simulation(loaded, full=full)
     print_sim(result)
     target = out or Path("runs") / f"sim-{safe_name(loaded.name)}"
@@ -187,10 +190,10 @@ def validate_suite(
 @app.command()
 def calibrate(
     out: Annotated[Path, typer.Option(help="directory for predictions, figure and summary")] = Path("runs/calibration"),
-    seed: Annotated[int, typer.Option(help="seed of the calibration / holdout split")] = 0,
+    seed: Annotated[int, typer.Option(help="seed of the draw of fit rows")] = 0,
     save: Annotated[bool, typer.Option("--save-data", help="store the fitted curve as the A100 default")] = False,
 ) -> None:
-    """Fit the A100 analytic model on half of the Megatron-LM measurements; report error on the rest."""
+    """Fit the A100 analytic model on the Megatron-LM measurements, holding out one whole model shape at a time."""
     from analysis.calibrate import print_summary, run_calibration, save_calibration_data
 
     summary = run_calibration(out, seed=seed)

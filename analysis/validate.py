@@ -343,13 +343,16 @@ def _merge_profiles(bundles: list[ProfileBundle], statistic: str = "median") -> 
         if values is None:
             continue
         layers[column] = combine(values, axis=0) if column.endswith("_s") else values.max(axis=0)
+    if "unsteady" in layers:  # unsteady in any process is unsteady in the merged profile
+        layers["unsteady"] = np.logical_or.reduce([b.layers["unsteady"].to_numpy(dtype=bool) for b in bundles])
     settings = dict(first.meta["settings"])
     per_byte = [float(b.meta["settings"]["optimizer_s_per_param_byte"]) for b in bundles]
     settings["optimizer_s_per_param_byte"] = float(combine(per_byte))
     if statistic == "median":  # concurrent processes; a mean merges two profiles taken one after the other
         settings["colocated_processes"] = len(bundles)
         settings["statistic"] = ("median over repeats in each process, then median over the concurrent "
-                                 "processes; spread = the largest (max - min) / median of the processes")
+                                 "processes; spread = the largest of the processes' spreads; a layer is "
+                                 "unsteady when it is in any process")
     return ProfileBundle({**first.meta, "settings": settings}, conform(layers, LAYER_TABLE, "merged profile"),
                          first.ops, first.comm_samples, first.comm_fits)
 

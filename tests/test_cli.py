@@ -33,3 +33,16 @@ def test_profile_of_unknown_workload_is_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "unknown workload 'gpt-9000'" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_simulate_takes_a_profile_from_the_command_line(tmp_path: Path) -> None:
+    plan = "examples/plans/gpt-tiny-pp2-1f1b.yaml"
+    refused = paratwin("simulate", plan, "--out", str(tmp_path / "refused"))
+    assert refused.returncode == 2 and "paratwin profile" in refused.stdout, refused.stdout
+    bundle = tmp_path / "bundle"
+    assert paratwin("profile", "--workload", "gpt-tiny", "--micro-batch", "2", "--repeats", "2", "--warmup", "1",
+                    "--no-ops", "--out", str(bundle)).returncode == 0
+    done = paratwin("simulate", plan, "--profile", str(bundle), "--out", str(tmp_path / "sim"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    assert summary["iteration_s"] > 0
