@@ -4,7 +4,7 @@ The data: 1,440 Megatron-LM GPT iteration times on one 8 x A100 node (vTrain, Ba
 ``sim/data/a100_single_node_megatron.csv``, source in ``sim/data/a100_single_node_megatron.md``).
 Each row becomes a paratwin ``Plan`` (1F1B, full recompute, one gradient bucket, fp16, one DGX A100
 node with as many GPUs as the row used) and is predicted by the full simulator (``sim.simulate``'s
-prepare, lower, engine) with ``AnalyticCosts`` under an ``EfficiencyCurve``. The curve's two
+compile_plan, engine) with ``AnalyticCosts`` under an ``EfficiencyCurve``. The curve's two
 parameters (eff_max, flops_half), and optionally one NVLink bandwidth-efficiency factor, are fitted by
 ``scipy.optimize.least_squares`` on fit rows only, side by side with the uncalibrated defaults and
 with ``sim.calibration.quick_predict`` (the closed-form 1F1B predictor) fitted on the same rows.
@@ -48,11 +48,11 @@ from sim.calibration import (
     model_splits,
 )
 from sim.cluster import ClusterSpec, load_cluster
+from sim.compile import compile_plan
 from sim.engine import Engine, EngineOptions
 from sim.hardware import get_device
-from sim.lower import lower
 from sim.plan import Plan
-from sim.simulate import prepare, simulate
+from sim.simulate import simulate
 from sim.workloads import LayerSpec, transformer_config, transformer_layers
 from traces.errors import BundleError, ConfigError
 
@@ -166,7 +166,7 @@ class Calibration:
 class SimulatorPredictor:
     """``predictor(row, calibration) -> seconds``: the full simulator on the row's plan.
 
-    ``engine_only`` (the default) runs exactly ``sim.simulate.simulate``'s steps (``prepare``, ``lower``
+    ``engine_only`` (the default) runs exactly ``sim.simulate.simulate``'s steps (``compile_plan``
     in symmetric mode, ``Engine.run``) but skips building the per-instruction result table, which is
     two thirds of a call's time here and which a fit never reads; the iteration time is the same
     number (tests/test_calibrate.py checks it is identical). ``engine_only=False`` calls ``simulate``.
@@ -193,10 +193,10 @@ class SimulatorPredictor:
         costs = AnalyticCosts(self._layer_specs(plan), cluster.device, plan.dtype, cluster, calibration.curve)
         if not self.engine_only:
             return simulate(plan, costs=costs, options=self._options).iteration_s
-        setup = prepare(plan, costs)
-        program = lower(plan, setup.stage_layers, setup.costs, setup.policy, symmetric=True)
-        return Engine(program, setup.costs, setup.comm, setup.policy, plan.micro_batch, plan.tp_overlap,
-                      self._options).run()
+        compiled = compile_plan(plan, costs)
+        resolved = compiled.resolved
+        return Engine(compiled.program, resolved.costs, resolved.comm, resolved.policy, plan.micro_batch,
+                      plan.tp_overlap, self._options).run()
 
     def _layer_specs(self, plan: Plan) -> list[LayerSpec]:
         o = plan.workload_options
@@ -511,7 +511,7 @@ def save_calibration_data(summary: Mapping[str, Any], path: Path = CALIBRATION_D
         "provenance": {
             "data": "vTrain (Bang et al., MICRO 2024) ground_truth_single.csv: Megatron-LM GPT on one "
                     "8 x A100 node; " + summary["data"]["source"],
-            "predictor": "paratwin's full simulator with AnalyticCosts (sim.simulate's prepare, lower, "
+            "predictor": "paratwin's full simulator with AnalyticCosts (sim.compile's compile_plan, "
                          f"Engine.run), fit '{which}' of analysis.calibrate.run_calibration",
             "split": summary["split"]["method"],
             "seed": summary["split"]["seed"],

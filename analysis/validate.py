@@ -42,12 +42,12 @@ import numpy as np
 import pandas as pd
 
 from analysis.timeline_figure import plot_timelines
+from sim.compile import ResolvedPlan, compile_plan, resolve_plan
 from sim.engine import EngineOptions
-from sim.lower import lower
 from sim.plan import Plan
 from sim.program import COLLECTIVE_KINDS, RECV_KINDS, SEND_KINDS, Kind
 from sim.result import SimResult
-from sim.simulate import Setup, prepare, simulate
+from sim.simulate import simulate
 from traces.bundle import ProfileBundle, read_bundle, write_bundle
 from traces.chrome import chrome_events, write_chrome_trace
 from traces.errors import ConfigError
@@ -249,9 +249,9 @@ class CalibratedComm:
         return self.base.host_copy()
 
 
-def calibrated_setup(setup: Setup, calibration: Calibration) -> Setup:
-    """``setup`` with the calibration applied (swapped in after ``prepare``, which keeps the
-    bundle's communication fits; ``prepare(plan, costs=...)`` would drop them)."""
+def calibrated_setup(setup: ResolvedPlan, calibration: Calibration) -> ResolvedPlan:
+    """``setup`` with the calibration applied (swapped in after ``resolve_plan``, which keeps the
+    bundle's communication fits; ``resolve_plan(plan, costs=...)`` would drop them)."""
     costs = CalibratedCosts(setup.costs, calibration.compute_scale) if calibration.compute_scale != 1.0 \
         else setup.costs
     comm = CalibratedComm(setup.comm, calibration.allreduce_overhead_s) if calibration.allreduce_overhead_s \
@@ -271,14 +271,14 @@ def fit_calibration(reports: list[ValidationReport], max_overhead_s: float = 0.0
     cases = []
     for report in reports:
         plan = Plan.load(Path(report.out_dir) / "plan.yaml")
-        cases.append((plan, prepare(plan), report.measured_s))
+        cases.append((plan, resolve_plan(plan), report.measured_s))
     if not cases:
         raise ConfigError("calibration", "no calibration reports", "validate some calibration plans first")
 
     def loss(overhead: float) -> float:
         calibration = Calibration(allreduce_overhead_s=overhead)
         return sum(math.log(simulate(plan, full=True, options=EngineOptions(),
-                                     setup=calibrated_setup(setup, calibration)).iteration_s / measured) ** 2
+                                     resolved=calibrated_setup(setup, calibration)).iteration_s / measured) ** 2
                    for plan, setup, measured in cases)
 
     best = minimize_scalar(loss, bounds=(0.0, max_overhead_s), method="bounded", options={"xatol": 1e-5})
@@ -363,8 +363,8 @@ def _merge_profiles(bundles: list[ProfileBundle], statistic: str = "median") -> 
 
 def comm_sizes(plan: Plan) -> list[int]:
     """Bytes of every message, gradient bucket and TP all-reduce of ``plan`` (costs from its profile)."""
-    setup = prepare(plan)
-    program = lower(plan, setup.stage_layers, setup.costs, setup.policy, symmetric=False)
+    compiled = compile_plan(plan, symmetric=False)
+    program, setup = compiled.program, compiled.resolved
     sizes = {ins.bytes for rp in program.ranks.values() for ins in rp.instructions
              if ins.kind.value in COMM_KINDS and ins.bytes > 0}
     if plan.tp > 1:
@@ -452,7 +452,7 @@ def kind_comparison(predicted: pd.DataFrame, measured: pd.DataFrame) -> pd.DataF
 
 
 def memory_comparison(sim: SimResult, measured: pd.DataFrame, measured_peak: dict[int, int],
-                      setup: Setup, stage_ranks: dict[int, tuple[int, ...]]) -> pd.DataFrame:
+                      setup: ResolvedPlan, stage_ranks: dict[int, tuple[int, ...]]) -> pd.DataFrame:
     """Per rank: the ledger's peak and the runtime's tracked peak as each side reports them, and
     both made comparable (see MEMORY_NOTE): the ledger sampled at instruction ends without the
     flattened data-parallel buckets in flight, the runtime with gradients counted from the start."""
@@ -635,24 +635,24 @@ def _predict_and_compare(plan: Plan, measured_plan: Plan, run: MeasuredRun, out:
 
     # Predict (full mode: every rank, waiting for its real peers).
     options = options or EngineOptions(layer_rows=True)
-    setup = prepare(measured_plan)
+    setup = resolve_plan(measured_plan)
     calibration = calibration or Calibration()
     extra_settings["calibration"] = asdict(calibration)
     extra_settings["predicted_uncalibrated_s"] = None
     if not calibration.identity:
-        plain = simulate(measured_plan, full=True, options=options, setup=setup).iteration_s
+        plain = simulate(measured_plan, full=True, options=options, resolved=setup).iteration_s
         extra_settings["predicted_uncalibrated_s"] = float(plain)
         notes.append(f"calibrated ({calibration.source}): compute x {calibration.compute_scale:.3f}, "
                      f"+{calibration.allreduce_overhead_s * 1e3:.2f} ms per all-reduce; uncalibrated "
                      f"prediction {plain * 1e3:.1f} ms")
         setup = calibrated_setup(setup, calibration)
-    sim = simulate(measured_plan, full=True, options=options, setup=setup)
+    sim = simulate(measured_plan, full=True, options=options, resolved=setup)
     measured_plan.dump(out / "plan.yaml")
     times = run.iteration_times
 
     # Compare and draw.
     measured = run.table
-    program = lower(measured_plan, setup.stage_layers, setup.costs, setup.policy, symmetric=False)
+    program = compile_plan(measured_plan, symmetric=False, resolved=setup).program
     stage_ranks = {rank: rp.stages for rank, rp in program.ranks.items()}
     chosen = representative_iteration(measured, times)
     one = measured[measured["iteration"] == chosen]

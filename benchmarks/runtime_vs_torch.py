@@ -30,7 +30,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from exec.launcher import run_plan  # noqa: E402
-from exec.runtime import batch_seed, make_optimizer, setup_for_run  # noqa: E402
+from exec.runtime import batch_seed, compile_for_run, make_optimizer  # noqa: E402
 from sim.plan import Plan  # noqa: E402
 
 TORCH_SCHEDULES = {
@@ -61,7 +61,7 @@ def _torch_rank(rank: int, world: int, plan_data: dict, steps: int, init: str, o
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     plan = Plan.from_dict(plan_data)
-    run = setup_for_run(plan)
+    run = compile_for_run(plan)
     workload, program = run.workload, run.program
     stages, params = [], []
     for s in program.ranks[rank].stages:

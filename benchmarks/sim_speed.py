@@ -14,8 +14,9 @@ import argparse
 import statistics
 import time
 
+from sim.compile import resolve_plan
 from sim.plan import Plan
-from sim.simulate import prepare, simulate
+from sim.simulate import simulate
 
 
 def plan_for(gpus: int) -> Plan:
@@ -27,11 +28,11 @@ def plan_for(gpus: int) -> Plan:
 
 
 def measure(plan: Plan, full: bool, repeats: int) -> tuple[list[float], float, int]:
-    setup = prepare(plan)
+    setup = resolve_plan(plan)
     walls, iteration, rows = [], 0.0, 0
     for _ in range(repeats):
         started = time.perf_counter()
-        result = simulate(plan, full=full, setup=setup)
+        result = simulate(plan, full=full, resolved=setup)
         walls.append(time.perf_counter() - started)
         iteration, rows = result.iteration_s, result.events
     return walls, iteration, rows

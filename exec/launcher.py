@@ -39,9 +39,9 @@ import pandas as pd
 import torch.multiprocessing as tmp
 
 from exec.records import read_rank_results, summarise, write_record
-from exec.runtime import RunOptions, pick_backend, run_rank, setup_for_run, write_error
+from exec.runtime import RunOptions, compile_for_run, pick_backend, run_rank, write_error
+from sim.compile import check_local_run
 from sim.plan import Plan
-from sim.simulate import check_local_run
 from traces.errors import ConfigError, ParatwinError
 from traces.outdir import RENDEZVOUS_NAME, OutputLock, claim_run_folder, finish_marker
 from traces.runrecord import read_run_record
@@ -186,7 +186,7 @@ def run_plan(plan: Plan | str | Path, nproc: int | None = None, backend: str | N
 def _check_plan(plan: Plan) -> None:
     """Every check a rank makes before its first instruction, here, once (a ``ConfigError``)."""
     check_local_run(plan)
-    setup_for_run(plan)
+    compile_for_run(plan)
 
 
 def _launch(plan: Plan, out_dir: Path, options: RunOptions, timeout_s: float) -> RunResult:

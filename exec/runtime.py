@@ -2,7 +2,7 @@
 
 Every rank builds only its pipeline stages (``Workload.build_layers`` seeds each layer, so any
 partition holds the whole model's weights), shards transformer blocks over its TP group
-(``exec.parallel.tp``), and executes ``lower(plan, ...).ranks[rank]`` (the very Program the
+(``exec.parallel.tp``), and executes ``compile_plan(plan, ...).program.ranks[rank]`` (the very Program the
 simulator interprets) instruction by instruction, in program order:
 
 - FWD: a forward with ``save=False`` runs the stage's recompute layers (a prefix of the stage,
@@ -56,10 +56,10 @@ from exec.parallel.tp import apply_tensor_parallel
 from exec.records import write_record
 from exec.structure import StructuralCosts, torch_dtype
 from exec.workloads import Workload, get_workload
-from sim.lower import MemoryPolicy, lower
+from sim.compile import ResolvedPlan, compile_plan
+from sim.lower import MemoryPolicy
 from sim.plan import Plan
 from sim.program import Instruction, Kind, Program, RankProgram
-from sim.simulate import Setup, prepare
 from traces.errors import ConfigError
 
 # Adam's learning rate: a constant of the runtime (a Plan has no optimizer settings yet); the
@@ -95,16 +95,18 @@ def load_workload(plan: Plan) -> Workload:
 
 
 @dataclass
-class RunSetup:
+class ExecutablePlan:
+    """A compiled plan (every rank) with the real workload it runs and that workload's exact costs."""
+
     plan: Plan
-    setup: Setup
+    resolved: ResolvedPlan
     workload: Workload
     structure: StructuralCosts
     program: Program
 
 
-def setup_for_run(plan: Plan, ranks: str = "all") -> RunSetup:
-    """Resolve ``plan`` exactly as the simulator does and lower it for every rank.
+def compile_for_run(plan: Plan) -> ExecutablePlan:
+    """Compile ``plan`` exactly as the simulator does, lowered for every rank.
 
     With ``profile`` set the costs are the profile's (the simulator's own); otherwise the exact
     structural costs, which give the same partition for ``uniform`` and ``parameters`` and exact
@@ -112,9 +114,8 @@ def setup_for_run(plan: Plan, ranks: str = "all") -> RunSetup:
     """
     workload = load_workload(plan)
     structure = StructuralCosts(workload, plan.micro_batch, plan.dtype, plan.tp)
-    setup = prepare(plan, costs=None if plan.profile else structure)
-    program = lower(plan, setup.stage_layers, setup.costs, setup.policy, symmetric=False)
-    return RunSetup(plan, setup, workload, structure, program)
+    compiled = compile_plan(plan, costs=None if plan.profile else structure, symmetric=False)
+    return ExecutablePlan(plan, compiled.resolved, workload, structure, compiled.program)
 
 
 @dataclass(frozen=True)
@@ -284,11 +285,11 @@ _P2P = frozenset({Kind.SEND_ACT, Kind.SEND_GRAD, Kind.RECV_ACT, Kind.RECV_GRAD})
 
 
 class RankRuntime:
-    def __init__(self, run: RunSetup, rank: int, device: torch.device,
+    def __init__(self, run: ExecutablePlan, rank: int, device: torch.device,
                  tp_group: object = None, dp_group: object = None) -> None:
         self.plan, self.workload, self.rank, self.device = run.plan, run.workload, rank, device
         self.program: RankProgram = run.program.ranks[rank]
-        self.policy: MemoryPolicy = run.setup.policy
+        self.policy: MemoryPolicy = run.resolved.policy
         self.stage_layers = run.program.stage_layers
         self.num_stages = len(self.stage_layers)
         self.coords = self.program.coords
@@ -820,7 +821,7 @@ def run_rank(plan: Plan, rank: int, world_size: int, local_rank: int, out_dir: P
         timeout = dt.timedelta(seconds=options.timeout_s)
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
                                 timeout=timeout)
-        run = setup_for_run(plan)
+        run = compile_for_run(plan)
         if run.program.world_size != world_size:
             raise ConfigError("world size", f"the plan needs {run.program.world_size} ranks, "
                               f"{world_size} were launched", "launch dp x tp x pp ranks")
@@ -899,12 +900,12 @@ def _own_group(all_ranks: list[list[int]], rank: int, timeout: dt.timedelta) -> 
     return own
 
 
-def run_meta(run: RunSetup, backend: str, device: torch.device) -> dict:
+def run_meta(run: ExecutablePlan, backend: str, device: torch.device) -> dict:
     return {
         "backend": backend, "device": str(device), "torch": torch.__version__,
         "stage_layers": [list(layers) for layers in run.program.stage_layers],
-        "recompute_layers": [list(layers) for layers in run.setup.policy.recompute_layers],
-        "swap_fraction": list(run.setup.policy.swap_fraction),
+        "recompute_layers": [list(layers) for layers in run.resolved.policy.recompute_layers],
+        "swap_fraction": list(run.resolved.policy.swap_fraction),
         "memory": MEMORY_NOTE_CUDA if device.type == "cuda" else MEMORY_NOTE_CPU,
         "learning_rate": LEARNING_RATE,
         "costs": "profile" if run.plan.profile else "structural (exec.structure.StructuralCosts)",

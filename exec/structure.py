@@ -6,7 +6,7 @@ these follow from the modules themselves, so ``StructuralCosts`` measures them w
 pass on the ``meta`` device (no memory, no arithmetic; any model size) and leaves every time at
 zero. With it any workload (GPT, LSTM, ResNet, ...) can be lowered and run without a profile:
 
-    prepare(plan, costs=StructuralCosts(workload, plan.micro_batch, plan.dtype, plan.tp))
+    resolve_plan(plan, costs=StructuralCosts(workload, plan.micro_batch, plan.dtype, plan.tp))
 
 Per layer it records parameter, gradient and Adam-state bytes of one rank (after TP sharding,
 built with ``exec.parallel.tp`` without a process group), the output activation bytes, the bytes

@@ -1,218 +1,47 @@
-"""From a Plan to a SimResult: resolve and check the plan, lower it, run the engine.
-
-``prepare`` does every check that needs the workload and the cluster and returns the resolved
-pieces (``exec`` uses the same ones, so the runtime executes exactly what was simulated);
-``simulate`` lowers and runs the engine and summarises.
-"""
+"""From a Plan to a SimResult: compile the plan (``sim.compile``), run the engine, summarise."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from sim.bundle_costs import BundleCostModel
-from sim.cluster import ClusterSpec, load_cluster
-from sim.comm import ClusterComm
+from sim.compile import ResolvedPlan, compile_plan
 from sim.costs import CostModel
 from sim.engine import Engine, EngineOptions
-from sim.lower import MemoryPolicy, lower, memory_policy
-from sim.partition import balanced_partition, check_partition, uniform_partition
 from sim.plan import Plan
 from sim.program import Program
 from sim.result import RankMemory, SimResult
-from sim.schedules import SCHEDULES, check_preconditions
-from sim.workloads import (
-    EXEC_ONLY_OPTIONS,
-    TRANSFORMER_PRESETS,
-    WORKLOAD_FAMILIES,
-    TransformerConfig,
-    transformer_config,
-    transformer_layers,
-    workload_config,
-)
 from traces.errors import ConfigError
 from traces.schema import INSTRUCTION_TABLE
 from traces.tables import conform
 
 
-@dataclass
-class Setup:
-    plan: Plan
-    cluster: ClusterSpec
-    costs: CostModel
-    comm: ClusterComm
-    stage_layers: list[tuple[int, ...]]
-    policy: MemoryPolicy
-    transformer: TransformerConfig | None
-
-
-def prepare(plan: Plan, costs: CostModel | None = None) -> Setup:
-    cluster = load_cluster(plan.cluster)
-    if plan.world_size != cluster.world_size:
-        raise ConfigError("dp x tp x pp", f"{plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size} but cluster "
-                          f"{cluster.name} has {cluster.world_size} devices",
-                          "change the degrees so that their product is the cluster's device count")
-    config = workload_config(plan.workload, plan.workload_options)  # checks every option
-    transformer = _transformer_of(plan)
-    _check_tp(plan, transformer)
-    check_size(plan, full=False)
-    # A profile measured on this hardware brings its communication fits, whatever computes the costs.
-    bundle_costs = BundleCostModel.load(plan.profile) if plan.profile is not None else None
-    if bundle_costs is not None:
-        layers = len(transformer_layers(transformer)) if transformer is not None else None
-        bundle_costs.check_describes(plan.workload, plan.workload_options, config, layers, plan.dtype,
-                                     cluster.device.kind)
-    fits = bundle_costs.bundle.comm_fits if bundle_costs is not None else None
-    if costs is None:
-        profile_it = (f"profile it on this machine: paratwin profile --workload {plan.workload} --micro-batch "
-                      f"{plan.micro_batch} --device cpu --out DIR, then set profile: DIR in the plan")
-        if bundle_costs is not None:
-            costs = bundle_costs
-        elif transformer is not None and cluster.device.kind == "cpu":
-            # The analytic model knows a CPU's matmul rate but not its per-operator overheads, which
-            # dominate small models (gpt-tiny: 4 ms predicted, 54 ms measured): no guess is printed.
-            raise ConfigError("profile", f"no profile for a plan on CPU devices ({cluster.device.name}); the "
-                              "analytic model does not predict CPU times", profile_it)
-        elif transformer is not None:
-            from sim.analytic_costs import AnalyticCosts
-
-            costs = AnalyticCosts(transformer_layers(transformer), cluster.device, plan.dtype, cluster)
-        else:
-            raise ConfigError("profile", f"workload {plan.workload!r} has no closed-form cost model", profile_it)
-    if plan.num_stages > costs.num_layers:
-        raise ConfigError("pp x chunks", f"{plan.num_stages} stages but the workload has {costs.num_layers} layers",
-                          f"use at most {costs.num_layers} stages")
-    stage_layers = _partition(plan, costs)
-    _check_schedule(plan)
-    _check_per_stage_lists(plan)
-    return Setup(plan, cluster, costs, ClusterComm(cluster, fits), stage_layers,
-                 memory_policy(plan, stage_layers), transformer)
-
-
-def _transformer_of(plan: Plan) -> TransformerConfig | None:
-    if plan.workload not in TRANSFORMER_PRESETS:
-        return None
-    family = WORKLOAD_FAMILIES[plan.workload]
-    options = {k: v for k, v in plan.workload_options.items() if k not in EXEC_ONLY_OPTIONS[family]}
-    return transformer_config(plan.workload, **options)
-
-
-# The most instructions (as estimated below) one simulation may hold. Measured on the 2-core
-# development VM, gpt2-medium pp 8 1f1b on dgx-a100-8: the engine keeps ~1.9 kB per instruction
-# with its per-layer rows (tracemalloc peak, 11k and 45k instructions), and ran 45k instructions in
-# 8 s and 180k in 111 s (estimate 328k). An estimate of 500k is then ~1 GB and minutes; beyond it a
-# plan would run out of memory or for a very long time instead of answering.
-MAX_INSTRUCTIONS = 500_000
-# Instructions per (rank, virtual stage, micro-batch) at most: FWD, BWD (or BWD_I + BWD_W),
-# RECOMPUTE, a send and a receive each way, SWAP_OUT and SWAP_IN.
-_INSTRUCTIONS_PER_MICROBATCH = 10
-
-
-def estimate_instructions(plan: Plan, full: bool) -> int:
-    """An upper estimate of the instructions a simulation lowers: ranks x stages per rank x
-    micro-batches x instructions per micro-batch (only one rank per pipeline position unless full)."""
-    ranks = plan.world_size if full else plan.pp
-    return ranks * plan.chunks * plan.microbatches * _INSTRUCTIONS_PER_MICROBATCH
-
-
-def check_size(plan: Plan, full: bool) -> None:
-    """Refuse, up front, a plan too large to simulate in reasonable memory and time."""
-    count = estimate_instructions(plan, full)
-    if count > MAX_INSTRUCTIONS:
-        ranks = "dp x tp x pp" if full else "pp"
-        raise ConfigError(f"{ranks}, chunks, microbatches", f"about {count:.3g} instructions to simulate "
-                          f"({'every rank' if full else 'one rank per pipeline position'}), more than the "
-                          f"limit of {MAX_INSTRUCTIONS:,}", "simulate fewer micro-batches or stages"
-                          + (", or drop --full" if full else ""))
-
-
-def _check_tp(plan: Plan, transformer: TransformerConfig | None) -> None:
-    if plan.tp == 1:
-        return
-    if transformer is None:
-        raise ConfigError("tp", f"tensor parallelism is defined for transformer workloads, not {plan.workload}",
-                          "set tp: 1")
-    for what, value in (("heads", transformer.heads), ("hidden size", transformer.hidden)):
-        if value % plan.tp:
-            divisors = [d for d in range(1, value + 1) if value % d == 0 and d <= 64]
-            raise ConfigError("tp", f"tp={plan.tp} does not divide the {what} ({value}) of {plan.workload}",
-                              f"use a divisor of {value}, e.g. {divisors[-4:]}")
-
-
-def _partition(plan: Plan, costs: CostModel) -> list[tuple[int, ...]]:
-    if isinstance(plan.partition, list):
-        ranges = check_partition(plan.partition, costs.num_layers, plan.num_stages)
-    elif plan.partition == "uniform":
-        ranges = uniform_partition(costs.num_layers, plan.num_stages)
-    else:
-        ranges = balanced_partition(costs.layer_weights(plan.partition), plan.num_stages)
-    return [tuple(range(a, b)) for a, b in ranges]
-
-
-# ``paratwin run`` starts one process per rank on this machine; more than this many per usable CPU
-# core would only oversubscribe it (a policy, not a measurement: each rank runs one thread).
-MAX_LOCAL_RANKS_PER_CORE = 4
-
-
-def check_local_run(plan: Plan) -> None:
-    """Refuse, before any process starts, a plan that one host cannot run: too many ranks for its
-    cores, or too many instructions to lower for every rank."""
-    import os
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if plan.world_size > MAX_LOCAL_RANKS_PER_CORE * cores:
-        raise ConfigError("dp x tp x pp", f"{plan.world_size} ranks on one machine with {cores} usable cores "
-                          f"(at most {MAX_LOCAL_RANKS_PER_CORE} ranks per core)",
-                          "run fewer ranks here, or launch under torchrun/SLURM across hosts")
-    check_size(plan, full=True)
-
-
-def _check_schedule(plan: Plan) -> None:
-    if plan.schedule not in SCHEDULES:
-        raise ConfigError("schedule", f"unknown schedule {plan.schedule!r}",
-                          f"choose one of {', '.join(sorted(SCHEDULES))}")
-    check_preconditions(plan.schedule, plan.pp, plan.microbatches, plan.chunks)
-
-
-def _check_per_stage_lists(plan: Plan) -> None:
-    for field, values in (("recompute", plan.recompute), ("swap", plan.swap)):
-        if not isinstance(values, list):
-            continue
-        if len(values) != plan.num_stages:
-            raise ConfigError(field, f"has {len(values)} entries for {plan.num_stages} stages",
-                              f"give one fraction per virtual stage ({plan.num_stages})")
-        for stage, value in enumerate(values):
-            if not 0.0 <= value <= 1.0:
-                raise ConfigError(f"{field}[{stage}]", f"{value} is not a fraction", "use a value in [0, 1]")
-
-
 def simulate(plan: Plan, full: bool = False, costs: CostModel | None = None,
-             options: EngineOptions | None = None, setup: Setup | None = None) -> SimResult:
+             options: EngineOptions | None = None, resolved: ResolvedPlan | None = None) -> SimResult:
     started = time.perf_counter()
-    setup = setup or prepare(plan, costs)
-    check_size(plan, full)
-    program = lower(plan, setup.stage_layers, setup.costs, setup.policy, symmetric=not full)
+    compiled = compile_plan(plan, costs, symmetric=not full, resolved=resolved)
+    resolved, program = compiled.resolved, compiled.program
     if options is None:
         options = EngineOptions(layer_rows=len(program.ranks) <= 64)
-    engine = Engine(program, setup.costs, setup.comm, setup.policy, plan.micro_batch, plan.tp_overlap, options)
+    engine = Engine(program, resolved.costs, resolved.comm, resolved.policy, plan.micro_batch, plan.tp_overlap,
+                    options)
     iteration = engine.run()
-    return _summarise(setup, program, engine, iteration, time.perf_counter() - started)
+    return _summarise(resolved, program, engine, iteration, time.perf_counter() - started)
 
 
-def _summarise(setup: Setup, program: Program, engine: Engine, iteration: float, wall: float) -> SimResult:
-    plan = setup.plan
+def _summarise(resolved: ResolvedPlan, program: Program, engine: Engine, iteration: float, wall: float) -> SimResult:
+    plan = resolved.plan
     table = conform(pd.DataFrame(engine.rows), INSTRUCTION_TABLE, "simulator")
     table = table.sort_values(["rank", "start_s", "parent", "index"], kind="stable").reset_index(drop=True)
     samples = plan.global_batch / iteration
-    seq = setup.transformer.seq if setup.transformer else 0
-    model_flops = 3 * sum(setup.costs.layer_costs(layer, plan.micro_batch, 1).flops_fwd
-                          for layer in range(setup.costs.num_layers)) * plan.microbatches * plan.dp
+    seq = resolved.transformer.seq if resolved.transformer else 0
+    model_flops = 3 * sum(resolved.costs.layer_costs(layer, plan.micro_batch, 1).flops_fwd
+                          for layer in range(resolved.costs.num_layers)) * plan.microbatches * plan.dp
     per_device = model_flops / plan.world_size / iteration
     try:
-        mfu = per_device / setup.cluster.device.peak(plan.dtype)
+        mfu = per_device / resolved.cluster.device.peak(plan.dtype)
     except ConfigError:
         mfu = float("nan")
     bubbles = {program.coords_of(rank).pp: 1.0 - engine.compute_busy[rank] / iteration
@@ -223,7 +52,7 @@ def _summarise(setup: Setup, program: Program, engine: Engine, iteration: float,
         for rank, ledger in engine.ledgers.items()
     }
     notes = []
-    if plan.profile and plan.micro_batch != getattr(setup.costs, "profiled_micro_batch", plan.micro_batch):
+    if plan.profile and plan.micro_batch != getattr(resolved.costs, "profiled_micro_batch", plan.micro_batch):
         notes.append("micro-batch differs from the profiled one: times scaled linearly")
     return SimResult(plan.name, iteration, samples, samples * seq, per_device, mfu, bubbles, memory, table,
                      program.symmetric, wall, len(engine.rows), notes)

@@ -29,7 +29,8 @@ from analysis.calibrate import (
 from sim.analytic import EfficiencyCurve
 from sim.calibration import MEGATRON_A100_CSV, hold_out_model, model_splits
 from sim.cluster import load_cluster
-from sim.simulate import prepare, simulate
+from sim.compile import resolve_plan
+from sim.simulate import simulate
 from traces.errors import BundleError, ConfigError
 
 
@@ -89,7 +90,7 @@ def test_megatron_partition_and_bad_batches() -> None:
 def test_every_csv_plan_validates(rows: pd.DataFrame) -> None:
     # No row is skipped: each plan passes every check the simulator makes before running.
     for row in rows.to_dict("records"):
-        setup = prepare(row_to_plan(row))
+        setup = resolve_plan(row_to_plan(row))
         assert setup.cluster.world_size == row["gpus"] == row["tp"] * row["dp"] * row["pp"]
         assert len(setup.stage_layers) == row["pp"]
 

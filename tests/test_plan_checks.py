@@ -20,7 +20,8 @@ import yaml
 
 from sim.cluster import load_cluster
 from sim.plan import Plan
-from sim.simulate import MAX_INSTRUCTIONS, check_size, estimate_instructions, simulate
+from sim.compile import MAX_INSTRUCTIONS, check_size, estimate_instructions
+from sim.simulate import simulate
 from traces.bundle import MANIFEST_NAME, write_bundle
 from traces.errors import BundleError, ConfigError, ParatwinError
 from traces.schema import LAYER_TABLE
@@ -201,7 +202,7 @@ def test_full_simulation_counts_every_rank() -> None:
 
 
 def test_run_refuses_more_ranks_than_one_host_can_start() -> None:
-    from sim.simulate import check_local_run
+    from sim.compile import check_local_run
 
     plan = Plan.from_dict({"workload": "gpt-tiny", "cluster": {"preset": "local-cpu-2", "devices_per_node": 4096},
                            "dp": 4096})

@@ -20,11 +20,11 @@ import torch
 
 from exec.launcher import RunFailed, run_plan
 from exec.parallel.tp import apply_tensor_parallel
-from exec.runtime import FAULT_ENV, LEARNING_RATE, batch_seed, load_workload, make_optimizer, setup_for_run
+from exec.runtime import FAULT_ENV, LEARNING_RATE, batch_seed, compile_for_run, load_workload, make_optimizer
 from exec.structure import StructuralCosts
 from exec.workloads import run_layers
+from sim.compile import resolve_plan
 from sim.plan import Plan
-from sim.simulate import prepare
 from traces.runrecord import read_run_record
 from traces.schema import INSTRUCTION_TABLE
 
@@ -288,7 +288,7 @@ def check_against_reference(plan: Plan, tmp_path: Path) -> None:
     assert sorted(result.table["iteration"].unique()) == [1, 2]
     assert (result.table["end_s"] >= result.table["start_s"]).all()
     # ... and those are exactly the instructions of the Program the simulator interprets.
-    program = setup_for_run(plan).program
+    program = compile_for_run(plan).program
     lowered = sorted((r, i.index, i.kind.value) for r, rp in program.ranks.items() for i in rp.instructions)
     for _, rows in result.table.groupby("iteration"):
         assert sorted(zip(rows["rank"], rows["index"], rows["kind"], strict=True)) == lowered
@@ -371,7 +371,7 @@ def test_message_bytes_are_the_lowered_bytes(tmp_path: Path) -> None:
     """StructuralCosts sizes messages exactly: each send moves the bytes the Program says."""
     plan = plan_of(pp=2, schedule="1f1b")
     result = run_plan(plan, iterations=1, warmup=0, out_dir=tmp_path / "bytes", timeout_s=120)
-    setup = prepare(plan, costs=StructuralCosts(load_workload(plan), plan.micro_batch, plan.dtype, plan.tp))
+    setup = resolve_plan(plan, costs=StructuralCosts(load_workload(plan), plan.micro_batch, plan.dtype, plan.tp))
     sends = result.table[result.table["kind"].isin(["SEND_ACT", "SEND_GRAD"])]
     block = setup.costs.layer_costs(1, plan.micro_batch, 1).output_bytes
     assert len(sends) == 2 * plan.microbatches

@@ -13,12 +13,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sim.compile import compile_plan
 from sim.engine import Engine, EngineOptions
-from sim.lower import lower
 from sim.plan import Plan
 from sim.program import Stream
 from sim.schedules import SCHEDULES
-from sim.simulate import prepare, simulate
+from sim.simulate import simulate
 from traces.errors import ConfigError
 from traces.schema import INSTRUCTION_TABLE
 
@@ -179,8 +179,8 @@ def assert_engine_invariants(plan: Plan, iteration_s: float) -> None:
     the Program runs exactly once, no instruction starts before one it depends on ends, every byte
     of activations and buffers taken during the iteration is given back by its end, and the
     iteration lasts at least as long as the busiest rank computes."""
-    setup = prepare(plan)
-    program = lower(plan, setup.stage_layers, setup.costs, setup.policy, symmetric=True)
+    compiled = compile_plan(plan)
+    program, setup = compiled.program, compiled.resolved
     engine = Engine(program, setup.costs, setup.comm, setup.policy, plan.micro_batch, plan.tp_overlap,
                     EngineOptions(layer_rows=False))
     iteration = engine.run()

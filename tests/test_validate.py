@@ -25,9 +25,10 @@ from analysis.validate import (
     kind_comparison,
     validate_plan,
 )
+from sim.compile import resolve_plan
 from sim.costs import UniformCosts
 from sim.plan import Plan
-from sim.simulate import prepare, simulate
+from sim.simulate import simulate
 from traces.bundle import read_bundle
 
 PLAN = {
@@ -129,7 +130,7 @@ def test_statistics_helpers() -> None:
 
 def test_calibrated_comm_adds_overhead_to_all_reduces_only() -> None:
     plan = Plan.from_dict({**PLAN, "pp": 1, "dp": 2, "microbatches": 1})
-    setup = prepare(plan, costs=UniformCosts(num_layers=6, param_bytes=1 << 20))
+    setup = resolve_plan(plan, costs=UniformCosts(num_layers=6, param_bytes=1 << 20))
     calibrated = calibrated_setup(setup, Calibration(allreduce_overhead_s=0.004))
     base, comm = setup.comm, calibrated.comm
     assert comm.collective_s("allreduce", 1 << 20, (0, 1)) == pytest.approx(
@@ -137,8 +138,8 @@ def test_calibrated_comm_adds_overhead_to_all_reduces_only() -> None:
     assert comm.collective_s("alltoall", 1 << 20, (0, 1)) == base.collective_s("alltoall", 1 << 20, (0, 1))
     assert comm.p2p_route(0, 1) == base.p2p_route(0, 1)
     # The simulated iteration grows by the overhead of the bucket all-reduce on the critical path.
-    plain = simulate(plan, full=True, setup=setup).iteration_s
-    assert simulate(plan, full=True, setup=calibrated).iteration_s == pytest.approx(plain + 0.004)
+    plain = simulate(plan, full=True, resolved=setup).iteration_s
+    assert simulate(plan, full=True, resolved=calibrated).iteration_s == pytest.approx(plain + 0.004)
 
 
 @pytest.fixture(scope="module")
@@ -152,11 +153,11 @@ def dp_report(report: ValidationReport, tmp_path_factory: pytest.TempPathFactory
 
 def test_fit_calibration_is_never_worse_than_none(dp_report: ValidationReport) -> None:
     plan = Plan.load(dp_report.out_dir / "plan.yaml")
-    setup = prepare(plan)
+    setup = resolve_plan(plan)
 
     def predicted(overhead: float) -> float:
         calibration = Calibration(allreduce_overhead_s=overhead)
-        return simulate(plan, full=True, setup=calibrated_setup(setup, calibration)).iteration_s
+        return simulate(plan, full=True, resolved=calibrated_setup(setup, calibration)).iteration_s
 
     # The plan exercises what the calibration changes: its all-reduce is on the critical path.
     assert predicted(0.005) >= predicted(0.0) + 0.004
