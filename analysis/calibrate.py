@@ -136,24 +136,25 @@ def megatron_partition(num_blocks: int, pp: int) -> list[list[int]]:
 
 def row_to_plan(row: Mapping[str, Any], nvlink_efficiency: float = 1.0) -> Plan:
     """The paratwin Plan of one Megatron measurement (see the module docstring for the assumptions)."""
-    return Plan(
+    return Plan.from_dict(dict(
         name=f"megatron-a100-row{int(row.get('row_id', -1))}",
         workload=BASE_PRESET,
         workload_options={"hidden": int(row["hidden"]), "heads": int(row["heads"]),
                           "num_layers": int(row["layers"]), "seq": int(row["seq"]), "vocab": MEGATRON_VOCAB},
         cluster=cluster_of(row, nvlink_efficiency),
         dtype=MEGATRON_DTYPE,
-        tp=int(row["tp"]), dp=int(row["dp"]), pp=int(row["pp"]),
-        micro_batch=int(row["micro_batch"]), microbatches=microbatches_of(row),
-        partition=megatron_partition(int(row["layers"]), int(row["pp"])),
-        schedule="1f1b", recompute="full", dp_bucket_mb=ONE_BUCKET_MB,
-    )
+        parallelism={"tp": int(row["tp"]), "dp": int(row["dp"]), "pp": int(row["pp"]),
+                     "partition": megatron_partition(int(row["layers"]), int(row["pp"]))},
+        schedule={"name": "1f1b", "micro_batch": int(row["micro_batch"]), "microbatches": microbatches_of(row)},
+        memory={"policy": "full"},
+        gradient_sync={"method": "allreduce", "bucket_mb": ONE_BUCKET_MB},
+    ))
 
 
 # --- the predictor ----------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Calibration:
+class CurveCalibration:
     """What the fit adjusts: the compute efficiency curve and the NVLink bandwidth efficiency."""
 
     curve: EfficiencyCurve
@@ -183,9 +184,9 @@ class SimulatorPredictor:
         self._clusters: dict[tuple[int, float], ClusterSpec] = {}
         self._options = EngineOptions(layer_rows=False)  # per-layer rows cost time; nothing here reads them
 
-    def __call__(self, row: Mapping[str, Any], calibration: Calibration | EfficiencyCurve) -> float:
+    def __call__(self, row: Mapping[str, Any], calibration: CurveCalibration | EfficiencyCurve) -> float:
         if isinstance(calibration, EfficiencyCurve):
-            calibration = Calibration(calibration)
+            calibration = CurveCalibration(calibration)
         self.seen.add(int(row["row_id"]))
         self.calls += 1
         plan = row_to_plan(row, calibration.nvlink_efficiency)
@@ -196,7 +197,7 @@ class SimulatorPredictor:
         compiled = compile_plan(plan, costs)
         resolved = compiled.resolved
         return Engine(compiled.program, resolved.costs, resolved.comm, resolved.policy, plan.micro_batch,
-                      plan.tp_overlap, self._options).run()
+                      plan.parallelism.tp_overlap, self._options).run()
 
     def _layer_specs(self, plan: Plan) -> list[LayerSpec]:
         o = plan.workload_options
@@ -214,23 +215,23 @@ class SimulatorPredictor:
         return self._clusters[key]
 
 
-def quick_predictor() -> Callable[[Mapping[str, Any], Calibration | EfficiencyCurve], float]:
+def quick_predictor() -> Callable[[Mapping[str, Any], CurveCalibration | EfficiencyCurve], float]:
     """The other calibration's closed-form 1F1B predictor behind the same signature (curve only)."""
     predict = megatron_predictor()
 
-    def closed_form(row: Mapping[str, Any], calibration: Calibration | EfficiencyCurve) -> float:
-        curve = calibration.curve if isinstance(calibration, Calibration) else calibration
+    def closed_form(row: Mapping[str, Any], calibration: CurveCalibration | EfficiencyCurve) -> float:
+        curve = calibration.curve if isinstance(calibration, CurveCalibration) else calibration
         return predict(row, curve)
 
     return closed_form
 
 
-Predictor = Callable[[Mapping[str, Any], Calibration], float]
+Predictor = Callable[[Mapping[str, Any], CurveCalibration], float]
 
 
 # --- fitting ----------------------------------------------------------------------------------------------
 
-def fit(rows: pd.DataFrame, predict: Predictor, start: Calibration, fit_nvlink: bool = False) -> Calibration:
+def fit(rows: pd.DataFrame, predict: Predictor, start: CurveCalibration, fit_nvlink: bool = False) -> CurveCalibration:
     """Least-squares fit of (eff_max, flops_half[, NVLink efficiency]) on log(predicted / measured).
 
     Only ``rows`` are predicted: pass the calibration part. flops_half is fitted on a log scale (it
@@ -244,10 +245,10 @@ def fit(rows: pd.DataFrame, predict: Predictor, start: Calibration, fit_nvlink: 
     measured = rows["iter_time_s"].to_numpy(dtype=float)
     n = 3 if fit_nvlink else 2
 
-    def calibration_of(theta: np.ndarray) -> Calibration:
+    def calibration_of(theta: np.ndarray) -> CurveCalibration:
         curve = EfficiencyCurve(eff_max=float(theta[0]), flops_half=float(10 ** theta[1]),
                                 mem_eff=start.curve.mem_eff)
-        return Calibration(curve, float(theta[2]) if fit_nvlink else start.nvlink_efficiency)
+        return CurveCalibration(curve, float(theta[2]) if fit_nvlink else start.nvlink_efficiency)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         calibration = calibration_of(theta)
@@ -281,7 +282,7 @@ def error_metrics(measured: Sequence[float] | np.ndarray,
             "mean_signed_error": float(np.mean(rel)), "spearman": spearman}
 
 
-def predict_rows(rows: pd.DataFrame, predict: Predictor, calibration: Calibration) -> np.ndarray:
+def predict_rows(rows: pd.DataFrame, predict: Predictor, calibration: CurveCalibration) -> np.ndarray:
     return np.array([predict(r, calibration) for r in rows.to_dict("records")])
 
 
@@ -296,19 +297,19 @@ def subsample(rows: pd.DataFrame, max_rows: int | None, seed: int) -> pd.DataFra
 
 # --- the whole calibration ------------------------------------------------------------------------------
 
-def default_calibration() -> Calibration:
+def default_calibration() -> CurveCalibration:
     """The uncalibrated model on A100 fp16 with nominal NVLink: ``sim.analytic``'s prior constants.
 
     Built from the constants rather than ``default_for`` so that, should ``default_for`` one day load
     this very calibration for A100, the "defaults" rows and the fit's starting point stay uncalibrated.
     """
     peak = get_device(MEGATRON_DEVICE).peak(MEGATRON_DTYPE)
-    return Calibration(EfficiencyCurve(eff_max=GPU_EFF_MAX, flops_half=CALL_OVERHEAD_S * GPU_EFF_MAX * peak,
+    return CurveCalibration(EfficiencyCurve(eff_max=GPU_EFF_MAX, flops_half=CALL_OVERHEAD_S * GPU_EFF_MAX * peak,
                                        mem_eff=MEM_EFF))
 
 
-def fit_on(rows: pd.DataFrame, make_predictor: Callable[[], Predictor], start: Calibration,
-           fit_nvlink: bool = False) -> Calibration:
+def fit_on(rows: pd.DataFrame, make_predictor: Callable[[], Predictor], start: CurveCalibration,
+           fit_nvlink: bool = False) -> CurveCalibration:
     """``fit`` with a fresh predictor, then check that it predicted no row outside ``rows``.
 
     A ``SimulatorPredictor`` records every row it was asked about, so the check is by construction:
@@ -336,8 +337,8 @@ def shape_label(shape: ModelShape) -> str:
     return f"hidden{hidden}-heads{heads}-seq{seq}"
 
 
-def fit_all(rows: pd.DataFrame, start: Calibration, fit_nvlink: bool,
-            timings: dict[str, float] | None = None) -> dict[str, Calibration]:
+def fit_all(rows: pd.DataFrame, start: CurveCalibration, fit_nvlink: bool,
+            timings: dict[str, float] | None = None) -> dict[str, CurveCalibration]:
     """Every fitted predictor on the same ``rows``: the closed form from ``start``, the simulator
     (2 parameters) from the closed form's fit, then + NVLink efficiency from the simulator's fit.
 
@@ -346,7 +347,7 @@ def fit_all(rows: pd.DataFrame, start: Calibration, fit_nvlink: bool,
     16.6% on those rows), where (0.817, 1.76e11) costs 1.34; started from the closed form's fit it
     reaches (0.845, 1.85e11), median 8.1%. The closed form is cheap and its fit is smooth.
     """
-    fits: dict[str, Calibration] = {}
+    fits: dict[str, CurveCalibration] = {}
     t = time.perf_counter()
     fits["quick_fitted"] = fit_on(rows, quick_predictor, start)
     fits["sim_fitted"] = fit_on(rows, SimulatorPredictor, fits["quick_fitted"])

@@ -34,7 +34,7 @@ def run_demo(out: Path, console: Console) -> None:
 
     console.rule("2. simulate a 2-stage 1F1B pipeline from the measured costs")
     local = Plan(name="demo-gpt-tiny-pp2", workload=workload, cluster="local-cpu-2", profile=str(bundle_dir),
-                 pp=2, micro_batch=4, microbatches=8, schedule="1f1b")
+                 parallelism={"pp": 2}, schedule={"name": "1f1b", "micro_batch": 4, "microbatches": 8})
     result = simulate(local)
     print_sim(result)
     paths = result.write(out / "sim-gpt-tiny-pp2")

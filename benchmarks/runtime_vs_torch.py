@@ -1,7 +1,7 @@
 """Our runtime against torch.distributed.pipelining's own runtime, on the same stages and schedule.
 
 Both sides build the same stage modules (same partition, same seeded weights), train on the same
-micro-batches (``exec.runtime.batch_seed``) with the same Adam, one CPU thread per rank, gloo.
+micro-batches (``exec.contract.batch_seed``) with the same Adam, one CPU thread per rank, gloo.
 torch runs its schedule class (Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
 ScheduleInterleavedZeroBubble for ZB-H1); we run the Program that paratwin lowers for the same
 schedule. Printed: the losses of both (they must agree), and the throughput ratio ours / torch's
@@ -29,8 +29,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from exec.contract import batch_seed, compile_for_run, make_optimizer  # noqa: E402
 from exec.launcher import run_plan  # noqa: E402
-from exec.runtime import batch_seed, compile_for_run, make_optimizer  # noqa: E402
 from sim.plan import Plan  # noqa: E402
 
 TORCH_SCHEDULES = {
@@ -45,7 +45,8 @@ def make_plan(schedule: str, pp: int = 2, microbatches: int = 4, micro_batch: in
               workload_options: dict | None = None) -> Plan:
     chunks = 2 if schedule == "interleaved-1f1b" else 1
     return Plan(name=f"gpt-{schedule}", workload="gpt-tiny", workload_options=workload_options or {},
-                pp=pp, chunks=chunks, schedule=schedule, microbatches=microbatches, micro_batch=micro_batch,
+                parallelism={"pp": pp, "chunks": chunks},
+                schedule={"name": schedule, "microbatches": microbatches, "micro_batch": micro_batch},
                 cluster={"preset": "local-cpu-2", "devices_per_node": pp})
 
 
@@ -70,9 +71,9 @@ def _torch_rank(rank: int, world: int, plan_data: dict, steps: int, init: str, o
         params += list(module.parameters())
         stages.append(pipelining.PipelineStage(module, s, plan.num_stages, torch.device("cpu")))
     optimizer = make_optimizer(params)
-    schedule_class = getattr(pipelining, TORCH_SCHEDULES[plan.schedule])
+    schedule_class = getattr(pipelining, TORCH_SCHEDULES[plan.schedule.name])
     loss_fn = workload.loss
-    schedule = schedule_class(stages if plan.chunks > 1 or plan.schedule == "zb-h1" else stages[0],
+    schedule = schedule_class(stages if plan.chunks > 1 or plan.schedule.name == "zb-h1" else stages[0],
                               n_microbatches=plan.microbatches, loss_fn=loss_fn)
     first = 0 in program.ranks[rank].stages
     last = plan.num_stages - 1 in program.ranks[rank].stages
@@ -132,7 +133,7 @@ def compare(plan: Plan, iterations: int, warmup: int) -> dict:
                   for k, v in torch.load(ours.paths["params"] / f"rank{r}.pt").items()}
     our_times = ours.iteration_times
     their_times = [max(ts) for ts in zip(*(t[warmup:] for t in theirs["times"]), strict=True)]
-    return {"schedule": plan.schedule, "our_losses": ours.losses, "torch_losses": theirs["losses"],
+    return {"schedule": plan.schedule.name, "our_losses": ours.losses, "torch_losses": theirs["losses"],
             "our_times": our_times, "torch_times": their_times,
             "our_params": our_params, "torch_params": theirs["params"]}
 

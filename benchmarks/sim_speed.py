@@ -23,8 +23,9 @@ def plan_for(gpus: int) -> Plan:
     tp, pp = 8, 16
     nodes = gpus // 8
     cluster = {"preset": "h100-1024", "nodes": nodes}
-    return Plan(name=f"gpt-175b-{gpus}", workload="gpt-175b", cluster=cluster, dtype="bf16", tp=tp, pp=pp,
-                dp=gpus // (tp * pp), micro_batch=1, microbatches=64, schedule="1f1b", recompute="full")
+    return Plan(name=f"gpt-175b-{gpus}", workload="gpt-175b", cluster=cluster, dtype="bf16",
+                parallelism={"tp": tp, "pp": pp, "dp": gpus // (tp * pp)},
+                schedule={"name": "1f1b", "micro_batch": 1, "microbatches": 64}, memory={"policy": "full"})
 
 
 def measure(plan: Plan, full: bool, repeats: int) -> tuple[list[float], float, int]:

@@ -14,11 +14,12 @@ from sim.bundle_costs import BundleCostModel
 from sim.cluster import ClusterSpec, load_cluster
 from sim.comm import ClusterComm
 from sim.costs import CostModel
-from sim.lower import MemoryPolicy, lower, memory_policy
+from sim.lower import lower
+from sim.memory import MemoryPolicy, build_memory_policy
 from sim.partition import balanced_partition, check_partition, uniform_partition
 from sim.plan import Plan
 from sim.program import Program
-from sim.schedules import SCHEDULES, check_preconditions
+from sim.schedules import check_preconditions
 from sim.workloads import (
     EXEC_ONLY_OPTIONS,
     TRANSFORMER_PRESETS,
@@ -47,8 +48,9 @@ class ResolvedPlan:
 def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
     cluster = load_cluster(plan.cluster)
     if plan.world_size != cluster.world_size:
-        raise ConfigError("dp x tp x pp", f"{plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size} but cluster "
-                          f"{cluster.name} has {cluster.world_size} devices",
+        raise ConfigError("parallelism: dp x tp x pp",
+                          f"{plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size} but cluster {cluster.name} "
+                          f"has {cluster.world_size} devices",
                           "change the degrees so that their product is the cluster's device count")
     config = workload_config(plan.workload, plan.workload_options)  # checks every option
     transformer = _transformer_of(plan)
@@ -78,13 +80,15 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
         else:
             raise ConfigError("profile", f"workload {plan.workload!r} has no closed-form cost model", profile_it)
     if plan.num_stages > costs.num_layers:
-        raise ConfigError("pp x chunks", f"{plan.num_stages} stages but the workload has {costs.num_layers} layers",
+        raise ConfigError("parallelism: pp x chunks",
+                          f"{plan.num_stages} stages but the workload has {costs.num_layers} layers",
                           f"use at most {costs.num_layers} stages")
     stage_layers = _partition(plan, costs)
     _check_schedule(plan)
     _check_per_stage_lists(plan)
-    return ResolvedPlan(plan, cluster, costs, ClusterComm(cluster, fits), stage_layers,
-                 memory_policy(plan, stage_layers), transformer)
+    comm = ClusterComm(cluster, fits)
+    policy = build_memory_policy(plan, stage_layers, costs, comm.capacity_bytes)
+    return ResolvedPlan(plan, cluster, costs, comm, stage_layers, policy, transformer)
 
 
 def _transformer_of(plan: Plan) -> TransformerConfig | None:
@@ -117,8 +121,8 @@ def check_size(plan: Plan, full: bool) -> None:
     """Refuse, up front, a plan too large to simulate in reasonable memory and time."""
     count = estimate_instructions(plan, full)
     if count > MAX_INSTRUCTIONS:
-        ranks = "dp x tp x pp" if full else "pp"
-        raise ConfigError(f"{ranks}, chunks, microbatches", f"about {count:.3g} instructions to simulate "
+        ranks = "parallelism (dp x tp x pp)" if full else "parallelism.pp"
+        raise ConfigError(f"{ranks}, chunks, schedule.microbatches", f"about {count:.3g} instructions to simulate "
                           f"({'every rank' if full else 'one rank per pipeline position'}), more than the "
                           f"limit of {MAX_INSTRUCTIONS:,}", "simulate fewer micro-batches or stages"
                           + (", or drop --full" if full else ""))
@@ -128,22 +132,24 @@ def _check_tp(plan: Plan, transformer: TransformerConfig | None) -> None:
     if plan.tp == 1:
         return
     if transformer is None:
-        raise ConfigError("tp", f"tensor parallelism is defined for transformer workloads, not {plan.workload}",
+        raise ConfigError("parallelism.tp",
+                          f"tensor parallelism is defined for transformer workloads, not {plan.workload}",
                           "set tp: 1")
     for what, value in (("heads", transformer.heads), ("hidden size", transformer.hidden)):
         if value % plan.tp:
             divisors = [d for d in range(1, value + 1) if value % d == 0 and d <= 64]
-            raise ConfigError("tp", f"tp={plan.tp} does not divide the {what} ({value}) of {plan.workload}",
+            raise ConfigError("parallelism.tp", f"tp={plan.tp} does not divide the {what} ({value}) of {plan.workload}",
                               f"use a divisor of {value}, e.g. {divisors[-4:]}")
 
 
 def _partition(plan: Plan, costs: CostModel) -> list[tuple[int, ...]]:
-    if isinstance(plan.partition, list):
-        ranges = check_partition(plan.partition, costs.num_layers, plan.num_stages)
-    elif plan.partition == "uniform":
+    partition = plan.parallelism.partition
+    if isinstance(partition, list):
+        ranges = check_partition(partition, costs.num_layers, plan.num_stages)
+    elif partition == "uniform":
         ranges = uniform_partition(costs.num_layers, plan.num_stages)
     else:
-        ranges = balanced_partition(costs.layer_weights(plan.partition), plan.num_stages)
+        ranges = balanced_partition(costs.layer_weights(partition), plan.num_stages)
     return [tuple(range(a, b)) for a, b in ranges]
 
 
@@ -159,31 +165,36 @@ def check_local_run(plan: Plan) -> None:
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if plan.world_size > MAX_LOCAL_RANKS_PER_CORE * cores:
-        raise ConfigError("dp x tp x pp", f"{plan.world_size} ranks on one machine with {cores} usable cores "
+        raise ConfigError("parallelism: dp x tp x pp",
+                          f"{plan.world_size} ranks on one machine with {cores} usable cores "
                           f"(at most {MAX_LOCAL_RANKS_PER_CORE} ranks per core)",
                           "run fewer ranks here, or launch under torchrun/SLURM across hosts")
     check_size(plan, full=True)
 
 
+# Where the schedule's preconditions live in a plan's sections.
+_SECTION_OF = {"pp": "parallelism.pp", "chunks": "parallelism.chunks", "microbatches": "schedule.microbatches",
+               "schedule": "schedule.name", "recompute": "memory"}
+
+
 def _check_schedule(plan: Plan) -> None:
-    if plan.schedule not in SCHEDULES:
-        raise ConfigError("schedule", f"unknown schedule {plan.schedule!r}",
-                          f"choose one of {', '.join(sorted(SCHEDULES))}")
-    check_preconditions(plan.schedule, plan.pp, plan.microbatches, plan.chunks)
+    try:
+        check_preconditions(plan.schedule.name, plan.pp, plan.microbatches, plan.chunks)
+    except ConfigError as exc:
+        raise ConfigError(_SECTION_OF.get(exc.field, exc.field), exc.problem, exc.fix) from None
 
 
 def _check_per_stage_lists(plan: Plan) -> None:
-    for field, values in (("recompute", plan.recompute), ("swap", plan.swap)):
-        if not isinstance(values, list):
+    lists = {"memory.swap": plan.memory.swap, "memory.recompute": getattr(plan.memory, "recompute", None)}
+    for field, values in lists.items():
+        if values is None:
             continue
         if len(values) != plan.num_stages:
             raise ConfigError(field, f"has {len(values)} entries for {plan.num_stages} stages",
-                              f"give one fraction per virtual stage ({plan.num_stages})")
+                              f"give one fraction per virtual stage ({plan.num_stages} = pp x chunks)")
         for stage, value in enumerate(values):
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"{field}[{stage}]", f"{value} is not a fraction", "use a value in [0, 1]")
-
-
 
 
 @dataclass

@@ -21,7 +21,7 @@ import simpy
 
 from sim.channel import SharedChannel
 from sim.costs import CostModel, LayerCosts
-from sim.lower import MemoryPolicy, checkpoint_bytes
+from sim.memory import MemoryPolicy, checkpoint_bytes
 from sim.program import Instruction, Kind, Program, Stream
 from sim.tp_overlap import tp_segments_time
 

@@ -9,72 +9,14 @@ is written, and the optimizer step.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sim.costs import CostModel, LayerCosts
+from sim.memory import MemoryPolicy
 from sim.plan import Plan
 from sim.program import Coords, Instruction, Kind, Program, RankProgram
-from sim.schedules import SCHEDULES, Action, Op, generate_schedule, merak_recompute, stage_to_rank
-
-
-@dataclass(frozen=True)
-class MemoryPolicy:
-    """Per virtual stage: which layers recompute, and the fraction of saved bytes swapped out."""
-
-    recompute_layers: tuple[tuple[int, ...], ...]
-    swap_fraction: tuple[float, ...]
-
-    def recomputes(self, stage: int) -> bool:
-        return bool(self.recompute_layers[stage])
-
-    def forward_kept_bytes(self, stage: int, layers: Sequence[int], save: bool,
-                           cost: Callable[[int], LayerCosts]) -> int:
-        """Bytes a forward of ``layers`` of ``stage`` leaves on the device: everything it saves or,
-        when checkpointed, only the input of each recomputed layer plus the other layers' saves."""
-        recomputed = set() if save else set(self.recompute_layers[stage])
-        return sum(checkpoint_bytes(layer, cost) if layer in recomputed else cost(layer).saved_bytes
-                   for layer in layers)
-
-
-def checkpoint_bytes(layer: int, cost: Callable[[int], LayerCosts]) -> int:
-    """A checkpointed layer keeps only its input: the previous layer's output."""
-    return cost(layer - 1).output_bytes if layer > 0 else 0
-
-
-def recompute_fractions(plan: Plan) -> list[float]:
-    """Fraction of each virtual stage's layers that are recomputed in the backward pass."""
-    stages, pp = plan.num_stages, plan.pp
-    if SCHEDULES[plan.schedule].recompute_is_schedule:
-        # Merak's schedules decide which stages checkpoint (all but the last, in most variants).
-        return [1.0 if flag else 0.0 for flag in merak_recompute(plan.schedule, pp)]
-    if isinstance(plan.recompute, list):
-        return [float(f) for f in plan.recompute]
-    if plan.recompute == "none":
-        return [0.0] * stages
-    if plan.recompute == "full":
-        return [1.0] * stages
-    # Stage-aware (Merak): r_i = 1 - (1 - r0)(P - 1)/(P - 1 - i) on pipeline rank i < P - 1, none on
-    # the last, so (kept fraction) x (1F1B in-flight micro-batches P - i) is the same on every stage.
-    fractions = []
-    for stage in range(stages):
-        i = stage % pp
-        if pp == 1 or i == pp - 1:
-            fractions.append(0.0 if pp > 1 else plan.recompute_ratio)
-            continue
-        fractions.append(max(0.0, 1.0 - (1.0 - plan.recompute_ratio) * (pp - 1) / (pp - 1 - i)))
-    return fractions
-
-
-def memory_policy(plan: Plan, stage_layers: Sequence[Sequence[int]]) -> MemoryPolicy:
-    fractions = recompute_fractions(plan)
-    recompute_layers = tuple(
-        tuple(layers[: math.ceil(round(f * len(layers), 9))])
-        for f, layers in zip(fractions, stage_layers, strict=True)
-    )
-    swap = tuple(plan.swap) if plan.swap is not None else (0.0,) * plan.num_stages
-    return MemoryPolicy(recompute_layers=recompute_layers, swap_fraction=swap)
+from sim.schedules import SCHEDULES, Action, Op, generate_schedule, stage_to_rank
 
 
 def lower(
@@ -85,8 +27,8 @@ def lower(
     symmetric: bool = True,
 ) -> Program:
     """The passes, composed: compute order, swaps, point-to-point messages, gradient sync, step."""
-    info = SCHEDULES[plan.schedule]
-    orders = generate_schedule(plan.schedule, plan.pp, plan.microbatches, plan.chunks,
+    info = SCHEDULES[plan.schedule.name]
+    orders = generate_schedule(plan.schedule.name, plan.pp, plan.microbatches, plan.chunks,
                                recompute=[policy.recomputes(s) for s in range(plan.num_stages)])
     program = Program(world_size=plan.world_size, dp=plan.dp, pp=plan.pp, tp=plan.tp,
                       stage_layers=[tuple(layers) for layers in stage_layers], ranks={}, symmetric=symmetric)
@@ -298,7 +240,7 @@ def optimizer_step_pass(draft: _Draft, stages: Sequence[int]) -> None:
 
 
 def _buckets(draft: _Draft, stages: Sequence[int]) -> list[tuple[tuple[int, ...], int]]:
-    limit = draft.plan.dp_bucket_mb * 2**20
+    limit = draft.plan.gradient_sync.bucket_mb * 2**20
     layers = sorted((layer for s in stages for layer in draft.program.stage_layers[s]), reverse=True)
     buckets: list[tuple[tuple[int, ...], int]] = []
     current: list[int] = []

@@ -1,9 +1,18 @@
 """The Plan: a small declarative description of how to train a workload on a cluster.
 
-Plans are YAML or JSON files (or dicts) validated into a ``Plan``. Structural checks (types,
-ranges, unknown fields) happen on construction; checks that need the workload and the cluster
-(degrees vs world size, TP vs heads, partition coverage, schedule preconditions) happen in
-``Plan.check`` and raise ``ConfigError`` naming the field and the fix.
+Plans are YAML or JSON files (or dicts) validated into a ``Plan``. A plan has a few top-level
+fields (workload, cluster, profile, dtype) and one section per plan dimension, each with defaults:
+
+- ``parallelism``: dp, tp, pp, chunks, partition, tp_overlap;
+- ``schedule``: a registered pipeline schedule (``sim.schedules``) and its micro-batching;
+- ``memory``: a registered memory policy (``sim.memory``), chosen by ``policy:``;
+- ``gradient_sync``: a registered gradient-sync method (``sim.gradient_sync``), chosen by ``method:``.
+
+Structural checks (types, ranges, unknown fields, registered names) happen on construction; checks
+that need the workload and the cluster (degrees vs world size, TP vs heads, partition coverage,
+schedule preconditions) happen when the plan is compiled (``sim.compile``). Both raise
+``ConfigError`` naming the field and the fix. A plan in the old flat form (``dp: 2`` at the top)
+is refused with the same plan spelled in sections.
 """
 
 from __future__ import annotations
@@ -13,12 +22,64 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator
 
+from sim.gradient_sync import GRADIENT_SYNC, DenseAllReduce, GradientSyncConfig
+from sim.memory import MEMORY_POLICIES, MemoryConfig, NoRecompute
+from sim.schedules import SCHEDULES
 from traces.errors import ConfigError
 from traces.limits import check_document, check_file_size, short_repr
 
-RecomputeMode = Literal["none", "full", "stage-aware"]
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Parallelism(Section):
+    """How the model and the batch are split over the devices (dp x tp x pp = the cluster's devices)."""
+
+    dp: int = Field(1, ge=1, description="data-parallel replicas")
+    tp: int = Field(1, ge=1, description="tensor-parallel degree (Megatron); divides the heads and hidden size")
+    pp: int = Field(1, ge=1, description="pipeline ranks")
+    chunks: int = Field(1, ge=1, description="virtual stages per pipeline rank (interleaved, V schedules)")
+    partition: Literal["uniform", "parameters", "time"] | list[list[int]] = Field(
+        "uniform", description="layers per virtual stage: balanced by count, parameters or time, or "
+        "[first, end) per stage")
+    tp_overlap: int = Field(0, ge=0, le=3, description="Merak's sub-pipelined TP level (simulated only)")
+
+    @field_validator("partition")
+    @classmethod
+    def _ranges_are_pairs(cls, value: object) -> object:
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                if len(item) != 2 or item[0] >= item[1]:
+                    raise ValueError(f"stage {i} range {item} must be [first_layer, end_layer) with first < end")
+        return value
+
+
+class Schedule(Section):
+    """The pipeline schedule (``paratwin options`` lists them) and the micro-batches it runs."""
+
+    name: str = Field("1f1b", description="a registered schedule")
+    micro_batch: int = Field(1, ge=1, description="samples per micro-batch")
+    microbatches: int = Field(1, ge=1, description="micro-batches per iteration and data-parallel replica")
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        if value not in SCHEDULES:
+            raise ValueError(f"unknown schedule {value!r}; registered: {', '.join(SCHEDULES)}")
+        return value
+
+
+def _registered_config(registry: dict[str, Any], key: str, what: str, value: object) -> object:
+    """A section chosen by ``key`` (policy:, method:): the registered choice's own settings model."""
+    if not isinstance(value, dict):
+        return value  # already a settings model
+    choice = value.get(key)
+    if choice not in registry:
+        raise ValueError(f"{key} {choice!r} is not a registered {what}; registered: {', '.join(registry)}")
+    return registry[choice].config.model_validate(value)
 
 
 class Plan(BaseModel):
@@ -29,29 +90,46 @@ class Plan(BaseModel):
     workload_options: dict[str, Any] = Field(default_factory=dict)
     cluster: str | dict[str, Any] = "local-cpu-2"
     profile: str | None = None  # trace bundle directory: measured costs on the same hardware
-    dp: int = Field(1, ge=1)
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    chunks: int = Field(1, ge=1, description="virtual stages per pipeline rank")
-    micro_batch: int = Field(1, ge=1)
-    microbatches: int = Field(1, ge=1)
     dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
-    partition: Literal["uniform", "parameters", "time"] | list[list[int]] = "uniform"
-    schedule: str = "1f1b"
-    recompute: RecomputeMode | list[float] = "none"
-    recompute_ratio: float = Field(1.0, ge=0.0, le=1.0, description="first-stage ratio r0 of stage-aware")
-    swap: list[float] | None = None  # fraction of each stage's saved activations swapped to host
-    tp_overlap: int = Field(0, ge=0, le=3, description="Merak sub-pipelined TP level")
-    dp_bucket_mb: float = Field(25.0, gt=0)
+    parallelism: Parallelism = Parallelism()
+    schedule: Schedule = Schedule()
+    memory: SerializeAsAny[MemoryConfig] = NoRecompute()
+    gradient_sync: SerializeAsAny[GradientSyncConfig] = DenseAllReduce()
 
-    @field_validator("partition")
+    @field_validator("memory", mode="before")
     @classmethod
-    def _ranges_are_pairs(cls, value: object) -> object:
-        if isinstance(value, list):
-            for i, item in enumerate(value):
-                if len(item) != 2 or item[0] >= item[1]:
-                    raise ValueError(f"stage {i} range {item} must be [first_layer, end_layer) with first < end")
-        return value
+    def _memory_policy(cls, value: object) -> object:
+        return _registered_config(MEMORY_POLICIES, "policy", "memory policy", value)
+
+    @field_validator("gradient_sync", mode="before")
+    @classmethod
+    def _gradient_sync_method(cls, value: object) -> object:
+        return _registered_config(GRADIENT_SYNC, "method", "gradient-sync method", value)
+
+    # Shorthands for the shape of the job, read everywhere.
+    @property
+    def dp(self) -> int:
+        return self.parallelism.dp
+
+    @property
+    def tp(self) -> int:
+        return self.parallelism.tp
+
+    @property
+    def pp(self) -> int:
+        return self.parallelism.pp
+
+    @property
+    def chunks(self) -> int:
+        return self.parallelism.chunks
+
+    @property
+    def micro_batch(self) -> int:
+        return self.schedule.micro_batch
+
+    @property
+    def microbatches(self) -> int:
+        return self.schedule.microbatches
 
     @property
     def world_size(self) -> int:
@@ -66,21 +144,38 @@ class Plan(BaseModel):
         return self.dp * self.micro_batch * self.microbatches
 
     def replace(self, **changes: Any) -> Plan:
-        return Plan.from_dict({**self.model_dump(), **changes})
+        """A copy with top-level fields replaced; a section given as a mapping is merged into the
+        current one (``plan.replace(schedule={"microbatches": 8})``), unless it names another
+        policy or method, which starts from that choice's defaults."""
+        data = self.model_dump()
+        for key, value in changes.items():
+            current = data.get(key)
+            if isinstance(value, dict) and isinstance(current, dict):
+                switches = any(k in value and value[k] != current.get(k) for k in ("policy", "method"))
+                data[key] = value if switches else {**current, **value}
+            else:
+                data[key] = value
+        return Plan.from_dict(data)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "plan") -> Plan:
         if not isinstance(data, dict):
             raise ConfigError(source, "a plan must be a mapping of fields", "see examples/plans/*.yaml")
         check_document(data, source)
+        _refuse_flat_form(data, source)
         try:
             return cls(**data)
         except ValidationError as exc:
             first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "plan"
-            fix = "remove it (known fields: " + ", ".join(cls.model_fields) + ")" \
-                if first["type"] == "extra_forbidden" else f"got {short_repr(first.get('input'))}"
-            raise ConfigError(f"{source}: {where}", first["msg"], fix) from None
+            where = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-")) or "plan"
+            problem = first["msg"].removeprefix("Value error, ")
+            if first["type"] == "extra_forbidden":
+                fix = "remove it (known fields: " + ", ".join(_known_fields(data, first["loc"])) + ")"
+            elif "registered:" in problem:
+                fix = "choose a registered one (paratwin options lists them)"
+            else:
+                fix = f"got {short_repr(first.get('input'))}"
+            raise ConfigError(f"{source}: {where}", problem, fix) from None
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
@@ -105,3 +200,67 @@ class Plan(BaseModel):
         data = self.model_dump(exclude_defaults=False)
         path.write_text(json.dumps(data, indent=2) if path.suffix == ".json" else yaml.safe_dump(data, sort_keys=False))
         return path
+
+
+def _known_fields(data: dict[str, Any], loc: tuple[Any, ...]) -> list[str]:
+    """The fields allowed where an unknown one was found: the plan's, or its section's."""
+    if len(loc) < 2:
+        return list(Plan.model_fields)
+    section = loc[0]
+    if section == "memory":
+        model: type[BaseModel] = MEMORY_POLICIES[data["memory"]["policy"]].config
+    elif section == "gradient_sync":
+        model = GRADIENT_SYNC[data["gradient_sync"]["method"]].config
+    else:
+        model = Plan.model_fields[section].annotation  # type: ignore[assignment]
+    return list(model.model_fields)
+
+
+# The flat form (before plan sections): field -> (section, name in that section).
+FLAT_FIELDS: dict[str, tuple[str, str]] = {
+    "dp": ("parallelism", "dp"), "tp": ("parallelism", "tp"), "pp": ("parallelism", "pp"),
+    "chunks": ("parallelism", "chunks"), "partition": ("parallelism", "partition"),
+    "tp_overlap": ("parallelism", "tp_overlap"), "micro_batch": ("schedule", "micro_batch"),
+    "microbatches": ("schedule", "microbatches"), "dp_bucket_mb": ("gradient_sync", "bucket_mb"),
+}
+
+
+def _refuse_flat_form(data: dict[str, Any], source: str) -> None:
+    flat = [key for key in (*FLAT_FIELDS, "recompute", "recompute_ratio", "swap") if key in data]
+    if isinstance(data.get("schedule"), str):
+        flat.append("schedule")
+    if not flat:
+        return
+    sections = {k: v for k, v in migrate_flat(data).items() if k in _SECTIONS}
+    spelled = yaml.safe_dump(sections, default_flow_style=True, sort_keys=False, width=10**6).strip()
+    raise ConfigError(f"{source}: {flat[0]}", "plans are written in sections since paratwin 0.2 "
+                      f"(flat fields: {', '.join(flat)})", f"write {spelled[:400]}")
+
+
+_SECTIONS = ("parallelism", "schedule", "memory", "gradient_sync")
+
+
+def migrate_flat(data: dict[str, Any]) -> dict[str, Any]:
+    """A plan written in the flat form, spelled in sections (``paratwin migrate-plan`` prints it)."""
+    sections: dict[str, dict[str, Any]] = {}
+    if isinstance(data.get("schedule"), str):
+        sections["schedule"] = {"name": data["schedule"]}
+    for key, (section, name) in FLAT_FIELDS.items():
+        if key in data:
+            sections.setdefault(section, {})[name] = data[key]
+    recompute, swap = data.get("recompute", "none"), data.get("swap")
+    if isinstance(recompute, list):
+        memory: dict[str, Any] = {"policy": "per-stage", "recompute": recompute}
+    else:
+        memory = {"policy": recompute}
+        if recompute == "stage-aware" and "recompute_ratio" in data:
+            memory["ratio"] = data["recompute_ratio"]
+    if swap is not None:
+        memory["swap"] = swap
+    if memory != {"policy": "none"}:
+        sections["memory"] = memory
+    if "gradient_sync" in sections:
+        sections["gradient_sync"] = {"method": "allreduce", **sections["gradient_sync"]}
+    flat = {*FLAT_FIELDS, "recompute", "recompute_ratio", "swap", "schedule"}
+    kept = {k: v for k, v in data.items() if k not in flat}
+    return {**kept, **{name: sections[name] for name in _SECTIONS if name in sections}}

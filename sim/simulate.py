@@ -25,7 +25,8 @@ def simulate(plan: Plan, full: bool = False, costs: CostModel | None = None,
     resolved, program = compiled.resolved, compiled.program
     if options is None:
         options = EngineOptions(layer_rows=len(program.ranks) <= 64)
-    engine = Engine(program, resolved.costs, resolved.comm, resolved.policy, plan.micro_batch, plan.tp_overlap,
+    engine = Engine(program, resolved.costs, resolved.comm, resolved.policy, plan.micro_batch,
+                    plan.parallelism.tp_overlap,
                     options)
     iteration = engine.run()
     return _summarise(resolved, program, engine, iteration, time.perf_counter() - started)

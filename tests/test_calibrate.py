@@ -12,7 +12,7 @@ import pytest
 
 from analysis.calibrate import (
     CALIBRATION_DATA,
-    Calibration,
+    CurveCalibration,
     SimulatorPredictor,
     default_calibration,
     error_metrics,
@@ -64,8 +64,8 @@ def test_rows_become_the_plans_megatron_ran(rows: pd.DataFrame) -> None:
     assert plan.microbatches == 32 // (4 * 2) == 4 and plan.global_batch == 32
     assert plan.workload_options == {"hidden": 1024, "heads": 16, "num_layers": 24, "seq": 1024,
                                      "vocab": 51200}
-    assert (plan.dtype, plan.schedule, plan.recompute) == ("fp16", "1f1b", "full")
-    assert plan.partition == [[0, 13], [13, 26]]  # embedding + 12 blocks | 12 blocks + head
+    assert (plan.dtype, plan.schedule.name, plan.memory.policy) == ("fp16", "1f1b", "full")
+    assert plan.parallelism.partition == [[0, 13], [13, 26]]  # embedding + 12 blocks | 12 blocks + head
     cluster = load_cluster(plan.cluster)
     assert (cluster.nodes, cluster.devices_per_node, cluster.device.name) == (1, 8, "A100-80GB")
     # Row 3: 8 GPUs, global 8, micro 2, hidden 2048, 20 layers, tp4 dp1 pp2: 8 / (2 x 1) = 4 micro-batches.
@@ -104,7 +104,7 @@ def test_the_largest_configuration_fits_in_memory(rows: pd.DataFrame) -> None:
 
 
 def test_engine_only_predictor_equals_simulate(rows: pd.DataFrame) -> None:
-    calibration = Calibration(default_calibration().curve, nvlink_efficiency=0.7)
+    calibration = CurveCalibration(default_calibration().curve, nvlink_efficiency=0.7)
     sample = rows.sample(6, random_state=3)
     fast = predict_rows(sample, SimulatorPredictor(engine_only=True), calibration)
     full = predict_rows(sample, SimulatorPredictor(engine_only=False), calibration)
@@ -215,7 +215,7 @@ def test_reported_held_out_errors_are_what_the_simulator_gives(rows: pd.DataFram
     for entry in provenance["holdout"]:
         _, held = hold_out_model(rows, tuple(entry["held_out_model"]))
         fitted = entry["fitted"]
-        calibration = Calibration(EfficiencyCurve(fitted["eff_max"], fitted["flops_half"], fitted["mem_eff"]),
+        calibration = CurveCalibration(EfficiencyCurve(fitted["eff_max"], fitted["flops_half"], fitted["mem_eff"]),
                                   fitted["nvlink_efficiency"])
         again = error_metrics(held["iter_time_s"], predict_rows(held, predictor, calibration))
         for key in ("median_abs_error", "p90_abs_error", "max_abs_error", "mean_signed_error"):

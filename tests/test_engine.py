@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sim.costs import UniformCosts
-from sim.plan import Plan
+from sim.plan import Plan, migrate_flat
 from sim.simulate import simulate
 
 
@@ -18,8 +18,9 @@ def ideal_cluster(devices: int) -> dict:
 def run(schedule: str, pp: int, m: int, chunks: int = 1, f: float = 1.0, i: float = 1.0, w: float = 1.0,
         saved: int = 0, recompute: str = "none", **plan_fields: object):
     costs = UniformCosts(num_layers=pp * chunks, fwd_s=f, bwd_input_s=i, bwd_weight_s=w, saved_bytes=saved)
-    plan = Plan(workload="gpt-tiny", cluster=ideal_cluster(pp), pp=pp, chunks=chunks, microbatches=m,
-                schedule=schedule, recompute=recompute, **plan_fields)
+    plan = Plan.from_dict(migrate_flat({"workload": "gpt-tiny", "cluster": ideal_cluster(pp), "pp": pp,
+                                        "chunks": chunks, "microbatches": m, "schedule": schedule,
+                                        "recompute": recompute, **plan_fields}))
     return simulate(plan, costs=costs)
 
 
@@ -93,7 +94,8 @@ def test_gradient_bucket_buffers_count_towards_peak_memory() -> None:
     layer_bytes = 2**20
     costs = UniformCosts(num_layers=4, param_bytes=layer_bytes)
     cluster = {**ideal_cluster(2), "intra_node_link": {"name": "ideal", "bandwidth_Bps": 1e9, "latency_s": 0.0}}
-    plan = Plan(workload="gpt-tiny", cluster=cluster, dp=2, microbatches=2, dp_bucket_mb=100)
+    plan = Plan.from_dict(migrate_flat({"workload": "gpt-tiny", "cluster": cluster, "dp": 2, "microbatches": 2,
+                                        "dp_bucket_mb": 100}))
     result = simulate(plan, costs=costs)
     memory = result.memory[0]
     assert memory.breakdown["comm_buffers"] == 4 * layer_bytes

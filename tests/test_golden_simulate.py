@@ -23,6 +23,7 @@ from sim.simulate import simulate
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "tests" / "golden" / "simulate.json"
 PLANS = sorted(str(p.relative_to(ROOT)) for pattern in ("examples/plans/*.yaml", "examples/validation/*.yaml",
+                                                         "examples/validation/netns/*.yaml",
                                                          "examples/validation/calibration/*.yaml")
                for p in ROOT.glob(pattern))
 CPU_COSTS = UniformCosts(num_layers=6, fwd_s=1e-3, bwd_input_s=1e-3, bwd_weight_s=1e-3, saved_bytes=1 << 20,
@@ -33,7 +34,8 @@ def outcome(path: str) -> dict[str, object]:
     plan = Plan.load(ROOT / path).replace(profile=None)
     cpu = load_cluster(plan.cluster).device.kind == "cpu"
     result = simulate(plan, costs=CPU_COSTS if cpu else None)
-    return {"iteration_s": result.iteration_s, "rows": result.events, "instructions": int((result.table["parent"] < 0).sum()),
+    return {"iteration_s": result.iteration_s, "rows": result.events,
+            "instructions": int((result.table["parent"] < 0).sum()),
             "peak_bytes": {str(rank): memory.peak_bytes for rank, memory in sorted(result.memory.items())}}
 
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from sim.costs import UniformCosts
-from sim.lower import format_program, lower, memory_policy
-from sim.plan import Plan
+from sim.lower import format_program, lower
+from sim.memory import build_memory_policy
+from sim.plan import Plan, migrate_flat
 from sim.program import RECV_KINDS, SEND_KINDS, Kind, Program
 from sim.schedules import SCHEDULES, generate_schedule
 
@@ -26,11 +27,12 @@ LAYERS = 4
 
 
 def small_program(symmetric: bool = False, **fields: object) -> Program:
-    plan = Plan.from_dict({"workload": "gpt-tiny", **fields})
+    plan = Plan.from_dict(migrate_flat({"workload": "gpt-tiny", **fields}))
     per = LAYERS // plan.num_stages
     stage_layers = [tuple(range(s * per, (s + 1) * per)) for s in range(plan.num_stages)]
     costs = UniformCosts(num_layers=LAYERS, saved_bytes=100, output_bytes=10, param_bytes=1000)
-    return lower(plan, stage_layers, costs, memory_policy(plan, stage_layers), symmetric=symmetric)
+    policy = build_memory_policy(plan, stage_layers, costs, capacity_bytes=2**40)
+    return lower(plan, stage_layers, costs, policy, symmetric=symmetric)
 
 
 CASES = {

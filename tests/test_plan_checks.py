@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from sim.cluster import load_cluster
-from sim.plan import Plan
 from sim.compile import MAX_INSTRUCTIONS, check_size, estimate_instructions
+from sim.plan import Plan, migrate_flat
 from sim.simulate import simulate
 from traces.bundle import MANIFEST_NAME, write_bundle
 from traces.errors import BundleError, ConfigError, ParatwinError
@@ -47,7 +47,7 @@ def bundle_copy(bundle_dir: Path, tmp_path: Path) -> Path:
 def tiny_plan(profile: Path | None, **fields: object) -> Plan:
     base = {"name": "t", "workload": "gpt-tiny", "cluster": {"preset": "local-cpu-2"}, "pp": 2, "micro_batch": 1,
             "microbatches": 4, "profile": None if profile is None else str(profile)}
-    return Plan.from_dict({**base, **fields})
+    return Plan.from_dict(migrate_flat({**base, **fields}))
 
 
 def one_line(error: pytest.ExceptionInfo, *fragments: str) -> str:
@@ -169,7 +169,8 @@ def test_workload_options_are_checked(bundle_dir: Path, options: dict, fragments
 
 def test_lstm_options_are_checked() -> None:
     with pytest.raises(ConfigError) as error:
-        simulate(Plan(workload="lstm-tiny", cluster="local-cpu-2", dp=2, workload_options={"hidden": -1}))
+        simulate(Plan(workload="lstm-tiny", cluster="local-cpu-2", parallelism={"dp": 2},
+                      workload_options={"hidden": -1}))
     one_line(error, "workload_options.hidden")
 
 
@@ -184,8 +185,8 @@ def test_lstm_options_are_checked() -> None:
     ],
 )
 def test_plans_too_large_are_refused_up_front(fields: dict, fragments: tuple[str, ...]) -> None:
-    plan = Plan.from_dict({"workload": "gpt2-medium", "cluster": {"preset": "dgx-a100-8"}, "dtype": "fp16",
-                           "dp": 2, "pp": 4, **fields})
+    plan = Plan.from_dict(migrate_flat({"workload": "gpt2-medium", "cluster": {"preset": "dgx-a100-8"},
+                                        "dtype": "fp16", "dp": 2, "pp": 4, **fields}))
     with pytest.raises(ConfigError) as error:
         simulate(plan)  # refused before lowering: no MemoryError, no minutes
     one_line(error, *fragments)
@@ -195,7 +196,7 @@ def test_full_simulation_counts_every_rank() -> None:
     plan = Plan.load(REPO / "examples" / "plans" / "gpt-175b-h100-1024.yaml")
     assert estimate_instructions(plan, full=True) == estimate_instructions(plan, full=False) * plan.dp * plan.tp
     check_size(plan, full=False)
-    big = plan.replace(microbatches=MAX_INSTRUCTIONS // (10 * plan.pp) + 1)
+    big = plan.replace(schedule={"microbatches": MAX_INSTRUCTIONS // (10 * plan.pp) + 1})
     with pytest.raises(ConfigError) as error:
         check_size(big, full=True)
     one_line(error, "dp x tp x pp", "drop --full")
@@ -205,7 +206,7 @@ def test_run_refuses_more_ranks_than_one_host_can_start() -> None:
     from sim.compile import check_local_run
 
     plan = Plan.from_dict({"workload": "gpt-tiny", "cluster": {"preset": "local-cpu-2", "devices_per_node": 4096},
-                           "dp": 4096})
+                           "parallelism": {"dp": 4096}})
     with pytest.raises(ConfigError) as error:
         check_local_run(plan)
     one_line(error, "dp x tp x pp", "4096 ranks on one machine")
@@ -216,8 +217,8 @@ def test_run_refuses_more_ranks_than_one_host_can_start() -> None:
 
 def test_plan_that_does_not_fit_exits_3_and_keeps_its_outputs(tmp_path: Path) -> None:
     # GPT-175B with TP 8 alone on one DGX A100: ~350 GB of model states per GPU of 80 GB.
-    plan = {"name": "too-big", "workload": "gpt-175b", "cluster": "dgx-a100-8", "dtype": "fp16", "tp": 8,
-            "micro_batch": 1, "microbatches": 1}
+    plan = {"name": "too-big", "workload": "gpt-175b", "cluster": "dgx-a100-8", "dtype": "fp16",
+            "parallelism": {"tp": 8}}
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(plan))
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "-m", "analysis.cli", "simulate", str(tmp_path / "p.yaml"), "--out",
@@ -291,4 +292,4 @@ def test_demo_what_if_is_the_readme_example_plan() -> None:
     from analysis.demo import WHAT_IF_PLAN
 
     assert WHAT_IF_PLAN == REPO / "examples" / "plans" / "gpt-8.3b-a100-64-merak.yaml"
-    assert Plan.load(WHAT_IF_PLAN).tp_overlap == 3
+    assert Plan.load(WHAT_IF_PLAN).parallelism.tp_overlap == 3

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from sim.compile import compile_plan
 from sim.engine import Engine, EngineOptions
-from sim.plan import Plan
+from sim.plan import Plan, migrate_flat
 from sim.program import Stream
 from sim.schedules import SCHEDULES
 from sim.simulate import simulate
@@ -28,7 +28,7 @@ A100_NODE = {"preset": "dgx-a100-8"}
 def gpt(name: str = "gpt2-medium", **fields: object) -> Plan:
     base = {"name": "t", "workload": name, "cluster": A100_NODE, "dtype": "fp16", "micro_batch": 2,
             "microbatches": 8, "schedule": "1f1b", "tp": 2, "pp": 2, "dp": 2}
-    return Plan.from_dict({**base, **fields})
+    return Plan.from_dict(migrate_flat({**base, **fields}))
 
 
 @pytest.mark.parametrize(
@@ -90,7 +90,7 @@ def test_instruction_table_has_the_shared_columns_and_sane_times() -> None:
 
 
 def test_a_plan_that_cannot_fit_reports_out_of_memory() -> None:
-    plan = Plan(workload="gpt-175b", cluster=A100_NODE, dtype="fp16", tp=8, micro_batch=1, microbatches=1)
+    plan = Plan.from_dict(migrate_flat({"workload": "gpt-175b", "cluster": A100_NODE, "dtype": "fp16", "tp": 8}))
     result = simulate(plan)
     assert result.oom
     memory = result.memory[0]
@@ -108,8 +108,8 @@ def test_recompute_and_swap_lower_peak_memory() -> None:
     cluster = {"preset": "dgx-a100-8", "devices_per_node": 4, "overrides": {"device": {"host_link": "nvlink4"}}}
     base = gpt("gpt-2.5b", tp=1, dp=1, pp=4, cluster=cluster, micro_batch=2)
     keep = simulate(base)
-    recompute = simulate(base.replace(recompute="full"))
-    swap = simulate(base.replace(swap=[0.5] * 4))
+    recompute = simulate(base.replace(memory={"policy": "full"}))
+    swap = simulate(base.replace(memory={"swap": [0.5] * 4}))
     for rank in (0, 1):
         assert recompute.memory[rank].breakdown["activations"] < keep.memory[rank].breakdown["activations"]
         assert swap.memory[rank].peak_bytes < keep.memory[rank].peak_bytes
@@ -132,7 +132,8 @@ def test_cli_simulate_writes_table_trace_and_summary(tmp_path: Path) -> None:
 
 def test_cli_reports_a_bad_plan_in_one_line(tmp_path: Path) -> None:
     plan_path = tmp_path / "plan.yaml"
-    plan_path.write_text(yaml.safe_dump({**gpt().model_dump(), "tp": 3}))
+    plan = gpt().model_dump()
+    plan_path.write_text(yaml.safe_dump({**plan, "parallelism": {**plan["parallelism"], "tp": 3}}))
     done = subprocess.run([sys.executable, "-m", "analysis.cli", "simulate", str(plan_path)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
@@ -164,7 +165,7 @@ def test_random_plans_simulate_or_are_rejected_clearly(draw: dict) -> None:
     cluster = {"preset": "a100-64", "nodes": draw["nodes"], "devices_per_node": draw["devices_per_node"]}
     fields = {k: v for k, v in draw.items() if k not in ("nodes", "devices_per_node")}
     try:
-        plan = Plan.from_dict({**fields, "cluster": cluster, "dp": dp})
+        plan = Plan.from_dict(migrate_flat({**fields, "cluster": cluster, "dp": dp}))
         result = simulate(plan)
     except ConfigError as error:
         assert "\n" not in str(error) and str(error)
@@ -181,7 +182,7 @@ def assert_engine_invariants(plan: Plan, iteration_s: float) -> None:
     iteration lasts at least as long as the busiest rank computes."""
     compiled = compile_plan(plan)
     program, setup = compiled.program, compiled.resolved
-    engine = Engine(program, setup.costs, setup.comm, setup.policy, plan.micro_batch, plan.tp_overlap,
+    engine = Engine(program, setup.costs, setup.comm, setup.policy, plan.micro_batch, plan.parallelism.tp_overlap,
                     EngineOptions(layer_rows=False))
     iteration = engine.run()
     assert iteration == pytest.approx(iteration_s, rel=1e-12)

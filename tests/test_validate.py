@@ -15,16 +15,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.validate import (
-    Calibration,
-    ValidationReport,
-    calibrated_setup,
-    fit_calibration,
-    format_report,
-    iteration_stats,
-    kind_comparison,
-    validate_plan,
-)
+from analysis.validation.calibration import ValidationCalibration, fit_calibration, with_calibration
+from analysis.validation.compare import iteration_stats, kind_comparison
+from analysis.validation.report import ValidationReport, format_report
+from analysis.validation.run import validate_plan
 from sim.compile import resolve_plan
 from sim.costs import UniformCosts
 from sim.plan import Plan
@@ -35,10 +29,8 @@ PLAN = {
     "name": "test-validate-pp2",
     "workload": "gpt-tiny",
     "cluster": {"preset": "local-cpu-2"},
-    "pp": 2,
-    "micro_batch": 2,
-    "microbatches": 2,
-    "schedule": "1f1b",
+    "parallelism": {"pp": 2},
+    "schedule": {"name": "1f1b", "micro_batch": 2, "microbatches": 2},
 }
 
 
@@ -129,9 +121,10 @@ def test_statistics_helpers() -> None:
 
 
 def test_calibrated_comm_adds_overhead_to_all_reduces_only() -> None:
-    plan = Plan.from_dict({**PLAN, "pp": 1, "dp": 2, "microbatches": 1})
+    plan = Plan.from_dict({**PLAN, "parallelism": {"dp": 2}, "schedule": {"name": "1f1b", "micro_batch": 2,
+                                                                             "microbatches": 1}})
     setup = resolve_plan(plan, costs=UniformCosts(num_layers=6, param_bytes=1 << 20))
-    calibrated = calibrated_setup(setup, Calibration(allreduce_overhead_s=0.004))
+    calibrated = with_calibration(setup, ValidationCalibration(allreduce_overhead_s=0.004))
     base, comm = setup.comm, calibrated.comm
     assert comm.collective_s("allreduce", 1 << 20, (0, 1)) == pytest.approx(
         base.collective_s("allreduce", 1 << 20, (0, 1)) + 0.004)
@@ -146,7 +139,7 @@ def test_calibrated_comm_adds_overhead_to_all_reduces_only() -> None:
 def dp_report(report: ValidationReport, tmp_path_factory: pytest.TempPathFactory) -> ValidationReport:
     """A real run of a plan with a data-parallel all-reduce (what the calibration changes), on the
     pipeline report's profile and communication fits (no second profile or benchmark)."""
-    plan = Plan.from_dict({**PLAN, "name": "test-validate-dp2", "pp": 1, "dp": 2})
+    plan = Plan.from_dict({**PLAN, "name": "test-validate-dp2", "parallelism": {"dp": 2}})
     return validate_plan(plan, profile=report.profile, commbench=False, comm_fits_from=report.profile,
                          iterations=3, warmup=1, out_dir=tmp_path_factory.mktemp("validate-dp"))
 
@@ -156,8 +149,8 @@ def test_fit_calibration_is_never_worse_than_none(dp_report: ValidationReport) -
     setup = resolve_plan(plan)
 
     def predicted(overhead: float) -> float:
-        calibration = Calibration(allreduce_overhead_s=overhead)
-        return simulate(plan, full=True, resolved=calibrated_setup(setup, calibration)).iteration_s
+        calibration = ValidationCalibration(allreduce_overhead_s=overhead)
+        return simulate(plan, full=True, resolved=with_calibration(setup, calibration)).iteration_s
 
     # The plan exercises what the calibration changes: its all-reduce is on the critical path.
     assert predicted(0.005) >= predicted(0.0) + 0.004

@@ -18,8 +18,9 @@ def test_profiled_workload_simulates(workload: str, tmp_path: Path) -> None:
     bundle = profile_workload(workload, micro_batch=2, repeats=2, warmup=1, with_ops=False)
     path = write_bundle(bundle, tmp_path / workload)
     layers = len(bundle.layers)
-    plan = Plan(workload=workload, profile=str(path), cluster="local-cpu-2", pp=2 if layers >= 2 else 1,
-                dp=1 if layers >= 2 else 2, micro_batch=2, microbatches=4, schedule="1f1b")
+    plan = Plan(workload=workload, profile=str(path), cluster="local-cpu-2",
+                parallelism={"pp": 2 if layers >= 2 else 1, "dp": 1 if layers >= 2 else 2},
+                schedule={"name": "1f1b", "micro_batch": 2, "microbatches": 4})
     result = simulate(plan)
     layers_s = bundle.layers["fwd_s"] + bundle.layers["bwd_input_s"] + bundle.layers["bwd_weight_s"]
     measured = layers_s.sum() * plan.microbatches  # the backward as the simulator charges it: B + W
@@ -30,4 +31,4 @@ def test_profiled_workload_simulates(workload: str, tmp_path: Path) -> None:
 
 def test_workload_without_closed_form_needs_a_profile() -> None:
     with pytest.raises(ConfigError, match="profile it"):
-        simulate(Plan(workload="lstm-tiny", cluster="local-cpu-2", dp=2))
+        simulate(Plan(workload="lstm-tiny", cluster="local-cpu-2", parallelism={"dp": 2}))

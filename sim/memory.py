@@ -1,0 +1,156 @@
+"""Memory policies: which layers of each virtual stage recompute, and what share of what a forward
+keeps is swapped to host until its backward.
+
+A plan's ``memory:`` section names a registered policy (``policy: stage-aware``) and its settings.
+Each registered policy is one record here: its settings (a pydantic model), one line of docs, and
+``build(plan, stage_layers, costs, capacity_bytes) -> MemoryPolicy``, which sees the partition, the
+per-layer costs and the device capacity, so a policy may decide from them (DELTA does). Lowering
+and both engines only read the resulting ``MemoryPolicy``. Imports neither torch nor simpy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sim.costs import CostModel, LayerCosts
+from sim.schedules import SCHEDULES, merak_recompute
+
+if TYPE_CHECKING:
+    from sim.plan import Plan
+
+
+@dataclass(frozen=True)
+class MemoryPolicy:
+    """Per virtual stage: which layers recompute, and the fraction of saved bytes swapped out."""
+
+    recompute_layers: tuple[tuple[int, ...], ...]
+    swap_fraction: tuple[float, ...]
+
+    def recomputes(self, stage: int) -> bool:
+        return bool(self.recompute_layers[stage])
+
+    def forward_kept_bytes(self, stage: int, layers: Sequence[int], save: bool,
+                           cost: Callable[[int], LayerCosts]) -> int:
+        """Bytes a forward of ``layers`` of ``stage`` leaves on the device: everything it saves or,
+        when checkpointed, only the input of each recomputed layer plus the other layers' saves."""
+        recomputed = set() if save else set(self.recompute_layers[stage])
+        return sum(checkpoint_bytes(layer, cost) if layer in recomputed else cost(layer).saved_bytes
+                   for layer in layers)
+
+
+def checkpoint_bytes(layer: int, cost: Callable[[int], LayerCosts]) -> int:
+    """A checkpointed layer keeps only its input: the previous layer's output."""
+    return cost(layer - 1).output_bytes if layer > 0 else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings of the built-in policies. Every policy may also swap: ``swap`` gives, per virtual stage,
+# the fraction of what a forward keeps that goes to host memory until the backward needs it.
+
+
+class MemoryConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: str
+    swap: list[float] | None = Field(None, description="per virtual stage: fraction of kept bytes swapped to host")
+
+
+class NoRecompute(MemoryConfig):
+    """Keep every activation the backward needs."""
+
+    policy: Literal["none"] = "none"
+
+
+class FullRecompute(MemoryConfig):
+    """Checkpoint every layer of every stage: keep only layer inputs, recompute in the backward."""
+
+    policy: Literal["full"] = "full"
+
+
+class StageAwareRecompute(MemoryConfig):
+    """Merak's stage-aware recomputation: the first stage recomputes ``ratio`` of its layers, later
+    stages less, the last none, so that every stage keeps about the same activation bytes."""
+
+    policy: Literal["stage-aware"] = "stage-aware"
+    ratio: float = Field(1.0, ge=0.0, le=1.0, description="recomputed fraction r0 of the first stage")
+
+
+class PerStageRecompute(MemoryConfig):
+    """An explicit recomputed fraction for every virtual stage (its first layers recompute)."""
+
+    policy: Literal["per-stage"] = "per-stage"
+    recompute: list[float] = Field(description="per virtual stage: fraction of its layers recomputed")
+
+
+Build = Callable[["Plan", Sequence[Sequence[int]], CostModel, int], MemoryPolicy]
+
+
+@dataclass(frozen=True)
+class MemoryPolicyKind:
+    name: str
+    config: type[MemoryConfig]
+    build: Build  # (plan, stage_layers, costs, capacity_bytes) -> MemoryPolicy
+    doc: str
+
+
+MEMORY_POLICIES: dict[str, MemoryPolicyKind] = {}
+
+
+def register_memory_policy(name: str, config: type[MemoryConfig], build: Build) -> MemoryPolicyKind:
+    if name in MEMORY_POLICIES:
+        raise ValueError(f"memory policy {name!r} is registered twice")
+    doc = " ".join((config.__doc__ or "").split("\n\n")[0].split())
+    MEMORY_POLICIES[name] = kind = MemoryPolicyKind(name, config, build, doc)
+    return kind
+
+
+def build_memory_policy(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostModel,
+                        capacity_bytes: int) -> MemoryPolicy:
+    return MEMORY_POLICIES[plan.memory.policy].build(plan, stage_layers, costs, capacity_bytes)
+
+
+# ---------------------------------------------------------------------------------------------
+# The built-in policies: a recomputed fraction per stage, its first layers recomputing.
+
+
+def _from_fractions(fraction: Callable[[Plan], list[float]]) -> Build:
+    def build(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostModel,
+              capacity_bytes: int) -> MemoryPolicy:
+        if SCHEDULES[plan.schedule.name].recompute_is_schedule:
+            # Merak's schedules decide which stages checkpoint (all but the last, in most variants).
+            fractions = [1.0 if flag else 0.0 for flag in merak_recompute(plan.schedule.name, plan.pp)]
+        else:
+            fractions = fraction(plan)
+        recompute_layers = tuple(tuple(layers[: math.ceil(round(f * len(layers), 9))])
+                                 for f, layers in zip(fractions, stage_layers, strict=True))
+        swap = plan.memory.swap
+        return MemoryPolicy(recompute_layers, tuple(swap) if swap is not None else (0.0,) * plan.num_stages)
+
+    return build
+
+
+def stage_aware_fractions(plan: Plan) -> list[float]:
+    """Merak: r_i = 1 - (1 - r0)(P - 1)/(P - 1 - i) on pipeline rank i < P - 1, none on the last,
+    so (kept fraction) x (1F1B in-flight micro-batches P - i) is the same on every stage."""
+    assert isinstance(plan.memory, StageAwareRecompute)
+    pp, ratio = plan.pp, plan.memory.ratio
+    fractions = []
+    for stage in range(plan.num_stages):
+        i = stage % pp
+        if pp == 1 or i == pp - 1:
+            fractions.append(0.0 if pp > 1 else ratio)
+            continue
+        fractions.append(max(0.0, 1.0 - (1.0 - ratio) * (pp - 1) / (pp - 1 - i)))
+    return fractions
+
+
+register_memory_policy("none", NoRecompute, _from_fractions(lambda plan: [0.0] * plan.num_stages))
+register_memory_policy("full", FullRecompute, _from_fractions(lambda plan: [1.0] * plan.num_stages))
+register_memory_policy("stage-aware", StageAwareRecompute, _from_fractions(stage_aware_fractions))
+register_memory_policy("per-stage", PerStageRecompute,
+                       _from_fractions(lambda plan: [float(f) for f in plan.memory.recompute]))
