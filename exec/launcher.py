@@ -2,7 +2,7 @@
 
 The launcher spawns ``dp x tp x pp`` processes (torch.multiprocessing, forkserver: the server
 imports torch once, so later launches start in a fraction of a second), each running
-``exec.runtime.run_rank`` with a file rendezvous in the output directory, NCCL when CUDA is
+``exec.rank.run_rank`` with a file rendezvous in the output directory, NCCL when CUDA is
 available and gloo otherwise (``backend`` overrides it).
 
 A watchdog polls the ranks every 0.1 s. A rank that exits with an error stops the run at once:
@@ -38,8 +38,9 @@ from pathlib import Path
 import pandas as pd
 import torch.multiprocessing as tmp
 
+from exec.contract import RunOptions, compile_for_run, pick_backend
+from exec.rank import run_rank, write_error
 from exec.records import read_rank_results, summarise, write_record
-from exec.runtime import RunOptions, compile_for_run, pick_backend, run_rank, write_error
 from sim.compile import check_local_run
 from sim.plan import Plan
 from traces.errors import ConfigError, ParatwinError
@@ -196,7 +197,7 @@ def _launch(plan: Plan, out_dir: Path, options: RunOptions, timeout_s: float) ->
     rendezvous.mkdir()
     init = f"file://{rendezvous.resolve()}/store"
     context = tmp.get_context("forkserver")
-    context.set_forkserver_preload(["exec.runtime"])
+    context.set_forkserver_preload(["exec.rank"])
     environment = dict(os.environ)
     processes = [context.Process(target=_spawned, name=f"paratwin-rank{r}", daemon=False,
                                  args=(r, world, plan.model_dump(), str(out_dir), options, init, environment,

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from exec.faults import FAULT_ENV
 from exec.launcher import RunFailed, run_plan
-from exec.runtime import FAULT_ENV
 from sim.plan import Plan
 from traces.outdir import OutputError, OutputLock, fresh_run_folder, safe_name
 from traces.runrecord import read_run_record

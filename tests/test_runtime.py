@@ -3,7 +3,7 @@
 Each case launches real gloo ranks with ``run_plan`` for three optimizer steps (one warm-up plus
 two measured iterations) and compares the losses of every step and every parameter afterwards
 with a single-process reference that sees the same seeded weights, the same global batch and the
-same micro-batching (``exec.runtime.batch_seed``), and takes the same Adam steps.
+same micro-batching (``exec.contract.batch_seed``), and takes the same Adam steps.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from exec.contract import LEARNING_RATE, batch_seed, compile_for_run, load_workload, make_optimizer
+from exec.faults import FAULT_ENV
 from exec.launcher import RunFailed, run_plan
 from exec.parallel.tp import apply_tensor_parallel
-from exec.runtime import FAULT_ENV, LEARNING_RATE, batch_seed, compile_for_run, load_workload, make_optimizer
 from exec.structure import StructuralCosts
 from exec.workloads import run_layers
 from sim.compile import resolve_plan

@@ -1,0 +1,82 @@
+"""What a rank holds for one (stage, micro-batch) between its forward and its backward: the stage
+input, the tensors autograd saves (behind ``saved_tensors_hooks``, so they can be swapped to host
+memory and back) and the segments of the stage's autograd graph."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def unique_bytes(tensors: list[torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        seen[storage_key(t)] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+class SavedStore:
+    """The tensors autograd saves for one (stage, micro-batch), reachable for swapping."""
+
+    def __init__(self, param_storages: set[int]) -> None:
+        self.param_storages = param_storages
+        self.tensors: list[torch.Tensor] = []
+        self.host: dict[int, torch.Tensor] = {}  # position -> host copy while swapped out
+
+    def pack(self, t: torch.Tensor) -> Any:
+        if storage_key(t) in self.param_storages:
+            return t  # a parameter (e.g. a weight saved by matmul): not an activation
+        self.tensors.append(t)
+        return len(self.tensors) - 1
+
+    def unpack(self, handle: Any) -> torch.Tensor:
+        return handle if isinstance(handle, torch.Tensor) else self.tensors[handle]
+
+    def hooks(self) -> Any:
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+    def device_tensors(self) -> list[torch.Tensor]:
+        return [t for i, t in enumerate(self.tensors) if i not in self.host]
+
+    def release(self) -> None:
+        """Drop the saved tensors. The graph's unpack hooks reference this store and the store
+        references tensors whose ``grad_fn`` is that graph: a cycle through C++ that Python's
+        garbage collector cannot see. A backward without ``retain_graph`` frees the saved
+        variables (and hooks) itself; a graph kept by the split backward would leak every
+        micro-batch's activations without this."""
+        self.tensors.clear()
+        self.host.clear()
+
+
+@dataclass
+class Segment:
+    """Part of a stage's autograd graph: from a leaf input to an output (or the loss)."""
+
+    inp: torch.Tensor
+    out: torch.Tensor
+    captures: list[tuple[nn.Module, list[torch.Tensor]]] = field(default_factory=list)
+    grad_out: torch.Tensor | None = None  # gradient entering the segment (set by BWD_I)
+    captured_grads: dict[int, torch.Tensor] = field(default_factory=dict)  # id(tensor) -> grad
+    deferred: bool = False  # BWD_I could not split it (input needs no grad): BWD_W does it all
+
+    @property
+    def identity(self) -> bool:
+        return self.out is self.inp
+
+
+@dataclass
+class Slot:
+    """Everything the rank holds for one (stage, micro-batch) between its forward and backward."""
+
+    inp: torch.Tensor
+    store: SavedStore
+    prefix: int = 0  # number of checkpointed layers (run without saving, recomputed later)
+    segments: list[Segment] = field(default_factory=list)
+    resident: int = 0  # bytes counted in the memory tracker

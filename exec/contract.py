@@ -1,0 +1,83 @@
+"""What a run is: the compiled plan every rank executes, the run's options, and what every rank
+and the single-process reference of the tests must agree on (data seeds, optimizer, workload)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from exec.structure import StructuralCosts
+from exec.workloads import Workload, get_workload
+from sim.compile import ResolvedPlan, compile_plan
+from sim.plan import Plan
+from sim.program import Program
+from traces.errors import ConfigError
+
+# Adam's learning rate: a constant of the runtime (a Plan has no optimizer settings yet); the
+# single-process reference of the tests uses the same through ``make_optimizer``.
+LEARNING_RATE = 1e-3
+
+
+def batch_seed(iteration: int, replica: int, microbatch: int, dp: int, microbatches: int) -> int:
+    """Seed of the micro-batch ``microbatch`` of data-parallel replica ``replica`` in ``iteration``."""
+    return (iteration * dp + replica) * microbatches + microbatch
+
+
+def make_optimizer(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=LEARNING_RATE)
+
+
+def load_workload(plan: Plan) -> Workload:
+    return get_workload(plan.workload, **plan.workload_options)
+
+
+@dataclass
+class ExecutablePlan:
+    """A compiled plan (every rank) with the real workload it runs and that workload's exact costs."""
+
+    plan: Plan
+    resolved: ResolvedPlan
+    workload: Workload
+    structure: StructuralCosts
+    program: Program
+
+
+def compile_for_run(plan: Plan) -> ExecutablePlan:
+    """Compile ``plan`` exactly as the simulator does, lowered for every rank.
+
+    With ``profile`` set the costs are the profile's (the simulator's own); otherwise the exact
+    structural costs, which give the same partition for ``uniform`` and ``parameters`` and exact
+    message and bucket bytes.
+    """
+    workload = load_workload(plan)
+    structure = StructuralCosts(workload, plan.micro_batch, plan.dtype, plan.tp)
+    compiled = compile_plan(plan, costs=None if plan.profile else structure, symmetric=False)
+    return ExecutablePlan(plan, compiled.resolved, workload, structure, compiled.program)
+
+
+@dataclass
+class RunOptions:
+    iterations: int = 5
+    warmup: int = 1
+    backend: str | None = None
+    timeout_s: float = 300.0
+    save_params: bool = False
+    threads: int = 1
+
+
+BACKENDS = ("gloo", "nccl")
+
+
+def pick_backend(requested: str | None) -> str:
+    """``requested`` checked against this machine, or nccl with CUDA and gloo without."""
+    if not requested:
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if requested not in BACKENDS:
+        raise ConfigError("--backend", f"unknown backend {str(requested)[:50]!r}", "use gloo or nccl")
+    if requested == "nccl" and not torch.cuda.is_available():
+        raise ConfigError("--backend", "nccl needs CUDA GPUs and torch sees none on this machine",
+                          "use --backend gloo (the default without CUDA), or run on a machine with GPUs")
+    return requested
+

@@ -1,0 +1,467 @@
+"""The per-rank interpreter: runs this rank's part of a Program with real tensors (``RankRuntime``).
+
+Every rank builds only its pipeline stages (``Workload.build_layers`` seeds each layer, so any
+partition holds the whole model's weights), shards transformer blocks over its TP group
+(``exec.parallel.tp``), and executes ``compile_plan(plan, ...).program.ranks[rank]`` (the very Program the
+simulator interprets) instruction by instruction, in program order, one handler per kind:
+
+- FWD: a forward with ``save=False`` runs the stage's recompute layers (a prefix of the stage,
+  ``policy.recompute_layers``) under ``no_grad`` keeping only their input, the rest with grad.
+  RECOMPUTE re-runs that prefix with grad. The last stage adds the loss / micro-batches.
+- BWD: full backward. BWD_I: input gradient only (``autograd.grad`` with ``retain_graph``),
+  capturing the gradients of the outputs of every parameter-holding module; BWD_W: the weight
+  gradients from those captured gradients (each module's own small backward).
+- SEND_* / RECV_*: ``isend`` / ``irecv`` (tagged, so gloo matches them exactly); a receive is
+  posted when reached and waited on by the instruction that depends on it.
+- SWAP_OUT / SWAP_IN: the saved activations of (stage, micro-batch) live in a store behind
+  ``saved_tensors_hooks`` (``exec.activations``); swapping moves a fraction of them to host memory
+  and back.
+- ALLREDUCE: an asynchronous bucket all-reduce over the data-parallel group (``exec.parallel.dp``).
+- OPTIMIZER_STEP: Adam.
+
+Every instruction is timed against a clock shared by the ranks (``exec.clock``: a barrier, then
+offsets from ``perf_counter``; CUDA events on GPUs). ``run_iteration`` returns one iteration's
+rows, losses and memory; ``exec.rank`` writes them down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+import weakref
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from exec.activations import SavedStore, Segment, Slot, storage_key, unique_bytes
+from exec.clock import Clock, Pending
+from exec.contract import ExecutablePlan, batch_seed, make_optimizer
+from exec.faults import Fault
+from exec.parallel.dp import BucketReduce
+from exec.parallel.tp import apply_tensor_parallel
+from exec.structure import torch_dtype
+from sim.lower import MemoryPolicy
+from sim.program import Instruction, Kind, RankProgram
+
+_P2P = frozenset({Kind.SEND_ACT, Kind.SEND_GRAD, Kind.RECV_ACT, Kind.RECV_GRAD})
+
+
+class RankRuntime:
+    def __init__(self, run: ExecutablePlan, rank: int, device: torch.device,
+                 tp_group: object = None, dp_group: object = None) -> None:
+        self.plan, self.workload, self.rank, self.device = run.plan, run.workload, rank, device
+        self.program: RankProgram = run.program.ranks[rank]
+        self.policy: MemoryPolicy = run.resolved.policy
+        self.stage_layers = run.program.stage_layers
+        self.num_stages = len(self.stage_layers)
+        self.coords = self.program.coords
+        self.tp_group, self.dp_group = tp_group, dp_group
+        self.dtype = torch_dtype(self.plan.dtype)
+        self.clock = Clock(device)
+        # Completion watchers of asynchronous instructions (CPU only, see Pending).
+        self.watchers = ThreadPoolExecutor(max_workers=32, thread_name_prefix="paratwin-watch") \
+            if device.type != "cuda" else None
+        self.fault = Fault.from_env()
+        self.structure = run.structure
+
+        # This rank's stages, built from the seeded full weights, then TP-sharded.
+        self.stages: dict[int, nn.ModuleList] = {}
+        self.layer_modules: dict[int, nn.Module] = {}
+        for s in self.program.stages:
+            layers = self.stage_layers[s]
+            modules = self.workload.build_layers(layers[0], layers[-1] + 1, device=device, dtype=self.dtype)
+            apply_tensor_parallel(modules, self.coords.tp, self.plan.tp, tp_group)
+            modules.train()
+            self.stages[s] = modules
+            self.layer_modules.update(zip(layers, modules, strict=True))
+        self.params = [p for s in self.program.stages for p in self.stages[s].parameters()]
+        self.param_storages = {storage_key(p) for p in self.params}
+        # Every SavedStore still alive (weakly held): what they hold at an iteration's end is
+        # the per-rank record ``saved_bytes`` (0 unless a store outlives its backward).
+        self.stores: weakref.WeakSet[SavedStore] = weakref.WeakSet()
+        self.optimizer = make_optimizer(self.params)
+
+        # Split backward needs the outputs of every parameter-holding module (see _backward_input).
+        self.split = any(i.kind is Kind.BWD_I for i in self.program.instructions)
+        self._capture: list[tuple[nn.Module, list[torch.Tensor]]] | None = None
+        if self.split:
+            for modules in self.stages.values():
+                for module in modules.modules():
+                    if any(True for _ in module.parameters(recurse=False)):
+                        module.register_forward_hook(self._capture_hook)
+
+        # Heartbeat state, read by the heartbeat thread.
+        self.iteration = -1
+        self.current: Instruction | None = None
+        self.done_count = 0
+        self.since = time.time()
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _capture_hook(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self._capture is None or not torch.is_grad_enabled():
+            return
+        outs = [output] if isinstance(output, torch.Tensor) else list(output)
+        outs = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
+        if outs:
+            self._capture.append((module, outs))
+
+    @contextlib.contextmanager
+    def _recording(self, slot: Slot, captures: list) -> Iterator[None]:
+        self._capture = captures if self.split else None
+        try:
+            with slot.store.hooks():
+                yield
+        finally:
+            self._capture = None
+
+    def _batch(self, mb: int) -> Any:
+        key = (self.iteration, mb)
+        if key not in self._batches:
+            seed = batch_seed(self.iteration, self.coords.dp, mb, self.plan.dp, self.plan.microbatches)
+            self._batches[key] = self.workload.make_batch(self.plan.micro_batch, seed=seed,
+                                                          device=self.device)
+        return self._batches[key]
+
+    def _shape(self, layer: int) -> tuple[tuple[int, ...], torch.dtype]:
+        return self.structure.output_shape(layer)
+
+    def _tag(self, tag: str) -> int:
+        kind, stage, mb = tag.split(":")
+        return ((0 if kind == "act" else 1) * self.num_stages + int(stage)) * self.plan.microbatches + int(mb)
+
+    def _memory(self) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.memory_allocated(self.device)
+        grads = sum(p.grad.numel() * p.grad.element_size() for p in self.params if p.grad is not None)
+        return self.static_bytes + grads + self.activation_bytes + self.buffer_bytes
+
+    def _track(self, slot: Slot) -> None:
+        """Recount what ``slot`` keeps alive on the device."""
+        tensors = [slot.inp, *slot.store.device_tensors()]
+        now = unique_bytes(tensors)
+        self.activation_bytes += now - slot.resident
+        slot.resident = now
+
+    def saved_bytes(self) -> int:
+        """Bytes of saved-for-backward tensors (device or host) still held by any live store."""
+        return unique_bytes([t for store in list(self.stores) for t in store.tensors])
+
+    def _free(self, key: tuple[int, int]) -> None:
+        slot = self.slots.pop(key)
+        self.activation_bytes -= slot.resident
+        slot.store.release()
+
+    # -- one iteration ---------------------------------------------------------------------------
+    def run_iteration(self, iteration: int) -> dict:
+        self.iteration = iteration
+        self._batches: dict[tuple[int, int], Any] = {}
+        self.slots: dict[tuple[int, int], Slot] = {}
+        self.acts: dict[tuple[int, int], Any] = {}  # activation entering (stage, mb)
+        self.grads: dict[tuple[int, int], Any] = {}  # gradient of (stage, mb)'s output
+        self.pending: dict[int, Pending] = {}
+        self.rows: list[dict] = []
+        self.losses: list[float] = []
+        self.loss_tensors: list[torch.Tensor] = []
+        self.optimizer.zero_grad(set_to_none=True)
+        self.static_bytes = sum(p.numel() * p.element_size() for p in self.params) + sum(
+            t.numel() * t.element_size() for state in self.optimizer.state.values()
+            for t in state.values() if isinstance(t, torch.Tensor))
+        self.activation_bytes = self.buffer_bytes = 0
+        self.peak = 0
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+        dist.barrier()
+        t0_wall = time.time()
+        self.clock.start()
+        for instruction in self.program.instructions:
+            self.current, self.since = instruction, time.time()
+            if self.fault is not None:
+                self.fault.before(self.rank, iteration, instruction)
+            for dep in instruction.deps:
+                self._finish(dep)
+            self._execute(instruction)
+            self._poll()
+            self.done_count += 1
+        for index in list(self.pending):
+            self._finish(index)
+        end = self.clock.mark()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak = torch.cuda.max_memory_allocated(self.device)
+        for row in self.rows:
+            row["start_s"] = self.clock.seconds(row["start_s"])
+            row["end_s"] = self.clock.seconds(row["end_s"])
+        self.losses = [float(t) * self.plan.microbatches for t in self.loss_tensors]
+        self.current = None
+        return {"rank": self.rank, "iteration": iteration, "t0_wall": t0_wall, "t0_mono": self.clock.t0,
+                "host": socket.gethostname(),
+                "iteration_s": self.clock.seconds(end), "rows": self.rows, "losses": self.losses,
+                "peak_memory": self.peak, "saved_bytes": self.saved_bytes()}
+
+    def _row(self, instruction: Instruction, start: Any, end: Any, nbytes: int) -> None:
+        memory = self._memory()
+        self.peak = max(self.peak, memory)
+        self.rows.append({
+            "rank": self.rank, "index": instruction.index, "kind": instruction.kind.value,
+            "stage": instruction.stage, "microbatch": instruction.microbatch,
+            "stream": instruction.stream.value, "start_s": start, "end_s": end, "bytes": nbytes,
+            "mem_after": memory, "parent": -1, "layer": -1, "name": instruction.label,
+            "iteration": self.iteration,
+        })
+
+    def _execute(self, ins: Instruction) -> None:
+        handler = {
+            Kind.FWD: self._forward, Kind.RECOMPUTE: self._recompute, Kind.BWD: self._backward,
+            Kind.BWD_I: self._backward_input, Kind.BWD_W: self._backward_weight,
+            Kind.OPTIMIZER_STEP: self._step, Kind.SEND_ACT: self._send, Kind.SEND_GRAD: self._send,
+            Kind.RECV_ACT: self._recv, Kind.RECV_GRAD: self._recv, Kind.ALLREDUCE: self._allreduce,
+            Kind.SWAP_OUT: self._swap_out, Kind.SWAP_IN: self._swap_in,
+        }.get(ins.kind)
+        if handler is None:
+            raise NotImplementedError(f"the runtime does not execute {ins.kind.value} instructions yet")
+        if ins.kind.is_compute:
+            start = self.clock.mark()
+            handler(ins)
+            self._row(ins, start, self.clock.mark(), 0)
+        else:
+            handler(ins)
+
+    # -- asynchronous instructions ---------------------------------------------------------------
+    def _launch(self, ins: Instruction, start: Any, work: Any, nbytes: int,
+                tensor: torch.Tensor | None = None, then: Any = None) -> Pending:
+        pending = Pending(ins, start, work, nbytes, tensor, then, self.clock, self.watchers)
+        self.pending[ins.index] = pending
+        if ins.kind in _P2P:
+            self.buffer_bytes += nbytes
+        return pending
+
+    def _finish(self, index: int) -> None:
+        pending = self.pending.pop(index, None)
+        if pending is None:
+            return
+        end = pending.finish()
+        if pending.instruction.kind in _P2P:
+            self.buffer_bytes -= pending.nbytes
+        self._row(pending.instruction, pending.start, end, pending.nbytes)
+
+    def _poll(self) -> None:
+        """Retire every asynchronous instruction whose watcher has seen it complete."""
+        for index in [i for i, p in self.pending.items()
+                      if p.work is None or (p.future is not None and p.future.done())]:
+            self._finish(index)
+
+    def _send(self, ins: Instruction) -> None:
+        store = self.acts if ins.kind is Kind.SEND_ACT else self.grads
+        kind, stage, mb = ins.tag.split(":")
+        tensor = store.pop((int(stage), int(mb))).contiguous()
+        start = self.clock.mark()
+        work = dist.isend(tensor, dst=ins.peer, tag=self._tag(ins.tag))
+        self._launch(ins, start, work, tensor.numel() * tensor.element_size(), tensor)
+
+    def _recv(self, ins: Instruction) -> None:
+        kind, stage, mb = ins.tag.split(":")
+        s, m = int(stage), int(mb)
+        # An activation entering stage s is the output of the layer before it; a gradient of
+        # stage s's output has the shape of its last layer's output.
+        layer = self.stage_layers[s][0] - 1 if kind == "act" else self.stage_layers[s][-1]
+        shape, dtype = self._shape(layer)
+        buffer = torch.empty(shape, dtype=dtype, device=self.device)
+        start = self.clock.mark()
+        work = dist.irecv(buffer, src=ins.peer, tag=self._tag(ins.tag))
+        (self.acts if kind == "act" else self.grads)[(s, m)] = buffer
+        self._launch(ins, start, work, buffer.numel() * buffer.element_size(), buffer)
+
+    def _allreduce(self, ins: Instruction) -> None:
+        params = [p for layer in ins.layers for p in self.layer_modules[layer].parameters()]
+        start = self.clock.mark()
+        bucket = BucketReduce(params, self.dp_group, self.plan.dp)
+        self._launch(ins, start, bucket.work, bucket.nbytes, then=bucket.wait)
+
+    def _swap_out(self, ins: Instruction) -> None:
+        slot = self.slots[(ins.stage, ins.microbatch)]
+        store = slot.store
+        start = self.clock.mark()
+        target = self.policy.swap_fraction[ins.stage] * unique_bytes(store.device_tensors())
+        keep = storage_key(slot.inp)
+        moved = 0
+        for position, t in enumerate(store.tensors):
+            if moved >= target:
+                break
+            if position in store.host or storage_key(t) == keep:
+                continue
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda).copy_(t, non_blocking=t.is_cuda)
+            store.host[position] = host
+            moved += t.numel() * t.element_size()
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        for position in store.host:
+            store.tensors[position] = store.host[position]  # the device copy is released
+        self._track(slot)
+        self._launch(ins, start, None, moved)
+
+    def _swap_in(self, ins: Instruction) -> None:
+        slot = self.slots[(ins.stage, ins.microbatch)]
+        store = slot.store
+        start = self.clock.mark()
+        moved = 0
+        for position, host in store.host.items():
+            store.tensors[position] = host.to(self.device, non_blocking=True) if self.device.type == "cuda" \
+                else host.clone()
+            moved += host.numel() * host.element_size()
+        store.host.clear()
+        self._track(slot)
+        self._launch(ins, start, None, moved)
+
+    # -- compute ---------------------------------------------------------------------------------
+    def _stage_input(self, s: int, mb: int) -> torch.Tensor:
+        if s == 0:
+            return self._batch(mb).inputs
+        x = self.acts.pop((s, mb)).detach()
+        return x.requires_grad_(x.is_floating_point())
+
+    def _forward(self, ins: Instruction) -> None:
+        s, mb = ins.stage, ins.microbatch
+        layers = self.stages[s]
+        x = self._stage_input(s, mb)
+        slot = Slot(inp=x, store=SavedStore(self.param_storages))
+        self.stores.add(slot.store)
+        slot.prefix = 0 if ins.save else len(self.policy.recompute_layers[s])
+        captures: list = []
+        with self._recording(slot, captures):
+            mid = x
+            if slot.prefix:
+                with torch.no_grad():
+                    for layer in layers[:slot.prefix]:
+                        mid = layer(mid)
+                mid = mid.detach().requires_grad_(mid.is_floating_point())
+            out = mid
+            for layer in layers[slot.prefix:]:
+                out = layer(out)
+            if s == self.num_stages - 1:
+                loss = self.workload.loss(out, self._batch(mb).targets) / self.plan.microbatches
+                self.loss_tensors.append(loss.detach())
+                out = loss
+        slot.segments = [Segment(mid, out, captures)]
+        if s < self.num_stages - 1:
+            self.acts[(s + 1, mb)] = out.detach()
+        self.slots[(s, mb)] = slot
+        self._track(slot)
+
+    def _recompute(self, ins: Instruction) -> None:
+        s, mb = ins.stage, ins.microbatch
+        slot = self.slots[(s, mb)]
+        captures: list = []
+        with self._recording(slot, captures), torch.enable_grad():
+            mid = slot.inp
+            for layer in self.stages[s][:slot.prefix]:
+                mid = layer(mid)
+        slot.segments.insert(0, Segment(slot.inp, mid, captures))
+        self._track(slot)
+
+    def _grad_in(self, s: int, mb: int) -> torch.Tensor | None:
+        return None if s == self.num_stages - 1 else self.grads.pop((s, mb))
+
+    def _hand_back(self, s: int, mb: int, grad: torch.Tensor | None) -> None:
+        if s > 0:
+            if grad is None:
+                raise RuntimeError(f"stage {s} micro-batch {mb}: no gradient reached the stage input")
+            self.grads[(s - 1, mb)] = grad
+
+    def _check_recomputed(self, slot: Slot, s: int, mb: int) -> None:
+        if slot.prefix and len(slot.segments) < 2:
+            raise RuntimeError(f"stage {s} micro-batch {mb}: backward of a checkpointed forward "
+                               "before its RECOMPUTE")
+
+    def _backward(self, ins: Instruction) -> None:
+        s, mb = ins.stage, ins.microbatch
+        slot = self.slots[(s, mb)]
+        self._check_recomputed(slot, s, mb)
+        grad = self._grad_in(s, mb)
+        for seg in reversed(slot.segments):
+            if seg.identity:
+                continue
+            torch.autograd.backward(seg.out, grad)
+            grad = seg.inp.grad if seg.inp.requires_grad else None
+        self._hand_back(s, mb, grad)
+        self._free((s, mb))
+
+    def _backward_input(self, ins: Instruction) -> None:
+        """Input gradient only; keeps the graph and the gradients every weight gradient needs:
+        those of the outputs of each parameter-holding module on the way (their own backward
+        then needs nothing else, so BWD_W does not repeat the input-gradient work)."""
+        s, mb = ins.stage, ins.microbatch
+        slot = self.slots[(s, mb)]
+        self._check_recomputed(slot, s, mb)
+        grad = self._grad_in(s, mb)
+        for seg in reversed(slot.segments):
+            seg.grad_out = grad
+            if seg.identity:
+                continue
+            if not seg.inp.requires_grad:
+                seg.deferred, grad = True, None
+                continue
+            handles = []
+            for _, outs in seg.captures:
+                for t in outs:
+                    handles.append(t.register_hook(
+                        lambda g, key=id(t), store=seg.captured_grads: store.__setitem__(key, g)))
+            try:
+                (grad,) = torch.autograd.grad(seg.out, seg.inp, grad, retain_graph=True)
+            finally:
+                for h in handles:
+                    h.remove()
+        self._hand_back(s, mb, grad)
+
+    def _backward_weight(self, ins: Instruction) -> None:
+        s, mb = ins.stage, ins.microbatch
+        slot = self.slots[(s, mb)]
+        for seg in slot.segments:
+            if seg.identity:
+                continue
+            if seg.deferred:
+                torch.autograd.backward(seg.out, seg.grad_out)
+                continue
+            missed: list[nn.Parameter] = []
+            for module, outs in seg.captures:
+                params = [p for p in module.parameters(recurse=False) if p.requires_grad]
+                fired = [(t, seg.captured_grads[id(t)]) for t in outs if id(t) in seg.captured_grads]
+                if not fired:
+                    missed += params  # not on the path to the input: from the segment output below
+                    continue
+                weights = torch.autograd.grad([t for t, _ in fired], params, [g for _, g in fired],
+                                              retain_graph=True, allow_unused=True)
+                _accumulate(params, weights)
+            if missed:
+                _accumulate(missed, torch.autograd.grad(seg.out, missed, seg.grad_out, retain_graph=True,
+                                                        allow_unused=True))
+        self._free((s, mb))
+
+    def _step(self, ins: Instruction) -> None:
+        self.optimizer.step()
+        self.static_bytes = sum(p.numel() * p.element_size() for p in self.params) + sum(
+            t.numel() * t.element_size() for state in self.optimizer.state.values()
+            for t in state.values() if isinstance(t, torch.Tensor))
+
+    # -- results ---------------------------------------------------------------------------------
+    def parameters_by_name(self) -> dict[str, torch.Tensor]:
+        """This rank's parameters as ``"<layer>.<name>"`` (TP shards under their shard names)."""
+        return {f"{layer}.{name}": p.detach().cpu().clone()
+                for layer, module in sorted(self.layer_modules.items())
+                for name, p in module.named_parameters()}
+
+
+def _accumulate(params: list[nn.Parameter], grads: tuple[torch.Tensor | None, ...]) -> None:
+    for p, g in zip(params, grads, strict=True):
+        if g is None:
+            continue
+        if p.grad is None:
+            p.grad = g
+        else:
+            p.grad += g
+
