@@ -159,7 +159,8 @@ def validate(
     commbench: Annotated[bool, typer.Option(help="benchmark communication for the simulator")] = True,
 ) -> None:
     """Profile, benchmark communication, simulate, run, and compare prediction with measurement."""
-    from analysis.validate import format_report, validate_plan
+    from analysis.validation.report import format_report
+    from analysis.validation.run import validate_plan
     from sim.plan import Plan
 
     loaded = Plan.load(plan)

@@ -2,7 +2,7 @@
 
 ``run_suite`` groups the plans by what their profile depends on (workload, its options,
 micro-batch, dtype), profiles each group once and benchmarks communication once for all sizes
-the group's plans send, then validates every plan with that bundle (``analysis.validate``). It
+the group's plans send, then validates every plan with that bundle (``analysis.validation``). It
 returns one row per plan: predicted and measured iteration time, spread and error, and summarises
 the suite by the median and largest |error| and the Spearman rank correlation between predicted
 and measured times.
@@ -27,7 +27,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.validate import Calibration, ValidationReport, fit_calibration, prepare_profile, validate_plan
+from analysis.validation.calibration import ValidationCalibration, fit_calibration
+from analysis.validation.profiling import profile_for_validation
+from analysis.validation.report import ValidationReport
+from analysis.validation.run import validate_plan
 from sim.plan import Plan
 from traces.errors import ConfigError
 
@@ -71,12 +74,12 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
 
     Communication is benchmarked once per group of plans that share a workload and micro-batch;
     compute is profiled for every plan right before and right after its run (co-located, one
-    thread per process, see ``analysis.validate``), because this machine's load drifts by tens of
+    thread per process, see ``analysis.validation.run``), because this machine's load drifts by tens of
     percent within minutes and a profile taken ten minutes earlier describes another machine.
 
     ``calibration`` (default ``examples/validation/calibration/*.yaml``; ``[]`` for none): plans
     that are not in the suite, validated first without calibration;
-    ``analysis.validate.fit_calibration`` fits a per-all-reduce overhead on their iteration times
+    ``analysis.validation.calibration.fit_calibration`` fits a per-all-reduce overhead on their iteration times
     (with the same communication fits the suite then uses), and the suite is predicted with it
     (the summary also keeps the uncalibrated errors). Why: inside a run a blocking gloo
     all-reduce of half a megabyte took about 3 ms here, while commbench's medians for that size
@@ -111,10 +114,10 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
             print(f"profiling {widest.workload} {widest.workload_options} micro-batch {widest.micro_batch} "
                   f"in {widest.world_size} processes, then benchmarking communication", flush=True)
         # This group profile only serves to size the benchmark; every plan is profiled afresh.
-        bundles[key] = prepare_profile(widest, out / "profiles" / f"group{number}", comm_plans=plans_here,
-                                       profile_repeats=2)
+        bundles[key] = profile_for_validation(widest, out / "profiles" / f"group{number}", comm_plans=plans_here,
+                                              profile_repeats=2)
 
-    def validate(path: Path, folder: str, calibration: Calibration | None) -> ValidationReport:
+    def validate(path: Path, folder: str, calibration: ValidationCalibration | None) -> ValidationReport:
         plan = loaded[path]
         attempts: list[ValidationReport] = []
         while len(attempts) <= retries and (not attempts or unsteadiness(attempts[-1]) > 1.0):
@@ -135,7 +138,7 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
         kept.settings["attempts"] = len(attempts)
         return kept
 
-    fitted = Calibration()
+    fitted = ValidationCalibration()
     if calibration_paths:
         fitted = fit_calibration([validate(path, "calibration", None) for path in calibration_paths])
         if verbose:

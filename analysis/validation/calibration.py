@@ -1,0 +1,111 @@
+"""Constants the simulator may need on this machine, fitted on validation runs of plans outside
+the suite: ``ValidationCalibration`` (a compute scale and a per-all-reduce overhead), the cost
+model wrappers that apply it to a ``ResolvedPlan`` (``with_calibration``), and its fit
+(``fit_calibration``). Not the A100 curve calibration of ``analysis.calibrate``."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from analysis.validation.report import ValidationReport
+from sim.compile import ResolvedPlan, resolve_plan
+from sim.engine import EngineOptions
+from sim.plan import Plan
+from sim.simulate import simulate
+from traces.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ValidationCalibration:
+    """Constants the simulator may need on this machine, measured on plans that are not validated
+    with them (``fit_calibration``), never tuned to the plans they are then tested on."""
+
+    compute_scale: float = 1.0  # x every compute time (layer passes and the optimizer step)
+    allreduce_overhead_s: float = 0.0  # + every all-reduce, data-parallel bucket or TP
+    source: str = ""
+
+    @property
+    def identity(self) -> bool:
+        return self.compute_scale == 1.0 and self.allreduce_overhead_s == 0.0
+
+
+class CalibratedCosts:
+    """A cost model whose compute times are ``compute_scale`` x those of ``base``."""
+
+    def __init__(self, base: Any, compute_scale: float) -> None:
+        self.base, self.compute_scale = base, float(compute_scale)
+        self.num_layers = base.num_layers
+
+    def layer_costs(self, layer: int, micro_batch: int, tp: int) -> Any:
+        c, k = self.base.layer_costs(layer, micro_batch, tp), self.compute_scale
+        return replace(c, fwd_s=c.fwd_s * k, bwd_input_s=c.bwd_input_s * k, bwd_weight_s=c.bwd_weight_s * k,
+                       recompute_s=c.recompute_s * k)
+
+    def optimizer_step_s(self, param_bytes: int) -> float:
+        return self.base.optimizer_step_s(param_bytes) * self.compute_scale
+
+    def layer_weights(self, by: str) -> list[float]:
+        return self.base.layer_weights(by)
+
+
+class CalibratedComm:
+    """``base`` (a ``sim.comm.ClusterComm``) with ``allreduce_overhead_s`` added to every all-reduce.
+
+    Why: inside a run, a gloo all-reduce also waits for the peer to arrive and for both processes
+    to be scheduled at once; commbench, which starts every repeat from a barrier, does not see
+    that. It matters most for TP, whose all-reduces sit inside every forward and backward."""
+
+    def __init__(self, base: Any, allreduce_overhead_s: float) -> None:
+        self.base, self.overhead = base, float(allreduce_overhead_s)
+        self.capacity_bytes = base.capacity_bytes
+
+    def p2p_route(self, src: int, dst: int) -> tuple[str, float, float]:
+        return self.base.p2p_route(src, dst)
+
+    def collective_s(self, primitive: str, nbytes: int, ranks: Any) -> float:
+        seconds = self.base.collective_s(primitive, nbytes, ranks)
+        return seconds + self.overhead if primitive == "allreduce" else seconds
+
+    def host_copy(self) -> tuple[float, float]:
+        return self.base.host_copy()
+
+
+def with_calibration(resolved: ResolvedPlan, calibration: ValidationCalibration) -> ResolvedPlan:
+    """``resolved`` with the calibration applied (swapped in after ``resolve_plan``, which keeps the
+    bundle's communication fits; ``resolve_plan(plan, costs=...)`` would drop them)."""
+    costs = CalibratedCosts(resolved.costs, calibration.compute_scale) if calibration.compute_scale != 1.0 \
+        else resolved.costs
+    comm = CalibratedComm(resolved.comm, calibration.allreduce_overhead_s) if calibration.allreduce_overhead_s \
+        else resolved.comm
+    return replace(resolved, costs=costs, comm=comm)
+
+
+def fit_calibration(reports: list[ValidationReport], max_overhead_s: float = 0.02) -> ValidationCalibration:
+    """The all-reduce overhead that minimises the squared log errors of the iteration times of
+    ``reports`` (validated without calibration), re-simulated with each candidate.
+
+    The compute scale stays 1: with profiles taken right before and after each run, compute
+    matched within a few percent whenever the machine's load was steady, and a scale measured in
+    one window of load was wrong in the next (docs/validation.md)."""
+    from scipy.optimize import minimize_scalar
+
+    cases = []
+    for report in reports:
+        plan = Plan.load(Path(report.out_dir) / "plan.yaml")
+        cases.append((plan, resolve_plan(plan), report.measured_s))
+    if not cases:
+        raise ConfigError("calibration", "no calibration reports", "validate some calibration plans first")
+
+    def loss(overhead: float) -> float:
+        calibration = ValidationCalibration(allreduce_overhead_s=overhead)
+        return sum(math.log(simulate(plan, full=True, options=EngineOptions(),
+                                     resolved=with_calibration(resolved, calibration)).iteration_s / measured) ** 2
+                   for plan, resolved, measured in cases)
+
+    best = minimize_scalar(loss, bounds=(0.0, max_overhead_s), method="bounded", options={"xatol": 1e-5})
+    return ValidationCalibration(allreduce_overhead_s=float(best.x),
+                                 source=f"fitted on {', '.join(r.plan for r in reports)}")
+

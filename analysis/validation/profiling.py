@@ -1,0 +1,127 @@
+"""Profiling for validation: the plan's workload profiled on this machine as its ranks will run
+(co-located processes, one torch thread each), and the bundle a plan is validated with
+(``profile_for_validation``: that profile plus communication fits)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.validation.comm import calibrate_comm, comm_sizes, sweep_sizes
+from sim.plan import Plan
+from traces.bundle import ProfileBundle, read_bundle, write_bundle
+from traces.errors import ConfigError
+from traces.schema import LAYER_TABLE
+from traces.tables import conform
+
+PLAN_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _profile_worker(index: int, barrier: Any, workload: str, options: dict, micro_batch: int, dtype: str,
+                    warmup: int, repeats: int, result: str) -> None:
+    import torch
+
+    torch.set_num_threads(1)  # as the runtime runs every CPU rank
+    from exec.profiler import profile_workload
+    from exec.workloads import get_workload
+
+    wl = get_workload(workload, **options)
+    barrier.wait()  # start together, so the processes contend as the ranks of a run do
+    bundle = profile_workload(wl, micro_batch=micro_batch, dtype=dtype, device="cpu", warmup=warmup,
+                              repeats=repeats, with_ops=False)
+    pd.to_pickle(bundle, result)
+
+
+def profile_plan_workload(plan: Plan, processes: int = 1, warmup: int = 2, repeats: int = 10) -> ProfileBundle:
+    """Profile ``plan``'s workload at its micro-batch and dtype in ``processes`` concurrent processes.
+
+    Per layer, every time column is the median over the processes and every spread the largest;
+    bytes and FLOPs are the first process's (they do not depend on timing)."""
+    if plan.dtype not in PLAN_DTYPES:
+        raise ConfigError("dtype", f"cannot profile {plan.dtype}", f"use one of {', '.join(PLAN_DTYPES)}")
+    context = multiprocessing.get_context("spawn")  # fork after torch has started threads is unsafe
+    barrier = context.Barrier(processes)
+    with tempfile.TemporaryDirectory(prefix="paratwin-validate-profile-") as tmp:
+        paths = [str(Path(tmp) / f"bundle{i}.pkl") for i in range(processes)]
+        workers = [context.Process(target=_profile_worker, name=f"paratwin-profile{i}",
+                                   args=(i, barrier, plan.workload, dict(plan.workload_options), plan.micro_batch,
+                                         PLAN_DTYPES[plan.dtype], warmup, repeats, paths[i]))
+                   for i in range(processes)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        failed = [i for i, w in enumerate(workers) if w.exitcode != 0]
+        if failed:
+            raise RuntimeError(f"profiling process {failed[0]} failed (exit code {workers[failed[0]].exitcode})")
+        bundles: list[ProfileBundle] = [pd.read_pickle(p) for p in paths]
+    return _merge_profiles(bundles)
+
+
+def _merge_profiles(bundles: list[ProfileBundle], statistic: str = "median") -> ProfileBundle:
+    first = bundles[0]
+    if len(bundles) == 1:
+        return first
+    combine = np.median if statistic == "median" else np.mean
+    layers = first.layers.copy()
+    for column in LAYER_TABLE.columns:
+        values = np.stack([b.layers[column].to_numpy(dtype=float) for b in bundles]) \
+            if column.endswith(("_s", "_spread")) else None
+        if values is None:
+            continue
+        layers[column] = combine(values, axis=0) if column.endswith("_s") else values.max(axis=0)
+    if "unsteady" in layers:  # unsteady in any process is unsteady in the merged profile
+        layers["unsteady"] = np.logical_or.reduce([b.layers["unsteady"].to_numpy(dtype=bool) for b in bundles])
+    settings = dict(first.meta["settings"])
+    per_byte = [float(b.meta["settings"]["optimizer_s_per_param_byte"]) for b in bundles]
+    settings["optimizer_s_per_param_byte"] = float(combine(per_byte))
+    if statistic == "median":  # concurrent processes; a mean merges two profiles taken one after the other
+        settings["colocated_processes"] = len(bundles)
+        settings["statistic"] = ("median over repeats in each process, then median over the concurrent "
+                                 "processes; spread = the largest of the processes' spreads; a layer is "
+                                 "unsteady when it is in any process")
+    return ProfileBundle({**first.meta, "settings": settings}, conform(layers, LAYER_TABLE, "merged profile"),
+                         first.ops, first.comm_samples, first.comm_fits)
+
+
+def bracket_profile(before: ProfileBundle, after: ProfileBundle, bundle_dir: Path) -> float:
+    """Replace the bundle's times by the mean of ``before`` and ``after``; return the drift
+    (total forward + backward time after / before)."""
+    merged = _merge_profiles([before, after], statistic="mean")
+    merged.comm_samples, merged.comm_fits = before.comm_samples, before.comm_fits
+    merged.meta["settings"]["bracketed"] = True
+    write_bundle(merged, bundle_dir)
+    total = [float((b.layers["fwd_s"] + b.layers["bwd_s"]).sum()) for b in (before, after)]
+    return total[1] / total[0] if total[0] > 0 else float("nan")
+
+
+def profile_for_validation(plan: Plan, out_dir: Path, profile: Path | None = None, commbench: bool = True,
+                           colocated: bool = True, comm_plans: list[Plan] | None = None,
+                           profile_repeats: int = 10, comm_repeats: int = 10) -> Path:
+    """The bundle ``plan`` is validated with: ``profile`` itself when given and nothing is added,
+    else ``out_dir/profile`` (profiled here, or a copy of ``profile``) with comm fits when asked.
+    ``comm_plans`` (default: just ``plan``) decide the benchmarked sizes, so one bundle can serve
+    several plans of the same workload."""
+    target = Path(out_dir) / "profile"
+    if profile is not None:
+        profile = Path(profile).resolve()
+        read_bundle(profile)  # a bad bundle fails here, naming the file
+        if not commbench:
+            return profile
+        if profile != target.resolve():
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(profile, target)
+    else:
+        processes = plan.world_size if colocated else 1
+        write_bundle(profile_plan_workload(plan, processes, repeats=profile_repeats), target)
+    if commbench:
+        sizes = [s for p in (comm_plans or [plan]) for s in comm_sizes(p.replace(profile=str(target.resolve())))]
+        calibrate_comm(target, sweep_sizes(sizes), repeats=comm_repeats)
+    return target.resolve()
+
