@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from analysis.report import console, plain, print_error, print_layers, print_sim, size
-from traces.errors import ParatwinError
+from traces.errors import ConfigError, ParatwinError
 from traces.outdir import fresh_run_folder, safe_name
 
 app = typer.Typer(
@@ -31,6 +31,46 @@ def workloads() -> None:
 
     for name in workload_names():
         console.print(name)
+
+
+@app.command()
+def options() -> None:
+    """List the registered choices of every plan dimension (schedules, memory policies, gradient sync)."""
+    from sim.options import registered_options
+
+    for field, choices in registered_options().items():
+        plain(f"{field}:")
+        for name, doc in choices:
+            plain(f"  {name:<32} {doc}")
+
+
+@app.command("migrate-plan")
+def migrate_plan(
+    plan: Annotated[Path, typer.Argument(help="a plan in the flat form (dp:, schedule: 1f1b, ... at the top)")],
+    out: Annotated[Path | None, typer.Option(help="write the sectioned plan here instead of printing it")] = None,
+) -> None:
+    """Spell a plan written in the flat form in sections (parallelism, schedule, memory, gradient_sync)."""
+    import yaml
+
+    from sim.plan import Plan, migrate_flat
+    from traces.limits import check_document, check_file_size
+
+    check_file_size(plan, str(plan))
+    try:
+        data = yaml.safe_load(plan.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(str(plan), f"cannot read the plan: {str(exc).splitlines()[0]}",
+                          "pass a readable YAML plan") from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(plan), "a plan must be a mapping of fields", "see examples/plans/*.yaml")
+    check_document(data, str(plan))
+    migrated = Plan.from_dict(migrate_flat(data), source=str(plan))  # the result must be a valid plan
+    text = yaml.safe_dump(migrated.model_dump(exclude_defaults=True), sort_keys=False)
+    if out is None:
+        plain(text.rstrip())
+    else:
+        out.write_text(text)
+        plain(f"wrote {out}")
 
 
 @app.command()

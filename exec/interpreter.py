@@ -42,7 +42,7 @@ from exec.activations import SavedStore, Segment, Slot, storage_key, unique_byte
 from exec.clock import Clock, Pending
 from exec.contract import ExecutablePlan, batch_seed, make_optimizer
 from exec.faults import Fault
-from exec.parallel.dp import BucketReduce
+from exec.gradient_sync import REDUCERS
 from exec.parallel.tp import apply_tensor_parallel
 from exec.structure import torch_dtype
 from sim.lower import MemoryPolicy
@@ -215,16 +215,16 @@ class RankRuntime:
             "iteration": self.iteration,
         })
 
+    # The handler of every instruction kind (tests/test_engines_agree.py: every Kind has one).
+    HANDLERS: dict[Kind, str] = {
+        Kind.FWD: "_forward", Kind.RECOMPUTE: "_recompute", Kind.BWD: "_backward",
+        Kind.BWD_I: "_backward_input", Kind.BWD_W: "_backward_weight", Kind.OPTIMIZER_STEP: "_step",
+        Kind.SEND_ACT: "_send", Kind.SEND_GRAD: "_send", Kind.RECV_ACT: "_recv", Kind.RECV_GRAD: "_recv",
+        Kind.ALLREDUCE: "_allreduce", Kind.SWAP_OUT: "_swap_out", Kind.SWAP_IN: "_swap_in",
+    }
+
     def _execute(self, ins: Instruction) -> None:
-        handler = {
-            Kind.FWD: self._forward, Kind.RECOMPUTE: self._recompute, Kind.BWD: self._backward,
-            Kind.BWD_I: self._backward_input, Kind.BWD_W: self._backward_weight,
-            Kind.OPTIMIZER_STEP: self._step, Kind.SEND_ACT: self._send, Kind.SEND_GRAD: self._send,
-            Kind.RECV_ACT: self._recv, Kind.RECV_GRAD: self._recv, Kind.ALLREDUCE: self._allreduce,
-            Kind.SWAP_OUT: self._swap_out, Kind.SWAP_IN: self._swap_in,
-        }.get(ins.kind)
-        if handler is None:
-            raise NotImplementedError(f"the runtime does not execute {ins.kind.value} instructions yet")
+        handler = getattr(self, self.HANDLERS[ins.kind])
         if ins.kind.is_compute:
             start = self.clock.mark()
             handler(ins)
@@ -280,7 +280,7 @@ class RankRuntime:
     def _allreduce(self, ins: Instruction) -> None:
         params = [p for layer in ins.layers for p in self.layer_modules[layer].parameters()]
         start = self.clock.mark()
-        bucket = BucketReduce(params, self.dp_group, self.plan.dp)
+        bucket = REDUCERS[ins.method](params, self.dp_group, self.plan.dp)
         self._launch(ins, start, bucket.work, bucket.nbytes, then=bucket.wait)
 
     def _swap_out(self, ins: Instruction) -> None:

@@ -14,6 +14,7 @@ from sim.bundle_costs import BundleCostModel
 from sim.cluster import ClusterSpec, load_cluster
 from sim.comm import ClusterComm
 from sim.costs import CostModel
+from sim.gradient_sync import GRADIENT_SYNC
 from sim.lower import lower
 from sim.memory import MemoryPolicy, build_memory_policy
 from sim.partition import balanced_partition, check_partition, uniform_partition
@@ -86,6 +87,9 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
     stage_layers = _partition(plan, costs)
     _check_schedule(plan)
     _check_per_stage_lists(plan)
+    sync = GRADIENT_SYNC[plan.gradient_sync.method]
+    if sync.check is not None:
+        sync.check(plan)
     comm = ClusterComm(cluster, fits)
     policy = build_memory_policy(plan, stage_layers, costs, comm.capacity_bytes)
     return ResolvedPlan(plan, cluster, costs, comm, stage_layers, policy, transformer)
@@ -145,7 +149,10 @@ def _check_tp(plan: Plan, transformer: TransformerConfig | None) -> None:
 def _partition(plan: Plan, costs: CostModel) -> list[tuple[int, ...]]:
     partition = plan.parallelism.partition
     if isinstance(partition, list):
-        ranges = check_partition(partition, costs.num_layers, plan.num_stages)
+        try:
+            ranges = check_partition(partition, costs.num_layers, plan.num_stages)
+        except ConfigError as exc:
+            raise ConfigError(f"parallelism.{exc.field}", exc.problem, exc.fix) from None
     elif partition == "uniform":
         ranges = uniform_partition(costs.num_layers, plan.num_stages)
     else:

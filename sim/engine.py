@@ -20,7 +20,9 @@ from typing import NamedTuple, Protocol
 import simpy
 
 from sim.channel import SharedChannel
+from sim.cluster import ClusterSpec
 from sim.costs import CostModel, LayerCosts
+from sim.gradient_sync import GRADIENT_SYNC
 from sim.memory import MemoryPolicy, checkpoint_bytes
 from sim.program import Instruction, Kind, Program, Stream
 from sim.tp_overlap import tp_segments_time
@@ -30,6 +32,7 @@ class CommModel(Protocol):
     """What the engine needs to know about the cluster."""
 
     capacity_bytes: int
+    cluster: ClusterSpec  # its device prices the encoding of compressed gradient buckets
 
     def p2p_route(self, src: int, dst: int) -> tuple[str, float, float]:
         """(link class of the sender's egress, latency s, bandwidth B/s)."""
@@ -208,8 +211,9 @@ class Engine:
         ledger = self.ledgers[rank]
         ledger.change_buffers(instruction.bytes, self.env.now, instruction.label)
         self.comm_active[rank] += 1
-        primitive = "allreduce" if instruction.kind is Kind.ALLREDUCE else "alltoall"
-        duration = self.comm.collective_s(primitive, instruction.bytes, instruction.group)
+        method = GRADIENT_SYNC[instruction.method]
+        duration = (self.comm.collective_s(method.collective, instruction.bytes, instruction.group)
+                    + method.codec_s(instruction.bytes, self.comm.cluster.device))
         if self.program.symmetric:
             yield self.env.timeout(duration)
         else:

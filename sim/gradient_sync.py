@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sim.hardware import DeviceSpec
+
+if TYPE_CHECKING:
+    from sim.plan import Plan
 
 
 class GradientSyncConfig(BaseModel):
@@ -38,8 +41,9 @@ class GradientSyncMethod:
     config: type[GradientSyncConfig]
     collective: str  # the primitive the simulator prices ("allreduce")
     wire_bytes: Callable[[int], int]  # dense gradient bytes of a bucket -> bytes sent and buffered
-    codec_s: Callable[[int, DeviceSpec], float]  # dense bytes, device -> encode + decode time
+    codec_s: Callable[[int, DeviceSpec], float]  # wire bytes, device -> encode + decode time
     doc: str
+    check: Callable[[Plan], None] | None = None  # raise ConfigError when the plan cannot use it
 
 
 GRADIENT_SYNC: dict[str, GradientSyncMethod] = {}
@@ -47,13 +51,17 @@ GRADIENT_SYNC: dict[str, GradientSyncMethod] = {}
 
 def register_gradient_sync(name: str, config: type[GradientSyncConfig], collective: str,
                            wire_bytes: Callable[[int], int],
-                           codec_s: Callable[[int, DeviceSpec], float]) -> GradientSyncMethod:
+                           codec_s: Callable[[int, DeviceSpec], float],
+                           check: Callable[[Plan], None] | None = None) -> GradientSyncMethod:
     if name in GRADIENT_SYNC:
         raise ValueError(f"gradient-sync method {name!r} is registered twice")
     doc = " ".join((config.__doc__ or "").split("\n\n")[0].split())
-    GRADIENT_SYNC[name] = method = GradientSyncMethod(name, config, collective, wire_bytes, codec_s, doc)
+    GRADIENT_SYNC[name] = method = GradientSyncMethod(name, config, collective, wire_bytes, codec_s, doc, check)
     return method
 
 
 register_gradient_sync("allreduce", DenseAllReduce, "allreduce", wire_bytes=lambda dense: dense,
-                       codec_s=lambda dense, device: 0.0)
+                       codec_s=lambda wire, device: 0.0)
+
+# Every other method lives in a module of its own and registers itself on import (docs/extending.md).
+from sim import gradient_sync_fp16  # noqa: E402, F401

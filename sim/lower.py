@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sim.costs import CostModel, LayerCosts
+from sim.gradient_sync import GRADIENT_SYNC
 from sim.memory import MemoryPolicy
 from sim.plan import Plan
 from sim.program import Coords, Instruction, Kind, Program, RankProgram
@@ -66,6 +67,7 @@ class Node:
     tag: str = ""
     bytes: int = 0
     layers: tuple[int, ...] = ()
+    method: str = ""
 
 
 class _Draft:
@@ -115,7 +117,7 @@ class _Draft:
         return [
             Instruction(index=i, kind=n.kind, stage=n.stage, microbatch=n.microbatch,
                         deps=tuple(sorted({index[id(d)] for d in n.deps})), save=n.save, peer=n.peer,
-                        group=n.group, tag=n.tag, bytes=n.bytes, layers=n.layers)
+                        group=n.group, tag=n.tag, bytes=n.bytes, layers=n.layers, method=n.method)
             for i, n in enumerate(self.nodes)
         ]
 
@@ -221,16 +223,18 @@ def _last_gradient_writers(draft: _Draft) -> dict[int, Node]:
 
 def gradient_sync_pass(draft: _Draft, stages: Sequence[int]) -> None:
     """Data-parallel gradient buckets in backward order (last layers first), each once the last
-    gradient it holds is written."""
+    gradient it holds is written; a bucket carries what the plan's gradient-sync method sends."""
     if draft.plan.dp == 1:
         return
+    method = GRADIENT_SYNC[draft.plan.gradient_sync.method]
     writers = _last_gradient_writers(draft)
     coords = draft.coords
     group = tuple(draft.program.rank_of(d, coords.pp, coords.tp) for d in range(draft.plan.dp))
-    for number, (layers, nbytes) in enumerate(_buckets(draft, stages)):
+    for number, (layers, dense_bytes) in enumerate(_buckets(draft, stages)):
         touched = [s for s in stages if set(layers) & set(draft.program.stage_layers[s])]
         draft.append(Node(Kind.ALLREDUCE, deps=[writers[s] for s in touched], group=group,
-                                tag=f"dp:{coords.pp}:{coords.tp}:{number}", bytes=nbytes, layers=layers))
+                          tag=f"dp:{coords.pp}:{coords.tp}:{number}", bytes=method.wire_bytes(dense_bytes),
+                          layers=layers, method=method.name))
 
 
 def optimizer_step_pass(draft: _Draft, stages: Sequence[int]) -> None:
@@ -272,7 +276,8 @@ def format_rank(rank_program: RankProgram) -> str:
                   f"peer={ins.peer}" if ins.peer >= 0 else "",
                   f"group={','.join(map(str, ins.group))}" if ins.group else "",
                   f"bytes={ins.bytes}" if ins.bytes else "",
-                  f"layers={_span(ins.layers)}" if ins.layers else ""]
+                  f"layers={_span(ins.layers)}" if ins.layers else "",
+                  f"method={ins.method}" if ins.method else ""]
         lines.append(f"{ins.index:3d} {ins.label:<22} " + " ".join(e for e in extras if e))
     return "\n".join(line.rstrip() for line in lines)
 

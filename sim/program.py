@@ -1,6 +1,6 @@
 """The Program: what every rank executes, in order, for one training iteration.
 
-Both engines interpret it: ``sim.engine`` with simpy, ``exec.runtime`` with real tensors. An
+Both engines interpret it: ``sim.engine`` with simpy, ``exec.interpreter`` with real tensors. An
 instruction covers one (virtual) stage and one micro-batch, or one bucket or one step; it names
 the stream it runs on and the instructions of the same rank it must wait for. Cross-rank
 dependencies are implicit and symmetric: a ``SEND_*`` matches the ``RECV_*`` with the same tag
@@ -27,7 +27,6 @@ class Kind(str, Enum):
     SWAP_OUT = "SWAP_OUT"
     SWAP_IN = "SWAP_IN"
     ALLREDUCE = "ALLREDUCE"  # data-parallel gradient bucket
-    ALLTOALL = "ALLTOALL"  # embedding rows (EmbRace)
     OPTIMIZER_STEP = "OPTIMIZER_STEP"
 
     @property
@@ -38,7 +37,7 @@ class Kind(str, Enum):
 COMPUTE_KINDS = frozenset({Kind.FWD, Kind.BWD, Kind.BWD_I, Kind.BWD_W, Kind.RECOMPUTE, Kind.OPTIMIZER_STEP})
 SEND_KINDS = frozenset({Kind.SEND_ACT, Kind.SEND_GRAD})
 RECV_KINDS = frozenset({Kind.RECV_ACT, Kind.RECV_GRAD})
-COLLECTIVE_KINDS = frozenset({Kind.ALLREDUCE, Kind.ALLTOALL})
+COLLECTIVE_KINDS = frozenset({Kind.ALLREDUCE})
 
 
 class Stream(str, Enum):
@@ -58,7 +57,6 @@ STREAM_OF: dict[Kind, Stream] = {
     Kind.SWAP_OUT: Stream.COPY,
     Kind.SWAP_IN: Stream.COPY,
     Kind.ALLREDUCE: Stream.COLLECTIVE,
-    Kind.ALLTOALL: Stream.COLLECTIVE,
 }
 
 
@@ -69,7 +67,8 @@ class Instruction:
     ``deps`` are indices of earlier instructions of the same rank. ``save`` is False for a
     checkpointed forward (only the stage input is kept; a RECOMPUTE must precede the backward).
     ``peer`` is the other rank of a send/receive; ``group`` the ranks of a collective.
-    ``layers`` are the model layer indices the instruction walks (compute) or covers (a bucket).
+    ``layers`` are the model layer indices the instruction walks (compute) or covers (a bucket);
+    ``bytes`` of a bucket are what it puts on the wire, after its gradient-sync method encodes it.
     """
 
     index: int
@@ -83,6 +82,7 @@ class Instruction:
     tag: str = ""
     bytes: int = 0
     layers: tuple[int, ...] = ()
+    method: str = ""  # ALLREDUCE: the gradient-sync method of the bucket (sim.gradient_sync)
 
     @property
     def stream(self) -> Stream:

@@ -210,7 +210,7 @@ def test_nccl_without_cuda_is_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_invalid_plan_is_reported_once_before_any_rank_starts(tmp_path: Path) -> None:
-    plan = write_plan(tmp_path / "plan.yaml", dp=1, pp=2, partition=[[0, 2], [3, 6]],
+    plan = write_plan(tmp_path / "plan.yaml", parallelism={"dp": 1, "pp": 2, "partition": [[0, 2], [3, 6]]},
                       cluster={"preset": "local-cpu-2"})
     done = paratwin("run", str(plan), "--out", str(tmp_path / "out"))
     assert done.returncode == 2

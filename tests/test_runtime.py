@@ -25,7 +25,7 @@ from exec.parallel.tp import apply_tensor_parallel
 from exec.structure import StructuralCosts
 from exec.workloads import run_layers
 from sim.compile import resolve_plan
-from sim.plan import Plan
+from sim.plan import Plan, migrate_flat
 from traces.runrecord import read_run_record
 from traces.schema import INSTRUCTION_TABLE
 
@@ -37,9 +37,10 @@ STEPS = 3  # = warmup 1 + iterations 2
 def plan_of(workload: str = "gpt-tiny", dp: int = 1, tp: int = 1, pp: int = 1, schedule: str = "1f1b",
             microbatches: int = 2, micro_batch: int = 2, **extra: object) -> Plan:
     world = dp * tp * pp
-    return Plan(name=f"{workload}-dp{dp}-tp{tp}-pp{pp}-{schedule}", workload=workload, dp=dp, tp=tp, pp=pp,
-                schedule=schedule, microbatches=microbatches, micro_batch=micro_batch,
-                cluster={"preset": "local-cpu-2", "devices_per_node": world}, **extra)
+    return Plan.from_dict(migrate_flat({
+        "name": f"{workload}-dp{dp}-tp{tp}-pp{pp}-{schedule}", "workload": workload, "dp": dp, "tp": tp, "pp": pp,
+        "schedule": schedule, "microbatches": microbatches, "micro_batch": micro_batch,
+        "cluster": {"preset": "local-cpu-2", "devices_per_node": world}, **extra}))
 
 
 @dataclass

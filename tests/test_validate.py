@@ -75,7 +75,7 @@ def test_bundle_carries_measured_comm_fits(report: ValidationReport) -> None:
     bundle = read_bundle(report.profile)
     assert bundle.comm_fits is not None
     assert {"all_reduce", "send_recv"} <= set(bundle.comm_fits["primitive"])
-    assert int(bundle.meta["settings"]["micro_batch"]) == PLAN["micro_batch"]
+    assert int(bundle.meta["settings"]["micro_batch"]) == PLAN["schedule"]["micro_batch"]
     assert int(bundle.meta["settings"]["colocated_processes"]) == 2
     # The simulated plan pointed at that bundle.
     assert Path(Plan.load(report.out_dir / "plan.yaml").profile) == report.profile

@@ -60,7 +60,7 @@ class CalibratedComm:
 
     def __init__(self, base: Any, allreduce_overhead_s: float) -> None:
         self.base, self.overhead = base, float(allreduce_overhead_s)
-        self.capacity_bytes = base.capacity_bytes
+        self.capacity_bytes, self.cluster = base.capacity_bytes, base.cluster
 
     def p2p_route(self, src: int, dst: int) -> tuple[str, float, float]:
         return self.base.p2p_route(src, dst)

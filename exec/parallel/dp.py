@@ -17,7 +17,10 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 
 class BucketReduce:
-    """One in-flight bucket all-reduce: ``wait()`` finishes it and writes the means back."""
+    """One in-flight bucket all-reduce: ``wait()`` finishes it and writes the means back.
+
+    Dense: the flattened gradients themselves are summed. A gradient-sync method that compresses
+    (``exec.gradient_sync``) overrides ``encode`` (what is sent) and ``decode`` (sum -> mean)."""
 
     def __init__(self, params: Sequence[nn.Parameter], group: object, size: int) -> None:
         self.params = [p for p in params if p.requires_grad]
@@ -29,12 +32,20 @@ class BucketReduce:
         self.grads = [p.grad for p in self.params]
         self.flat = _flatten_dense_tensors(self.grads) if self.grads else torch.zeros(0)
         self.size = size
-        self.work = dist.all_reduce(self.flat, group=group, async_op=True) if self.grads else None
+        self.wire = self.encode(self.flat)
+        self.work = dist.all_reduce(self.wire, group=group, async_op=True) if self.grads else None
         self.done = False
+
+    def encode(self, flat: torch.Tensor) -> torch.Tensor:
+        return flat
+
+    def decode(self, summed: torch.Tensor) -> torch.Tensor:
+        return summed.div_(self.size)
 
     @property
     def nbytes(self) -> int:
-        return self.flat.numel() * self.flat.element_size()
+        """Bytes on the wire (and in the buffer being reduced)."""
+        return self.wire.numel() * self.wire.element_size()
 
     def is_completed(self) -> bool:
         return self.work is None or self.work.is_completed()
@@ -44,7 +55,7 @@ class BucketReduce:
             return
         if self.work is not None:
             self.work.wait()
-        self.flat.div_(self.size)
-        for grad, mean in zip(self.grads, _unflatten_dense_tensors(self.flat, self.grads), strict=True):
-            grad.copy_(mean)
+        mean = self.decode(self.wire)
+        for grad, value in zip(self.grads, _unflatten_dense_tensors(mean, self.grads), strict=True):
+            grad.copy_(value)
         self.done = True
