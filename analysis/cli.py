@@ -281,6 +281,41 @@ def admm(
 
 
 @app.command()
+def sweep(
+    spec: Annotated[Path, typer.Argument(help="sweep spec YAML: base plan, grid, axes, points (docs/figures.md)")],
+    out: Annotated[Path, typer.Option(help="directory of the results; rerun with the same one to resume")],
+    workers: Annotated[int | None, typer.Option(help="processes or Dask workers (default: usable cores; "
+                                                "1: in this process)")] = None,
+    scheduler: Annotated[str | None, typer.Option(help="local-dask (an embedded Dask LocalCluster) or a Dask "
+                                                  "scheduler address, e.g. tcp://host:8786; default: local "
+                                                  "processes")] = None,
+) -> None:
+    """Simulate every point of a sweep, in parallel, each result written as it completes; resumable."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from analysis.sweep import SweepSpec, run_sweep
+
+    loaded = SweepSpec.load(spec)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=not console.is_terminal) as bar:
+        task = bar.add_task(f"sweep {escape(loaded.name)}", total=len(loaded.points))
+
+        def advance(done: int, total: int, record: dict) -> None:
+            bar.update(task, completed=done)
+
+        result = run_sweep(loaded, out, workers=workers, scheduler=scheduler, progress=advance)
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(result.counts.items()))
+    plain(f"sweep {loaded.name}: {result.total} points ({counts}); computed {len(result.computed)} on "
+          f"{result.backend}, {result.reused} already recorded; {result.wall_s:.1f} s")
+    bad = result.table[result.table["status"] != "ok"]
+    for row in bad.head(5).itertuples():
+        plain(f"  {row.status}: {row.name}: {row.reason}")
+    if len(bad) > 5:
+        plain(f"  ... {len(bad) - 5} more not ok (results.csv has every reason)")
+    plain(f"results: {out / 'results.parquet'} (and results.csv); one record per point in {out / 'points'}")
+
+
+@app.command()
 def demo(
     out: Annotated[Path, typer.Option(help="where to write the demo's outputs")] = Path("runs/demo"),
 ) -> None:

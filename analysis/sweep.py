@@ -1,0 +1,559 @@
+"""Sweeps: many simulated points, written one by one, resumable, on local processes or on Dask.
+
+A sweep is a set of **points**, each a plan (plus, optionally, a cost model that replaces the
+plan's, for schedule studies) built from a spec:
+
+```yaml
+name: merak-ablation
+base: {workload: gpt-8.3b, cluster: a100-64, dtype: fp16,    # a plan mapping, or a plan file
+       parallelism: {dp: 2, tp: 8, pp: 4}, schedule: {name: 1f1b, micro_batch: 4, microbatches: 16}}
+grid:                               # every combination of these values (a product)
+  workload: [gpt-2.5b, gpt-8.3b]    # a top-level field: its values
+  schedule.microbatches: [8, 16]    # one field of a section
+  memory: [{policy: full}, {policy: stage-aware, ratio: 0.5}]   # a section: partial mappings
+axes:                               # named override sets, crossed with the grid and each other
+  technique:
+    megatron: {memory: {policy: full}}
+    merak: {schedule: {name: merak-shifted}, parallelism: {tp_overlap: 3}}
+points:                             # explicit overrides of the base, added as they are (not crossed)
+  - {name: one-more, parallelism: {dp: 8, tp: 8, pp: 1}}
+costs: {uniform: {num_layers: 32, fwd_s: 1.0, bwd_input_s: 1.0, bwd_weight_s: 1.0}}  # optional
+full: false                         # simulate every rank (default: one per symmetric group)
+```
+
+Overrides merge like ``Plan.replace``: a section given as a mapping is merged into the current one,
+unless it names another memory policy or gradient-sync method. An override may also carry
+``costs:`` (per point). Each point has an **id**, a hash of what is simulated (the plan without its
+name, the costs, ``full``), so the same point in two sweeps, or in a sweep whose spec grew, is the
+same file.
+
+``run_sweep(spec, out_dir)`` writes
+
+- ``points/<id>.json``: one record per completed point, written atomically the moment it completes
+  (status ``ok``, ``does-not-fit`` or ``error`` with its one-line reason; ``exception`` for an
+  unexpected failure, with its type and message);
+- ``results.parquet`` and ``results.csv``: every point of the spec, merged, at the end;
+- ``spec.json`` (the points, with their ids and labels) and ``events.jsonl`` (one line per run and
+  per submitted point: what a run was doing when it stopped).
+
+Run it again with the same spec and ``out_dir`` and it computes only the points without a record:
+a sweep killed at any moment (``kill -9`` included) loses at most the points in flight, never a
+completed one, and never computes a completed point again. Delete ``points/<id>.json`` to compute a
+point again.
+
+Where the points run (the same interface for all):
+
+- ``workers=1``: in this process, one after the other;
+- default: a ``concurrent.futures.ProcessPoolExecutor`` of ``workers`` processes (default: the
+  usable cores);
+- ``scheduler="local-dask"``: an embedded Dask ``LocalCluster`` of ``workers`` workers;
+- ``scheduler="tcp://host:8786"``: an existing Dask cluster (``dask scheduler`` and ``dask worker``
+  on the machines; each worker needs paratwin installed). Results travel back to this process,
+  which writes them, so the workers need no shared file system.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import socket
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from traces.atomic import atomic_path, atomic_write_text
+from traces.errors import ConfigError, ParatwinError
+from traces.outdir import OutputLock
+
+LOCAL_DASK = "local-dask"
+STATUSES = ("ok", "does-not-fit", "error", "exception")
+# The plan's shape, as columns of the merged table (read from the plan of each point).
+PLAN_COLUMNS = ["workload", "cluster", "dtype", "dp", "tp", "pp", "chunks", "partition", "tp_overlap", "schedule",
+                "micro_batch", "microbatches", "global_batch", "memory_policy", "gradient_sync"]
+METRIC_COLUMNS = ["iteration_s", "samples_per_s", "tokens_per_s", "model_tflops_per_device", "mfu",
+                  "bubble_mean", "bubble_max", "peak_memory_gib", "capacity_gib", "oom"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Points
+
+
+@dataclass(frozen=True)
+class Point:
+    """One simulation of a sweep: a plan (a mapping, checked when evaluated), optional costs."""
+
+    id: str
+    labels: dict[str, Any]
+    plan: dict[str, Any]
+    costs: dict[str, Any] | None = None
+    full: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "labels": self.labels, "plan": self.plan, "costs": self.costs, "full": self.full}
+
+
+@dataclass
+class SweepSpec:
+    name: str
+    points: list[Point]
+    source: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: str | Path) -> SweepSpec:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(str(path), "sweep spec not found", "pass the path of a YAML sweep spec")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise ConfigError(str(path), f"not valid YAML: {str(exc).splitlines()[0]}", "fix the syntax") from None
+        return cls.from_dict(data, source=str(path), root=path.parent)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "sweep", root: Path | None = None) -> SweepSpec:
+        if not isinstance(data, dict):
+            raise ConfigError(source, "a sweep spec must be a mapping", "give name, base, grid, axes or points")
+        known = {"name", "base", "grid", "axes", "points", "costs", "full"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{source}: {unknown[0]}", "unknown field", f"use {', '.join(sorted(known))}")
+        name = str(data.get("name", "sweep"))
+        base = data.get("base") or {}
+        if isinstance(base, str):
+            from sim.plan import Plan
+
+            base_path = Path(base) if root is None or Path(base).is_absolute() else root / base
+            base = Plan.load(base_path).model_dump()
+        if not isinstance(base, dict):
+            raise ConfigError(f"{source}: base", "must be a plan mapping or a plan file", "see examples/plans")
+        axes = _grid_axes(data.get("grid") or {}, source) + _named_axes(data.get("axes") or {}, source)
+        extra = data.get("points") or []
+        if not isinstance(extra, list):
+            raise ConfigError(f"{source}: points", "must be a list of plan overrides", "write points: [{...}, ...]")
+        if not axes and not extra:
+            axes = [("point", [("base", {})])]
+        costs, full = data.get("costs"), bool(data.get("full", False))
+        points: list[Point] = []
+        if axes:
+            for combo in itertools.product(*(values for _, values in axes)):
+                labels = {axis: label for (axis, _), (label, _) in zip(axes, combo, strict=True)}
+                overrides = [changes for _, changes in combo]
+                points.append(make_point(base, overrides, labels, costs, full, name))
+        for i, changes in enumerate(extra):
+            if not isinstance(changes, dict):
+                raise ConfigError(f"{source}: points[{i}]", "must be a mapping of plan overrides", "write {...}")
+            label = changes.get("name", str(i))
+            points.append(make_point(base, [changes], {"point": label}, costs, full, name))
+        seen: dict[str, Point] = {}
+        for point in points:
+            seen.setdefault(point.id, point)  # the same simulation twice is one point
+        return cls(name, list(seen.values()), data)
+
+
+def _label(value: Any) -> Any:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return value
+
+
+def _grid_axes(grid: Any, source: str) -> list[tuple[str, list[tuple[Any, dict[str, Any]]]]]:
+    if not isinstance(grid, dict):
+        raise ConfigError(f"{source}: grid", "must map a field to a list of values", "write grid: {field: [..]}")
+    axes = []
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{source}: grid.{key}", "must be a non-empty list of values", f"write {key}: [a, b]")
+        section, _, name = str(key).partition(".")
+        changes = [{section: {name: v}} if name else {section: v} for v in values]
+        axes.append((str(key), [(_label(v), c) for v, c in zip(values, changes, strict=True)]))
+    return axes
+
+
+def _named_axes(axes: Any, source: str) -> list[tuple[str, list[tuple[Any, dict[str, Any]]]]]:
+    if not isinstance(axes, dict):
+        raise ConfigError(f"{source}: axes", "must map an axis name to named overrides",
+                          "write axes: {technique: {name: {...}}}")
+    out = []
+    for axis, named in axes.items():
+        if not isinstance(named, dict) or not named or not all(isinstance(v, dict) for v in named.values()):
+            raise ConfigError(f"{source}: axes.{axis}", "must map names to override mappings",
+                              "write {name: {schedule: {...}}, ...}")
+        out.append((str(axis), [(name, changes) for name, changes in named.items()]))
+    return out
+
+
+def merge_plan(data: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``changes`` over a plan mapping, as ``Plan.replace`` merges them: a section mapping merges into
+    the current section unless it switches the memory policy or gradient-sync method."""
+    merged = dict(data)
+    for key, value in changes.items():
+        current = merged.get(key)
+        if isinstance(value, dict) and isinstance(current, dict):
+            switches = any(k in value and value[k] != current.get(k) for k in ("policy", "method"))
+            merged[key] = dict(value) if switches else {**current, **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def make_point(base: Mapping[str, Any], overrides: Iterable[Mapping[str, Any]], labels: dict[str, Any],
+               costs: dict[str, Any] | None = None, full: bool = False, sweep_name: str = "sweep") -> Point:
+    plan: dict[str, Any] = dict(base)
+    for changes in overrides:
+        changes = dict(changes)
+        costs = changes.pop("costs", costs)
+        plan = merge_plan(plan, changes)
+    if "name" not in plan or plan["name"] == base.get("name"):
+        plan["name"] = "-".join([sweep_name, *(str(v) for v in labels.values())])[:200]
+    plan = _canonical(plan)
+    return Point(point_id(plan, costs, full), labels, plan, costs, full)
+
+
+def _canonical(plan: dict[str, Any]) -> dict[str, Any]:
+    """A valid plan spelled with every default, so that two spellings of one plan share an id; an
+    invalid one is kept as written (its evaluation records why it is invalid)."""
+    from sim.plan import Plan
+
+    try:
+        return Plan.from_dict(plan).model_dump(mode="json")
+    except (ParatwinError, TypeError, ValueError):
+        return plan
+
+
+def point_id(plan: Mapping[str, Any], costs: Mapping[str, Any] | None, full: bool) -> str:
+    """A stable hash of what a point simulates (its plan without the name, its costs, ``full``)."""
+    what = {"plan": {k: v for k, v in plan.items() if k != "name"}, "costs": costs, "full": full}
+    text = json.dumps(what, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluating one point (runs in a worker: imports sim, never torch)
+
+
+def build_costs(costs: Mapping[str, Any] | None):  # noqa: ANN201 - a sim.costs.CostModel or None
+    if not costs:
+        return None
+    if set(costs) != {"uniform"} or not isinstance(costs["uniform"], dict):
+        raise ConfigError("costs", f"unknown cost model {sorted(costs)}", "write costs: {uniform: {num_layers: N}}")
+    from sim.costs import UniformCosts
+
+    try:
+        return UniformCosts(**costs["uniform"])
+    except TypeError as exc:
+        raise ConfigError("costs.uniform", str(exc), "give num_layers and optionally fwd_s, bwd_input_s, "
+                          "bwd_weight_s, recompute_s, saved_bytes, output_bytes, param_bytes") from None
+
+
+def evaluate_point(point: Point | dict[str, Any]) -> dict[str, Any]:
+    """Simulate one point; never raises: a bad plan or one that does not fit is a record too."""
+    if isinstance(point, dict):
+        point = Point(**point)
+    started = time.perf_counter()
+    record: dict[str, Any] = {"id": point.id, "labels": point.labels, "name": point.plan.get("name"),
+                              "status": "ok", "reason": "", "plan": point.plan, "costs": point.costs}
+    try:
+        from sim.plan import Plan
+        from sim.simulate import simulate
+
+        plan = Plan.from_dict(point.plan, source="plan")
+        record.update(_plan_shape(plan))
+        result = simulate(plan, full=point.full, costs=build_costs(point.costs))
+        bubbles = list(result.bubble_fraction.values())
+        worst = max(result.memory.values(), key=lambda m: m.peak_bytes / max(m.capacity_bytes, 1))
+        record.update({
+            "iteration_s": result.iteration_s, "samples_per_s": result.samples_per_s,
+            "tokens_per_s": result.tokens_per_s, "model_tflops_per_device": result.model_flops_per_device / 1e12,
+            "mfu": result.mfu, "bubble_mean": sum(bubbles) / len(bubbles), "bubble_max": max(bubbles),
+            "bubble_by_stage": {str(k): v for k, v in sorted(result.bubble_fraction.items())},
+            "peak_memory_gib": result.peak_memory_bytes / 2**30, "capacity_gib": worst.capacity_bytes / 2**30,
+            "peak_memory_gib_by_rank": {str(r): m.peak_bytes / 2**30 for r, m in sorted(result.memory.items())},
+            "oom": result.oom, "simulator_wall_s": result.wall_s,
+        })
+        does_not_fit = result.does_not_fit()
+        if does_not_fit is not None:
+            record.update(status="does-not-fit", reason=_one_line(does_not_fit))
+    except ParatwinError as exc:
+        record.update(status="error", reason=_one_line(exc))
+    except Exception as exc:  # a bug, not a bad plan: recorded (with where it happened), never lost
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        record.update(status="exception", reason=_one_line(f"{type(exc).__name__}: {exc} "
+                                                           f"({Path(where.filename).name}:{where.lineno})"))
+    record.update({"eval_s": time.perf_counter() - started, "host": socket.gethostname(), "pid": os.getpid(),
+                   "computed_at": datetime.now(timezone.utc).isoformat()})
+    return record
+
+
+def _one_line(message: object) -> str:
+    return " ".join(str(message).split())[:2000]
+
+
+def _plan_shape(plan: Any) -> dict[str, Any]:
+    partition = plan.parallelism.partition
+    return {"workload": plan.workload, "cluster": plan.cluster if isinstance(plan.cluster, str) else
+            str(plan.cluster.get("name", "inline")), "dtype": plan.dtype, "dp": plan.dp, "tp": plan.tp,
+            "pp": plan.pp, "chunks": plan.chunks,
+            "partition": partition if isinstance(partition, str) else json.dumps(partition),
+            "tp_overlap": plan.parallelism.tp_overlap, "schedule": plan.schedule.name,
+            "micro_batch": plan.micro_batch, "microbatches": plan.microbatches, "global_batch": plan.global_batch,
+            "memory_policy": plan.memory.policy, "gradient_sync": plan.gradient_sync.method}
+
+
+# ---------------------------------------------------------------------------------------------
+# Where points run: one interface over a process pool, Dask, or this process
+
+
+class _Serial:
+    """Evaluates a point when its result is asked for: ``workers=1``, and a debugger's friend."""
+
+    name = "this process"
+
+    def submit(self, fn: Callable, point: Point) -> Any:
+        from concurrent.futures import Future
+
+        future: Future = Future()
+        future.set_result(fn(point))
+        return future
+
+    def as_completed(self, futures: list[Any]) -> Iterator[Any]:
+        yield from futures
+
+    def close(self) -> None:
+        pass
+
+
+class _Pool:
+    def __init__(self, workers: int) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # forkserver, not fork: a worker must not inherit the output folder's lock (an orphan of a
+        # killed sweep would hold it), nor this process's threads.
+        self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("forkserver"))
+        self.name = f"{workers} local processes"
+
+    def submit(self, fn: Callable, point: Point) -> Any:
+        return self.executor.submit(fn, point)
+
+    def as_completed(self, futures: list[Any]) -> Iterator[Any]:
+        from concurrent.futures import as_completed
+
+        yield from as_completed(futures)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+class _Dask:
+    def __init__(self, scheduler: str, workers: int, processes: bool = True) -> None:
+        try:
+            from distributed import Client, LocalCluster
+        except ImportError:
+            raise ConfigError("--scheduler", "Dask distributed is not installed",
+                              'pip install "dask[distributed]" (or leave --scheduler out: local processes)') from None
+        self.cluster = None
+        if scheduler == LOCAL_DASK:
+            self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes,
+                                        dashboard_address=None)
+            self.client = Client(self.cluster)
+            self.name = f"Dask LocalCluster of {workers} workers"
+        else:
+            try:
+                self.client = Client(scheduler)  # waits distributed.comm.timeouts.connect (Dask config)
+            except OSError as exc:
+                raise ConfigError("--scheduler", f"cannot reach the Dask scheduler at {scheduler}: "
+                                  f"{_one_line(exc)}", "start `dask scheduler` there, or use local-dask") from None
+            self.name = f"Dask scheduler {scheduler}"
+
+    def submit(self, fn: Callable, point: Point) -> Any:
+        # pure=False: a point resubmitted after a resume is computed, not looked up in a stale cache.
+        return self.client.submit(fn, point, key=f"paratwin-point-{point.id}-{uuid.uuid4().hex[:8]}", pure=False)
+
+    def as_completed(self, futures: list[Any]) -> Iterator[Any]:
+        from distributed import as_completed
+
+        yield from as_completed(futures)
+
+    def close(self) -> None:
+        self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _backend(workers: int, scheduler: str | None, dask_processes: bool) -> Any:
+    if scheduler:
+        return _Dask(scheduler, workers, processes=dask_processes)
+    return _Serial() if workers == 1 else _Pool(workers)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a sweep
+
+
+@dataclass
+class SweepRun:
+    """What ``run_sweep`` returns: the merged table and what this run did."""
+
+    table: pd.DataFrame
+    out_dir: Path
+    run_id: str
+    total: int
+    computed: list[str]  # ids this run computed
+    reused: int  # points already recorded before this run
+    backend: str
+    wall_s: float
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {s: int(n) for s, n in self.table["status"].value_counts().items()} if len(self.table) else {}
+
+
+def point_path(out_dir: Path, point_id: str) -> Path:
+    return Path(out_dir) / "points" / f"{point_id}.json"
+
+
+def recorded_ids(out_dir: Path) -> set[str]:
+    """Ids with a complete record (a record is renamed into place whole, so a file is complete)."""
+    folder = Path(out_dir) / "points"
+    return {p.stem for p in folder.glob("*.json")} if folder.is_dir() else set()
+
+
+def _log(out_dir: Path, event: dict[str, Any]) -> None:
+    # One line per write, appended (O_APPEND): a killed run leaves at most a torn last line.
+    with open(Path(out_dir) / "events.jsonl", "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(event, default=str) + "\n")
+        handle.flush()
+
+
+def read_events(out_dir: Path) -> list[dict[str, Any]]:
+    path = Path(out_dir) / "events.jsonl"
+    events = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # the torn last line of a killed run
+    return events
+
+
+def run_sweep(spec: SweepSpec | dict[str, Any] | str | Path, out_dir: str | Path, workers: int | None = None,
+              scheduler: str | None = None, progress: Callable[[int, int, dict[str, Any]], None] | None = None,
+              dask_processes: bool = True, evaluate: Callable[[Point], dict[str, Any]] = evaluate_point) -> SweepRun:
+    """Compute every point of ``spec`` that ``out_dir`` has no record of, write each record the
+    moment it completes, then merge all of the spec's records into ``results.parquet``/``.csv``.
+
+    ``workers``: processes (or Dask workers for ``local-dask``); default the usable cores; 1 runs in
+    this process. ``scheduler``: None (local processes), ``"local-dask"`` or a Dask scheduler address.
+    ``progress(done, total, record)`` is called after every point this run completes."""
+    started = time.perf_counter()
+    if not isinstance(spec, SweepSpec):
+        spec = SweepSpec.load(spec) if isinstance(spec, (str, Path)) else SweepSpec.from_dict(spec)
+    out = Path(out_dir)
+    workers = workers or usable_cores()
+    if workers < 1:
+        raise ConfigError("--workers", f"{workers} workers", "use at least 1")
+    with OutputLock(out):  # one sweep at a time per folder: two would compute the same points
+        return _run_locked(spec, out, workers, scheduler, progress, dask_processes, evaluate, started)
+
+
+def _run_locked(spec: SweepSpec, out: Path, workers: int, scheduler: str | None,
+                progress: Callable[[int, int, dict[str, Any]], None] | None, dask_processes: bool,
+                evaluate: Callable[[Point], dict[str, Any]], started: float) -> SweepRun:
+    (out / "points").mkdir(parents=True, exist_ok=True)
+    for stale in (out / "points").glob(".*.tmp"):  # a record being written when a run was killed
+        stale.unlink(missing_ok=True)
+    atomic_write_text(out / "spec.json", json.dumps({"name": spec.name, "source": spec.source,
+                                                     "points": [p.to_dict() for p in spec.points]},
+                                                    indent=1, default=str))
+    done_before = recorded_ids(out)
+    todo = [p for p in spec.points if p.id not in done_before]
+    run_id = f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    reused = len(spec.points) - len(todo)
+    computed: list[str] = []
+    backend_name = "nothing to compute"
+    _log(out, {"run": run_id, "event": "start", "points": len(spec.points), "todo": len(todo), "pid": os.getpid()})
+    if todo:
+        backend = _backend(min(workers, len(todo)) if not scheduler else workers, scheduler, dask_processes)
+        backend_name = backend.name
+        try:
+            futures = []
+            for point in todo:
+                _log(out, {"run": run_id, "event": "submit", "id": point.id})
+                futures.append(backend.submit(evaluate, point))
+            for future in backend.as_completed(futures):
+                record = future.result()
+                record["run"] = run_id
+                atomic_write_text(point_path(out, record["id"]), json.dumps(record, indent=1, default=str))
+                computed.append(record["id"])
+                if progress is not None:
+                    progress(reused + len(computed), len(spec.points), record)
+        finally:
+            backend.close()
+    table = merge_results(out, spec)
+    _log(out, {"run": run_id, "event": "end", "computed": len(computed)})
+    return SweepRun(table, out, run_id, len(spec.points), computed, reused, backend_name,
+                    time.perf_counter() - started)
+
+
+def load_records(out_dir: Path, ids: Iterable[str]) -> list[dict[str, Any]]:
+    records = []
+    for point_id in ids:
+        path = point_path(out_dir, point_id)
+        if path.is_file():
+            records.append(json.loads(path.read_text(encoding="utf-8")))
+    return records
+
+
+def records_table(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per record: id, the point's labels as columns, status, reason, the plan's shape,
+    the metrics; nested values (per-stage bubbles, per-rank memory, the plan) as JSON text."""
+    rows = []
+    for record in records:
+        row: dict[str, Any] = {"id": record["id"]}
+        for key, value in record.get("labels", {}).items():
+            row[key if key not in record else f"label:{key}"] = value
+        for key, value in record.items():
+            if key in ("id", "labels"):
+                continue
+            row[key] = json.dumps(value, sort_keys=True, default=str) if isinstance(value, (dict, list)) else value
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    for column in ["status", "reason", *PLAN_COLUMNS, *METRIC_COLUMNS]:
+        if column not in table:
+            table[column] = None
+    return table
+
+
+def merge_results(out_dir: Path, spec: SweepSpec) -> pd.DataFrame:
+    """The spec's records in one table, written atomically as ``results.parquet`` and ``results.csv``
+    (records of points no longer in the spec stay in ``points/`` but are not merged)."""
+    out = Path(out_dir)
+    table = records_table(load_records(out, [p.id for p in spec.points]))
+    with atomic_path(out / "results.parquet") as tmp:
+        table.to_parquet(tmp, index=False)
+    with atomic_path(out / "results.csv") as tmp:
+        table.to_csv(tmp, index=False)
+    return table
+
+
+def read_results(out_dir: str | Path) -> pd.DataFrame:
+    return pd.read_parquet(Path(out_dir) / "results.parquet")
+
+
+__all__ = ["LOCAL_DASK", "Point", "SweepRun", "SweepSpec", "evaluate_point", "make_point", "merge_plan",
+           "merge_results", "point_id", "read_events", "read_results", "recorded_ids", "run_sweep"]
