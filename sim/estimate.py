@@ -1,0 +1,410 @@
+"""A fast estimate of a plan's iteration time and peak memory, for ranking thousands of plans.
+
+Closed form over the same inputs as the engine, with no event simulation:
+
+- **Per virtual stage, per micro-batch**: forward, backward and recompute times from the cost model's
+  ``LayerCosts``, the TP all-reduces folded in by ``sim.tp_overlap.tp_segments_time`` (the engine's
+  own rule for each overlap level) at the cost ``sim.comm.ClusterComm`` gives for the TP group.
+- **Pipeline**: the schedule's shape comes from its own generator (``sim.schedules.generate_schedule``)
+  run on the idealised unit-cost machine (``simulate_unit_costs``: F = I = W = 1; an ordinary
+  recompute lengthens the backward and leaves the shape alone, Merak's eager ones are placed); the
+  analytic transformer costs have F = I = W per block, so the unit makespan is the real one in units
+  of a block pass. Time = m x (bottleneck rank's time per micro-batch) + (unit bubble) x (average
+  rank's time per unit), plus one point-to-point hop per stage boundary on the way in and out.
+  A newly registered schedule is estimated without a new formula. The unit run is cached per
+  (schedule, pp, micro-batches, chunks) and, past 2 x pp micro-batches, run at a
+  smaller count and extended linearly (the steady state adds the same work per micro-batch).
+- **Data parallelism**: the rank's gradient buckets (the gradient-sync method's wire bytes and codec
+  time), overlapped with the last micro-batch's backward on that rank; the optimizer step after.
+- **Memory per rank**: parameters, gradients, optimizer state and one gradient bucket, plus the
+  activations at the worst moment of the same unit run: per stage, (forwards held until their last
+  backward action ends) x (bytes a forward keeps under the memory policy) + (recomputed sets held) x
+  (bytes a recompute brings back).
+
+What it leaves out: contention between concurrent transfers, the exact split-backward corner cases of
+the first stage, and where the ramp's hops overlap compute. The engine (``sim.simulate``) decides;
+``sim.search`` simulates the estimate's best candidates and reports how well the two agree.
+Imports neither torch nor simpy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from sim.comm import ClusterComm
+from sim.costs import CostModel, LayerCosts
+from sim.gradient_sync import GRADIENT_SYNC
+from sim.memory import MemoryPolicy, checkpoint_bytes
+from sim.schedules import (
+    SCHEDULES,
+    check_preconditions,
+    generate_schedule,
+    rank_stages,
+    simulate_unit_costs,
+    stage_to_rank,
+)
+from traces.errors import ConfigError
+
+# Past this many micro-batches per pipeline rank the unit schedule is run at fewer and extended.
+STEADY_MICROBATCHES_PER_RANK = 2
+
+
+@dataclass(frozen=True)
+class UnitPipeline:
+    """A schedule on the unit-cost machine, at the plan's micro-batch count (extended if capped)."""
+
+    makespan: float  # units
+    busy: tuple[float, ...]  # per pipeline rank, units
+    # Per pipeline rank, the states that can be its memory peak: for each of its virtual stages
+    # (rank_stages order), (micro-batches whose forward output is held, recomputed sets held).
+    # Only states no other state dominates are kept, so a peak is a max of a few dot products.
+    states: tuple[tuple[tuple[tuple[int, int], ...], ...], ...]
+
+
+@lru_cache(maxsize=4096)
+def unit_pipeline(name: str, pp: int, microbatches: int, chunks: int, flags: tuple[bool, ...],
+                  r: float) -> UnitPipeline:
+    """The schedule's makespan and in-flight micro-batches with F = I = W = 1 and recompute r."""
+    info = SCHEDULES[name]
+    m = _steady_count(name, pp, microbatches, chunks)
+    recompute = None if info.recompute_is_schedule else list(flags)
+    actions = generate_schedule(name, pp, m, chunks, recompute)
+    run = simulate_unit_costs(actions, pp, chunks, info.placement, f=1.0, b=1.0, w=1.0, r=r)
+    busy = list(run["busy"])
+    makespan = run["makespan"]
+    states = tuple(_peak_states(row, pp, chunks, info.placement, rank, m, microbatches)
+                   for rank, row in enumerate(run["timeline"]))
+    if m < microbatches:  # extend the steady state linearly
+        extra = microbatches - m
+        per_mb = [b / m for b in busy]
+        busy = [b + extra * p for b, p in zip(busy, per_mb, strict=True)]
+        makespan += extra * max(per_mb)
+    return UnitPipeline(makespan, tuple(busy), states)
+
+
+def _peak_states(row: list, pp: int, chunks: int, placement: str, rank: int, m: int,
+                 microbatches: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Sweep one rank's unit timeline: a forward holds its output from its start until the
+    micro-batch's last backward action (W when split, else B) ends, as the engine's ledger does; a
+    recomputed set is held from the recompute (or, when the run has none, the first backward
+    action) to the same end. A count equal to the capped run's micro-batches (every micro-batch in
+    flight, GPipe) stands for the plan's count."""
+    from sim.schedules import Op, rank_stages
+
+    local = {s: i for i, s in enumerate(_layout(pp, chunks, placement)[1][rank])}
+    recomputed = {(a.stage, a.microbatch) for a, _, _ in row if a.op is Op.RECOMPUTE}
+    release: dict[tuple[int, int], float] = {}
+    for a, _, end in row:
+        if a.op in (Op.BACKWARD, Op.BACKWARD_WEIGHT):
+            release[(a.stage, a.microbatch)] = end
+        elif a.op is Op.BACKWARD_INPUT:
+            release.setdefault((a.stage, a.microbatch), end)
+    events: list[tuple[float, int, int, int]] = []  # (time, +1/-1, stage slot, 0 = held fwd / 1 = recomputed)
+    for a, start, _ in row:
+        key = (a.stage, a.microbatch)
+        slot = local[a.stage]
+        if a.op is Op.FORWARD:
+            events += [(start, 1, slot, 0), (release[key], -1, slot, 0)]
+        elif a.op is Op.RECOMPUTE or (a.op in (Op.BACKWARD, Op.BACKWARD_INPUT) and key not in recomputed):
+            events += [(start, 1, slot, 1), (release[key], -1, slot, 1)]
+    events.sort(key=lambda e: (e[0], e[1]))  # releases first at equal times
+    level = [[0, 0] for _ in local]
+    candidates: set[tuple[tuple[int, int], ...]] = set()
+    rising = False
+    for _, delta, slot, which in events:
+        if delta < 0 and rising:
+            candidates.add(tuple((a, b) for a, b in level))
+        rising = delta > 0
+        level[slot][which] += delta
+    if rising:
+        candidates.add(tuple((a, b) for a, b in level))
+
+    def scaled(state: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+        return tuple((microbatches if a >= m else a, microbatches if b >= m else b) for a, b in state)
+
+    def dominated(x: tuple, y: tuple) -> bool:
+        return x != y and all(a <= c and b <= d for (a, b), (c, d) in zip(x, y, strict=True))
+
+    kept = [c for c in candidates if not any(dominated(c, other) for other in candidates)]
+    return tuple(sorted(scaled(c) for c in kept))
+
+
+def _steady_count(name: str, pp: int, microbatches: int, chunks: int) -> int:
+    """A smaller micro-batch count with the same steady state (a divisor m / k >= 2 pp that the
+    schedule accepts), or the count itself."""
+    floor = STEADY_MICROBATCHES_PER_RANK * pp
+    best = microbatches
+    k = 2
+    while microbatches // k >= floor:
+        if microbatches % k == 0:
+            try:
+                check_preconditions(name, pp, microbatches // k, chunks)
+            except ConfigError:
+                pass
+            else:
+                best = microbatches // k
+        k += 1
+    return best
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """One virtual stage, one micro-batch: times (TP communication included) and bytes."""
+
+    fwd_s: float
+    bwd_s: float
+    recompute_s: float
+    compute_s: float  # forward + backward without TP communication
+    recompute_compute_s: float
+    static_bytes: int  # parameters + gradients + optimizer state
+    param_bytes: int
+    grad_bytes: int
+    kept_bytes: int  # what a forward leaves on the device under the memory policy
+    recompute_extra_bytes: int  # what a recompute brings back
+    output_bytes: int
+
+
+@dataclass(slots=True)
+class Estimate:
+    iteration_s: float
+    compute_s: float  # bottleneck rank: forward + backward, without TP communication, all micro-batches
+    recompute_s: float
+    bubble_s: float
+    tp_comm_s: float  # exposed TP all-reduce time on the bottleneck rank
+    p2p_s: float
+    dp_comm_s: float  # exposed gradient-sync time
+    optimizer_s: float
+    peak_bytes: tuple[int, ...]  # per pipeline rank
+    capacity_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        return max(self.peak_bytes) <= self.capacity_bytes
+
+
+class Estimator:
+    """Estimates for plans of one workload on one cluster (one cost model, one communication model)."""
+
+    def __init__(self, costs: CostModel, comm: ClusterComm, dtype: str) -> None:
+        self.costs, self.comm, self.dtype = costs, comm, dtype
+        self._stages: dict[tuple, StageTimes] = {}
+        self._dp: dict[tuple, tuple[float, float]] = {}
+        self._tp_ar: dict[tuple, float] = {}
+
+    # -- pieces --------------------------------------------------------------------------------
+    def _tp_allreduce_s(self, c: LayerCosts, tp: int) -> float:
+        if tp == 1 or c.tp_allreduces == 0:
+            return 0.0
+        key = (c.tp_comm_bytes, tp)
+        cached = self._tp_ar.get(key)
+        if cached is None:
+            cached = self._tp_ar[key] = self.comm.collective_s("allreduce", c.tp_comm_bytes, tuple(range(tp)))
+        return c.tp_allreduces * cached
+
+    def stage(self, layers: tuple[int, ...], recomputed: int, micro_batch: int, tp: int, level: int,
+              swap: float) -> StageTimes:
+        key = (layers, recomputed, micro_batch, tp, level, swap)
+        cached = self._stages.get(key)
+        if cached is not None:
+            return cached
+        from sim.tp_overlap import tp_segments_time
+
+        costs = [self.costs.layer_costs(layer, micro_batch, tp) for layer in layers]
+        ar = [self._tp_allreduce_s(c, tp) for c in costs]
+        level = level if tp > 1 else 0
+
+        def timed(phase: list[float], which: Sequence[int]) -> float:
+            segments = [(phase[i], ar[i], max(costs[i].tp_allreduces, 1)) for i in which]
+            return sum(tp_segments_time(segments, level)) if segments else 0.0
+
+        every = range(len(layers))
+        rec = range(recomputed)
+        fwd = timed([c.fwd_s for c in costs], every)
+        bwd = timed([c.bwd_input_s + c.bwd_weight_s for c in costs], every)
+        recompute = timed([c.recompute_s for c in costs], rec)
+        cost_of = {layer: c for layer, c in zip(layers, costs, strict=True)}
+
+        def cost(layer: int) -> LayerCosts:
+            return cost_of.get(layer) or self.costs.layer_costs(layer, micro_batch, tp)
+
+        kept = sum(checkpoint_bytes(layers[i], cost) if i < recomputed else costs[i].saved_bytes for i in every)
+        extra = sum(costs[i].saved_bytes - checkpoint_bytes(layers[i], cost) for i in rec)
+        result = StageTimes(
+            fwd_s=fwd, bwd_s=bwd, recompute_s=recompute,
+            compute_s=sum(c.fwd_s + c.bwd_input_s + c.bwd_weight_s for c in costs),
+            recompute_compute_s=sum(costs[i].recompute_s for i in rec),
+            static_bytes=sum(c.param_bytes + c.grad_bytes + c.optimizer_bytes for c in costs),
+            param_bytes=sum(c.param_bytes for c in costs),
+            grad_bytes=sum(c.grad_bytes for c in costs),
+            kept_bytes=int(kept * (1.0 - swap)),
+            recompute_extra_bytes=extra,
+            output_bytes=costs[-1].output_bytes,
+        )
+        self._stages[key] = result
+        return result
+
+    def gradient_sync(self, method: str, bucket_mb: float, grad_bytes: int, dp: int, tp: int) -> tuple[float, float]:
+        """(all buckets, the last bucket) in seconds for one rank's gradients."""
+        if dp == 1 or grad_bytes == 0:
+            return 0.0, 0.0
+        key = (method, bucket_mb, grad_bytes, dp, tp)
+        cached = self._dp.get(key)
+        if cached is None:
+            sync = GRADIENT_SYNC[method]
+            bucket = int(bucket_mb * 2**20)
+            full, rest = divmod(grad_bytes, bucket)
+            group = tuple(d * tp for d in range(dp))  # pipeline rank 0's replicas (sim.program.rank_of)
+
+            def one(dense: int) -> float:
+                wire = sync.wire_bytes(dense)
+                return (self.comm.collective_s(sync.collective, wire, group)
+                        + sync.codec_s(wire, self.comm.cluster.device))
+
+            total = full * (one(bucket) if full else 0.0) + (one(rest) if rest else 0.0)
+            last = one(rest) if rest else one(bucket)
+            cached = self._dp[key] = (total, last)
+        return cached
+
+    def _dp_exposed(self, method: str, bucket_mb: float, dp: int, tp: int,
+                    stages: list[tuple[int, float]]) -> float:
+        """Gradient sync left after a rank's last backward. A stage's buckets are ready when its last
+        backward ends (the engine's granularity); the rank's stages finish one backward apart, the
+        later stages (higher index) first, and the collective stream takes them in that order."""
+        if dp == 1:
+            return 0.0
+        clock = free = 0.0
+        for i, (grad_bytes, bwd_s) in enumerate(reversed(stages)):
+            if i:
+                clock += bwd_s
+            total, _ = self.gradient_sync(method, bucket_mb, grad_bytes, dp, tp)
+            free = max(free, clock) + total
+        return max(0.0, free - clock)
+
+    def p2p_hop_s(self, nbytes: int, dp: int, tp: int) -> float:
+        if self.comm.cluster.world_size < 2:
+            return 0.0
+        # neighbouring pipeline ranks are dp x tp ranks apart (sim.program.rank_of)
+        peer = min(dp * tp, self.comm.cluster.world_size - 1)
+        _, latency, bandwidth = self.comm.p2p_route(0, peer)
+        return latency + nbytes / bandwidth
+
+    # -- the estimate --------------------------------------------------------------------------
+    def estimate(self, *, schedule: str, dp: int, tp: int, pp: int, chunks: int, micro_batch: int,
+                 microbatches: int, stage_layers: Sequence[tuple[int, ...]], policy: MemoryPolicy,
+                 tp_overlap: int, sync_method: str, bucket_mb: float) -> Estimate:
+        info = SCHEDULES[schedule]
+        stages_n = pp * chunks
+        stages = [self.stage(tuple(stage_layers[s]), len(policy.recompute_layers[s]), micro_batch, tp, tp_overlap,
+                             policy.swap_fraction[s]) for s in range(stages_n)]
+        if info.recompute_is_schedule:
+            # Merak's eager recomputes move into bubbles: their placement is the schedule's shape.
+            unit = unit_pipeline(schedule, pp, microbatches, chunks,
+                                 tuple(policy.recomputes(s) for s in range(stages_n)), 1.0)
+        else:
+            # An ordinary recompute runs inside the backward: it lengthens B, the shape is unchanged.
+            unit = unit_pipeline(schedule, pp, microbatches, chunks, (False,) * stages_n, 0.0)
+
+        rank_of, stages_of = _layout(pp, chunks, info.placement)
+        per_rank = [0.0] * pp  # time per micro-batch, communication included
+        compute = [0.0] * pp
+        recompute_compute = [0.0] * pp
+        bwd = [0.0] * pp
+        grads = [0] * pp
+        params = [0] * pp
+        static = [0] * pp
+        for s, st in enumerate(stages):
+            k = rank_of[s]
+            per_rank[k] += st.fwd_s + st.bwd_s + st.recompute_s
+            compute[k] += st.compute_s
+            recompute_compute[k] += st.recompute_compute_s
+            bwd[k] += st.bwd_s
+            grads[k] += st.grad_bytes
+            params[k] += st.param_bytes
+            static[k] += st.static_bytes
+        m = microbatches
+        bottleneck = max(range(pp), key=per_rank.__getitem__)
+        unit_per_mb = [b / m for b in unit.busy]
+        # seconds per unit on an average rank, so that an unbalanced pipeline's ramp is priced fairly
+        seconds_per_unit = sum(per_rank) / max(sum(unit_per_mb), 1e-30)
+        steady = m * per_rank[bottleneck]
+        bubble = max(0.0, unit.makespan - max(unit.busy)) * seconds_per_unit
+        hops = 2 * (stages_n - 1) * self.p2p_hop_s(max(st.output_bytes for st in stages), dp, tp) if pp > 1 else 0.0
+
+        # Rank k finishes its last backward about k stage-backwards before rank 0; its gradient sync
+        # overlaps that backward and its optimizer step follows.
+        tail = 0.0
+        dp_exposed = 0.0
+        opt_bottleneck = 0.0
+        for k in range(pp):
+            exposed = self._dp_exposed(sync_method, bucket_mb, dp, tp,
+                                       [(stages[s].grad_bytes, stages[s].bwd_s) for s in stages_of[k]])
+            opt = self.costs.optimizer_step_s(params[k])
+            earlier = sum(bwd[j] / chunks for j in range(k))
+            if exposed + opt - earlier > tail:
+                tail, dp_exposed, opt_bottleneck = exposed + opt - earlier, exposed, opt
+        iteration = steady + bubble + hops + tail
+
+        # memory per pipeline rank
+        peaks = []
+        buffer = 0
+        if dp > 1:
+            sync = GRADIENT_SYNC[sync_method]
+            buffer = sync.wire_bytes(int(bucket_mb * 2**20))
+        for k in range(pp):
+            mine = stages_of[k]
+            held = max((sum(n * stages[s].kept_bytes + x * stages[s].recompute_extra_bytes
+                            for s, (n, x) in zip(mine, state, strict=True))
+                        for state in unit.states[k]), default=0)
+            peaks.append(static[k] + held + buffer)
+
+        tp_exposed = (per_rank[bottleneck] - compute[bottleneck] - recompute_compute[bottleneck]) * m
+        return Estimate(
+            iteration_s=iteration,
+            compute_s=compute[bottleneck] * m,
+            recompute_s=recompute_compute[bottleneck] * m,
+            bubble_s=bubble,
+            tp_comm_s=max(0.0, tp_exposed),
+            p2p_s=hops,
+            dp_comm_s=dp_exposed,
+            optimizer_s=opt_bottleneck,
+            peak_bytes=tuple(peaks),
+            capacity_bytes=self.comm.capacity_bytes,
+        )
+
+
+@lru_cache(maxsize=1024)
+def _layout(pp: int, chunks: int, placement: str) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """(pipeline rank of each virtual stage, virtual stages of each rank in chunk order)."""
+    rank_of = tuple(stage_to_rank(s, pp, chunks, placement) for s in range(pp * chunks))
+    return rank_of, tuple(tuple(rank_stages(k, pp, chunks, placement)) for k in range(pp))
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties); nan for fewer than 3 points."""
+    if len(xs) != len(ys):
+        raise ValueError("spearman needs two sequences of the same length")
+    if len(xs) < 3:
+        return float("nan")
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    vx = math.sqrt(sum((a - mx) ** 2 for a in rx))
+    vy = math.sqrt(sum((b - my) ** 2 for b in ry))
+    return cov / (vx * vy) if vx and vy else float("nan")
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks

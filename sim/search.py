@@ -1,0 +1,479 @@
+"""Plan search: enumerate plans for a workload on a cluster, prune what cannot work, rank the rest
+with the fast estimate (``sim.estimate``), simulate the best with the engine, and report how well the
+estimate and the engine agree.
+
+Every choice comes from a registry, so a new registration is searched without touching this file:
+schedules from ``sim.schedules.SCHEDULES`` (chunks from each ``ScheduleInfo.min_chunks/max_chunks``),
+memory policies from ``sim.memory.MEMORY_POLICIES`` (each with its default settings, plus a few values
+of every bounded fraction field, e.g. stage-aware's ``ratio``), gradient-sync methods from
+``sim.gradient_sync.GRADIENT_SYNC`` (each with a few bucket sizes, kept when its ``check`` accepts
+the plan). A policy whose settings have a required field with no default (``per-stage``'s explicit
+list) cannot be spelled without a guess and is listed as not enumerated.
+
+Pruning reasons are counted by the ``ConfigError`` field that refuses the plan (the same checks
+``sim.compile`` makes: TP divisibility, pp x chunks <= layers, schedule preconditions, gradient-sync
+checks, the simulator's size limit) or "does not fit in memory (estimate)". Equivalent spellings are
+not enumerated twice: TP overlap levels only with tp > 1, bucket sizes only with dp > 1, and one
+memory policy for schedules that fix their own recomputation (Merak's).
+
+Pure Python: no torch, no simpy here (the engine is imported only to simulate).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sim.cluster import load_cluster
+from sim.compile import _INSTRUCTIONS_PER_MICROBATCH, _SECTION_OF, MAX_INSTRUCTIONS, ResolvedPlan, resolve_plan
+from sim.estimate import Estimate, Estimator, spearman
+from sim.gradient_sync import GRADIENT_SYNC
+from sim.memory import MEMORY_POLICIES
+from sim.partition import balanced_partition, uniform_partition
+from sim.plan import Plan
+from sim.schedules import SCHEDULES, check_preconditions
+from traces.errors import ConfigError
+
+DOES_NOT_FIT = "does not fit in memory (estimate)"
+SAME_SPLIT = "parallelism.partition (same stages as an earlier partition)"
+
+Progress = Callable[[str, int, int | None], None]  # (phase, done, total or None)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What to search: the job (workload, cluster, batch, dtype) and how finely to enumerate."""
+
+    workload: str
+    cluster: str | dict[str, Any]
+    global_batch: int | None = None  # default: 2 x the cluster's devices
+    dtype: str = "fp16"
+    workload_options: dict[str, Any] = field(default_factory=dict)
+    profile: str | None = None
+    max_tp: int | None = None  # default: devices per node (TP all-reduces stay on NVLink)
+    max_micro_batch: int = 8
+    max_chunks: int = 4  # for schedules whose chunk count has no upper bound
+    partitions: tuple[str, ...] = ("uniform", "time")
+    fractions: tuple[float, ...] = (0.25, 0.5, 0.75)  # extra values of a policy's bounded fraction fields
+    tp_overlaps: tuple[int, ...] = (0, 1, 2, 3)
+    bucket_mbs: tuple[float, ...] = (25.0, 100.0)
+    swap: tuple[float | None, ...] = (None,)  # swap fractions to try (None: no swap)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    dp: int
+    tp: int
+    pp: int
+    chunks: int
+    partition: str
+    tp_overlap: int
+    schedule: str
+    micro_batch: int
+    microbatches: int
+    memory: tuple[tuple[str, Any], ...]
+    gradient_sync: tuple[tuple[str, Any], ...]
+
+    def sections(self) -> dict[str, Any]:
+        return {
+            "parallelism": {"dp": self.dp, "tp": self.tp, "pp": self.pp, "chunks": self.chunks,
+                            "partition": self.partition, "tp_overlap": self.tp_overlap},
+            "schedule": {"name": self.schedule, "micro_batch": self.micro_batch,
+                         "microbatches": self.microbatches},
+            "memory": _unfreeze(self.memory),
+            "gradient_sync": _unfreeze(self.gradient_sync),
+        }
+
+    def describe(self) -> str:
+        memory = " ".join(f"{v}" if k == "policy" else f"{k}={v}" for k, v in self.memory)
+        sync = " ".join(f"{v}" if k == "method" else f"{k}={v}" for k, v in self.gradient_sync)
+        chunks = f" x{self.chunks}" if self.chunks > 1 else ""
+        return (f"dp{self.dp} tp{self.tp} pp{self.pp} {self.schedule}{chunks} mb{self.micro_batch}x"
+                f"{self.microbatches} {self.partition} ov{self.tp_overlap} {memory} {sync}")
+
+
+def _freeze(settings: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in settings.items())
+
+
+def _unfreeze(settings: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in settings}
+
+
+@dataclass
+class Simulated:
+    """The engine's figures for one candidate."""
+
+    iteration_s: float
+    samples_per_s: float
+    tokens_per_s: float
+    mfu: float
+    peak_bytes: tuple[int, ...]  # per pipeline rank
+    capacity_bytes: int
+    oom: bool
+    compute_s: float  # the busiest pipeline rank: forward + backward (TP communication inside)
+    recompute_s: float
+    bubble_s: float
+    exposed_comm_s: float  # after its last backward, before its optimizer step
+    optimizer_s: float
+    wall_s: float
+
+
+@dataclass
+class Ranked:
+    candidate: Candidate
+    estimate: Estimate
+    simulated: Simulated | None = None
+
+
+@dataclass
+class Agreement:
+    sample_size: int
+    spearman_sample: float  # estimate vs engine on a random sample of survivors
+    spearman_top: float  # estimate vs engine on the simulated top K
+    estimate_best_engine_rank: int  # 1 = the estimate's pick is the engine's best of the top K
+    engine_best_estimate_rank: int
+    estimate_best_slowdown: float  # engine time of the estimate's pick / engine's best - 1
+    top10_overlap: int  # of the estimate's top 10 (of K), how many are in the engine's top 10
+    memory_error_median: float  # |estimate peak / engine peak - 1| over the sample
+    time_error_median: float  # |estimate / engine - 1| over the sample
+
+
+@dataclass
+class SearchResult:
+    space: SearchSpace
+    world_size: int
+    global_batch: int
+    considered: int
+    pruned: Counter
+    ranked: list[Ranked]  # every survivor, simulated ones first in engine order, then by estimate
+    sampled: list[Ranked]  # the random sample for the agreement figures
+    agreement: Agreement | None
+    not_enumerated: dict[str, str]  # choice -> why it is not enumerated
+    timings: dict[str, float]
+    base: dict[str, Any]  # the plan fields every candidate shares
+
+    @property
+    def simulated(self) -> list[Ranked]:
+        return [r for r in self.ranked if r.simulated is not None]
+
+    @property
+    def best(self) -> Ranked | None:
+        fitting = [r for r in self.simulated if not r.simulated.oom]  # type: ignore[union-attr]
+        return fitting[0] if fitting else None
+
+    def plan_of(self, candidate: Candidate, name: str | None = None) -> Plan:
+        return Plan.from_dict({**self.base, "name": name or self.base["name"], **candidate.sections()})
+
+
+# ---------------------------------------------------------------------------------------------
+# Enumeration
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def memory_variants(space: SearchSpace, pp_chunks: int) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Every registered memory policy with its defaults, plus each bounded fraction field at the
+    space's fractions; policies that need a setting with no default are reported, not guessed."""
+    variants, skipped = [], {}
+    for name, kind in MEMORY_POLICIES.items():
+        fields = {k: f for k, f in kind.config.model_fields.items() if k not in ("policy", "swap")}
+        required = [k for k, f in fields.items() if f.is_required()]
+        if required:
+            skipped[f"memory.policy {name}"] = f"needs {', '.join(required)} (no default to enumerate)"
+            continue
+        base = {"policy": name}
+        options = [base]
+        for key, info in fields.items():
+            if info.annotation is not float:
+                continue
+            low = next((m.ge for m in info.metadata if getattr(m, "ge", None) is not None), None)
+            high = next((m.le for m in info.metadata if getattr(m, "le", None) is not None), None)
+            if low is None or high is None or not (low >= 0 and high <= 1):
+                continue
+            options += [{**base, key: value} for value in space.fractions
+                        if low <= value <= high and value != info.default]
+        for option in options:
+            for swap in space.swap:
+                variants.append(option if swap is None else {**option, "swap": [swap] * pp_chunks})
+    return variants, skipped
+
+
+def sync_variants(space: SearchSpace) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    variants, skipped = [], {}
+    for name, method in GRADIENT_SYNC.items():
+        fields = {k: f for k, f in method.config.model_fields.items() if k != "method"}
+        required = [k for k, f in fields.items() if f.is_required()]
+        if required:
+            skipped[f"gradient_sync.method {name}"] = f"needs {', '.join(required)} (no default to enumerate)"
+            continue
+        if "bucket_mb" in fields:
+            variants += [{"method": name, "bucket_mb": float(b)} for b in space.bucket_mbs]
+        else:
+            variants.append({"method": name})
+    return variants, skipped
+
+
+def factorisations(world: int, max_tp: int) -> Iterator[tuple[int, int, int]]:
+    """(dp, tp, pp) with dp x tp x pp = world and tp <= max_tp."""
+    for tp in _divisors(world):
+        if tp > max_tp:
+            continue
+        for pp in _divisors(world // tp):
+            yield world // (tp * pp), tp, pp
+
+
+def schedule_chunks(space: SearchSpace) -> list[tuple[str, int]]:
+    pairs = []
+    for name, info in SCHEDULES.items():
+        high = info.max_chunks if info.max_chunks is not None else max(space.max_chunks, info.min_chunks)
+        pairs += [(name, c) for c in range(info.min_chunks, high + 1)]
+    return pairs
+
+
+# ---------------------------------------------------------------------------------------------
+# The search
+
+
+def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
+           progress: Progress | None = None) -> SearchResult:
+    """Enumerate, prune, estimate every survivor, simulate the best ``top_k`` and a random
+    ``sample`` of survivors (for the agreement figures)."""
+    started = time.perf_counter()
+    cluster = load_cluster(space.cluster)
+    world = cluster.world_size
+    global_batch = space.global_batch or 2 * world
+    max_tp = space.max_tp or cluster.devices_per_node
+    name = f"search-{space.workload}-{cluster.name}"
+    base = {"name": name, "workload": space.workload, "workload_options": dict(space.workload_options),
+            "cluster": space.cluster, "profile": space.profile, "dtype": space.dtype}
+    # One resolve for the shared pieces: the cost model and the communication model.
+    probe = resolve_plan(Plan.from_dict({**base, "parallelism": {"dp": world}}))
+    costs, comm = probe.costs, probe.comm
+    estimator = Estimator(costs, comm, space.dtype)
+    layers = costs.num_layers
+    transformer = probe.transformer
+
+    syncs, skipped = sync_variants(space)
+    pairs = schedule_chunks(space)
+    partitions_cache: dict[tuple[int, str], list[tuple[int, ...]]] = {}
+    policies: dict[tuple, Any] = {}
+    checks: dict[tuple, str | None] = {}
+    pruned: Counter = Counter()
+    survivors: list[Ranked] = []
+    considered = 0
+
+    def stage_layers(stages: int, partition: str) -> list[tuple[int, ...]]:
+        key = (stages, partition)
+        if key not in partitions_cache:
+            ranges = (uniform_partition(layers, stages) if partition == "uniform"
+                      else balanced_partition(costs.layer_weights(partition), stages))
+            partitions_cache[key] = [tuple(range(a, b)) for a, b in ranges]
+        return partitions_cache[key]
+
+    for dp, tp, pp in factorisations(world, max_tp):
+        per_replica = global_batch // dp if global_batch % dp == 0 else 0
+        micro_batches = [b for b in _divisors(per_replica) if b <= space.max_micro_batch] if per_replica else []
+        tp_reason = _tp_problem(tp, transformer, space.workload)
+        for micro_batch in micro_batches:
+            m = per_replica // micro_batch
+            for schedule, chunks in pairs:
+                info = SCHEDULES[schedule]
+                memories, skipped_memory = memory_variants(space, pp * chunks)
+                skipped.update(skipped_memory)
+                if info.recompute_is_schedule:  # the schedule decides recomputation; one policy says it
+                    memories = [v for v in memories if v["policy"] == memories[0]["policy"]][: len(space.swap)]
+                partitions = space.partitions if pp * chunks > 1 else space.partitions[:1]
+                overlaps = space.tp_overlaps if tp > 1 else (0,)
+                methods = syncs if dp > 1 else _one_per_method(syncs)
+                leaves = len(partitions) * len(memories) * len(overlaps) * len(methods)
+                considered += leaves
+                reason = tp_reason or _shape_problem(schedule, pp, m, chunks, layers)
+                if reason:
+                    pruned[reason] += leaves
+                    continue
+                seen_splits: list[list[tuple[int, ...]]] = []
+                for partition in partitions:
+                    split = stage_layers(pp * chunks, partition)
+                    if split in seen_splits:  # e.g. time-balanced = uniform on identical layers
+                        pruned[SAME_SPLIT] += len(memories) * len(overlaps) * len(methods)
+                        continue
+                    seen_splits.append(split)
+                    for memory in memories:
+                        shape = {"parallelism": {"dp": dp, "tp": tp, "pp": pp, "chunks": chunks,
+                                                 "partition": partition},
+                                 "schedule": {"name": schedule, "micro_batch": micro_batch, "microbatches": m},
+                                 "memory": memory}
+                        key = (pp, chunks, partition, schedule, _freeze(memory))
+                        policy = policies.get(key)
+                        if policy is None:
+                            plan = Plan.from_dict({**base, **shape})
+                            policy = policies[key] = MEMORY_POLICIES[memory["policy"]].build(
+                                plan, split, costs, comm.capacity_bytes)
+                        for sync in methods:
+                            problem = _sync_problem(sync, base, shape, checks)
+                            if problem:
+                                pruned[problem] += len(overlaps)
+                                continue
+                            for level in overlaps:
+                                estimate = estimator.estimate(
+                                    schedule=schedule, dp=dp, tp=tp, pp=pp, chunks=chunks, micro_batch=micro_batch,
+                                    microbatches=m, stage_layers=split, policy=policy, tp_overlap=level,
+                                    sync_method=sync["method"], bucket_mb=sync.get("bucket_mb", 25.0))
+                                if not estimate.fits:
+                                    pruned[DOES_NOT_FIT] += 1
+                                    continue
+                                survivors.append(Ranked(Candidate(dp, tp, pp, chunks, partition, level, schedule,
+                                                                  micro_batch, m, _freeze(memory), _freeze(sync)),
+                                                        estimate))
+                if progress:
+                    progress("estimate", considered, None)
+    estimated_at = time.perf_counter()
+    survivors.sort(key=lambda r: r.estimate.iteration_s)
+
+    # The engine on the estimate's best K, then on a random sample of the rest.
+    rng = random.Random(seed)
+    top = survivors[:top_k]
+    rest = survivors[top_k:]
+    sampled = rng.sample(survivors, min(sample, len(survivors))) if sample else []
+    to_run = top + [r for r in sampled if r not in top]
+    for i, ranked in enumerate(to_run):
+        if progress:
+            progress("engine", i, len(to_run))
+        ranked.simulated = _simulate(ranked.candidate, base, costs, f"{name}-{i}")
+    if progress:
+        progress("engine", len(to_run), len(to_run))
+    simulated_at = time.perf_counter()
+
+    agreement = _agreement(top, sampled) if top else None
+    top_sorted = sorted(top, key=lambda r: (r.simulated.oom, r.simulated.iteration_s))  # type: ignore[union-attr]
+    ranked = top_sorted + rest
+    timings = {"estimate_s": estimated_at - started, "engine_s": simulated_at - estimated_at,
+               "total_s": simulated_at - started}
+    return SearchResult(space, world, global_batch, considered, pruned, ranked, sampled, agreement, skipped,
+                        timings, base)
+
+
+def _one_per_method(syncs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    seen, kept = set(), []
+    for sync in syncs:
+        if sync["method"] not in seen:
+            seen.add(sync["method"])
+            kept.append(sync)
+    return kept
+
+
+def _tp_problem(tp: int, transformer: Any, workload: str) -> str | None:
+    if tp == 1:
+        return None
+    if transformer is None:
+        return "parallelism.tp"
+    if transformer.heads % tp or transformer.hidden % tp:
+        return "parallelism.tp"
+    return None
+
+
+def _shape_problem(schedule: str, pp: int, m: int, chunks: int, layers: int) -> str | None:
+    if pp * chunks > layers:
+        return "parallelism: pp x chunks"
+    try:
+        check_preconditions(schedule, pp, m, chunks)
+    except ConfigError as exc:
+        return _SECTION_OF.get(exc.field, exc.field)
+    if pp * chunks * m * _INSTRUCTIONS_PER_MICROBATCH > MAX_INSTRUCTIONS:
+        return "parallelism.pp, chunks, schedule.microbatches (simulator size limit)"
+    return None
+
+
+def _sync_problem(sync: dict[str, Any], base: dict[str, Any], shape: dict[str, Any],
+                  cache: dict[tuple, str | None]) -> str | None:
+    method = GRADIENT_SYNC[sync["method"]]
+    if method.check is None:
+        return None
+    key = (sync["method"], repr(shape))
+    if key not in cache:
+        try:
+            method.check(Plan.from_dict({**base, **shape, "gradient_sync": sync}))
+            cache[key] = None
+        except ConfigError as exc:
+            cache[key] = exc.field
+    return cache[key]
+
+
+def _simulate(candidate: Candidate, base: dict[str, Any], costs: Any, name: str) -> Simulated:
+    from sim.simulate import simulate
+
+    plan = Plan.from_dict({**base, "name": name, **candidate.sections()})
+    result = simulate(plan, costs=costs)
+    table = result.table
+    rows = table[(table["parent"] == -1) & (table["stream"] == "compute")]
+    pipeline_rank = {rank: rank // (plan.tp * plan.dp) for rank in result.memory}
+    peaks = [0] * plan.pp
+    for rank, memory in result.memory.items():
+        peaks[pipeline_rank[rank]] = max(peaks[pipeline_rank[rank]], memory.peak_bytes)
+    capacity = min(m.capacity_bytes for m in result.memory.values())
+    # the breakdown of the busiest rank
+    durations = (rows["end_s"] - rows["start_s"]).groupby([rows["rank"], rows["kind"]]).sum()
+    busiest = max(result.memory, key=lambda r: durations.get(r, default=0).sum()
+                  if r in durations.index.get_level_values(0) else 0.0)
+    mine = durations.loc[busiest] if busiest in durations.index.get_level_values(0) else None
+
+    def total(*kinds: str) -> float:
+        return float(sum(mine.get(k, 0.0) for k in kinds)) if mine is not None else 0.0
+
+    compute = total("FWD", "BWD", "BWD_I", "BWD_W")
+    recompute = total("RECOMPUTE")
+    optimizer = total("OPTIMIZER_STEP")
+    own = rows[rows["rank"] == busiest]
+    opt_rows = own[own["kind"] == "OPTIMIZER_STEP"]
+    last_work = own[own["kind"] != "OPTIMIZER_STEP"]["end_s"].max()
+    exposed = float(opt_rows["start_s"].min() - last_work) if len(opt_rows) and len(own) else 0.0
+    exposed = max(0.0, exposed)
+    bubble = max(0.0, result.iteration_s - compute - recompute - optimizer - exposed)
+    return Simulated(result.iteration_s, result.samples_per_s, result.tokens_per_s, result.mfu, tuple(peaks),
+                     capacity, result.oom, compute, recompute, bubble, exposed, optimizer, result.wall_s)
+
+
+def _agreement(top: list[Ranked], sampled: list[Ranked]) -> Agreement:
+    def engine(r: Ranked) -> float:
+        return r.simulated.iteration_s  # type: ignore[union-attr]
+
+    est_order = top  # already in estimate order
+    eng_order = sorted(top, key=engine)
+    best_pick = est_order[0]
+    engine_best = eng_order[0]
+    top10_est = {id(r) for r in est_order[:10]}
+    top10_eng = {id(r) for r in eng_order[:10]}
+    mem_errors = sorted(abs(max(r.estimate.peak_bytes) / max(r.simulated.peak_bytes) - 1)  # type: ignore[union-attr]
+                        for r in sampled if max(r.simulated.peak_bytes))  # type: ignore[union-attr]
+    time_errors = sorted(abs(r.estimate.iteration_s / engine(r) - 1) for r in sampled)
+    return Agreement(
+        sample_size=len(sampled),
+        spearman_sample=spearman([r.estimate.iteration_s for r in sampled], [engine(r) for r in sampled]),
+        spearman_top=spearman([r.estimate.iteration_s for r in top], [engine(r) for r in top]),
+        estimate_best_engine_rank=eng_order.index(best_pick) + 1,
+        engine_best_estimate_rank=est_order.index(engine_best) + 1,
+        estimate_best_slowdown=engine(best_pick) / engine(engine_best) - 1,
+        top10_overlap=len(top10_est & top10_eng),
+        memory_error_median=_median(mem_errors),
+        time_error_median=_median(time_errors),
+    )
+
+
+def _median(values: list[float]) -> float:
+    if not values:
+        return math.nan
+    n = len(values)
+    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+
+
+def resolved_for(result: SearchResult, candidate: Candidate) -> ResolvedPlan:
+    """The candidate resolved as the simulator and the runtime would (it compiles)."""
+    return resolve_plan(result.plan_of(candidate))
