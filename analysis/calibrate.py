@@ -38,6 +38,7 @@ from sim.analytic import CALL_OVERHEAD_S, GPU_EFF_MAX, MEM_EFF, EfficiencyCurve
 from sim.analytic_costs import AnalyticCosts
 from sim.calibration import (
     MEGATRON_A100_CSV,
+    MEGATRON_ATTENTION,
     MEGATRON_CLUSTER,
     MEGATRON_DEVICE,
     MEGATRON_DTYPE,
@@ -191,7 +192,8 @@ class SimulatorPredictor:
         self.calls += 1
         plan = row_to_plan(row, calibration.nvlink_efficiency)
         cluster = self._cluster(plan, int(row["gpus"]), calibration.nvlink_efficiency)
-        costs = AnalyticCosts(self._layer_specs(plan), cluster.device, plan.dtype, cluster, calibration.curve)
+        costs = AnalyticCosts(self._layer_specs(plan), cluster.device, plan.dtype, cluster, calibration.curve,
+                              attention=MEGATRON_ATTENTION)
         if not self.engine_only:
             return simulate(plan, costs=costs, options=self._options).iteration_s
         compiled = compile_plan(plan, costs)

@@ -27,9 +27,14 @@ import numpy as np
 import pandas as pd
 
 import sim.compile
+from sim.analytic import EfficiencyCurve, default_for, uncalibrated_curve
+from sim.analytic_costs import AnalyticCosts
+from sim.calibration import MEGATRON_ATTENTION
+from sim.cluster import load_cluster
 from sim.compile import compile_plan
 from sim.engine import Engine, EngineOptions
 from sim.plan import Plan
+from sim.workloads import transformer_config, transformer_layers
 
 TABLE = Path(__file__).resolve().parent.parent / "sim" / "data" / "megatron_sc21_table1.csv"
 SEQ, VOCAB = 2048, 51200
@@ -93,10 +98,22 @@ def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batc
     ))
 
 
-def simulate_row(row: dict[str, Any], schedule: str, micro_batch: int) -> dict[str, Any]:
+def curve_of(name: str) -> EfficiencyCurve:
+    """``default``: what sim.analytic.default_for gives A100 fp16; ``physical``: the uncalibrated
+    prior (large-GEMM efficiency and copy bandwidth measured on a GPU, no per-call overhead)."""
+    device = load_cluster("dgx-a100-8").device
+    return default_for(device, "fp16") if name == "default" else uncalibrated_curve(device, "fp16")
+
+
+def simulate_row(row: dict[str, Any], schedule: str, micro_batch: int, curve: str = "default",
+                 attention: str = MEGATRON_ATTENTION, kernels: bool = True) -> dict[str, Any]:
     plan = plan_for(row, schedule, micro_batch)
     started = time.perf_counter()
-    compiled = compile_plan(plan)
+    cluster = load_cluster(plan.cluster)
+    layers = transformer_layers(transformer_config(plan.workload, **plan.workload_options))
+    costs = AnalyticCosts(layers, cluster.device, plan.dtype, cluster, curve_of(curve), attention=attention,
+                          kernels=kernels)
+    compiled = compile_plan(plan, costs)
     resolved = compiled.resolved
     engine = Engine(compiled.program, resolved.costs, resolved.comm, resolved.policy, plan.micro_batch,
                     plan.parallelism.tp_overlap, EngineOptions(layer_rows=False))
@@ -127,6 +144,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--schedule", default="interleaved-1f1b", choices=["interleaved-1f1b", "1f1b"])
     parser.add_argument("--micro-batch", type=int, default=1)
+    parser.add_argument("--curve", default="default", choices=["default", "physical"],
+                        help="default: sim.analytic.default_for(A100, fp16); physical: the uncalibrated prior")
+    parser.add_argument("--attention", default=MEGATRON_ATTENTION, choices=["unfused", "flash"])
+    parser.add_argument("--layer-roofline", action="store_true",
+                        help="the earlier per-layer roofline instead of the kernel-by-kernel model")
     parser.add_argument("--rows", default="", help="comma-separated row indices (default: all)")
     parser.add_argument("--json", type=Path, default=None, help="write rows and summary here")
     args = parser.parse_args()
@@ -137,7 +159,8 @@ def main() -> None:
           f"{'reported':>8} {'predicted':>9} {'error':>7} {'peak GiB':>8} {'wall s':>6}")
     results = []
     for i in indices:
-        r = simulate_row(records[i], args.schedule, args.micro_batch)
+        r = simulate_row(records[i], args.schedule, args.micro_batch, args.curve, args.attention,
+                         not args.layer_roofline)
         results.append(r)
         print(f"{r['params_b']:>7.1f}B {r['gpus']:>5} {r['tp']:>3} {r['pp']:>3} {r['dp']:>3} {r['chunks']:>2} "
               f"{r['microbatches']:>4} {r['iteration_s']:>8.2f} {r['reported_tflops']:>8.0f} "
@@ -149,6 +172,8 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"schedule": args.schedule, "micro_batch": args.micro_batch,
+                                         "curve": curve_of(args.curve).to_dict(), "attention": args.attention,
+                                         "kernels": not args.layer_roofline,
                                          "rows": results, "summary": s}, indent=1))
 
 

@@ -50,7 +50,33 @@ STATE_BYTES = {
 GPU_EFF_MAX = 0.8
 CPU_EFF_MAX = 1.0
 MEM_EFF = 0.9
-CALL_OVERHEAD_S = 20e-6
+# No fixed cost per layer call by default: the host enqueues kernels asynchronously and runs ahead of
+# the GPU (Megatron-LM's training loop synchronises once per iteration), so launch latency overlaps
+# GPU time instead of adding to it. Small work is priced by what it really costs on the device:
+# wave-quantised GEMM tiles and the bytes of memory-bound kernels (``transformer_layer_times``).
+CALL_OVERHEAD_S = 0.0
+
+# Attention implementations (``AnalyticCostModel(attention=...)``):
+# - "unfused": Megatron-LM's CoreAttention as its 2021-2023 code ran it (megatron/model/transformer.py:
+#   baddbmm of Q K^T into a [b x heads/t, s, s] score tensor, FusedScaleMaskSoftmax (the
+#   scaled_upper_triang_masked_softmax CUDA kernel, megatron/model/fused_softmax.py), dropout on
+#   the probabilities, bmm with V, then a permute + contiguous copy of the context); the score and
+#   probability tensors go through memory, and the probabilities and the dropout mask are saved.
+# - "flash": FlashAttention-style fused attention (Dao et al. 2022; FlashAttention-2, Dao 2023):
+#   no s x s tensor in memory, a causal kernel skips the masked half; FlashAttention-2 reaches
+#   50-73% of A100 peak (Dao 2023, abstract and section 4.1): 0.70 forward, 0.50 backward here.
+#   What exec.workloads runs (torch SDPA) and the default.
+ATTENTION_IMPLEMENTATIONS = ("flash", "unfused")
+FLASH_EFF_FWD = 0.70
+FLASH_EFF_BWD = 0.50
+# GEMM tiles cuBLAS/CUTLASS use for large fp16/bf16 GEMMs on Ampere and Hopper (CUTLASS's default
+# threadblock shapes 256x128, 128x256 and 128x128; NVIDIA "Matrix Multiplication Background User's
+# Guide", sections on tile and wave quantization, which works its example on A100's 108 SMs). A GEMM's
+# output tiles run in waves of one tile per SM; the last, partial wave costs a full one.
+GEMM_TILES = ((256, 128), (128, 256), (128, 128))
+# Megatron-LM pads the vocabulary to a multiple of make-vocab-size-divisible-by (128) x tp
+# (megatron/tokenizer/tokenizer.py, _vocab_size_with_padding).
+VOCAB_PAD = 128
 
 
 @dataclass(frozen=True)
@@ -104,6 +130,145 @@ def calibrated_curve(device: DeviceSpec, dtype: str) -> EfficiencyCurve | None:
     return EfficiencyCurve(curve["eff_max"], curve["flops_half"], curve["mem_eff"])
 
 
+def padded_vocab(vocab: int, tp: int) -> int:
+    """The vocabulary as Megatron-LM allocates it: rounded up to a multiple of 128 x tp."""
+    unit = VOCAB_PAD * tp
+    return -(-int(vocab) // unit) * unit
+
+
+def gemm_time(m: float, n: float, k: float, batch: float, peak: float, eff_max: float, bandwidth: float,
+              act_bytes: int, sm_count: int | None) -> float:
+    """Seconds of ``batch`` GEMMs C[m, n] = A[m, k] B[k, n]: the larger of the tensor-core time and the
+    time to read A and B and write C at ``bandwidth``. With ``sm_count``, the m x n output is cut into
+    tiles (GEMM_TILES, the fastest choice), the tiles run in waves of ``sm_count`` and every wave costs
+    a full one (a tile computes at eff_max x peak / sm_count); without it the work is continuous."""
+    if m <= 0 or n <= 0 or k <= 0 or batch <= 0:
+        return 0.0
+    if sm_count:
+        per_sm = eff_max * peak / sm_count
+        compute = min(math.ceil(math.ceil(m / tm) * math.ceil(n / tn) * batch / sm_count) * 2.0 * tm * tn * k / per_sm
+                      for tm, tn in GEMM_TILES)
+    else:
+        compute = 2.0 * m * n * k * batch / (eff_max * peak)
+    memory = act_bytes * batch * (m * k + k * n + m * n) / bandwidth
+    return max(compute, memory)
+
+
+@dataclass(frozen=True)
+class KernelTimes:
+    """One layer, one micro-batch, one TP rank: seconds by phase, and the bytes of the memory-bound
+    kernels (for tests and reports)."""
+
+    fwd_s: float
+    bwd_input_s: float
+    bwd_weight_s: float
+    elementwise_bytes_fwd: float
+    elementwise_bytes_bwd: float
+    attention_saved_bytes: float  # what unfused attention saves beyond LayerSpec's count (probabilities, mask)
+
+
+def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec, dtype: str,
+                            curve: EfficiencyCurve, attention: str = "flash") -> KernelTimes:
+    """Kernel-by-kernel times of a transformer layer (``sim.workloads.transformer_layers`` shape in
+    ``layer.extra``) for micro-batch ``b`` under TP degree ``t``, as Megatron-LM runs it.
+
+    GEMMs at their per-GPU shapes after the TP split (column-parallel QKV and fc1, row-parallel proj
+    and fc2, vocabulary-parallel head) through ``gemm_time``; a GEMM's backward is its input-gradient
+    GEMM (m x k output, reduction over n) and its weight-gradient GEMM (k x n output, reduction over
+    the m tokens). Memory-bound kernels priced by the bytes they move at memory bandwidth x mem_eff;
+    tensors of the hidden size are replicated on every TP rank (no sequence parallelism in
+    Megatron-LM 2021-2023), so their kernels do not shrink with t. Element size e, masks 1 byte.
+    X = b s h, F = b s f / t, S = b (a / t) s^2 (elements):
+
+    block, forward: LN1 (read X, write X), attention (unfused: fused scale-mask-softmax read S write S,
+      dropout read S write S + mask S, context permute copy read + write X / t; flash: none),
+      bias-dropout-add after proj (read 2X + bias, write X + mask X), LN2 (2X), bias-GELU (read F,
+      write F), bias-dropout-add after fc2 (as the first);
+    block, backward: LN1, LN2 (read dy, x, write dx: 3X each), softmax (read dy, y, write dx: 3S),
+      dropout (read dy, mask, write dx: 2S e + S), context copy (2X / t), each dropout-add (read dy,
+      mask, write dx, and dy again for the bias gradient: 3X e + X), GELU (read dy, x, write dx: 3F),
+      the residual-gradient sums (2 x (read 2X, write X));
+    head: final LN (2X / 3X), logits GEMM [b s, h] x [h, V/t], vocabulary-parallel cross-entropy on the
+      [b s, V/t] logits in fp32 (megatron/core/tensor_parallel/cross_entropy.py: cast, max, subtract,
+      exp, sum, divide: 38 bytes per logit forward; gradient and cast back: 14 bytes backward);
+    embedding: lookup (read + write X), position add (read 2X, write X), dropout (read X, write X +
+      mask); backward: dropout, then the scatter-add of the word and position gradients (3X).
+    The small per-rank cross-entropy all-reduces and the tensor-parallel all-reduces are not here
+    (``tp_comm_times`` and the engine price the latter).
+    """
+    if attention not in ATTENTION_IMPLEMENTATIONS:
+        raise ConfigError("attention", f"unknown attention implementation {attention!r}",
+                          f"use one of {', '.join(ATTENTION_IMPLEMENTATIONS)}")
+    x = layer.extra
+    s, h, a, f = int(x["seq"]), int(x["hidden"]), int(x["heads"]), int(x["ffn"])
+    e = ACTIVATION_BYTES[normalize_dtype(dtype)]
+    peak = device.peak(dtype)
+    bw = device.memory_bandwidth_Bps * curve.mem_eff
+    eff = curve.eff_max
+    sms = device.sm_count
+
+    def gemm(m: float, n: float, k: float, batch: float = 1) -> tuple[float, float, float]:
+        """(forward, input-gradient, weight-gradient) seconds of a weight GEMM."""
+        return (gemm_time(m, n, k, batch, peak, eff, bw, e, sms), gemm_time(m, k, n, batch, peak, eff, bw, e, sms),
+                gemm_time(k, n, m, batch, peak, eff, bw, e, sms))
+
+    T = b * s
+    X = float(T * h)
+    fwd = bi = bw_ = 0.0
+    mem_f = mem_b = 0.0
+    saved_extra = 0.0
+    if layer.kind == "block":
+        F = float(T * f / t)
+        for m, n, k in ((T, 3 * h / t, h), (T, h, h / t), (T, f / t, h), (T, h, f / t)):
+            g = gemm(m, n, k)
+            fwd, bi, bw_ = fwd + g[0], bi + g[1], bw_ + g[2]
+        heads, d = b * a / t, h / a
+        if attention == "unfused":
+            S = float(heads * s * s)
+            # scores Q K^T: [s, d] x [d, s] per head; context P V: [s, s] x [s, d]. Each backward GEMM
+            # produces the gradient of one operand (both are activations: input gradients).
+            for m, n, k in ((s, s, d), (s, d, s)):
+                fwd += gemm_time(m, n, k, heads, peak, eff, bw, e, sms)
+                bi += (gemm_time(m, k, n, heads, peak, eff, bw, e, sms)
+                       + gemm_time(k, n, m, heads, peak, eff, bw, e, sms))
+            mem_f += e * 2 * S + (e * 2 * S + S) + e * 2 * X / t
+            mem_b += e * 3 * S + (e * 2 * S + S) + e * 2 * X / t
+            saved_extra = e * S + S  # the probabilities (input of the context bmm) and the dropout mask
+        else:
+            causal = 0.5 if x.get("causal", 1.0) else 1.0
+            flops = 4.0 * heads * s * s * d * causal
+            fwd += flops / (FLASH_EFF_FWD * peak)
+            bi += 2.5 * flops / (FLASH_EFF_BWD * peak)
+        mem_f += e * 2 * X + (e * 3 * X + X) + e * 2 * X + e * 2 * F + (e * 3 * X + X)
+        mem_b += e * 3 * X * 2 + 2 * (e * 3 * X + X) + e * 3 * F + 2 * e * 3 * X
+    elif layer.kind == "head":
+        v = padded_vocab(int(x["vocab"]), t)
+        logits = float(T * v / t)
+        g = gemm(T, v / t, h)
+        fwd, bi, bw_ = g
+        mem_f += e * 2 * X + 38 * logits
+        mem_b += e * 3 * X + 14 * logits
+    elif layer.kind == "embedding":
+        mem_f += e * 2 * X + e * 3 * X + (e * 2 * X + X)
+        mem_b += (e * 2 * X + X) + e * 3 * X
+    else:
+        raise ConfigError("layer", f"no kernel model for a {layer.kind!r} layer", "use a transformer layer")
+    overhead = curve.flops_half / (curve.eff_max * peak)  # a fitted per-call cost, if any (0 by default)
+    return KernelTimes(
+        fwd_s=fwd + mem_f / bw + overhead,
+        bwd_input_s=bi + mem_b / bw + overhead,
+        bwd_weight_s=bw_ + (overhead if layer.params else 0.0),
+        elementwise_bytes_fwd=mem_f, elementwise_bytes_bwd=mem_b, attention_saved_bytes=saved_extra,
+    )
+
+
+_KERNEL_KEYS = ("seq", "hidden", "heads", "ffn", "vocab")
+
+
+def has_kernel_shape(layer: LayerSpec) -> bool:
+    return layer.kind in ("block", "head", "embedding") and all(k in layer.extra for k in _KERNEL_KEYS)
+
+
 @dataclass(frozen=True)
 class LayerCosts:
     """One layer, one micro-batch, one TP rank. Times in seconds, sizes in bytes."""
@@ -134,11 +299,19 @@ class LayerCosts:
 
 
 class AnalyticCostModel:
-    def __init__(self, device: DeviceSpec, dtype: str, efficiency: EfficiencyCurve | None = None) -> None:
+    def __init__(self, device: DeviceSpec, dtype: str, efficiency: EfficiencyCurve | None = None,
+                 attention: str = "flash", kernels: bool = True) -> None:
         self.device = device
         self.dtype = normalize_dtype(dtype)
         self.peak = device.peak(self.dtype)  # raises a ConfigError for a dtype the device lacks
         self.efficiency = efficiency if efficiency is not None else default_for(device, self.dtype)
+        if attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ConfigError("attention", f"unknown attention implementation {attention!r}",
+                              f"use one of {', '.join(ATTENTION_IMPLEMENTATIONS)}")
+        self.attention = attention
+        # kernels=False: the earlier per-layer roofline (layer FLOPs over the efficiency curve), kept
+        # for comparison (the accuracy report prints both).
+        self.kernels = kernels
 
     def _time(self, flops: float, nbytes: float) -> float:
         compute = self.efficiency.compute_time(flops, self.peak)
@@ -167,11 +340,22 @@ class AnalyticCostModel:
         bytes_bw = act * (params + out + b * saved) if layer.params else 0.0
 
         fwd = self._time(flops_fwd, bytes_fwd)
+        bwd_i = self._time(b * f_bi / t, bytes_bi)
+        bwd_w = self._time(b * f_bw / t, bytes_bw) if layer.params else 0.0
+        saved_bytes = b * saved * act
+        if self.kernels and has_kernel_shape(layer) and self.device.kind == "gpu":
+            k = transformer_layer_times(layer, b, t, self.device, self.dtype, self.efficiency, self.attention)
+            fwd, bwd_i, bwd_w = k.fwd_s, k.bwd_input_s, k.bwd_weight_s
+            saved_bytes += k.attention_saved_bytes
+            if layer.kind in ("head", "embedding"):  # the vocabulary as Megatron pads and splits it
+                s_, h_ = int(layer.extra["seq"]), int(layer.extra["hidden"])
+                v = padded_vocab(int(layer.extra["vocab"]), t)
+                params = v // t * h_ + (2 * h_ if layer.kind == "head" else s_ * h_)
         n_ar = layer.tp_allreduces if t > 1 else 0
         return LayerCosts(
             fwd_s=fwd,
-            bwd_input_s=self._time(b * f_bi / t, bytes_bi),
-            bwd_weight_s=self._time(b * f_bw / t, bytes_bw) if layer.params else 0.0,
+            bwd_input_s=bwd_i,
+            bwd_weight_s=bwd_w,
             recompute_s=fwd,
             tp_comm_bytes_fwd=n_ar * out * act,
             tp_comm_bytes_bwd=n_ar * out * act,
@@ -180,7 +364,7 @@ class AnalyticCostModel:
             param_bytes=params * p_b,
             grad_bytes=params * g_b,
             optimizer_bytes=params * o_b,
-            saved_bytes=int(round(b * saved * act)),
+            saved_bytes=int(round(saved_bytes)),
             output_bytes=out * act,
             flops_fwd=flops_fwd,
         )

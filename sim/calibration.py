@@ -49,6 +49,10 @@ MEGATRON_VOCAB = 51200
 MEGATRON_DTYPE = "fp16"
 MEGATRON_DEVICE = "A100-80GB"
 MEGATRON_CLUSTER = "dgx-a100-8"
+# Megatron-LM as the vTrain data and Narayanan et al. (SC'21) ran it: unfused attention with the fused
+# scale-mask-softmax kernel (megatron/model/transformer.py CoreAttention, 2021-2023; FlashAttention
+# came to Megatron-LM as --use-flash-attn in 2023). See sim.analytic.ATTENTION_IMPLEMENTATIONS.
+MEGATRON_ATTENTION = "unfused"
 
 
 def load_megatron_a100(path: str | Path = MEGATRON_A100_CSV) -> pd.DataFrame:
@@ -160,7 +164,7 @@ def megatron_predictor(cluster: ClusterSpec | None = None) -> Predictor:
     def predict(row: Mapping[str, Any], curve: EfficiencyCurve) -> float:
         if curve not in models:
             models.clear()  # the optimiser moves on; keep the cache small
-            models[curve] = AnalyticCostModel(device, MEGATRON_DTYPE, curve)
+            models[curve] = AnalyticCostModel(device, MEGATRON_DTYPE, curve, attention=MEGATRON_ATTENTION)
         return quick_predict(row, models[curve], cluster)
 
     return predict

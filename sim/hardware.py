@@ -89,6 +89,9 @@ class DeviceSpec(BaseModel):
     memory_bytes: int = Field(gt=0)
     host_link: str | None = None  # catalog link name of the host <-> device copy path
     intra_link: str | None = None  # the link its vendor pairs it with inside a node
+    # Streaming multiprocessors: a GEMM's output tiles run in waves of sm_count (wave quantisation,
+    # sim.analytic.gemm_time). None: no wave model (CPU, or a device the catalog does not describe).
+    sm_count: int | None = Field(None, gt=0)
     source: str = ""
 
     def peak(self, dtype: str) -> float:
@@ -129,6 +132,7 @@ def _device_from_entry(name: str, entry: Mapping[str, Any]) -> DeviceSpec:
         "memory_bytes": int(float(entry["memory_GiB"]) * GiB),
         "host_link": entry.get("host_link"),
         "intra_link": entry.get("intra_link"),
+        "sm_count": entry.get("sm_count"),
         "source": entry.get("source", ""),
     }
     return _validated(DeviceSpec, data, field=f"devices.{name}")

@@ -243,8 +243,12 @@ def transformer_layers(cfg: TransformerConfig) -> list[LayerSpec]:
     """
     s, h, a, v = cfg.seq, cfg.hidden, cfg.heads, cfg.vocab
     f = cfg.ffn_mult * h
+    # The shape, for sim.analytic's kernel-by-kernel costs (GEMM shapes after the TP split, the
+    # memory-bound kernels, the vocabulary padded as Megatron pads it). A causal GPT masks attention.
+    shape = {"seq": float(s), "hidden": float(h), "heads": float(a), "ffn": float(f), "vocab": float(v),
+             "causal": 1.0 if cfg.family == "gpt" else 0.0}
     embed = LayerSpec("embed", "embedding", params=v * h + s * h, flops_fwd=0, output_elems=s * h,
-                      saved_elems=s, saved_elems_sharded=0, tp_allreduces=1)
+                      saved_elems=s, saved_elems_sharded=0, tp_allreduces=1, extra=dict(shape))
     block_params = (3 * h * h + 3 * h) + (h * h + h) + (2 * h * f + f + h) + 4 * h
     block_flops = 8 * s * h * h + 4 * s * h * f + 4 * s * s * h
     block_saved = 8 * s * h + 2 * s * f + a * s + 4 * s
@@ -253,10 +257,11 @@ def transformer_layers(cfg: TransformerConfig) -> list[LayerSpec]:
     block_sharded = 3 * s * h + s * h + a * s + 2 * s * f
     blocks = [
         LayerSpec(f"block{i}", "block", params=block_params, flops_fwd=block_flops, output_elems=s * h,
-                  saved_elems=block_saved, saved_elems_sharded=block_sharded, tp_allreduces=2)
+                  saved_elems=block_saved, saved_elems_sharded=block_sharded, tp_allreduces=2, extra=dict(shape))
         for i in range(cfg.num_layers)
     ]
     # Head: final LN, projection to the vocabulary, cross-entropy (its log-softmax output is saved).
     head = LayerSpec("head", "head", params=2 * h + h * v, flops_fwd=2 * s * h * v, output_elems=1,
-                     saved_elems=2 * s * h + 3 * s + s * v, saved_elems_sharded=s * v, tp_allreduces=1)
+                     saved_elems=2 * s * h + 3 * s + s * v, saved_elems_sharded=s * v, tp_allreduces=1,
+                     extra=dict(shape))
     return [embed, *blocks, head]
