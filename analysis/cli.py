@@ -316,6 +316,29 @@ def sweep(
 
 
 @app.command()
+def figures(
+    out: Annotated[Path, typer.Option(help="directory for the figures (PDF, PNG, CSV) and README.md")],
+    suite: Annotated[Path | None, typer.Option(help="a validation suite's output (paratwin validate-suite "
+                                               "--out DIR) for the predicted-vs-measured scatter")] = None,
+    sweeps: Annotated[Path | None, typer.Option(help="where the figures' sweeps keep their records "
+                                                "(default OUT/sweeps); a rerun only draws")] = None,
+    only: Annotated[list[str] | None, typer.Option("--only", help="merak, schedules or validation "
+                                                   "(repeatable; default all)")] = None,
+    search: Annotated[bool, typer.Option(help="add the plan sim.search finds to the Merak figure")] = True,
+    workers: Annotated[int | None, typer.Option(help="processes or Dask workers (default: usable cores)")] = None,
+    scheduler: Annotated[str | None, typer.Option(help="local-dask or a Dask scheduler address")] = None,
+) -> None:
+    """Paper-scale figures from simulation: Merak's ablation, pipeline schedules, the validation scatter."""
+    from analysis.figures import make_figures
+
+    made = make_figures(out, sweeps=sweeps, suite=suite, only=tuple(only or ("merak", "schedules", "validation")),
+                        include_search=search, workers=workers, scheduler=scheduler, log=plain)
+    for figure in made:
+        plain(f"{figure.name}: " + ", ".join(str(p) for p in figure.paths.values()))
+    plain(f"captions: {out / 'README.md'}")
+
+
+@app.command()
 def demo(
     out: Annotated[Path, typer.Option(help="where to write the demo's outputs")] = Path("runs/demo"),
 ) -> None:

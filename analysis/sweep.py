@@ -75,6 +75,11 @@ from traces.atomic import atomic_path, atomic_write_text
 from traces.errors import ConfigError, ParatwinError
 from traces.outdir import OutputLock
 
+try:
+    from concurrent.futures.process import BrokenProcessPool
+except ImportError:  # pragma: no cover
+    BrokenProcessPool = RuntimeError  # type: ignore[misc,assignment]
+
 LOCAL_DASK = "local-dask"
 STATUSES = ("ok", "does-not-fit", "error", "exception")
 # The plan's shape, as columns of the merged table (read from the plan of each point).
@@ -82,6 +87,10 @@ PLAN_COLUMNS = ["workload", "cluster", "dtype", "dp", "tp", "pp", "chunks", "par
                 "micro_batch", "microbatches", "global_batch", "memory_policy", "gradient_sync"]
 METRIC_COLUMNS = ["iteration_s", "samples_per_s", "tokens_per_s", "model_tflops_per_device", "mfu",
                   "bubble_mean", "bubble_max", "peak_memory_gib", "capacity_gib", "oom"]
+
+
+class SweepInterrupted(ParatwinError):
+    """A sweep stopped before its end; what it completed is recorded and a rerun resumes."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -496,7 +505,13 @@ def _run_locked(spec: SweepSpec, out: Path, workers: int, scheduler: str | None,
                 _log(out, {"run": run_id, "event": "submit", "id": point.id})
                 futures.append(backend.submit(evaluate, point))
             for future in backend.as_completed(futures):
-                record = future.result()
+                try:
+                    record = future.result()
+                except BrokenProcessPool as exc:  # a worker was killed (OOM killer, signal) or failed to start
+                    raise SweepInterrupted(
+                        f"sweep {spec.name}: a worker process died ({exc}); {reused + len(computed)} of "
+                        f"{len(spec.points)} points are recorded in {out} (fix: run the sweep again to resume; a "
+                        "script that calls run_sweep needs `if __name__ == \"__main__\":`)") from None
                 record["run"] = run_id
                 atomic_write_text(point_path(out, record["id"]), json.dumps(record, indent=1, default=str))
                 computed.append(record["id"])

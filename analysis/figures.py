@@ -1,0 +1,404 @@
+"""Paper-scale figures from simulation (``paratwin figures --out DIR``): PDF, PNG and CSV each.
+
+- ``merak``: throughput of GPT 1.5B / 2.5B / 8.3B / 20B on 64 A100s (8 x 8) for a Megatron-LM-style
+  and a DeepSpeed-style baseline, each Merak technique alone, all together, and the plan
+  ``sim.search`` finds (when it imports); beside it our speedup and the one Merak's paper reports.
+- ``schedules``: bubble fraction and throughput of seven pipeline schedules as micro-batches and
+  pipeline stages vary (GPT-8.3B, 64 A100s).
+- ``validation``: predicted against measured iteration time of every plan of a stored validation
+  suite (``paratwin validate-suite --out DIR`` writes ``DIR/suite.csv``).
+
+Every grid runs through ``analysis.sweep`` (one record per point under ``sweeps/``, so a second
+call only draws, and ``--scheduler`` spreads the points over Dask). Each figure states its hardware
+and assumptions in a note under the plot and in ``DIR/README.md``. Nothing here is fitted to a
+paper's numbers: the models, shapes and settings are fixed below, before any result is seen.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.sweep import SweepSpec, make_point, run_sweep
+from traces.atomic import atomic_path, atomic_write_text
+from traces.errors import ConfigError
+
+# Merak (Lai et al., "Merak: An Efficient Distributed DNN Training Framework With Automated 3D
+# Parallelism for Giant Foundation Models", IEEE TPDS 34(5):1466-1478, 2023, doi
+# 10.1109/TPDS.2023.3247001), abstract: "Experiments on 64 GPUs show Merak can speedup the training
+# performance over the state-of-the-art 3D parallelism frameworks of models with 1.5, 2.5, 8.3, and
+# 20 billion parameters by up to 1.42X, 1.39X, 1.43X, and 1.61X, respectively."
+PAPER_SPEEDUP = {"gpt-1.5b": 1.42, "gpt-2.5b": 1.39, "gpt-8.3b": 1.43, "gpt-20b": 1.61}
+PAPER_CITATION = ("Lai et al., Merak, IEEE TPDS 34(5), 2023, abstract (\"up to\", over state-of-the-art 3D "
+                  "parallelism frameworks)")
+
+# One 3D shape per model, fixed before any result was seen: TP inside a node as far as the heads
+# allow (a power of two <= 8), PP across nodes, the rest DP; 16 micro-batches of ~4k tokens.
+MERAK_SHAPES: dict[str, dict[str, Any]] = {
+    "gpt-1.5b": {"parallelism": {"dp": 8, "tp": 1, "pp": 8}, "schedule": {"micro_batch": 4, "microbatches": 16}},
+    "gpt-2.5b": {"parallelism": {"dp": 4, "tp": 4, "pp": 4}, "schedule": {"micro_batch": 4, "microbatches": 16}},
+    "gpt-8.3b": {"parallelism": {"dp": 2, "tp": 8, "pp": 4}, "schedule": {"micro_batch": 4, "microbatches": 16}},
+    "gpt-20b": {"parallelism": {"dp": 1, "tp": 8, "pp": 8}, "schedule": {"micro_batch": 2, "microbatches": 16}},
+}
+MEGATRON = {"schedule": {"name": "1f1b"}, "parallelism": {"partition": "uniform", "tp_overlap": 0},
+            "memory": {"policy": "full"}}
+# Each variant: overrides of the Megatron-style baseline.
+MERAK_VARIANTS: dict[str, dict[str, Any]] = {
+    "Megatron-LM style": {},
+    "DeepSpeed style": {"parallelism": {"partition": "parameters"}},
+    "shifted critical path": {"schedule": {"name": "merak-shifted"}, "memory": {"policy": "none"}},
+    "stage-aware recompute": {"memory": {"policy": "stage-aware"}},  # ratio: see STAGE_AWARE_RATIOS
+    "sub-pipelined TP (level 3)": {"parallelism": {"tp_overlap": 3}},
+    "time-balanced partition": {"parallelism": {"partition": "time"}},
+    "Merak (all)": {"schedule": {"name": "merak-shifted"}, "memory": {"policy": "none"},
+                    "parallelism": {"tp_overlap": 3, "partition": "time"}},
+}
+BASELINES = ("Megatron-LM style", "DeepSpeed style")
+# Merak's stage-aware recomputation uses the memory the later stages leave idle: the first stage
+# recomputes ``ratio`` of its layers. We try these and keep the fastest that fits in memory.
+STAGE_AWARE_RATIOS = (0.0, 0.25, 0.5, 0.75, 1.0)
+SEARCHED = "searched best (sim.search)"
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "merak-shifted", "zb-h1", "zb-v", "dualpipev")
+SCHEDULE_CHUNKS = {"interleaved-1f1b": 2, "zb-v": 2, "dualpipev": 2}
+
+HARDWARE = ("64 x A100-80GB (8 nodes x 8, NVLink3 inside a node, 4 x HDR InfiniBand per node; paratwin's "
+            "a100-64 preset), fp16, costs from paratwin's analytic model with the A100 curve calibrated on "
+            "public single-node Megatron-LM runs (about 18% median error on an unseen model shape; "
+            "docs/calibration.md): simulated, not measured")
+
+
+@dataclass
+class Figure:
+    name: str
+    paths: dict[str, Path]
+    caption: str
+    table: pd.DataFrame
+
+
+def _plt():  # noqa: ANN202 - matplotlib.pyplot
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.size": 9, "axes.spines.top": False, "axes.spines.right": False,
+                         "pdf.fonttype": 42, "figure.dpi": 100})
+    return plt
+
+
+def _save(fig: Any, table: pd.DataFrame, out: Path, name: str, caption: str) -> dict[str, Path]:
+    """PDF and PNG (the caption printed under the plot) and the data as CSV, each written atomically."""
+    width, height = fig.get_size_inches()
+    wrapped = textwrap.fill(caption, width=int(width * 19))
+    lines = wrapped.count("\n") + 1
+    caption_h = (lines * 6.5 * 1.25 / 72 + 0.1) / height  # 6.5 pt text, 1.25 line spacing
+    fig.set_size_inches(width, height / (1 - caption_h))
+    fig.tight_layout(rect=(0, caption_h, 1, 0.93))
+    fig.text(0.01, 0.01, wrapped, fontsize=6.5, va="bottom", ha="left", color="0.25")
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for ext in ("pdf", "png"):
+        with atomic_path(out / f"{name}.{ext}") as tmp:
+            fig.savefig(tmp, format=ext, dpi=150)
+        paths[ext] = out / f"{name}.{ext}"
+    with atomic_path(out / f"{name}.csv") as tmp:
+        table.to_csv(tmp, index=False)
+    paths["csv"] = out / f"{name}.csv"
+    _plt().close(fig)
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# Merak
+
+
+def merak_spec(models: Sequence[str] = tuple(MERAK_SHAPES), cluster: str = "a100-64") -> SweepSpec:
+    """Every (model, variant) point; stage-aware recompute once per ratio of STAGE_AWARE_RATIOS."""
+    points = []
+    for model in models:
+        base = {"workload": model, "cluster": cluster, "dtype": "fp16", **MERAK_SHAPES[model]}
+        for variant, changes in MERAK_VARIANTS.items():
+            ratios = STAGE_AWARE_RATIOS if variant == "stage-aware recompute" else (None,)
+            for ratio in ratios:
+                extra = [{"memory": {"policy": "stage-aware", "ratio": ratio}}] if ratio is not None else []
+                points.append(make_point(base, [MEGATRON, changes, *extra],
+                                         {"model": model, "variant": variant, "ratio": ratio}, sweep_name="merak"))
+    return SweepSpec("merak", points, {"models": list(models), "cluster": cluster})
+
+
+def searched_points(models: Sequence[str], cluster: str, progress: Callable[[str], None] | None = None,
+                    top_k: int = 20) -> tuple[list[Any], str]:
+    """The plan ``sim.search`` ranks first for each model at the baselines' global batch, as sweep
+    points (the engine simulates it again there); ([], why) when search is not available."""
+    try:
+        from sim.search import SearchSpace, search
+    except ImportError as exc:
+        return [], f"no searched bar: sim.search does not import here ({exc})"
+    points = []
+    for model in models:
+        shape = MERAK_SHAPES[model]
+        batch = shape["parallelism"]["dp"] * shape["schedule"]["micro_batch"] * shape["schedule"]["microbatches"]
+        if progress:
+            progress(f"searching plans for {model} on {cluster} (global batch {batch})")
+        result = search(SearchSpace(workload=model, cluster=cluster, global_batch=batch, dtype="fp16"),
+                        top_k=top_k, sample=0)
+        if result.best is None:
+            continue
+        plan = result.plan_of(result.best.candidate).model_dump(mode="json")
+        points.append(make_point(plan, [], {"model": model, "variant": SEARCHED, "ratio": None},
+                                 sweep_name="merak"))
+    return points, f"searched: sim.search, global batch as the baselines', top {top_k} simulated"
+
+
+def merak_table(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per (model, variant): stage-aware keeps its fastest ratio that fits; speedup over the
+    better of the two baselines; the paper's speedup beside Merak (all)."""
+    rows = []
+    for model, group in results.groupby("model", sort=False):
+        best_rows = {}
+        for variant, rows_v in group.groupby("variant", sort=False):
+            fitting = rows_v[rows_v["status"] == "ok"]
+            best_rows[variant] = (fitting.loc[fitting["samples_per_s"].idxmax()] if len(fitting)
+                                  else rows_v.iloc[0])
+        baseline = max((best_rows[b]["samples_per_s"] for b in BASELINES
+                        if b in best_rows and best_rows[b]["status"] == "ok"), default=math.nan)
+        for variant in [*MERAK_VARIANTS, SEARCHED]:
+            if variant not in best_rows:
+                continue
+            row = best_rows[variant]
+            ok = row["status"] == "ok"
+            ratio = row.get("ratio")
+            rows.append({"model": model, "variant": variant, "status": row["status"],
+                         "reason": row["reason"] or "",
+                         "samples_per_s": row["samples_per_s"] if ok else math.nan,
+                         "tokens_per_s": row["tokens_per_s"] if ok else math.nan,
+                         "iteration_s": row["iteration_s"] if ok else math.nan,
+                         "mfu": row["mfu"] if ok else math.nan, "peak_memory_gib": row["peak_memory_gib"],
+                         "speedup_over_best_baseline": row["samples_per_s"] / baseline if ok else math.nan,
+                         "paper_speedup": PAPER_SPEEDUP.get(model) if variant == "Merak (all)" else math.nan,
+                         "stage_aware_ratio": ratio if ratio is not None and not pd.isna(ratio) else None,
+                         "dp": row["dp"], "tp": row["tp"], "pp": row["pp"], "chunks": row["chunks"],
+                         "schedule": row["schedule"], "micro_batch": row["micro_batch"],
+                         "microbatches": row["microbatches"], "global_batch": row["global_batch"],
+                         "partition": row["partition"], "tp_overlap": row["tp_overlap"],
+                         "memory_policy": row["memory_policy"], "id": row["id"]})
+    return pd.DataFrame(rows)
+
+
+def merak_figure(out: Path, sweeps: Path, models: Sequence[str] = tuple(MERAK_SHAPES), cluster: str = "a100-64",
+                 include_search: bool = True, workers: int | None = None, scheduler: str | None = None,
+                 log: Callable[[str], None] | None = None) -> Figure:
+    spec = merak_spec(models, cluster)
+    search_note = "searched bar left out (include_search=False)"
+    if include_search:
+        extra, search_note = searched_points(models, cluster, log)
+        spec = SweepSpec(spec.name, spec.points + extra, spec.source)
+    run = run_sweep(spec, sweeps / "merak", workers=workers, scheduler=scheduler)
+    table = merak_table(run.table)
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(models) + 1, figsize=(2.3 * len(models) + 3.2, 4.6),
+                             gridspec_kw={"width_ratios": [1] * len(models) + [1.5]})
+    variants = [v for v in [*MERAK_VARIANTS, SEARCHED] if v in set(table["variant"])]
+    colors = {v: plt.get_cmap("tab10")(i) for i, v in enumerate([*MERAK_VARIANTS, SEARCHED])}
+    for ax, model in zip(axes, models, strict=False):
+        sub = table[table["model"] == model].set_index("variant").reindex(variants)
+        for x, variant in enumerate(variants):
+            value = sub.loc[variant, "samples_per_s"]
+            hatch = "//" if variant in BASELINES else ("xx" if variant == SEARCHED else None)
+            ax.bar(x, 0 if pd.isna(value) else value, 0.8, color=colors[variant], hatch=hatch, edgecolor="white",
+                   linewidth=0.3, label=variant)
+            if pd.isna(value):
+                ax.text(x, 0, "x", ha="center", va="bottom", color="red", fontsize=9)
+        ax.set_xticks([])
+        ax.set_title(model.replace("gpt-", "GPT ").replace("b", "B"))
+    axes[0].set_ylabel("throughput (samples/s)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=min(4, len(labels)), fontsize=7, frameon=False,
+               bbox_to_anchor=(0.4, 1.0))
+    bx = axes[-1]
+    ours = table[table["variant"] == "Merak (all)"].set_index("model").reindex(list(models))
+    best_ours = table[~table["variant"].isin(BASELINES)].groupby("model")["speedup_over_best_baseline"].max()
+    xs = list(range(len(models)))
+    bx.bar([x - 0.27 for x in xs], ours["speedup_over_best_baseline"], 0.27, label="ours: Merak (all)",
+           color=colors["Merak (all)"])
+    bx.bar(xs, best_ours.reindex(list(models)), 0.27, label="ours: best non-baseline bar", color="0.6")
+    bx.bar([x + 0.27 for x in xs], [PAPER_SPEEDUP.get(m, math.nan) for m in models], 0.27,
+           label="paper: up to (Merak, TPDS 2023)", color="black")
+    for x, m in zip(xs, models, strict=True):
+        bx.text(x + 0.27, PAPER_SPEEDUP.get(m, 0) + 0.02, f"{PAPER_SPEEDUP.get(m, 0):.2f}", ha="center",
+                fontsize=6)
+        value = ours["speedup_over_best_baseline"].get(m)
+        if value is not None and not pd.isna(value):
+            bx.text(x - 0.27, value + 0.02, f"{value:.2f}", ha="center", fontsize=6)
+    bx.axhline(1.0, color="0.3", lw=0.8, ls="--")
+    bx.set_ylim(0, 2.2)
+    bx.set_xticks(xs, [m.replace("gpt-", "").upper() for m in models])
+    bx.set_ylabel("speedup over the better baseline")
+    bx.set_title("speedup: ours vs paper")
+    bx.legend(fontsize=6.5, loc="upper left", frameon=False)
+    shapes = "; ".join(f"{m}: dp{s['parallelism']['dp']} tp{s['parallelism']['tp']} pp{s['parallelism']['pp']}, "
+                       f"{s['schedule']['microbatches']} x {s['schedule']['micro_batch']}"
+                       for m, s in MERAK_SHAPES.items() if m in models)
+    caption = (f"Simulated on {HARDWARE}. Shapes (dp tp pp, micro-batches x samples): {shapes}. Megatron-LM "
+               "style: 1F1B, uniform partition, full recompute, no TP overlap; DeepSpeed style: the same with the "
+               "partition balanced by parameters; each Merak technique alone on top of Megatron style (shifted "
+               "critical path: Merak's schedule, which checkpoints every stage but the last; stage-aware: fastest "
+               f"ratio of {list(STAGE_AWARE_RATIOS)} that fits); Merak (all): shifted + sub-pipelined TP level 3 "
+               f"+ time-balanced partition. {search_note}. Red x: does not fit or refused. Paper speedups: "
+               f"{PAPER_CITATION}; the paper's hardware and baselines differ (docs/figures.md).")
+    paths = _save(fig, table, out, "merak", caption)
+    return Figure("merak", paths, caption, table)
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedules
+
+
+def schedules_spec(pps: Sequence[int] = (2, 4, 8), microbatches: Sequence[int] = (8, 16, 32, 64),
+                   schedules: Sequence[str] = SCHEDULES, workload: str = "gpt-8.3b",
+                   cluster: str = "a100-64", tp: int = 8, world: int = 64) -> SweepSpec:
+    points = []
+    for pp in pps:
+        base = {"workload": workload, "cluster": cluster, "dtype": "fp16",
+                "parallelism": {"dp": world // (tp * pp), "tp": tp, "pp": pp},
+                "schedule": {"micro_batch": 1}, "memory": {"policy": "none"}}
+        for name in schedules:
+            for m in microbatches:
+                changes = {"schedule": {"name": name, "microbatches": m},
+                           "parallelism": {"chunks": SCHEDULE_CHUNKS.get(name, 1)}}
+                points.append(make_point(base, [changes], {"stages": pp, "schedule_name": name, "m": m},
+                                         sweep_name="schedules"))
+    return SweepSpec("schedules", points, {"pps": list(pps), "microbatches": list(microbatches)})
+
+
+def schedules_figure(out: Path, sweeps: Path, pps: Sequence[int] = (2, 4, 8),
+                     microbatches: Sequence[int] = (8, 16, 32, 64), schedules: Sequence[str] = SCHEDULES,
+                     workers: int | None = None, scheduler: str | None = None) -> Figure:
+    spec = schedules_spec(pps, microbatches, schedules)
+    run = run_sweep(spec, sweeps / "schedules", workers=workers, scheduler=scheduler)
+    results = run.table
+    columns = ["pp", "schedule", "m", "chunks", "dp", "tp", "status", "reason", "bubble_mean", "bubble_max",
+               "samples_per_s", "iteration_s", "mfu", "peak_memory_gib", "id"]
+    table = results.drop(columns=["pp", "schedule"]).rename(columns={"stages": "pp", "schedule_name": "schedule"})
+    table = table[columns].sort_values(["pp", "schedule", "m"], key=lambda c: c.map(
+        {s: i for i, s in enumerate(SCHEDULES)}) if c.name == "schedule" else c).reset_index(drop=True)
+    plt = _plt()
+    fig, axes = plt.subplots(2, len(pps), figsize=(3.6 * len(pps) + 1, 6.4), squeeze=False, sharex=True)
+    colors = plt.get_cmap("tab10")
+    markers = "osD^v<>"
+    for col, pp in enumerate(pps):
+        for i, name in enumerate(schedules):
+            sub = table[(table["pp"] == pp) & (table["schedule"] == name) & (table["status"] == "ok")]
+            style = {"color": colors(i), "marker": markers[i % len(markers)], "ms": 4, "lw": 1.2,
+                     "label": name + (f" x{SCHEDULE_CHUNKS[name]}" if name in SCHEDULE_CHUNKS else "")}
+            axes[0][col].plot(sub["m"], sub["bubble_mean"], **style)
+            axes[1][col].plot(sub["m"], sub["samples_per_s"], **style)
+        axes[0][col].set_title(f"pp = {pp} (tp 8, dp {64 // (8 * pp)})")
+        axes[1][col].set_xlabel("micro-batches per iteration")
+        axes[1][col].set_xscale("log", base=2)
+        axes[1][col].set_xticks(list(microbatches), [str(m) for m in microbatches])
+    axes[0][0].set_ylabel("bubble fraction (mean over pipeline ranks)")
+    axes[1][0].set_ylabel("throughput (samples/s)")
+    axes[0][-1].legend(fontsize=7)
+    refused = table[table["status"] != "ok"]
+    missing = "; ".join(sorted({f"{r.schedule} pp{r.pp} m{r.m}" for r in refused.itertuples()}))
+    caption = (f"Simulated on {HARDWARE}. GPT-8.3B (72 layers, sequence 1,024), micro-batch 1, tp 8 inside a "
+               "node, dp = 64 / (8 pp), no recompute except merak-shifted's own (it checkpoints every stage but "
+               "the last, so its throughput includes recompute); interleaved-1f1b, zb-v and dualpipev run 2 "
+               "virtual stages per rank. Bubble = idle share of each pipeline rank's compute stream, averaged; "
+               "communication (p2p, TP, DP all-reduce) is simulated. Points a schedule refuses (its "
+               f"preconditions) or that do not fit are left out: {missing or 'none'}.")
+    paths = _save(fig, table, out, "schedules", caption)
+    return Figure("schedules", paths, caption, table)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation scatter
+
+
+def validation_figure(out: Path, suite_dir: Path) -> Figure:
+    """Predicted against measured iteration time of every plan of a suite run (``suite.csv``)."""
+    path = Path(suite_dir) / "suite.csv"
+    if not path.is_file():
+        raise ConfigError("--suite", f"{path} not found", "run paratwin validate-suite --out DIR first and pass DIR")
+    table = pd.read_csv(path)
+    needed = {"plan", "predicted_s", "measured_median_s", "measured_p10_s", "measured_p90_s", "error"}
+    if not needed <= set(table.columns):
+        raise ConfigError("--suite", f"{path} lacks {sorted(needed - set(table.columns))}",
+                          "pass the output of paratwin validate-suite")
+    summary: dict[str, Any] = {}
+    if (Path(suite_dir) / "suite.json").is_file():
+        summary = json.loads((Path(suite_dir) / "suite.json").read_text()).get("summary", {})
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 6))
+    ms = 1e3
+    measured, predicted = table["measured_median_s"] * ms, table["predicted_s"] * ms
+    yerr = [(table["measured_median_s"] - table["measured_p10_s"]) * ms,
+            (table["measured_p90_s"] - table["measured_median_s"]) * ms]
+    steady = table["steady"].astype(bool) if "steady" in table else pd.Series(True, index=table.index)
+    ax.errorbar(predicted[steady], measured[steady], yerr=[e[steady] for e in yerr], fmt="o", ms=5,
+                capsize=2, label="steady measurement (p10-p90 bar)")
+    if (~steady).any():
+        ax.errorbar(predicted[~steady], measured[~steady], yerr=[e[~steady] for e in yerr], fmt="o", mfc="white",
+                    ms=5, capsize=2, label="not steady")
+    lo, hi = 0.85 * min(measured.min(), predicted.min()), 1.15 * max(measured.max(), predicted.max())
+    ax.plot([lo, hi], [lo, hi], color="0.3", lw=0.8, label="measured = predicted")
+    ax.fill_between([lo, hi], [lo / 1.1, hi / 1.1], [lo * 1.1, hi * 1.1], color="0.85", alpha=0.5, lw=0,
+                    label="within 10%")
+    for row, x, y in zip(table.itertuples(), predicted, measured, strict=True):
+        ax.annotate(str(row.plan).replace("gpt-val-", ""), (x, y), fontsize=6, xytext=(3, -8),
+                    textcoords="offset points")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("predicted iteration time (ms)")
+    ax.set_ylabel("measured median iteration time (ms)")
+    ax.set_title(f"Validation suite: {len(table)} plans")
+    ax.legend(fontsize=7, loc="upper left")
+    stats = ""
+    if summary:
+        stats = (f" Median |error| {summary.get('median_abs_error', math.nan):.1%}, max "
+                 f"{summary.get('max_abs_error', math.nan):.1%}, Spearman {summary.get('spearman', math.nan):.3f}.")
+    caption = (f"Measured on this machine's CPUs: 2 gloo ranks, one thread each, against the simulator fed by "
+               f"profiles taken right before and after each run (docs/validation.md); suite {suite_dir}.{stats}")
+    paths = _save(fig, table, out, "validation", caption)
+    return Figure("validation", paths, caption, table)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def make_figures(out: Path, sweeps: Path | None = None, suite: Path | None = None,
+                 only: Sequence[str] = ("merak", "schedules", "validation"), include_search: bool = True,
+                 workers: int | None = None, scheduler: str | None = None,
+                 log: Callable[[str], None] = print) -> list[Figure]:
+    out = Path(out)
+    sweeps = Path(sweeps) if sweeps is not None else out / "sweeps"
+    unknown = set(only) - {"merak", "schedules", "validation"}
+    if unknown:
+        raise ConfigError("--only", f"unknown figure {sorted(unknown)}", "choose merak, schedules, validation")
+    figures = []
+    if "merak" in only:
+        log("merak: baselines, techniques and their combination for 4 GPT models on 64 A100s")
+        figures.append(merak_figure(out, sweeps, include_search=include_search, workers=workers,
+                                    scheduler=scheduler, log=log))
+    if "schedules" in only:
+        log("schedules: 7 schedules x pipeline stages x micro-batches, GPT-8.3B on 64 A100s")
+        figures.append(schedules_figure(out, sweeps, workers=workers, scheduler=scheduler))
+    if "validation" in only:
+        if suite is None:
+            log("validation: skipped (no --suite DIR; paratwin validate-suite --out DIR writes one)")
+        else:
+            figures.append(validation_figure(out, suite))
+    index = ["# Figures", "", "Written by `paratwin figures`; each with its PDF, PNG and the data as CSV.", ""]
+    for figure in figures:
+        index += [f"## {figure.name}", "", f"![{figure.name}]({figure.paths['png'].name})", "", figure.caption, ""]
+    atomic_write_text(out / "README.md", "\n".join(index))
+    return figures
