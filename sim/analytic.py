@@ -126,7 +126,10 @@ def calibrated_curve(device: DeviceSpec, dtype: str) -> EfficiencyCurve | None:
     path = next((p for family, p in CALIBRATED_CURVES.items() if device.name.startswith(family)), None)
     if path is None or normalize_dtype(dtype) not in ("fp16", "bf16") or not path.is_file():
         return None
-    curve = json.loads(path.read_text())["efficiency_curve"]
+    record = json.loads(path.read_text())
+    if not record.get("use_as_default", True):  # a fit recorded for reference, not shipped as default
+        return None
+    curve = record["efficiency_curve"]
     return EfficiencyCurve(curve["eff_max"], curve["flops_half"], curve["mem_eff"])
 
 

@@ -191,7 +191,8 @@ def test_auto_picks_tree_for_tiny_messages_and_costs_are_monotone():
 def test_p2p_and_collective_input_errors():
     c = load_cluster("a100-64")
     S = 64 << 20
-    assert p2p_time(S, 0, 1, c) == pytest.approx(3.4e-6 + S / 300e9)
+    # NVLink3 at what NCCL reaches (efficiency 0.667: nccl-tests all-reduce busbw ~200 of 300 GB/s)
+    assert p2p_time(S, 0, 1, c) == pytest.approx(3.4e-6 + S / (300e9 * 0.667))
     assert p2p_time(S, 0, 8, c) == pytest.approx(14e-6 + S / 25e9)  # one flow uses one adapter
     assert p2p_time(S, 5, 5, c) == 0.0
     with pytest.raises(ConfigError) as err:
@@ -227,8 +228,10 @@ def test_tensor_parallelism_divides_compute_and_state():
     model = AnalyticCostModel(get_device("H100-SXM"), "bf16")
     block = _block()
     c1, c4 = model.layer_costs(block, 4, tp=1), model.layer_costs(block, 4, tp=4)
-    assert 3.5 < c1.fwd_s / c4.fwd_s <= 4.0
-    assert 3.5 < c1.bwd_s / c4.bwd_s <= 4.0
+    # Not quite 4: the layernorms and dropout-adds work on hidden-size tensors every TP rank holds
+    # whole (Megatron without sequence parallelism), so they do not shrink with t.
+    assert 3.0 < c1.fwd_s / c4.fwd_s <= 4.0
+    assert 3.0 < c1.bwd_s / c4.bwd_s <= 4.0
     assert c4.param_bytes == pytest.approx(c1.param_bytes / 4, rel=1e-6)
     unsharded = block.saved_elems - block.saved_elems_sharded
     assert c4.saved_bytes == pytest.approx(4 * 2 * (unsharded + block.saved_elems_sharded / 4), rel=1e-9)
@@ -254,7 +257,7 @@ def test_efficiency_curve_is_monotone_and_small_layers_are_less_efficient():
     curve = default_for(get_device("H200"), "bf16")
     xs = [10.0**k for k in range(6, 14)]
     effs = [curve(x) for x in xs]
-    assert effs == sorted(effs) and effs[-1] < curve.eff_max
+    assert effs == sorted(effs) and effs[-1] <= curve.eff_max  # flat at eff_max: no per-call cost by default
     model = AnalyticCostModel(get_device("H200"), "bf16", curve)
     small, big = _block("gpt-tiny"), _block("gpt-20b")
     achieved = [model.layer_costs(b, 1).flops_fwd / model.layer_costs(b, 1).fwd_s for b in (small, big)]
