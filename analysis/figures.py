@@ -70,9 +70,9 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "merak-shifted", "zb-h1", "zb-
 SCHEDULE_CHUNKS = {"interleaved-1f1b": 2, "zb-v": 2, "dualpipev": 2}
 
 HARDWARE = ("64 x A100-80GB (8 nodes x 8, NVLink3 inside a node, 4 x HDR InfiniBand per node; paratwin's "
-            "a100-64 preset), fp16, costs from paratwin's analytic model with the A100 curve calibrated on "
-            "public single-node Megatron-LM runs (about 18% median error on an unseen model shape; "
-            "docs/calibration.md): simulated, not measured")
+            "a100-64 preset), fp16, costs from paratwin's default analytic A100 model (kernel by kernel, "
+            "uncalibrated; 9.6% mean abs. error against Megatron-LM's SC'21 at-scale table, docs/accuracy.md): "
+            "simulated, not measured")
 
 
 @dataclass
