@@ -315,7 +315,8 @@ def schedules_figure(out: Path, sweeps: Path, pps: Sequence[int] = (2, 4, 8),
                "node, dp = 64 / (8 pp), no recompute except merak-shifted's own (it checkpoints every stage but "
                "the last, so its throughput includes recompute); interleaved-1f1b, zb-v and dualpipev run 2 "
                "virtual stages per rank. Bubble = idle share of each pipeline rank's compute stream, averaged; "
-               "communication (p2p, TP, DP all-reduce) is simulated. Points a schedule refuses (its "
+               "communication (p2p, TP, DP all-reduce) is simulated and its exposed part counts as idle. "
+               "Points a schedule refuses (its "
                f"preconditions) or that do not fit are left out: {missing or 'none'}.")
     paths = _save(fig, table, out, "schedules", caption)
     return Figure("schedules", paths, caption, table)
