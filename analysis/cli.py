@@ -339,6 +339,37 @@ def figures(
 
 
 @app.command()
+def search(
+    workload: Annotated[str, typer.Option(help="workload preset, e.g. gpt-8.3b (see `paratwin workloads`)")],
+    cluster: Annotated[str, typer.Option(help="cluster preset or YAML file, e.g. a100-64")],
+    global_batch: Annotated[int | None, typer.Option(help="samples per iteration; default 2 x the devices")] = None,
+    top: Annotated[int, typer.Option(help="rows of the ranked table")] = 10,
+    simulate_top: Annotated[int, typer.Option(help="best plans by estimate to simulate with the engine")] = 50,
+    sample: Annotated[int, typer.Option(help="random plans simulated to measure estimate/engine agreement")] = 30,
+    out: Annotated[Path | None, typer.Option(help="directory for best.yaml, ranked.parquet, summary.json")] = None,
+    dtype: Annotated[str, typer.Option(help="fp32, fp16 or bf16")] = "fp16",
+    profile: Annotated[Path | None, typer.Option(help="trace bundle measured on this hardware (CPU clusters)")] = None,
+    workload_option: Annotated[list[str] | None, typer.Option(help="KEY=VALUE workload option, repeatable")] = None,
+) -> None:
+    """Search plans: enumerate every registered choice, prune, rank by a fast estimate, simulate the best."""
+    import yaml
+
+    from analysis.search_report import run_search
+    from sim.search import SearchSpace
+
+    options = {}
+    for item in workload_option or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError("--workload-option", f"{item!r} is not KEY=VALUE", "write e.g. --workload-option seq=128")
+        options[key] = yaml.safe_load(value)
+    space = SearchSpace(workload, cluster, global_batch=global_batch, dtype=dtype, workload_options=options,
+                        profile=str(profile) if profile else None)
+    target = out or fresh_run_folder(Path("runs") / f"search-{safe_name(workload)}-{safe_name(Path(cluster).stem)}")
+    run_search(space, top=top, simulate_top=simulate_top, sample=sample, out=target)
+
+
+@app.command()
 def demo(
     out: Annotated[Path, typer.Option(help="where to write the demo's outputs")] = Path("runs/demo"),
 ) -> None:

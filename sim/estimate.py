@@ -15,7 +15,8 @@ Closed form over the same inputs as the engine, with no event simulation:
   (schedule, pp, micro-batches, chunks) and, past 2 x pp micro-batches, run at a
   smaller count and extended linearly (the steady state adds the same work per micro-batch).
 - **Data parallelism**: the rank's gradient buckets (the gradient-sync method's wire bytes and codec
-  time), overlapped with the last micro-batch's backward on that rank; the optimizer step after.
+  time), each stage's issued when its last backward ends in the unit run, overlapped with the rest
+  of the rank's compute; the optimizer step after; the rank that ends last sets the iteration.
 - **Memory per rank**: parameters, gradients, optimizer state and one gradient bucket, plus the
   activations at the worst moment of the same unit run: per stage, (forwards held until their last
   backward action ends) x (bytes a forward keeps under the memory policy) + (recomputed sets held) x
@@ -62,6 +63,11 @@ class UnitPipeline:
     # (rank_stages order), (micro-batches whose forward output is held, recomputed sets held).
     # Only states no other state dominates are kept, so a peak is a max of a few dot products.
     states: tuple[tuple[tuple[tuple[int, int], ...], ...], ...]
+    # Per pipeline rank: units from the rank's last compute to the makespan, and per local stage the
+    # units from that stage's last backward action to the rank's last compute (when its gradients
+    # are ready for the gradient sync).
+    idle_after: tuple[float, ...]
+    slack: tuple[tuple[float, ...], ...]
 
 
 @lru_cache(maxsize=4096)
@@ -77,12 +83,21 @@ def unit_pipeline(name: str, pp: int, microbatches: int, chunks: int, flags: tup
     makespan = run["makespan"]
     states = tuple(_peak_states(row, pp, chunks, info.placement, rank, m, microbatches)
                    for rank, row in enumerate(run["timeline"]))
+    idle_after, slack = [], []
+    for rank, row in enumerate(run["timeline"]):
+        end = max((e for _, _, e in row), default=0.0)
+        idle_after.append(makespan - end)
+        last = {}
+        for a, _, e in row:
+            if a.op.value in ("B", "I", "W"):
+                last[a.stage] = max(last.get(a.stage, 0.0), e)
+        slack.append(tuple(end - last.get(stage, end) for stage in _layout(pp, chunks, info.placement)[1][rank]))
     if m < microbatches:  # extend the steady state linearly
         extra = microbatches - m
         per_mb = [b / m for b in busy]
         busy = [b + extra * p for b, p in zip(busy, per_mb, strict=True)]
         makespan += extra * max(per_mb)
-    return UnitPipeline(makespan, tuple(busy), states)
+    return UnitPipeline(makespan, tuple(busy), states, tuple(idle_after), tuple(slack))
 
 
 def _peak_states(row: list, pp: int, chunks: int, placement: str, rank: int, m: int,
@@ -92,7 +107,7 @@ def _peak_states(row: list, pp: int, chunks: int, placement: str, rank: int, m: 
     recomputed set is held from the recompute (or, when the run has none, the first backward
     action) to the same end. A count equal to the capped run's micro-batches (every micro-batch in
     flight, GPipe) stands for the plan's count."""
-    from sim.schedules import Op, rank_stages
+    from sim.schedules import Op
 
     local = {s: i for i, s in enumerate(_layout(pp, chunks, placement)[1][rank])}
     recomputed = {(a.stage, a.microbatch) for a, _, _ in row if a.op is Op.RECOMPUTE}
@@ -193,6 +208,7 @@ class Estimator:
         self._stages: dict[tuple, StageTimes] = {}
         self._dp: dict[tuple, tuple[float, float]] = {}
         self._tp_ar: dict[tuple, float] = {}
+        self._pipes: dict[tuple, dict] = {}
 
     # -- pieces --------------------------------------------------------------------------------
     def _tp_allreduce_s(self, c: LayerCosts, tp: int) -> float:
@@ -270,18 +286,17 @@ class Estimator:
 
     def _dp_exposed(self, method: str, bucket_mb: float, dp: int, tp: int,
                     stages: list[tuple[int, float]]) -> float:
-        """Gradient sync left after a rank's last backward. A stage's buckets are ready when its last
-        backward ends (the engine's granularity); the rank's stages finish one backward apart, the
-        later stages (higher index) first, and the collective stream takes them in that order."""
+        """Gradient sync left after a rank's last compute. ``stages``: (gradient bytes, seconds from
+        that stage's last backward to the rank's last compute). A stage's buckets are ready when its
+        last backward ends (the engine's granularity); the collective stream takes them in order."""
         if dp == 1:
             return 0.0
-        clock = free = 0.0
-        for i, (grad_bytes, bwd_s) in enumerate(reversed(stages)):
-            if i:
-                clock += bwd_s
+        free = None
+        for grad_bytes, slack_s in sorted(stages, key=lambda st: -st[1]):
             total, _ = self.gradient_sync(method, bucket_mb, grad_bytes, dp, tp)
-            free = max(free, clock) + total
-        return max(0.0, free - clock)
+            ready = -slack_s
+            free = (ready if free is None else max(free, ready)) + total
+        return max(0.0, free or 0.0)
 
     def p2p_hop_s(self, nbytes: int, dp: int, tp: int) -> float:
         if self.comm.cluster.world_size < 2:
@@ -295,6 +310,17 @@ class Estimator:
     def estimate(self, *, schedule: str, dp: int, tp: int, pp: int, chunks: int, micro_batch: int,
                  microbatches: int, stage_layers: Sequence[tuple[int, ...]], policy: MemoryPolicy,
                  tp_overlap: int, sync_method: str, bucket_mb: float) -> Estimate:
+        key = (schedule, dp, tp, pp, chunks, micro_batch, microbatches, tuple(map(tuple, stage_layers)), policy,
+               tp_overlap)
+        pipe = self._pipes.get(key)
+        if pipe is None:
+            pipe = self._pipes[key] = self._pipeline(schedule, dp, tp, pp, chunks, micro_batch, microbatches,
+                                                     stage_layers, policy, tp_overlap)
+        return self._finish(pipe, dp, tp, pp, sync_method, bucket_mb)
+
+    def _pipeline(self, schedule: str, dp: int, tp: int, pp: int, chunks: int, micro_batch: int, microbatches: int,
+                  stage_layers: Sequence[tuple[int, ...]], policy: MemoryPolicy, tp_overlap: int) -> dict:
+        """Everything but the gradient sync: the pipeline's time and the per-rank figures."""
         info = SCHEDULES[schedule]
         stages_n = pp * chunks
         stages = [self.stage(tuple(stage_layers[s]), len(policy.recompute_layers[s]), micro_batch, tp, tp_overlap,
@@ -333,44 +359,45 @@ class Estimator:
         bubble = max(0.0, unit.makespan - max(unit.busy)) * seconds_per_unit
         hops = 2 * (stages_n - 1) * self.p2p_hop_s(max(st.output_bytes for st in stages), dp, tp) if pp > 1 else 0.0
 
+        tp_exposed = (per_rank[bottleneck] - compute[bottleneck] - recompute_compute[bottleneck]) * m
+        held = []
+        for k in range(pp):
+            held.append(max((sum(n * stages[s].kept_bytes + x * stages[s].recompute_extra_bytes
+                                 for s, (n, x) in zip(stages_of[k], state, strict=True))
+                             for state in unit.states[k]), default=0))
+        return {"steady": steady, "bubble": bubble, "hops": hops, "bwd": bwd, "params": params, "static": static,
+                "held": held, "chunks": chunks,
+                "earlier": [unit.idle_after[k] * seconds_per_unit for k in range(pp)],
+                "tp_exposed": tp_exposed, "m": m,
+                "compute": compute[bottleneck] * m, "recompute": recompute_compute[bottleneck] * m,
+                "sync_stages": [[(stages[s].grad_bytes, slack * seconds_per_unit)
+                                 for s, slack in zip(stages_of[k], unit.slack[k], strict=True)] for k in range(pp)]}
+
+    def _finish(self, pipe: dict, dp: int, tp: int, pp: int, sync_method: str, bucket_mb: float) -> Estimate:
+        params, static, held = pipe["params"], pipe["static"], pipe["held"]
         # Rank k finishes its last backward about k stage-backwards before rank 0; its gradient sync
         # overlaps that backward and its optimizer step follows.
         tail = 0.0
         dp_exposed = 0.0
         opt_bottleneck = 0.0
         for k in range(pp):
-            exposed = self._dp_exposed(sync_method, bucket_mb, dp, tp,
-                                       [(stages[s].grad_bytes, stages[s].bwd_s) for s in stages_of[k]])
+            exposed = self._dp_exposed(sync_method, bucket_mb, dp, tp, pipe["sync_stages"][k])
             opt = self.costs.optimizer_step_s(params[k])
-            earlier = sum(bwd[j] / chunks for j in range(k))
+            earlier = pipe["earlier"][k]
             if exposed + opt - earlier > tail:
                 tail, dp_exposed, opt_bottleneck = exposed + opt - earlier, exposed, opt
-        iteration = steady + bubble + hops + tail
-
-        # memory per pipeline rank
-        peaks = []
-        buffer = 0
-        if dp > 1:
-            sync = GRADIENT_SYNC[sync_method]
-            buffer = sync.wire_bytes(int(bucket_mb * 2**20))
-        for k in range(pp):
-            mine = stages_of[k]
-            held = max((sum(n * stages[s].kept_bytes + x * stages[s].recompute_extra_bytes
-                            for s, (n, x) in zip(mine, state, strict=True))
-                        for state in unit.states[k]), default=0)
-            peaks.append(static[k] + held + buffer)
-
-        tp_exposed = (per_rank[bottleneck] - compute[bottleneck] - recompute_compute[bottleneck]) * m
+        iteration = pipe["steady"] + pipe["bubble"] + pipe["hops"] + tail
+        buffer = GRADIENT_SYNC[sync_method].wire_bytes(int(bucket_mb * 2**20)) if dp > 1 else 0
         return Estimate(
             iteration_s=iteration,
-            compute_s=compute[bottleneck] * m,
-            recompute_s=recompute_compute[bottleneck] * m,
-            bubble_s=bubble,
-            tp_comm_s=max(0.0, tp_exposed),
-            p2p_s=hops,
+            compute_s=pipe["compute"],
+            recompute_s=pipe["recompute"],
+            bubble_s=pipe["bubble"],
+            tp_comm_s=max(0.0, pipe["tp_exposed"]),
+            p2p_s=pipe["hops"],
             dp_comm_s=dp_exposed,
             optimizer_s=opt_bottleneck,
-            peak_bytes=tuple(peaks),
+            peak_bytes=tuple(static[k] + held[k] + buffer for k in range(pp)),
             capacity_bytes=self.comm.capacity_bytes,
         )
 

@@ -151,12 +151,13 @@ class SearchResult:
     global_batch: int
     considered: int
     pruned: Counter
-    ranked: list[Ranked]  # every survivor, simulated ones first in engine order, then by estimate
+    ranked: list[Ranked]  # every survivor: the simulated ones in engine order (OOM last), then by estimate
     sampled: list[Ranked]  # the random sample for the agreement figures
     agreement: Agreement | None
     not_enumerated: dict[str, str]  # choice -> why it is not enumerated
     timings: dict[str, float]
     base: dict[str, Any]  # the plan fields every candidate shares
+    top_k: int = 0  # how many of the estimate's best were simulated
 
     @property
     def simulated(self) -> list[Ranked]:
@@ -344,21 +345,25 @@ def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
     rest = survivors[top_k:]
     sampled = rng.sample(survivors, min(sample, len(survivors))) if sample else []
     to_run = top + [r for r in sampled if r not in top]
+    top_done_at = estimated_at
     for i, ranked in enumerate(to_run):
         if progress:
             progress("engine", i, len(to_run))
         ranked.simulated = _simulate(ranked.candidate, base, costs, f"{name}-{i}")
+        if i == len(top) - 1:
+            top_done_at = time.perf_counter()
     if progress:
         progress("engine", len(to_run), len(to_run))
     simulated_at = time.perf_counter()
 
     agreement = _agreement(top, sampled) if top else None
-    top_sorted = sorted(top, key=lambda r: (r.simulated.oom, r.simulated.iteration_s))  # type: ignore[union-attr]
-    ranked = top_sorted + rest
-    timings = {"estimate_s": estimated_at - started, "engine_s": simulated_at - estimated_at,
-               "total_s": simulated_at - started}
+    done = sorted((r for r in survivors if r.simulated is not None),
+                  key=lambda r: (r.simulated.oom, r.simulated.iteration_s))  # type: ignore[union-attr]
+    ranked = done + [r for r in rest if r.simulated is None]
+    timings = {"estimate_s": estimated_at - started, "engine_top_s": top_done_at - estimated_at,
+               "engine_sample_s": simulated_at - top_done_at, "total_s": simulated_at - started}
     return SearchResult(space, world, global_batch, considered, pruned, ranked, sampled, agreement, skipped,
-                        timings, base)
+                        timings, base, len(top))
 
 
 def _one_per_method(syncs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -408,10 +413,11 @@ def _sync_problem(sync: dict[str, Any], base: dict[str, Any], shape: dict[str, A
 
 
 def _simulate(candidate: Candidate, base: dict[str, Any], costs: Any, name: str) -> Simulated:
+    from sim.engine import EngineOptions
     from sim.simulate import simulate
 
     plan = Plan.from_dict({**base, "name": name, **candidate.sections()})
-    result = simulate(plan, costs=costs)
+    result = simulate(plan, costs=costs, options=EngineOptions(layer_rows=False))
     table = result.table
     rows = table[(table["parent"] == -1) & (table["stream"] == "compute")]
     pipeline_rank = {rank: rank // (plan.tp * plan.dp) for rank in result.memory}

@@ -1,0 +1,147 @@
+"""``paratwin search``: run ``sim.search.search`` with a progress bar, print the ranked table, the
+pruning counts and the estimate/engine agreement, and write the best plan (YAML) and every ranked
+candidate (Parquet)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from analysis.report import console, gib, plain
+from sim.search import Ranked, SearchResult, SearchSpace, search
+from traces.atomic import atomic_path, atomic_write_text
+
+
+def run_search(space: SearchSpace, top: int, simulate_top: int, sample: int, out: Path) -> SearchResult:
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(phase: str, done: int, total: int | None) -> None:
+            if phase not in tasks:
+                label = "estimating plans" if phase == "estimate" else "simulating the best plans"
+                tasks[phase] = bar.add_task(label, total=total)
+            bar.update(tasks[phase], completed=done, total=total)
+
+        result = search(space, top_k=simulate_top, sample=sample, progress=progress)
+    print_search(result, top)
+    write_search(result, out)
+    return result
+
+
+def print_search(result: SearchResult, top: int) -> None:
+    space = result.space
+    cluster = result.base["cluster"] if isinstance(result.base["cluster"], str) else "an inline cluster"
+    plain(f"search: {space.workload} on {cluster} ({result.world_size} devices), global batch "
+          f"{result.global_batch}, {space.dtype}")
+    plain(f"considered {result.considered:,} plans; {sum(result.pruned.values()):,} pruned; "
+          f"{len(result.ranked):,} estimated; {len(result.simulated)} simulated "
+          f"({result.timings['total_s']:.1f} s: estimate {result.timings['estimate_s']:.1f} s, engine on the best "
+          f"{result.timings['engine_top_s']:.1f} s, agreement sample {result.timings['engine_sample_s']:.1f} s)")
+    pruned = Table("pruned because", "plans", title="pruning")
+    for reason, count in result.pruned.most_common():
+        pruned.add_row(reason, f"{count:,}")
+    console.print(pruned)
+    for choice, why in result.not_enumerated.items():
+        plain(f"not enumerated: {choice}: {why}")
+
+    table = Table("#", "plan", "engine ms", "estimate ms", "samples/s", "MFU", "peak GiB per stage",
+                  title=f"best {min(top, len(result.simulated))} of {len(result.simulated)} simulated (engine order)")
+    for i, ranked in enumerate(result.simulated[:top], 1):
+        sim = ranked.simulated
+        assert sim is not None
+        peaks = " ".join(f"{b / 2**30:.1f}" for b in sim.peak_bytes[:8]) + (" ..." if len(sim.peak_bytes) > 8 else "")
+        table.add_row(str(i), ranked.candidate.describe(), f"{sim.iteration_s * 1e3:,.1f}"
+                      + (" OOM" if sim.oom else ""), f"{ranked.estimate.iteration_s * 1e3:,.1f}",
+                      f"{sim.samples_per_s:,.1f}", f"{sim.mfu:.1%}", peaks)
+    console.print(table)
+    best = result.best
+    if best is not None:
+        print_breakdown(best)
+    agreement = result.agreement
+    if agreement is not None:
+        plain(f"estimate vs engine: Spearman {agreement.spearman_sample:.3f} on a random sample of "
+              f"{agreement.sample_size} plans (median |error| {agreement.time_error_median:.1%} in time, "
+              f"{agreement.memory_error_median:.1%} in peak memory); Spearman {agreement.spearman_top:.3f} within "
+              f"the estimate's best {result.top_k}")
+        plain(f"engine's verdict on the estimate's pick: rank {agreement.estimate_best_engine_rank} of the "
+              f"best {result.top_k}, {agreement.estimate_best_slowdown:+.1%} against the engine's best (estimate rank "
+              f"{agreement.engine_best_estimate_rank}); {agreement.top10_overlap} of the estimate's top 10 are in "
+              "the engine's top 10")
+
+
+def print_breakdown(best: Ranked) -> None:
+    sim, est = best.simulated, best.estimate
+    assert sim is not None
+    table = Table("where the time goes", "engine ms", "estimate ms",
+                  title=f"why the winner wins: {best.candidate.describe()}")
+    table.add_row("compute (forward + backward)", f"{sim.compute_s * 1e3:,.1f}",
+                  f"{(est.compute_s + est.tp_comm_s) * 1e3:,.1f}")
+    table.add_row("  of which exposed TP all-reduce", "(inside compute)", f"{est.tp_comm_s * 1e3:,.1f}")
+    table.add_row("recompute", f"{sim.recompute_s * 1e3:,.1f}", f"{est.recompute_s * 1e3:,.1f}")
+    table.add_row("pipeline bubble (incl. p2p)", f"{sim.bubble_s * 1e3:,.1f}",
+                  f"{(est.bubble_s + est.p2p_s) * 1e3:,.1f}")
+    table.add_row("exposed gradient sync", f"{sim.exposed_comm_s * 1e3:,.1f}", f"{est.dp_comm_s * 1e3:,.1f}")
+    table.add_row("optimizer step", f"{sim.optimizer_s * 1e3:,.1f}", f"{est.optimizer_s * 1e3:,.1f}")
+    table.add_row("iteration", f"{sim.iteration_s * 1e3:,.1f}", f"{est.iteration_s * 1e3:,.1f}")
+    console.print(table)
+    plain("(engine: the busiest pipeline rank's compute stream; its bubble is what is left of the iteration)")
+
+
+def ranked_frame(result: SearchResult) -> pd.DataFrame:
+    rows = []
+    for i, ranked in enumerate(result.ranked, 1):
+        c, e, s = ranked.candidate, ranked.estimate, ranked.simulated
+        rows.append({
+            "rank": i, "dp": c.dp, "tp": c.tp, "pp": c.pp, "chunks": c.chunks, "partition": c.partition,
+            "tp_overlap": c.tp_overlap, "schedule": c.schedule, "micro_batch": c.micro_batch,
+            "microbatches": c.microbatches, "memory": json.dumps(dict(c.memory)),
+            "gradient_sync": json.dumps(dict(c.gradient_sync)),
+            "estimate_s": e.iteration_s, "estimate_compute_s": e.compute_s, "estimate_recompute_s": e.recompute_s,
+            "estimate_bubble_s": e.bubble_s, "estimate_tp_comm_s": e.tp_comm_s, "estimate_p2p_s": e.p2p_s,
+            "estimate_dp_comm_s": e.dp_comm_s, "estimate_optimizer_s": e.optimizer_s,
+            "estimate_peak_bytes": max(e.peak_bytes),
+            "simulated": s is not None,
+            "engine_s": s.iteration_s if s else float("nan"),
+            "engine_samples_per_s": s.samples_per_s if s else float("nan"),
+            "engine_mfu": s.mfu if s else float("nan"),
+            "engine_peak_bytes": max(s.peak_bytes) if s else -1,
+            "engine_oom": bool(s.oom) if s else False,
+        })
+    return pd.DataFrame(rows)
+
+
+def write_search(result: SearchResult, out: Path) -> dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    best = result.best
+    if best is not None:
+        plan = result.plan_of(best.candidate)
+        with atomic_path(out / "best.yaml") as tmp:
+            plan.dump(tmp)
+        paths["best"] = out / "best.yaml"
+    with atomic_path(out / "ranked.parquet") as tmp:
+        ranked_frame(result).to_parquet(tmp, index=False)
+    paths["ranked"] = out / "ranked.parquet"
+    summary = {
+        "considered": result.considered, "pruned": dict(result.pruned), "estimated": len(result.ranked),
+        "simulated": len(result.simulated), "timings": result.timings, "global_batch": result.global_batch,
+        "not_enumerated": result.not_enumerated,
+        "agreement": result.agreement.__dict__ if result.agreement else None,
+        "best_engine_s": best.simulated.iteration_s if best and best.simulated else None,
+        "best": best.candidate.describe() if best else None,
+    }
+    paths["summary"] = atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str))
+    if best is not None:
+        assert best.simulated is not None
+        plain(f"best plan: {paths['best']} ({best.simulated.iteration_s * 1e3:,.1f} ms, peak "
+              f"{gib(max(best.simulated.peak_bytes))}); check it with paratwin simulate {paths['best']}")
+    else:
+        plain("no simulated plan fits in memory")
+    plain(f"ranked plans: {paths['ranked']}\nsummary: {paths['summary']}")
+    return paths
