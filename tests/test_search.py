@@ -1,0 +1,136 @@
+"""Plan search (sim/search.py, sim/estimate.py): what it returns compiles, what it prunes is counted
+and never simulated, what it writes simulates to what it reported, every registered choice is
+enumerated, and the fast estimate ranks plans as the engine does."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from sim.compile import compile_plan, resolve_plan
+from sim.estimate import spearman
+from sim.memory import MEMORY_POLICIES, NoRecompute, register_memory_policy
+from sim.plan import Plan
+from sim.schedules import SCHEDULES, check_preconditions, register_schedule
+from sim.search import DOES_NOT_FIT, SearchSpace, schedule_chunks, search
+from sim.simulate import simulate
+from traces.errors import ConfigError
+
+# gpt2-small has 12 heads: on 8 GPUs tp = 8 does not divide them, so the TP check must prune.
+SPACE = SearchSpace("gpt2-small", "dgx-a100-8", global_batch=16, dtype="fp16", max_micro_batch=2,
+                    fractions=(0.5,), tp_overlaps=(0, 3), bucket_mbs=(25.0,), max_chunks=2)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return search(SPACE, top_k=8, sample=24, seed=1)
+
+
+def test_every_candidate_the_search_returns_compiles(result) -> None:
+    rng = random.Random(0)
+    checked = result.simulated + rng.sample(result.ranked, min(60, len(result.ranked)))
+    for ranked in checked:
+        compile_plan(result.plan_of(ranked.candidate))  # raises ConfigError if it does not
+
+
+def test_pruning_is_counted_by_reason_and_nothing_pruned_is_simulated(result, monkeypatch) -> None:
+    assert result.considered == sum(result.pruned.values()) + len(result.ranked)
+    assert result.pruned["parallelism.tp"] > 0  # tp 8 on 12 heads
+    assert result.pruned["schedule.microbatches"] + result.pruned["schedule.name"] > 0
+    simulated = []
+    import sim.search as search_module
+
+    real = search_module._simulate
+    monkeypatch.setattr(search_module, "_simulate",
+                        lambda candidate, *args: simulated.append(candidate) or real(candidate, *args))
+    again = search(SPACE, top_k=5, sample=5, seed=2)
+    assert simulated and again.pruned == result.pruned
+    heads = 12
+    for c in simulated:
+        check_preconditions(c.schedule, c.pp, c.microbatches, c.chunks)  # raises if violated
+        assert heads % c.tp == 0
+        resolve_plan(again.plan_of(c))
+
+
+def test_memory_pruning_uses_the_estimate() -> None:
+    # gpt-175b cannot fit on one 8-GPU node in any plan: everything that passes the checks is pruned
+    # for memory, and nothing is simulated.
+    tight = search(SearchSpace("gpt-175b", "dgx-a100-8", global_batch=8, max_micro_batch=1, fractions=(),
+                               tp_overlaps=(0,), bucket_mbs=(25.0,), max_chunks=2), top_k=3, sample=0)
+    assert tight.pruned[DOES_NOT_FIT] > 0 and not tight.ranked and tight.best is None
+
+
+def test_the_written_best_plan_loads_and_simulates_to_the_reported_time(result, tmp_path) -> None:
+    from analysis.search_report import write_search
+
+    paths = write_search(result, tmp_path)
+    best = result.best
+    assert best is not None and best.simulated is not None
+    plan = Plan.load(paths["best"])
+    again = simulate(plan)
+    assert again.iteration_s == pytest.approx(best.simulated.iteration_s, rel=1e-9)
+    import pandas as pd
+
+    table = pd.read_parquet(paths["ranked"])
+    assert len(table) == len(result.ranked) and table["simulated"].sum() == len(result.simulated)
+
+
+def test_every_registered_schedule_is_enumerated() -> None:
+    names = {name for name, _ in schedule_chunks(SPACE)}
+    assert names == set(SCHEDULES)
+
+
+def test_a_newly_registered_schedule_and_memory_policy_are_searched() -> None:
+    from typing import Literal
+
+    class KeepAll(NoRecompute):
+        """Test-only: keep everything (a renamed none)."""
+
+        policy: Literal["test-keep"] = "test-keep"  # type: ignore[assignment]
+
+    info = replace(SCHEDULES["1f1b"], name="test-1f1b")
+    register_schedule(info)
+    register_memory_policy("test-keep", KeepAll, MEMORY_POLICIES["none"].build)
+    try:
+        found = search(SearchSpace("gpt2-small", "dgx-a100-8", global_batch=8, max_micro_batch=1, fractions=(),
+                                   tp_overlaps=(0,), bucket_mbs=(25.0,), max_chunks=2), top_k=0, sample=0)
+        schedules = {r.candidate.schedule for r in found.ranked}
+        policies = {dict(r.candidate.memory)["policy"] for r in found.ranked}
+        assert "test-1f1b" in schedules and "test-keep" in policies
+        one = next(r for r in found.ranked if r.candidate.schedule == "test-1f1b")
+        twin = next(r for r in found.ranked if r.candidate == replace(one.candidate, schedule="1f1b"))
+        assert one.estimate.iteration_s == twin.estimate.iteration_s
+    finally:
+        del SCHEDULES["test-1f1b"]
+        del MEMORY_POLICIES["test-keep"]
+
+
+def test_the_estimate_ranks_plans_as_the_engine_does(result) -> None:
+    """On a random sample of surviving plans. The estimate and the engine price compute with the same
+    cost model and communication with the same collective formulas; they differ only in how a
+    schedule's ramp, point-to-point hops and gradient-sync overlap are approximated (a few percent
+    of an iteration), while random plans differ by far more. Spearman >= 0.9 on 24 plans is ~4.5
+    standard deviations (1/sqrt(23)) above no association, and below the issue's 0.95 goal, which the
+    search reports for the real spaces; the median time error must stay within 10%."""
+    agreement = result.agreement
+    assert agreement is not None and agreement.sample_size == 24
+    sample = result.sampled
+    rho = spearman([r.estimate.iteration_s for r in sample], [r.simulated.iteration_s for r in sample])
+    assert rho == agreement.spearman_sample
+    assert rho >= 0.9
+    assert agreement.time_error_median <= 0.10
+
+
+def test_spearman_handles_ties_and_order() -> None:
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 1, 2, 3], [5, 5, 6, 7]) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        spearman([1, 2], [1])
+
+
+def test_a_cpu_cluster_without_profile_is_refused_with_the_simulators_message() -> None:
+    with pytest.raises(ConfigError, match="profile"):
+        search(SearchSpace("gpt-tiny", "local-cpu-2", dtype="fp32"), top_k=1, sample=0)
