@@ -57,6 +57,7 @@ class SearchSpace:
     profile: str | None = None
     max_tp: int | None = None  # default: devices per node (TP all-reduces stay on NVLink)
     max_micro_batch: int = 8
+    micro_batch_sizes: tuple[int, ...] | None = None  # exactly these (e.g. the profiled one); default: divisors
     max_chunks: int = 4  # for schedules whose chunk count has no upper bound
     partitions: tuple[str, ...] = ("uniform", "time")
     fractions: tuple[float, ...] = (0.25, 0.5, 0.75)  # extra values of a policy's bounded fraction fields
@@ -281,7 +282,8 @@ def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
 
     for dp, tp, pp in factorisations(world, max_tp):
         per_replica = global_batch // dp if global_batch % dp == 0 else 0
-        micro_batches = [b for b in _divisors(per_replica) if b <= space.max_micro_batch] if per_replica else []
+        micro_batches = [b for b in _divisors(per_replica) if b <= space.max_micro_batch
+                         and (space.micro_batch_sizes is None or b in space.micro_batch_sizes)] if per_replica else []
         tp_reason = _tp_problem(tp, transformer, space.workload)
         for micro_batch in micro_batches:
             m = per_replica // micro_batch
