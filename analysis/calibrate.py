@@ -575,26 +575,25 @@ def main() -> None:
         print(f"wrote {save_calibration_data(summary)}")
 
 
-def print_summary(summary: Mapping[str, Any]) -> None:
+def _print_fits(fitted: Mapping[str, Any], metrics: Mapping[str, Any]) -> None:
     header = (f"{'predictor':18s} {'rows':>5s} {'med|err|':>8s} {'p90|err|':>8s} {'max|err|':>8s} "
               f"{'mean err':>8s} {'spearman':>8s}")
-    for split in summary["splits"]:
-        print(f"held out: model {split['label']} ({split['holdout_rows']} rows), fitted on the other "
-              f"{split['fit_rows']}")
-        for name, values in split["fitted"].items():
-            print(f"  {name:18s} eff_max={values['eff_max']:.3f} flops_half={values['flops_half']:.3g} "
-                  f"nvlink_eff={values['nvlink_efficiency']:.3f}")
-        print("  " + header)
-        for name, m in split["metrics"].items():
-            print("  " + _metric_line(name, m))
-    print(f"fitted on all rows ({summary['fit_rows']} used), what ships; its error on them is in-sample, "
-          "not a test:")
-    for name, values in summary["fitted"].items():
+    for name, values in fitted.items():
         print(f"  {name:18s} eff_max={values['eff_max']:.3f} flops_half={values['flops_half']:.3g} "
               f"nvlink_eff={values['nvlink_efficiency']:.3f}")
     print("  " + header)
-    for name, m in summary["in_sample"].items():
+    for name, m in metrics.items():
         print("  " + _metric_line(name, m))
+
+
+def print_summary(summary: Mapping[str, Any]) -> None:
+    for split in summary["splits"]:
+        print(f"held out: model {split['label']} ({split['holdout_rows']} rows), fitted on the other "
+              f"{split['fit_rows']}")
+        _print_fits(split["fitted"], split["metrics"])
+    print(f"fitted on all rows ({summary['fit_rows']} used), what ships; its error on them is in-sample, "
+          "not a test:")
+    _print_fits(summary["fitted"], summary["in_sample"])
     print(f"chosen for sim/data: {summary['chosen']}; {summary['timings_s']['total_s']:.0f} s in all")
 
 
