@@ -168,3 +168,6 @@ def test_fit_calibration_is_never_worse_than_none(dp_report: ValidationReport) -
     recovered = fit_calibration([synthetic], max_overhead_s=0.01).allreduce_overhead_s
     assert recovered == pytest.approx(0.003, abs=1e-4)
     assert error(recovered, target) < error(0.0, target)
+    # On a measurement faster than the uncalibrated prediction no overhead helps: exactly none.
+    faster = replace(dp_report, measured={**dp_report.measured, "median_s": 0.5 * predicted(0.0)})
+    assert fit_calibration([faster], max_overhead_s=0.01).allreduce_overhead_s == 0.0
