@@ -52,18 +52,13 @@ def migrate_plan(
     """Spell a plan written in the flat form in sections (parallelism, schedule, memory, gradient_sync)."""
     import yaml
 
-    from sim.plan import Plan, migrate_flat
-    from traces.limits import check_document, check_file_size
+    from sim.plan import Plan, migrate_flat, read_plan_document
+    from traces.limits import check_document
 
-    check_file_size(plan, str(plan))
-    try:
-        data = yaml.safe_load(plan.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(str(plan), f"cannot read the plan: {str(exc).splitlines()[0]}",
-                          "pass a readable YAML plan") from None
+    data = read_plan_document(plan)
     if not isinstance(data, dict):
         raise ConfigError(str(plan), "a plan must be a mapping of fields", "see examples/plans/*.yaml")
-    check_document(data, str(plan))
+    check_document(data, str(plan))  # before migrate_flat walks it
     migrated = Plan.from_dict(migrate_flat(data), source=str(plan))  # the result must be a valid plan
     text = yaml.safe_dump(migrated.model_dump(exclude_defaults=True), sort_keys=False)
     if out is None:

@@ -55,7 +55,7 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
                           "change the degrees so that their product is the cluster's device count")
     config = workload_config(plan.workload, plan.workload_options)  # checks every option
     transformer = _transformer_of(plan)
-    _check_tp(plan, transformer)
+    check_tp(plan.tp, transformer, plan.workload)
     check_size(plan, full=False)
     # A profile measured on this hardware brings its communication fits, whatever computes the costs.
     bundle_costs = BundleCostModel.load(plan.profile) if plan.profile is not None else None
@@ -85,7 +85,7 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
                           f"{plan.num_stages} stages but the workload has {costs.num_layers} layers",
                           f"use at most {costs.num_layers} stages")
     stage_layers = _partition(plan, costs)
-    _check_schedule(plan)
+    check_schedule(plan.schedule.name, plan.pp, plan.microbatches, plan.chunks)
     _check_per_stage_lists(plan)
     sync = GRADIENT_SYNC[plan.gradient_sync.method]
     if sync.check is not None:
@@ -115,10 +115,14 @@ _INSTRUCTIONS_PER_MICROBATCH = 10
 
 
 def estimate_instructions(plan: Plan, full: bool) -> int:
-    """An upper estimate of the instructions a simulation lowers: ranks x stages per rank x
-    micro-batches x instructions per micro-batch (only one rank per pipeline position unless full)."""
-    ranks = plan.world_size if full else plan.pp
-    return ranks * plan.chunks * plan.microbatches * _INSTRUCTIONS_PER_MICROBATCH
+    """An upper estimate of the instructions a simulation lowers (only one rank per pipeline
+    position unless full)."""
+    return instructions_upper_bound(plan.world_size if full else plan.pp, plan.chunks, plan.microbatches)
+
+
+def instructions_upper_bound(ranks: int, chunks: int, microbatches: int) -> int:
+    """ranks x stages per rank x micro-batches x instructions per micro-batch."""
+    return ranks * chunks * microbatches * _INSTRUCTIONS_PER_MICROBATCH
 
 
 def check_size(plan: Plan, full: bool) -> None:
@@ -132,17 +136,17 @@ def check_size(plan: Plan, full: bool) -> None:
                           + (", or drop --full" if full else ""))
 
 
-def _check_tp(plan: Plan, transformer: TransformerConfig | None) -> None:
-    if plan.tp == 1:
+def check_tp(tp: int, transformer: TransformerConfig | None, workload: str) -> None:
+    if tp == 1:
         return
     if transformer is None:
         raise ConfigError("parallelism.tp",
-                          f"tensor parallelism is defined for transformer workloads, not {plan.workload}",
+                          f"tensor parallelism is defined for transformer workloads, not {workload}",
                           "set tp: 1")
     for what, value in (("heads", transformer.heads), ("hidden size", transformer.hidden)):
-        if value % plan.tp:
+        if value % tp:
             divisors = [d for d in range(1, value + 1) if value % d == 0 and d <= 64]
-            raise ConfigError("parallelism.tp", f"tp={plan.tp} does not divide the {what} ({value}) of {plan.workload}",
+            raise ConfigError("parallelism.tp", f"tp={tp} does not divide the {what} ({value}) of {workload}",
                               f"use a divisor of {value}, e.g. {divisors[-4:]}")
 
 
@@ -184,9 +188,10 @@ _SECTION_OF = {"pp": "parallelism.pp", "chunks": "parallelism.chunks", "microbat
                "schedule": "schedule.name", "recompute": "memory"}
 
 
-def _check_schedule(plan: Plan) -> None:
+def check_schedule(name: str, pp: int, microbatches: int, chunks: int) -> None:
+    """The schedule's preconditions, the refused field named by its place in a plan's sections."""
     try:
-        check_preconditions(plan.schedule.name, plan.pp, plan.microbatches, plan.chunks)
+        check_preconditions(name, pp, microbatches, chunks)
     except ConfigError as exc:
         raise ConfigError(_SECTION_OF.get(exc.field, exc.field), exc.problem, exc.fix) from None
 

@@ -30,7 +30,6 @@ Imports neither torch nor simpy.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -410,28 +409,12 @@ def _layout(pp: int, chunks: int, placement: str) -> tuple[tuple[int, ...], tupl
 
 
 def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties); nan for fewer than 3 points."""
+    """Spearman's rank correlation (scipy's, average ranks for ties); nan for fewer than 3 points or
+    a constant sequence."""
     if len(xs) != len(ys):
         raise ValueError("spearman needs two sequences of the same length")
-    if len(xs) < 3:
+    if len(xs) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
         return float("nan")
-    rx, ry = _ranks(xs), _ranks(ys)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
-    vx = math.sqrt(sum((a - mx) ** 2 for a in rx))
-    vy = math.sqrt(sum((b - my) ** 2 for b in ry))
-    return cov / (vx * vy) if vx and vy else float("nan")
+    from scipy.stats import spearmanr
 
-
-def _ranks(values: Sequence[float]) -> list[float]:
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
+    return float(spearmanr(xs, ys).statistic)

@@ -97,7 +97,7 @@ class _Draft:
         return node
 
     def _position(self, anchor: Node) -> int:
-        return next(i for i, n in enumerate(self.nodes) if n is anchor)
+        return self.nodes.index(anchor)  # nodes compare by identity (eq=False)
 
     def peer(self, stage: int) -> int:
         return self.program.rank_of(self.coords.dp, self.stage_rank[stage], self.coords.tp)
@@ -137,7 +137,8 @@ def compute_pass(draft: _Draft, actions: Sequence[Action]) -> None:
         kind = _COMPUTE_KIND[action.op]
         node = Node(kind, s, mb, save=action.save, eager=action.eager)
         if kind is Kind.FWD:
-            node.deps.append(_local(draft, s > 0 and not draft.is_remote(s - 1), Kind.FWD, s - 1, mb))
+            if s > 0 and not draft.is_remote(s - 1):
+                node.deps.append(draft.find(Kind.FWD, s - 1, mb))
         elif kind is Kind.BWD_W:
             node.deps.append(draft.find(Kind.BWD_I, s, mb))
         else:
@@ -151,10 +152,6 @@ def compute_pass(draft: _Draft, actions: Sequence[Action]) -> None:
                        else draft.program.stage_layers[s])
         node.deps = [d for d in node.deps if d is not None]
         draft.append(node)
-
-
-def _local(draft: _Draft, condition: bool, kind: Kind, stage: int, mb: int) -> Node | None:
-    return draft.find(kind, stage, mb) if condition else None
 
 
 def swap_pass(draft: _Draft) -> None:

@@ -179,21 +179,7 @@ class Plan(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(str(path), "plan file not found", "pass the path of a .yaml or .json plan")
-        check_file_size(path, str(path))
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise ConfigError(str(path), f"not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x})",
-                              "save the plan as UTF-8 YAML or JSON") from None
-        try:
-            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as exc:
-            raise ConfigError(str(path), f"not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
-                              f"{str(exc).splitlines()[0]}", "fix the syntax") from None
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(read_plan_document(path), source=str(path))
 
     def dump(self, path: str | Path) -> Path:
         path = Path(path)
@@ -264,3 +250,22 @@ def migrate_flat(data: dict[str, Any]) -> dict[str, Any]:
     flat = {*FLAT_FIELDS, "recompute", "recompute_ratio", "swap", "schedule"}
     kept = {k: v for k, v in data.items() if k not in flat}
     return {**kept, **{name: sections[name] for name in _SECTIONS if name in sections}}
+
+
+def read_plan_document(path: str | Path) -> Any:
+    """The parsed YAML or JSON of a plan file, refused in one line when it is missing, too large,
+    not UTF-8 or not valid syntax (``Plan.from_dict`` then checks what it says)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(str(path), "plan file not found", "pass the path of a .yaml or .json plan")
+    check_file_size(path, str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), f"not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x})",
+                          "save the plan as UTF-8 YAML or JSON") from None
+    try:
+        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(str(path), f"not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
+                          f"{str(exc).splitlines()[0]}", "fix the syntax") from None

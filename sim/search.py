@@ -30,13 +30,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.cluster import load_cluster
-from sim.compile import _INSTRUCTIONS_PER_MICROBATCH, _SECTION_OF, MAX_INSTRUCTIONS, ResolvedPlan, resolve_plan
+from sim.compile import (
+    MAX_INSTRUCTIONS,
+    ResolvedPlan,
+    check_schedule,
+    check_tp,
+    instructions_upper_bound,
+    resolve_plan,
+)
 from sim.estimate import Estimate, Estimator, spearman
 from sim.gradient_sync import GRADIENT_SYNC
 from sim.memory import MEMORY_POLICIES
 from sim.partition import balanced_partition, uniform_partition
 from sim.plan import Plan
-from sim.schedules import SCHEDULES, check_preconditions
+from sim.schedules import SCHEDULES
 from traces.errors import ConfigError
 
 DOES_NOT_FIT = "does not fit in memory (estimate)"
@@ -378,12 +385,10 @@ def _one_per_method(syncs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _tp_problem(tp: int, transformer: Any, workload: str) -> str | None:
-    if tp == 1:
-        return None
-    if transformer is None:
-        return "parallelism.tp"
-    if transformer.heads % tp or transformer.hidden % tp:
-        return "parallelism.tp"
+    try:
+        check_tp(tp, transformer, workload)
+    except ConfigError as exc:
+        return exc.field
     return None
 
 
@@ -391,10 +396,10 @@ def _shape_problem(schedule: str, pp: int, m: int, chunks: int, layers: int) -> 
     if pp * chunks > layers:
         return "parallelism: pp x chunks"
     try:
-        check_preconditions(schedule, pp, m, chunks)
+        check_schedule(schedule, pp, m, chunks)
     except ConfigError as exc:
-        return _SECTION_OF.get(exc.field, exc.field)
-    if pp * chunks * m * _INSTRUCTIONS_PER_MICROBATCH > MAX_INSTRUCTIONS:
+        return exc.field
+    if instructions_upper_bound(pp, chunks, m) > MAX_INSTRUCTIONS:
         return "parallelism.pp, chunks, schedule.microbatches (simulator size limit)"
     return None
 
