@@ -345,6 +345,7 @@ def search(
     dtype: Annotated[str, typer.Option(help="fp32, fp16 or bf16")] = "fp16",
     profile: Annotated[Path | None, typer.Option(help="trace bundle measured on this hardware (CPU clusters)")] = None,
     workload_option: Annotated[list[str] | None, typer.Option(help="KEY=VALUE workload option, repeatable")] = None,
+    workers: Annotated[int | None, typer.Option(help="processes simulating plans; default one per core")] = None,
 ) -> None:
     """Search plans: enumerate every registered choice, prune, rank by a fast estimate, simulate the best."""
     import yaml
@@ -361,7 +362,7 @@ def search(
     space = SearchSpace(workload, cluster, global_batch=global_batch, dtype=dtype, workload_options=options,
                         profile=str(profile) if profile else None)
     target = out or fresh_run_folder(Path("runs") / f"search-{safe_name(workload)}-{safe_name(Path(cluster).stem)}")
-    run_search(space, top=top, simulate_top=simulate_top, sample=sample, out=target)
+    run_search(space, top=top, simulate_top=simulate_top, sample=sample, out=target, workers=workers)
 
 
 @app.command()

@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--global-batch", type=int, default=1536)
     parser.add_argument("--top", type=int, default=50)
     parser.add_argument("--sample", type=int, default=30)
+    parser.add_argument("--workers", type=int, default=None, help="engine processes (default: one per core)")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args()
     cluster = A100_1024 if args.cluster == "a100-1024" else args.cluster
@@ -40,7 +41,7 @@ def main() -> None:
 
     started = time.perf_counter()
     result = search(SearchSpace("gpt-175b", cluster, global_batch=args.global_batch, dtype=dtype),
-                    top_k=args.top, sample=args.sample)
+                    top_k=args.top, sample=args.sample, workers=args.workers)
     wall = time.perf_counter() - started
     t = result.timings
     print(f"GPT-175B on {args.cluster} ({result.world_size} GPUs), global batch {result.global_batch}, {dtype}")

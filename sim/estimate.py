@@ -139,10 +139,15 @@ def _peak_states(row: list, pp: int, chunks: int, placement: str, rank: int, m: 
     def scaled(state: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
         return tuple((microbatches if a >= m else a, microbatches if b >= m else b) for a, b in state)
 
-    def dominated(x: tuple, y: tuple) -> bool:
-        return x != y and all(a <= c and b <= d for (a, b), (c, d) in zip(x, y, strict=True))
+    def covers(y: tuple, x: tuple) -> bool:  # y holds at least what x holds, everywhere
+        return all(a <= c and b <= d for (a, b), (c, d) in zip(x, y, strict=True))
 
-    kept = [c for c in candidates if not any(dominated(c, other) for other in candidates)]
+    # Pareto filter: a state that another covers cannot be the peak. In order of decreasing total,
+    # whatever covers a state comes before it, so each state is checked only against those kept.
+    kept: list[tuple] = []
+    for state in sorted(candidates, key=lambda c: -sum(a + b for a, b in c)):
+        if not any(covers(other, state) for other in kept):
+            kept.append(state)
     return tuple(sorted(scaled(c) for c in kept))
 
 

@@ -726,6 +726,9 @@ def simulate_unit_costs(
             return grad_of(a.stage, a.microbatch)
         return (a.op.value, a.stage, a.microbatch)
 
+    # Each action's dependencies, completion key and cost, worked out once: the scheduler below
+    # visits a blocked action many times (a plan search runs this for every pipeline shape).
+    prepared = [[(a, tuple(deps(a)), done_key(a), cost[a.op]) for a in row] for row in actions]
     end_of: dict[tuple[str, int, int], float] = {}
     timeline: list[list[tuple[Action, float, float]]] = [[] for _ in range(pp)]
     free = [0.0] * pp
@@ -734,18 +737,25 @@ def simulate_unit_costs(
     while remaining:
         progressed = False
         for rank in range(pp):
-            while pos[rank] < len(actions[rank]):
-                a = actions[rank][pos[rank]]
-                needs = deps(a)
-                if any(d not in end_of for d in needs):
-                    break
-                start = max([free[rank]] + [end_of[d] for d in needs])
-                end = start + cost[a.op]
-                end_of[done_key(a)] = end
-                timeline[rank].append((a, start, end))
-                free[rank] = end
-                pos[rank] += 1
-                remaining -= 1
+            row, at, clock, placed = prepared[rank], pos[rank], free[rank], timeline[rank]
+            while at < len(row):
+                a, needs, key, duration = row[at]
+                start = clock
+                for d in needs:
+                    ready = end_of.get(d)
+                    if ready is None:
+                        break
+                    start = max(start, ready)
+                else:
+                    clock = start + duration
+                    end_of[key] = clock
+                    placed.append((a, start, clock))
+                    at += 1
+                    continue
+                break
+            if at != pos[rank]:
+                remaining -= at - pos[rank]
+                pos[rank], free[rank] = at, clock
                 progressed = True
         if not progressed:
             stuck = ", ".join(

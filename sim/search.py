@@ -22,6 +22,8 @@ Pure Python: no torch, no simpy here (the engine is imported only to simulate).
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 import random
 import time
 from collections import Counter
@@ -252,9 +254,10 @@ def schedule_chunks(space: SearchSpace) -> list[tuple[str, int]]:
 
 
 def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
-           progress: Progress | None = None) -> SearchResult:
+           progress: Progress | None = None, workers: int | None = None) -> SearchResult:
     """Enumerate, prune, estimate every survivor, simulate the best ``top_k`` and a random
-    ``sample`` of survivors (for the agreement figures)."""
+    ``sample`` of survivors (for the agreement figures). The engine runs in ``workers`` processes
+    (default: one per core when there are enough plans to simulate to repay starting them)."""
     started = time.perf_counter()
     cluster = load_cluster(space.cluster)
     world = cluster.world_size
@@ -264,7 +267,8 @@ def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
     base = {"name": name, "workload": space.workload, "workload_options": dict(space.workload_options),
             "cluster": space.cluster, "profile": space.profile, "dtype": space.dtype}
     # One resolve for the shared pieces: the cost model and the communication model.
-    probe = resolve_plan(Plan.from_dict({**base, "parallelism": {"dp": world}}))
+    probe_plan = {**base, "parallelism": {"dp": world}}
+    probe = resolve_plan(Plan.from_dict(probe_plan))
     costs, comm = probe.costs, probe.comm
     estimator = Estimator(costs, comm, space.dtype)
     layers = costs.num_layers
@@ -355,14 +359,11 @@ def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
     sampled = rng.sample(survivors, min(sample, len(survivors))) if sample else []
     to_run = top + [r for r in sampled if r not in top]
     top_done_at = estimated_at
-    for i, ranked in enumerate(to_run):
-        if progress:
-            progress("engine", i, len(to_run))
-        ranked.simulated = _simulate(ranked.candidate, base, costs, f"{name}-{i}")
+    simulated = _simulate_all([r.candidate for r in to_run], base, probe_plan, costs, name, workers, progress)
+    for i, (ranked, outcome) in enumerate(zip(to_run, simulated, strict=True)):
+        ranked.simulated = outcome
         if i == len(top) - 1:
             top_done_at = time.perf_counter()
-    if progress:
-        progress("engine", len(to_run), len(to_run))
     simulated_at = time.perf_counter()
 
     agreement = _agreement(top, sampled) if top else None
@@ -417,6 +418,52 @@ def _sync_problem(sync: dict[str, Any], base: dict[str, Any], shape: dict[str, A
         except ConfigError as exc:
             cache[key] = exc.field
     return cache[key]
+
+
+# Plans per worker below which starting processes (a second or two each) does not pay.
+MIN_PLANS_PER_WORKER = 4
+
+
+def _simulate_all(candidates: list[Candidate], base: dict[str, Any], probe_plan: dict[str, Any], costs: Any,
+                  name: str, workers: int | None, progress: Progress | None) -> Iterator[Simulated]:
+    """The engine's figures for each candidate, yielded in order as they finish (so the caller can
+    time the top K). The simulations are independent, so they run in parallel processes; each
+    worker resolves the cost model once from the probe plan (a cost model holds caches that do not
+    pickle, and rebuilding it is cheaper than shipping it)."""
+    total = len(candidates)
+    workers = min(workers or os.cpu_count() or 1, max(1, total // MIN_PLANS_PER_WORKER))
+    if workers <= 1:
+        for i, candidate in enumerate(candidates):
+            if progress:
+                progress("engine", i, total)
+            yield _simulate(candidate, base, costs, f"{name}-{i}")
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+
+        # forkserver: no fork of a process that may run threads (a progress bar's refresher).
+        context = multiprocessing.get_context("forkserver")
+        with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start,
+                                 initargs=(probe_plan,)) as pool:
+            futures = [pool.submit(_worker_simulate, candidate, base, f"{name}-{i}")
+                       for i, candidate in enumerate(candidates)]
+            for i, future in enumerate(futures):
+                if progress:
+                    progress("engine", i, total)
+                yield future.result()
+    if progress:
+        progress("engine", total, total)
+
+
+_worker_costs: Any = None
+
+
+def _worker_start(probe_plan: dict[str, Any]) -> None:
+    global _worker_costs
+    _worker_costs = resolve_plan(Plan.from_dict(probe_plan)).costs
+
+
+def _worker_simulate(candidate: Candidate, base: dict[str, Any], name: str) -> Simulated:
+    return _simulate(candidate, base, _worker_costs, name)
 
 
 def _simulate(candidate: Candidate, base: dict[str, Any], costs: Any, name: str) -> Simulated:

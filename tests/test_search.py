@@ -45,13 +45,24 @@ def test_pruning_is_counted_by_reason_and_nothing_pruned_is_simulated(result, mo
     real = search_module._simulate
     monkeypatch.setattr(search_module, "_simulate",
                         lambda candidate, *args: simulated.append(candidate) or real(candidate, *args))
-    again = search(SPACE, top_k=5, sample=5, seed=2)
+    again = search(SPACE, top_k=5, sample=5, seed=2, workers=1)  # in this process, where the spy is
     assert simulated and again.pruned == result.pruned
     heads = 12
     for c in simulated:
         check_preconditions(c.schedule, c.pp, c.microbatches, c.chunks)  # raises if violated
         assert heads % c.tp == 0
         resolve_plan(again.plan_of(c))
+
+
+def test_engine_in_worker_processes_gives_the_figures_of_one_process(result) -> None:
+    # The fixture's 32 plans ran in worker processes (one per core, this machine has 2); the same plans
+    # simulated here, one by one, must give the same figures (all but the engine's own wall time).
+    assert len(result.simulated) >= 8
+    serial = search(SPACE, top_k=8, sample=24, seed=1, workers=1)
+    def figures(r):
+        return replace(r.simulated, wall_s=0.0)
+    assert [r.candidate for r in serial.simulated] == [r.candidate for r in result.simulated]
+    assert [figures(r) for r in serial.simulated] == [figures(r) for r in result.simulated]
 
 
 def test_memory_pruning_uses_the_estimate() -> None:
