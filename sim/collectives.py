@@ -32,7 +32,10 @@ Placement (ranks are node-major, see sim.cluster):
   ``efficiency`` or use the hierarchical algorithm to model that.
 - Concurrent inter-node flows from the same node share the node's adapters: a flow gets
   min(one adapter, nics_per_node x adapter / flows_per_node). Hierarchical all-reduce and all-to-all
-  run one such flow per local rank at the same time.
+  run one such flow per local rank at the same time. ``concurrent`` says how many groups of the
+  same shape run the same collective at the same time on the same nodes (the data-parallel groups
+  of a stage's tensor-parallel ranks: ``sim.comm.concurrent_groups``); their flows share the
+  adapters too, so each group's flows are multiplied by it.
 
 ``collective_transfers`` returns this plan as a list of sequential phases (``Transfer``), so an
 event-driven engine can charge each phase to its link class and model contention with other traffic;
@@ -87,6 +90,7 @@ class _Group:
     n: int
     nodes: int
     local: int  # most group ranks on any one node
+    concurrent: int = 1  # groups like this one running at the same time on the same nodes
 
 
 def _normalize_primitive(primitive: str) -> str:
@@ -99,12 +103,15 @@ def _normalize_primitive(primitive: str) -> str:
     return key
 
 
-def _group(ranks: Sequence[int], cluster: ClusterSpec) -> _Group:
+def _group(ranks: Sequence[int], cluster: ClusterSpec, concurrent: int = 1) -> _Group:
     ranks = [cluster.check_rank(r, field="ranks") for r in ranks]
     if len(set(ranks)) != len(ranks):
         raise ConfigError("ranks", f"duplicate ranks in {list(ranks)}", "list each rank once")
     per_node = Counter(cluster.node_of(r) for r in ranks)
-    return _Group(n=len(ranks), nodes=len(per_node), local=max(per_node.values(), default=0))
+    if concurrent < 1:
+        raise ConfigError("concurrent", f"{concurrent} concurrent groups", "pass 1 or more")
+    return _Group(n=len(ranks), nodes=len(per_node), local=max(per_node.values(), default=0),
+                  concurrent=concurrent)
 
 
 def _intra(cluster: ClusterSpec) -> tuple[float, float]:
@@ -123,7 +130,7 @@ def _bottleneck(group: _Group, cluster: ClusterSpec) -> tuple[str, float, float]
     """(link class, per-step alpha, bandwidth) of a single logical ring or tree over the group."""
     if group.nodes == 1:
         return ("intra", *_intra(cluster))
-    alpha, bw = _inter(cluster, flows_per_node=1)
+    alpha, bw = _inter(cluster, flows_per_node=group.concurrent)
     if group.local > 1:
         a_in, b_in = _intra(cluster)
         alpha, bw = max(alpha, a_in), min(bw, b_in)
@@ -149,9 +156,9 @@ def _tree(S: float, g: _Group, cluster: ClusterSpec) -> list[Transfer]:
 
 def _hierarchical(S: float, g: _Group, cluster: ClusterSpec) -> list[Transfer]:
     L, N = g.local, g.nodes
-    a_x, b_x = _inter(cluster, flows_per_node=L)
+    a_x, b_x = _inter(cluster, flows_per_node=L * g.concurrent)
     inter = Transfer("inter-node ring all-reduce", "inter", 2 * (N - 1) / N * S / L, 2 * (N - 1) * a_x, b_x,
-                     flows_per_node=L)
+                     flows_per_node=L * g.concurrent)
     if L == 1:
         return [inter]
     a_i, b_i = _intra(cluster)
@@ -170,19 +177,19 @@ def _all_to_all(S: float, g: _Group, cluster: ClusterSpec) -> list[Transfer]:
         plan.append(Transfer("all-to-all intra-node steps", "intra", (L - 1) * S / n, (L - 1) * a_i, b_i))
     if g.nodes > 1:
         # All L local ranks exchange with off-node peers at the same time: they share the adapters.
-        a_x, b_x = _inter(cluster, flows_per_node=L)
+        a_x, b_x = _inter(cluster, flows_per_node=L * g.concurrent)
         plan.append(Transfer("all-to-all inter-node steps", "inter", (n - L) * S / n, (n - L) * a_x, b_x,
-                             flows_per_node=L))
+                             flows_per_node=L * g.concurrent))
     return plan
 
 
 def collective_transfers(primitive: str, nbytes: int | float, ranks: Sequence[int], cluster: ClusterSpec,
-                         algorithm: str = "auto") -> list[Transfer]:
+                         algorithm: str = "auto", concurrent: int = 1) -> list[Transfer]:
     """The phases one rank goes through in a collective; ``auto`` picks the fastest algorithm."""
     prim = _normalize_primitive(primitive)
     if nbytes < 0:
         raise ConfigError("nbytes", f"negative message size {nbytes}", "pass a size in bytes >= 0")
-    g = _group(ranks, cluster)
+    g = _group(ranks, cluster, concurrent)
     if g.n <= 1:
         return []
     algorithm = algorithm.strip().lower()
@@ -207,22 +214,26 @@ def collective_transfers(primitive: str, nbytes: int | float, ranks: Sequence[in
 
 
 def collective_time(primitive: str, nbytes: int | float, ranks: Sequence[int], cluster: ClusterSpec,
-                    algorithm: str = "auto") -> float:
-    """Seconds the collective takes on an otherwise idle cluster."""
-    return sum(t.time_s for t in collective_transfers(primitive, nbytes, ranks, cluster, algorithm))
+                    algorithm: str = "auto", concurrent: int = 1) -> float:
+    """Seconds the collective takes on a cluster where only ``concurrent`` groups like it (this one
+    included) use the network."""
+    return sum(t.time_s for t in collective_transfers(primitive, nbytes, ranks, cluster, algorithm, concurrent))
 
 
-def p2p_transfer(nbytes: int | float, src: int, dst: int, cluster: ClusterSpec) -> list[Transfer]:
+def p2p_transfer(nbytes: int | float, src: int, dst: int, cluster: ClusterSpec,
+                 concurrent: int = 1) -> list[Transfer]:
+    """``concurrent``: senders on ``src``'s node sending off the node at the same time (this one
+    included); they share the node's adapters."""
     if src == dst:
         cluster.check_rank(src, field="src")
         return []
     link = cluster.link_between(src, dst)
     if cluster.node_of(src) == cluster.node_of(dst):
         return [Transfer("p2p", "intra", float(nbytes), link.latency_s, link.effective_bandwidth_Bps)]
-    alpha, bw = _inter(cluster, flows_per_node=1)
-    return [Transfer("p2p", "inter", float(nbytes), alpha, bw)]
+    alpha, bw = _inter(cluster, flows_per_node=concurrent)
+    return [Transfer("p2p", "inter", float(nbytes), alpha, bw, flows_per_node=concurrent)]
 
 
-def p2p_time(nbytes: int | float, src: int, dst: int, cluster: ClusterSpec) -> float:
+def p2p_time(nbytes: int | float, src: int, dst: int, cluster: ClusterSpec, concurrent: int = 1) -> float:
     """Seconds to send one message from src to dst (a rank to itself costs nothing)."""
-    return sum(t.time_s for t in p2p_transfer(nbytes, src, dst, cluster))
+    return sum(t.time_s for t in p2p_transfer(nbytes, src, dst, cluster, concurrent))

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from sim.cluster import ClusterSpec
-from sim.collectives import collective_time
+from sim.collectives import collective_time, p2p_transfer
 
 # commbench primitive names -> the engine's names
 _FIT_NAMES = {"allreduce": "all_reduce", "alltoall": "all_to_all", "p2p": "send_recv"}
@@ -33,23 +33,25 @@ class ClusterComm:
     def _fit(self, primitive: str, group_size: int) -> tuple[float, float] | None:
         return self._fits.get((_FIT_NAMES.get(primitive, primitive), group_size))
 
-    def p2p_route(self, src: int, dst: int) -> tuple[str, float, float]:
+    def p2p_route(self, src: int, dst: int, concurrent: int = 1) -> tuple[str, float, float]:
+        """(link class, latency, bandwidth) of a message from ``src`` to ``dst`` while ``concurrent``
+        senders of ``src``'s node (this one included) send off the node (``concurrent_senders``)."""
         fit = self._fit("p2p", 2)
         if fit is not None:
             return "measured", fit[0], fit[1]
-        link = self.cluster.link_between(src, dst)
-        same_node = self.cluster.node_of(src) == self.cluster.node_of(dst)
-        return ("intra" if same_node else "inter"), link.latency_s, link.effective_bandwidth_Bps
+        (hop,) = p2p_transfer(0, src, dst, self.cluster, concurrent)
+        return hop.link_class, hop.alpha_s, hop.bandwidth_Bps
 
-    def collective_s(self, primitive: str, nbytes: int, ranks: Sequence[int]) -> float:
-        key = (primitive, int(nbytes), tuple(ranks))
+    def collective_s(self, primitive: str, nbytes: int, ranks: Sequence[int], concurrent: int = 1) -> float:
+        """Seconds of the collective while ``concurrent`` groups like it run on the same nodes."""
+        key = (primitive, int(nbytes), tuple(ranks), concurrent)
         cached = self._collective_cache.get(key)
         if cached is None:
             fit = self._fit(primitive, len(ranks))
             if fit is not None:
                 cached = fit[0] + nbytes / fit[1]
             else:
-                cached = collective_time(primitive, int(nbytes), list(ranks), self.cluster)
+                cached = collective_time(primitive, int(nbytes), list(ranks), self.cluster, concurrent=concurrent)
             self._collective_cache[key] = cached
         return cached
 
@@ -59,3 +61,38 @@ class ClusterComm:
             # A CPU rank's "host" memory is its own memory: swapping costs a memory copy.
             return 0.0, self.cluster.device.memory_bandwidth_Bps
         return link.latency_s, link.effective_bandwidth_Bps
+
+
+# ---------------------------------------------------------------------------------------------
+# Who shares a node's network adapters. Ranks are pipeline-stage-major (``sim.program``: rank =
+# (pp x dp + dp) x tp + tp), so the dp x tp ranks of one stage are consecutive, and every rank of a
+# stage runs the same instructions at the same time. Their inter-node traffic therefore leaves a
+# node together: the point-to-point sends of a stage's ranks to the next stage, and the
+# data-parallel all-reduces of its tensor-parallel ranks (one group per TP rank).
+
+
+def _stage_ranks_on_node(cluster: ClusterSpec, stage_ranks: int, rank: int) -> range:
+    """The ranks of ``rank``'s node that hold the same pipeline stage (``stage_ranks`` = dp x tp)."""
+    stage_start = rank // stage_ranks * stage_ranks
+    node_start = cluster.node_of(rank) * cluster.devices_per_node
+    return range(max(stage_start, node_start),
+                 min(stage_start + stage_ranks, node_start + cluster.devices_per_node))
+
+
+def concurrent_senders(cluster: ClusterSpec, stage_ranks: int, src: int, dst: int) -> int:
+    """Ranks of ``src``'s node sending off the node at the same time as ``src`` sends to ``dst``:
+    its stage peers whose matching peer (the same rank offset) is on another node."""
+    offset = dst - src
+    return max(1, sum(1 for q in _stage_ranks_on_node(cluster, stage_ranks, src)
+                      if 0 <= q + offset < cluster.world_size and cluster.node_of(q + offset) != cluster.node_of(q)))
+
+
+def concurrent_groups(cluster: ClusterSpec, stage_ranks: int, group: Sequence[int]) -> int:
+    """Groups shaped like ``group`` (a collective among one stage's ranks) that run at the same
+    time on its first rank's node: that node's stage ranks over the group's ranks there."""
+    if not group:
+        return 1
+    node = cluster.node_of(group[0])
+    mine = sum(1 for r in group if cluster.node_of(r) == node)
+    return max(1, len(_stage_ranks_on_node(cluster, stage_ranks, group[0])) // max(mine, 1))
+

@@ -21,6 +21,7 @@ import simpy
 
 from sim.channel import SharedChannel
 from sim.cluster import ClusterSpec
+from sim.comm import concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts
 from sim.gradient_sync import GRADIENT_SYNC
 from sim.memory import MemoryPolicy, checkpoint_bytes
@@ -34,11 +35,14 @@ class CommModel(Protocol):
     capacity_bytes: int
     cluster: ClusterSpec  # its device prices the encoding of compressed gradient buckets
 
-    def p2p_route(self, src: int, dst: int) -> tuple[str, float, float]:
-        """(link class of the sender's egress, latency s, bandwidth B/s)."""
+    def p2p_route(self, src: int, dst: int, concurrent: int = 1) -> tuple[str, float, float]:
+        """(link class of the sender's egress, latency s, bandwidth B/s) while ``concurrent``
+        senders of the node send off it (sim.comm.concurrent_senders)."""
         ...
 
-    def collective_s(self, primitive: str, nbytes: int, ranks: Sequence[int]) -> float: ...
+    def collective_s(self, primitive: str, nbytes: int, ranks: Sequence[int], concurrent: int = 1) -> float:
+        """Seconds while ``concurrent`` groups like this one share the nodes (sim.comm.concurrent_groups)."""
+        ...
 
     def host_copy(self) -> tuple[float, float]:
         """(latency s, bandwidth B/s) of the device-host link."""
@@ -106,6 +110,9 @@ class Engine:
                  micro_batch: int, tp_overlap: int = 0, options: EngineOptions | None = None) -> None:
         self.program, self.costs, self.comm, self.policy = program, costs, comm, policy
         self.micro_batch, self.tp_overlap = micro_batch, tp_overlap
+        self.stage_ranks = program.dp * program.tp  # ranks holding one pipeline stage (sim.comm)
+        self._senders_of: dict[tuple[int, int], int] = {}
+        self._groups_of: dict[tuple[int, ...], int] = {}
         self.options = options or EngineOptions()
         self.env = simpy.Environment()
         self.rows: list[Row] = []
@@ -194,7 +201,8 @@ class Engine:
                              self.ledgers[rank].in_use, parent, layer, instruction.label))
 
     def _send(self, rank: int, instruction: Instruction):
-        link_class, latency, bandwidth = self.comm.p2p_route(rank, instruction.peer)
+        link_class, latency, bandwidth = self.comm.p2p_route(rank, instruction.peer,
+                                                             self._senders(rank, instruction.peer))
         channel = self.channels.get((rank, link_class))
         if channel is None:
             channel = self.channels[(rank, link_class)] = SharedChannel(self.env, bandwidth)
@@ -212,7 +220,8 @@ class Engine:
         ledger.change_buffers(instruction.bytes, self.env.now, instruction.label)
         self.comm_active[rank] += 1
         method = GRADIENT_SYNC[instruction.method]
-        duration = (self.comm.collective_s(method.collective, instruction.bytes, instruction.group)
+        duration = (self.comm.collective_s(method.collective, instruction.bytes, instruction.group,
+                                           self._groups(instruction.group))
                     + method.codec_s(instruction.bytes, self.comm.cluster.device))
         if self.program.symmetric:
             yield self.env.timeout(duration)
@@ -289,7 +298,19 @@ class Engine:
             return 0.0
         coords = self.program.coords_of(rank)
         group = tuple(self.program.rank_of(coords.dp, coords.pp, t) for t in range(self.program.tp))
-        return c.tp_allreduces * self.comm.collective_s("allreduce", c.tp_comm_bytes, group)
+        return c.tp_allreduces * self.comm.collective_s("allreduce", c.tp_comm_bytes, group, self._groups(group))
+
+    # A node's adapters are shared by the stage peers that send or reduce at the same time (sim.comm).
+    def _senders(self, src: int, dst: int) -> int:
+        key = (src, dst)
+        if key not in self._senders_of:
+            self._senders_of[key] = concurrent_senders(self.comm.cluster, self.stage_ranks, src, dst)
+        return self._senders_of[key]
+
+    def _groups(self, group: tuple[int, ...]) -> int:
+        if group not in self._groups_of:
+            self._groups_of[group] = concurrent_groups(self.comm.cluster, self.stage_ranks, group)
+        return self._groups_of[group]
 
     def _stage_activation_bytes(self, stage: int) -> int:
         """Activations of one micro-batch of ``stage`` at their largest (all layers saved); a

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sim.comm import ClusterComm
+from sim.comm import ClusterComm, concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts
 from sim.gradient_sync import GRADIENT_SYNC
 from sim.memory import MemoryPolicy, checkpoint_bytes
@@ -215,25 +215,27 @@ class Estimator:
         self._pipes: dict[tuple, dict] = {}
 
     # -- pieces --------------------------------------------------------------------------------
-    def _tp_allreduce_s(self, c: LayerCosts, tp: int) -> float:
+    def _tp_allreduce_s(self, c: LayerCosts, tp: int, sharing: int) -> float:
         if tp == 1 or c.tp_allreduces == 0:
             return 0.0
-        key = (c.tp_comm_bytes, tp)
+        key = (c.tp_comm_bytes, tp, sharing)
         cached = self._tp_ar.get(key)
         if cached is None:
-            cached = self._tp_ar[key] = self.comm.collective_s("allreduce", c.tp_comm_bytes, tuple(range(tp)))
+            cached = self._tp_ar[key] = self.comm.collective_s("allreduce", c.tp_comm_bytes, tuple(range(tp)), sharing)
         return c.tp_allreduces * cached
 
     def stage(self, layers: tuple[int, ...], recomputed: int, micro_batch: int, tp: int, level: int,
-              swap: float) -> StageTimes:
-        key = (layers, recomputed, micro_batch, tp, level, swap)
+              swap: float, tp_sharing: int = 1) -> StageTimes:
+        """``tp_sharing``: TP groups sharing a node's adapters (sim.comm.concurrent_groups; 1 unless a
+        TP group spans nodes)."""
+        key = (layers, recomputed, micro_batch, tp, level, swap, tp_sharing)
         cached = self._stages.get(key)
         if cached is not None:
             return cached
         from sim.tp_overlap import tp_segments_time
 
         costs = [self.costs.layer_costs(layer, micro_batch, tp) for layer in layers]
-        ar = [self._tp_allreduce_s(c, tp) for c in costs]
+        ar = [self._tp_allreduce_s(c, tp, tp_sharing) for c in costs]
         level = level if tp > 1 else 0
 
         def timed(phase: list[float], which: Sequence[int]) -> float:
@@ -278,9 +280,11 @@ class Estimator:
             full, rest = divmod(grad_bytes, bucket)
             group = tuple(d * tp for d in range(dp))  # pipeline rank 0's replicas (sim.program.rank_of)
 
+            sharing = concurrent_groups(self.comm.cluster, dp * tp, group)
+
             def one(dense: int) -> float:
                 wire = sync.wire_bytes(dense)
-                return (self.comm.collective_s(sync.collective, wire, group)
+                return (self.comm.collective_s(sync.collective, wire, group, sharing)
                         + sync.codec_s(wire, self.comm.cluster.device))
 
             total = full * (one(bucket) if full else 0.0) + (one(rest) if rest else 0.0)
@@ -307,7 +311,7 @@ class Estimator:
             return 0.0
         # neighbouring pipeline ranks are dp x tp ranks apart (sim.program.rank_of)
         peer = min(dp * tp, self.comm.cluster.world_size - 1)
-        _, latency, bandwidth = self.comm.p2p_route(0, peer)
+        _, latency, bandwidth = self.comm.p2p_route(0, peer, concurrent_senders(self.comm.cluster, dp * tp, 0, peer))
         return latency + nbytes / bandwidth
 
     # -- the estimate --------------------------------------------------------------------------
@@ -327,8 +331,9 @@ class Estimator:
         """Everything but the gradient sync: the pipeline's time and the per-rank figures."""
         info = SCHEDULES[schedule]
         stages_n = pp * chunks
+        tp_sharing = concurrent_groups(self.comm.cluster, dp * tp, tuple(range(tp)))
         stages = [self.stage(tuple(stage_layers[s]), len(policy.recompute_layers[s]), micro_batch, tp, tp_overlap,
-                             policy.swap_fraction[s]) for s in range(stages_n)]
+                             policy.swap_fraction[s], tp_sharing) for s in range(stages_n)]
         if info.recompute_is_schedule:
             # Merak's eager recomputes move into bubbles: their placement is the schedule's shape.
             unit = unit_pipeline(schedule, pp, microbatches, chunks,

@@ -324,3 +324,27 @@ def test_fit_never_sees_the_held_out_model_and_its_error_there_is_the_reported_o
                                                             abs=REPORTED_MARGIN), shape
         assert summary["max_abs_error"] == pytest.approx(reported[shape]["max_abs_error"], abs=REPORTED_MARGIN)
         assert summary["median_abs_error"] < summarize(score(held, predict, default))["median_abs_error"]
+
+
+def test_adapter_sharing_counts_the_stage_peers_of_a_node() -> None:
+    from sim.collectives import collective_time, p2p_time
+    from sim.comm import concurrent_groups, concurrent_senders
+
+    # 2 nodes x 8 GPUs, 4 adapters each. dp 2 x tp 8 per stage: a stage is 16 ranks = both nodes.
+    c = load_cluster({"preset": "a100-64", "nodes": 2})
+    assert concurrent_groups(c, 16, [0, 8]) == 8  # one DP group per TP rank, all crossing at once
+    assert concurrent_groups(c, 16, list(range(8))) == 1  # the TP group: the whole node is one group
+    # pp across the nodes (dp 1 x tp 8 per stage): all 8 ranks of node 0 send to node 1 together.
+    assert concurrent_senders(c, 8, 0, 8) == 8
+    # dp 1 x tp 4 per stage: stage 1 (ranks 4-7) sends to ranks 8-11 on the next node, 4 senders.
+    assert concurrent_senders(c, 4, 4, 8) == 4
+    assert concurrent_senders(c, 4, 0, 4) == 1  # stage 0 to stage 1 stays on node 0 (counted as 1)
+    # 8 flows on 4 adapters: half an adapter each; 4 flows: a whole adapter each.
+    nbytes = 2**30
+    adapter = c.inter_node_link.effective_bandwidth_Bps
+    alone, eight, four = (p2p_time(nbytes, 0, 8, c, k) - c.inter_node_link.latency_s for k in (1, 8, 4))
+    assert alone == pytest.approx(nbytes / adapter) == pytest.approx(four)
+    assert eight == pytest.approx(2 * alone)
+    shared, own = (collective_time("all_reduce", nbytes, [0, 8], c, "ring", k) for k in (8, 1))
+    assert shared > own
+

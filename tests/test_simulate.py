@@ -78,6 +78,23 @@ def test_symmetric_and_full_simulation_agree(schedule: str) -> None:
         assert full.memory[rank].peak_bytes == memory.peak_bytes
 
 
+# Two nodes of 4 GPUs with one network adapter each: every plan below sends between the nodes from
+# several ranks of a node at once (pipeline sends of a stage's ranks, or one data-parallel all-reduce
+# per tensor-parallel rank), so they share the adapter.
+SHARED_NIC = {"preset": "a100-64", "nodes": 2, "devices_per_node": 4, "nics_per_node": 1}
+
+
+@pytest.mark.parametrize("shape", [{"dp": 2, "tp": 2, "pp": 2}, {"dp": 4, "tp": 2, "pp": 1},
+                                   {"dp": 2, "tp": 1, "pp": 4}])
+def test_ranks_of_a_node_share_its_adapters_in_symmetric_and_full_mode(shape: dict) -> None:
+    plan = gpt(cluster=SHARED_NIC, dp_bucket_mb=16, **shape)
+    symmetric, full = simulate(plan), simulate(plan, full=True)
+    assert symmetric.iteration_s == pytest.approx(full.iteration_s, rel=1e-12)
+    # The same plan with an adapter per GPU (nothing shared) is faster: the sharing is priced.
+    own = simulate(plan.replace(cluster={**SHARED_NIC, "nics_per_node": 4}))
+    assert own.iteration_s < symmetric.iteration_s
+
+
 def test_instruction_table_has_the_shared_columns_and_sane_times() -> None:
     result = simulate(gpt())
     table = result.table

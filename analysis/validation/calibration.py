@@ -62,11 +62,11 @@ class CalibratedComm:
         self.base, self.overhead = base, float(allreduce_overhead_s)
         self.capacity_bytes, self.cluster = base.capacity_bytes, base.cluster
 
-    def p2p_route(self, src: int, dst: int) -> tuple[str, float, float]:
-        return self.base.p2p_route(src, dst)
+    def p2p_route(self, src: int, dst: int, concurrent: int = 1) -> tuple[str, float, float]:
+        return self.base.p2p_route(src, dst, concurrent)
 
-    def collective_s(self, primitive: str, nbytes: int, ranks: Any) -> float:
-        seconds = self.base.collective_s(primitive, nbytes, ranks)
+    def collective_s(self, primitive: str, nbytes: int, ranks: Any, concurrent: int = 1) -> float:
+        seconds = self.base.collective_s(primitive, nbytes, ranks, concurrent)
         return seconds + self.overhead if primitive == "allreduce" else seconds
 
     def host_copy(self) -> tuple[float, float]:
