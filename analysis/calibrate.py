@@ -44,6 +44,7 @@ from sim.calibration import (
     MEGATRON_DTYPE,
     MEGATRON_VOCAB,
     ModelShape,
+    depth_splits,
     load_megatron_a100,
     megatron_predictor,
     model_splits,
@@ -386,21 +387,27 @@ def run_calibration(out_dir: Path, csv_path: Path | None = None, seed: int = 0,
     names = ["sim_default", "quick_default", "sim_fitted", *(["sim_fitted_nvlink"] if fit_nvlink else []),
              "quick_fitted"]
 
-    splits: list[dict[str, Any]] = []
-    for shape, fit_rows_all, held in model_splits(data):
+    def score(label: str, fit_rows_all: pd.DataFrame, held: pd.DataFrame, keep: bool) -> dict[str, Any]:
+        """Fit on one side, score the other; ``keep`` writes the held-out predictions into the table."""
         fit_rows = subsample(fit_rows_all, max_fit_rows, seed)
         fits = {"sim_default": start, "quick_default": start, **fit_all(fit_rows, start, fit_nvlink, timings)}
         mask = predictions["row_id"].isin(held["row_id"])
-        predictions.loc[mask, "held_out_model"] = shape_label(shape)
+        if keep:
+            predictions.loc[mask, "held_out_model"] = label
         metrics = {}
         for name in names:
             predicted = predict_rows(held, _predictor_of(name, sim_predict, quick_predict), fits[name])
-            predictions.loc[mask, f"pred_{name}_s"] = predicted
+            if keep:
+                predictions.loc[mask, f"pred_{name}_s"] = predicted
             metrics[name] = error_metrics(held["iter_time_s"], predicted)
-        splits.append({"held_out_model": list(shape), "label": shape_label(shape),
-                       "fit_rows": int(len(fit_rows)), "holdout_rows": int(len(held)),
-                       "fitted": {name: fits[name].to_dict() for name in names if "fitted" in name},
-                       "metrics": metrics})
+        return {"label": label, "fit_rows": int(len(fit_rows)), "holdout_rows": int(len(held)),
+                "fitted": {name: fits[name].to_dict() for name in names if "fitted" in name},
+                "metrics": metrics}
+
+    splits = [{"held_out_model": list(shape), **score(shape_label(shape), fit_rows, held, keep=True)}
+              for shape, fit_rows, held in model_splits(data)]
+    # Depth splits hold out rows the model splits already scored, so only their metrics are kept.
+    by_depth = [score(label, fit_rows, held, keep=False) for label, fit_rows, held in depth_splits(data)]
 
     # What ships: every fit again on all rows (capped alike); its error on those rows is in-sample.
     all_rows = subsample(data, max_fit_rows, seed)
@@ -428,6 +435,7 @@ def run_calibration(out_dir: Path, csv_path: Path | None = None, seed: int = 0,
                             "its layer counts) out, once per shape; the shipped fit then uses all rows",
                   "seed": seed, "max_fit_rows": max_fit_rows, "models": [s["label"] for s in splits]},
         "splits": splits,
+        "depth_splits": by_depth,
         "fitted": {name: c.to_dict() for name, c in {"default": start, **shipped}.items()},
         "fit_rows": int(len(all_rows)),
         "in_sample": in_sample,
@@ -590,6 +598,9 @@ def print_summary(summary: Mapping[str, Any]) -> None:
     for split in summary["splits"]:
         print(f"held out: model {split['label']} ({split['holdout_rows']} rows), fitted on the other "
               f"{split['fit_rows']}")
+        _print_fits(split["fitted"], split["metrics"])
+    for split in summary.get("depth_splits", []):
+        print(f"held out: {split['label']} ({split['holdout_rows']} rows, fitted on {split['fit_rows']})")
         _print_fits(split["fitted"], split["metrics"])
     print(f"fitted on all rows ({summary['fit_rows']} used), what ships; its error on them is in-sample, "
           "not a test:")

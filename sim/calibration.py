@@ -94,6 +94,21 @@ def model_splits(df: pd.DataFrame) -> list[tuple[ModelShape, pd.DataFrame, pd.Da
     return [(shape, *hold_out_model(df, shape)) for shape in model_shapes(df)]
 
 
+def depth_splits(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame, pd.DataFrame]]:
+    """Fit on the shallower half of the layer counts and test on the deeper half, then the reverse:
+    [(label, fit rows, held-out rows)]. Every width is in both halves, so this tests whether a fit
+    carries to depths it has not seen (what a what-if on a deeper model needs)."""
+    depths = sorted(int(d) for d in df["layers"].unique())
+    if len(depths) < 2:
+        raise ConfigError("layers", f"only one layer count ({depths}) in the data", "a depth split needs two or more")
+    shallow = depths[: len(depths) // 2]
+    is_shallow = df["layers"].isin(shallow)
+    low, high = df[is_shallow].reset_index(drop=True), df[~is_shallow].reset_index(drop=True)
+    deep = depths[len(depths) // 2:]
+    return [(f"layers {min(deep)}-{max(deep)} (fit on {min(shallow)}-{max(shallow)})", low, high),
+            (f"layers {min(shallow)}-{max(shallow)} (fit on {min(deep)}-{max(deep)})", high, low)]
+
+
 # --- a closed-form 1F1B predictor -------------------------------------------------------------------------
 
 @lru_cache(maxsize=256)

@@ -191,10 +191,16 @@ def _resolve_link(value: Any, field: str) -> LinkSpec:
 PRESETS: dict[str, dict[str, Any]] = {
     "dgx-a100-8": dict(nodes=1, devices_per_node=8, device="A100-80GB", intra_node_link="nvlink3",
                        source="NVIDIA DGX A100 datasheet (2020): 8 x A100 80GB, NVSwitch, 600 GB/s NVLink"),
-    # 8 DGX A100 nodes; 4 x HDR = 800 Gbit/s per node, as /work/shared/validation/README.md states.
+    # 8 nodes of 8 A100s as vTrain's configurations describe them (github VIA-Research/vTrain, the
+    # files behind sim/data/a100_single_node_megatron.csv): inter-node "800" (read as Gbit/s per node
+    # = 4 x HDR 200 Gbit/s, which the nodes have) and intra-node "150" (units not stated). For NVLink
+    # the link catalog's nvlink3 is kept: its all-reduce bus bandwidth is the ~200 GB/s nccl-tests
+    # measure on 8 x A100 (sim/data/hardware.yaml), a measurement, where vTrain's 150 is a simulator
+    # input. Ranks of a node share its 4 adapters (sim.comm.concurrent_groups).
     "a100-64": dict(nodes=8, devices_per_node=8, device="A100-80GB", intra_node_link="nvlink3",
                     inter_node_link="ib-hdr", nics_per_node=4,
-                    source="vTrain validation setup (Bang et al., MICRO 2024): 8-GPU A100 nodes, 4 x HDR"),
+                    source="vTrain configurations (Bang et al., MICRO 2024): 8-GPU A100 nodes, 800 Gbit/s per "
+                           "node (4 x HDR); NVLink at the nccl-tests all-reduce bus bandwidth (~200 GB/s)"),
     # 128 DGX H100 nodes with 8 x ConnectX-7 NDR 400 Gbit/s adapters each.
     "h100-1024": dict(nodes=128, devices_per_node=8, device="H100-SXM", intra_node_link="nvlink4",
                       inter_node_link="ib-ndr", nics_per_node=8,

@@ -303,6 +303,19 @@ def test_each_split_holds_out_every_layer_count_of_one_model():
         hold_out_model(df[df["hidden"] == 1024], (1024, 16, 1024))
 
 
+def test_depth_splits_hold_out_every_width_at_unseen_depths():
+    from sim.calibration import depth_splits
+
+    df = load_megatron_a100()
+    (deep_label, shallow, deep), (shallow_label, deep_again, shallow_again) = depth_splits(df)
+    assert sorted(shallow["layers"].unique()) == [12, 16] and sorted(deep["layers"].unique()) == [20, 24]
+    assert "20-24" in deep_label and "12-16" in shallow_label
+    assert deep_again.equals(deep) and shallow_again.equals(shallow) and len(shallow) + len(deep) == len(df)
+    assert _models(shallow) == _models(deep)  # every width on both sides: only depth is held out
+    with pytest.raises(ConfigError, match="layers"):
+        depth_splits(df[df["layers"] == 12])
+
+
 def test_fit_never_sees_the_held_out_model_and_its_error_there_is_the_reported_one():
     df = load_megatron_a100()
     reported = {tuple(h["held_out_model"]): h["closed_form_error"]
