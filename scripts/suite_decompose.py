@@ -38,6 +38,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.validation.runtime_costs import dispatch_gaps, message_times
+
 COMPUTE = {"FWD", "BWD", "BWD_I", "BWD_W", "RECOMPUTE"}
 
 
@@ -47,16 +49,7 @@ def rank_parts(rows: pd.DataFrame) -> dict[str, float]:
     start, end = rows["start_s"].min(), rows["end_s"].max()
     compute = rows[rows["kind"].isin(COMPUTE)]
     optimizer = rows[rows["kind"] == "OPTIMIZER_STEP"]
-    on_stream = rows[rows["stream"] == "compute"].sort_values("start_s")
-    others = rows[rows["stream"] != "compute"]
-    dispatch = 0.0
-    previous_end = None
-    for _, row in on_stream.iterrows():
-        if previous_end is not None:
-            finished = others[(others["end_s"] > previous_end) & (others["end_s"] <= row["start_s"])]["end_s"]
-            ready = max([previous_end, *finished])
-            dispatch += max(0.0, row["start_s"] - ready)
-        previous_end = row["end_s"]
+    dispatch = sum(dispatch_gaps(rows))
     forwards = compute[compute["kind"] == "FWD"]
     first = forwards[forwards["microbatch"] == 0]["end_s"] - forwards[forwards["microbatch"] == 0]["start_s"]
     rest = forwards[forwards["microbatch"] > 0]
@@ -99,17 +92,6 @@ def plan_parts(folder: Path) -> dict[str, float] | None:
     return out
 
 
-def message_times(table: pd.DataFrame) -> pd.Series:
-    """Seconds of every point-to-point message of a table (matched by tag, and by iteration)."""
-    rows = table[table["parent"] == -1]
-    tag = rows["name"].str.split().str[-1]
-    sends = rows[rows["kind"].str.startswith("SEND")].assign(tag=tag)
-    recvs = rows[rows["kind"].str.startswith("RECV")].assign(tag=tag)
-    keys = ["tag", *(["iteration"] if "iteration" in rows else [])]
-    pairs = sends.merge(recvs, on=keys, suffixes=("_send", "_recv"))
-    return pairs["end_s_recv"] - pairs[["start_s_send", "start_s_recv"]].max(axis=1)
-
-
 class _MessagesAt:
     """A communication model whose point-to-point messages all take ``seconds`` (the diagnostic)."""
 
@@ -140,7 +122,7 @@ def p2p_what_if(suite: Path, plan_dir: Path) -> tuple[float, float, float, float
 
     measured = pd.read_parquet(plan_dir / "run" / "record" / "instructions.parquet")
     predicted = pd.read_parquet(plan_dir / "prediction" / "instructions.parquet")
-    in_run = message_times(measured).dropna()
+    in_run = message_times(measured)
     if not len(in_run):
         return None
     report = json.loads((plan_dir / "report.json").read_text())

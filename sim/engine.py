@@ -52,6 +52,9 @@ class CommModel(Protocol):
 @dataclass(frozen=True)
 class EngineOptions:
     overlap_slowdown: float = 0.0  # compute runs this much slower while the device communicates
+    # The runtime's own cost of starting a compute instruction once it may start (Python dispatch,
+    # hooks, posting its sends): measured on calibration runs (analysis.validation.runtime_costs).
+    dispatch_s: float = 0.0
     layer_rows: bool = False  # emit one child row per layer of each compute instruction
 
 
@@ -170,10 +173,12 @@ class Engine:
     # -- streams -------------------------------------------------------------------------------
     def _stream(self, rank: int, stream: Stream, instructions: list[Instruction]):
         done = self.finished[rank]
-        for instruction in instructions:
+        for position, instruction in enumerate(instructions):
             pending = [done[d] for d in instruction.deps if not done[d].processed]
             if pending:
                 yield self.env.all_of(pending)
+            if stream is Stream.COMPUTE and position and self.options.dispatch_s:
+                yield self.env.timeout(self.options.dispatch_s)
             start = self.env.now
             if stream is Stream.COMPUTE:
                 yield from self._compute(rank, instruction)

@@ -147,10 +147,15 @@ def dp_report(report: ValidationReport, tmp_path_factory: pytest.TempPathFactory
 def test_fit_calibration_is_never_worse_than_none(dp_report: ValidationReport) -> None:
     plan = Plan.load(dp_report.out_dir / "plan.yaml")
     setup = resolve_plan(plan)
+    # The runtime's own costs are measured on the run's instruction tables, not fitted: a real
+    # runtime spends some time between instructions, and far less than a millisecond per message.
+    measured = fit_calibration([dp_report], max_overhead_s=0.01)
+    assert 0.0 < measured.dispatch_s < 0.005 and measured.p2p_overhead_s >= 0.0
 
     def predicted(overhead: float) -> float:
-        calibration = ValidationCalibration(allreduce_overhead_s=overhead)
-        return simulate(plan, full=True, resolved=with_calibration(setup, calibration)).iteration_s
+        calibration = replace(measured, allreduce_overhead_s=overhead)
+        return simulate(plan, full=True, options=calibration.engine_options(),
+                        resolved=with_calibration(setup, calibration)).iteration_s
 
     # The plan exercises what the calibration changes: its all-reduce is on the critical path.
     assert predicted(0.005) >= predicted(0.0) + 0.004
@@ -171,3 +176,38 @@ def test_fit_calibration_is_never_worse_than_none(dp_report: ValidationReport) -
     # On a measurement faster than the uncalibrated prediction no overhead helps: exactly none.
     faster = replace(dp_report, measured={**dp_report.measured, "median_s": 0.5 * predicted(0.0)})
     assert fit_calibration([faster], max_overhead_s=0.01).allreduce_overhead_s == 0.0
+
+
+def test_report_loads_back_as_written(report: ValidationReport) -> None:
+    again = ValidationReport.load(report.paths["report_json"])
+    assert again.to_dict() == json.loads(Path(report.paths["report_json"]).read_text())
+
+
+def test_dispatch_gaps_leave_out_waits_and_messages_are_timed_from_both_ends() -> None:
+    from analysis.validation.runtime_costs import dispatch_gaps, message_times
+
+    columns = ["rank", "kind", "stream", "start_s", "end_s", "parent", "name", "iteration"]
+    rows = pd.DataFrame([
+        [0, "FWD", "compute", 0.0, 1.0, -1, "FWD s0 mb0", 0],
+        [0, "FWD", "compute", 1.25, 2.0, -1, "FWD s0 mb1", 0],  # 0.25 s after the previous: dispatch
+        [0, "RECV_GRAD", "p2p_recv", 1.5, 3.0, -1, "RECV_GRAD s0 mb0 grad:0:0", 0],
+        [0, "BWD", "compute", 3.5, 4.0, -1, "BWD s0 mb0", 0],  # waited for the receive, then 0.5 s
+        [1, "SEND_GRAD", "p2p_send", 2.5, 2.6, -1, "SEND_GRAD s1 mb0 grad:0:0", 0],
+    ], columns=columns)
+    assert dispatch_gaps(rows[rows["rank"] == 0]) == [0.25, 0.5]
+    # The message: from the later of the send's start (2.5) and the receive's post (1.5) to its end (3.0).
+    assert message_times(rows).tolist() == [0.5]
+
+
+def test_dispatch_time_is_paid_before_every_compute_instruction_but_the_first() -> None:
+    from sim.engine import EngineOptions
+
+    plan = Plan.from_dict({**PLAN, "cluster": {"preset": "local-cpu-2", "devices_per_node": 1},
+                           "parallelism": {}, "schedule": {"name": "1f1b", "micro_batch": 2, "microbatches": 3}})
+    setup = resolve_plan(plan, costs=UniformCosts(num_layers=6, param_bytes=1 << 20))
+    plain = simulate(plan, full=True, resolved=setup)
+    compute = plain.table[(plain.table["parent"] == -1) & (plain.table["stream"] == "compute")]
+    slower = simulate(plan, full=True, resolved=setup, options=EngineOptions(dispatch_s=0.001))
+    # One rank, nothing to wait for: every compute instruction after the first starts 1 ms later.
+    assert slower.iteration_s == pytest.approx(plain.iteration_s + 0.001 * (len(compute) - 1))
+

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.validation.report import ValidationReport
+from analysis.validation.runtime_costs import measure_runtime_costs
 from sim.compile import ResolvedPlan, resolve_plan
 from sim.engine import EngineOptions
 from sim.plan import Plan
@@ -24,12 +25,18 @@ class ValidationCalibration:
     with them (``fit_calibration``), never tuned to the plans they are then tested on."""
 
     compute_scale: float = 1.0  # x every compute time (layer passes and the optimizer step)
-    allreduce_overhead_s: float = 0.0  # + every all-reduce, data-parallel bucket or TP
+    allreduce_overhead_s: float = 0.0  # + every all-reduce, data-parallel bucket or TP (fitted)
+    dispatch_s: float = 0.0  # before every compute instruction but a rank's first (measured)
+    p2p_overhead_s: float = 0.0  # + every point-to-point message (measured)
     source: str = ""
 
     @property
     def identity(self) -> bool:
-        return self.compute_scale == 1.0 and self.allreduce_overhead_s == 0.0
+        return (self.compute_scale == 1.0 and self.allreduce_overhead_s == 0.0 and self.dispatch_s == 0.0
+                and self.p2p_overhead_s == 0.0)
+
+    def engine_options(self, options: EngineOptions | None = None) -> EngineOptions:
+        return replace(options or EngineOptions(), dispatch_s=self.dispatch_s)
 
 
 class CalibratedCosts:
@@ -58,12 +65,13 @@ class CalibratedComm:
     to be scheduled at once; commbench, which starts every repeat from a barrier, does not see
     that. It matters most for TP, whose all-reduces sit inside every forward and backward."""
 
-    def __init__(self, base: Any, allreduce_overhead_s: float) -> None:
-        self.base, self.overhead = base, float(allreduce_overhead_s)
+    def __init__(self, base: Any, allreduce_overhead_s: float, p2p_overhead_s: float = 0.0) -> None:
+        self.base, self.overhead, self.p2p_overhead = base, float(allreduce_overhead_s), float(p2p_overhead_s)
         self.capacity_bytes, self.cluster = base.capacity_bytes, base.cluster
 
     def p2p_route(self, src: int, dst: int, concurrent: int = 1) -> tuple[str, float, float]:
-        return self.base.p2p_route(src, dst, concurrent)
+        link, latency, bandwidth = self.base.p2p_route(src, dst, concurrent)
+        return link, latency + self.p2p_overhead, bandwidth
 
     def collective_s(self, primitive: str, nbytes: int, ranks: Any, concurrent: int = 1) -> float:
         seconds = self.base.collective_s(primitive, nbytes, ranks, concurrent)
@@ -78,14 +86,16 @@ def with_calibration(resolved: ResolvedPlan, calibration: ValidationCalibration)
     bundle's communication fits; ``resolve_plan(plan, costs=...)`` would drop them)."""
     costs = CalibratedCosts(resolved.costs, calibration.compute_scale) if calibration.compute_scale != 1.0 \
         else resolved.costs
-    comm = CalibratedComm(resolved.comm, calibration.allreduce_overhead_s) if calibration.allreduce_overhead_s \
-        else resolved.comm
+    comm = CalibratedComm(resolved.comm, calibration.allreduce_overhead_s, calibration.p2p_overhead_s) \
+        if calibration.allreduce_overhead_s or calibration.p2p_overhead_s else resolved.comm
     return replace(resolved, costs=costs, comm=comm)
 
 
 def fit_calibration(reports: list[ValidationReport], max_overhead_s: float = 0.02) -> ValidationCalibration:
-    """The all-reduce overhead that minimises the squared log errors of the iteration times of
-    ``reports`` (validated without calibration), re-simulated with each candidate.
+    """The runtime's measured dispatch time and message overhead (``runtime_costs``, from the
+    reports' instruction tables), then the all-reduce overhead that minimises the squared log errors
+    of the iteration times of ``reports`` (validated without calibration), re-simulated with each
+    candidate and the measured costs.
 
     The compute scale stays 1: with profiles taken right before and after each run, compute
     matched within a few percent whenever the machine's load was steady, and a scale measured in
@@ -99,9 +109,15 @@ def fit_calibration(reports: list[ValidationReport], max_overhead_s: float = 0.0
     if not cases:
         raise ConfigError("calibration", "no calibration reports", "validate some calibration plans first")
 
+    tables = [(Path(r.paths["run"]) / "record" / "instructions.parquet",
+               Path(r.paths["prediction"]) / "instructions.parquet") for r in reports
+              if "run" in r.paths and "prediction" in r.paths]
+    dispatch, p2p = measure_runtime_costs(tables)
+    measured_costs = ValidationCalibration(dispatch_s=dispatch, p2p_overhead_s=p2p)
+
     def loss(overhead: float) -> float:
-        calibration = ValidationCalibration(allreduce_overhead_s=overhead)
-        return sum(math.log(simulate(plan, full=True, options=EngineOptions(),
+        calibration = replace(measured_costs, allreduce_overhead_s=overhead)
+        return sum(math.log(simulate(plan, full=True, options=calibration.engine_options(),
                                      resolved=with_calibration(resolved, calibration)).iteration_s / measured) ** 2
                    for plan, resolved, measured in cases)
 
@@ -109,6 +125,6 @@ def fit_calibration(reports: list[ValidationReport], max_overhead_s: float = 0.0
     # Bounded Brent never evaluates the bounds themselves: when no overhead is best it stops a few
     # microseconds inside, slightly worse than none. Compare with none and keep the better.
     overhead = float(best.x) if best.fun < loss(0.0) else 0.0
-    return ValidationCalibration(allreduce_overhead_s=overhead,
-                                 source=f"fitted on {', '.join(r.plan for r in reports)}")
+    return replace(measured_costs, allreduce_overhead_s=overhead,
+                   source=f"measured and fitted on {', '.join(r.plan for r in reports)}")
 

@@ -53,6 +53,17 @@ class ValidationReport:
         """predicted / measured median - 1."""
         return self.predicted_s / self.measured_s - 1.0
 
+    @classmethod
+    def load(cls, path: Path) -> ValidationReport:
+        """A report as ``write_report`` wrote it (``report.json``)."""
+        d = json.loads(Path(path).read_text())
+        return cls(plan=d["plan"], out_dir=Path(d["out_dir"]), world_size=d["world_size"],
+                   iterations=d["iterations"], warmup=d["warmup"], predicted_s=d["iteration"]["predicted_s"],
+                   measured=d["iteration"]["measured"], per_kind=pd.DataFrame(d["per_kind"]),
+                   memory=pd.DataFrame(d["memory"]["ranks"]), profile=Path(d["profile"]),
+                   comm_fits=pd.DataFrame(d["comm_fits"]) if d["comm_fits"] else None,
+                   paths={k: Path(v) for k, v in d["paths"].items()}, notes=d["notes"], settings=d["settings"])
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "plan": self.plan,

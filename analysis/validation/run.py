@@ -143,9 +143,12 @@ def _predict_and_compare(plan: Plan, measured_plan: Plan, run: MeasuredRun, out:
         plain = simulate(measured_plan, full=True, options=options, resolved=resolved).iteration_s
         extra_settings["predicted_uncalibrated_s"] = float(plain)
         notes.append(f"calibrated ({calibration.source}): compute x {calibration.compute_scale:.3f}, "
-                     f"+{calibration.allreduce_overhead_s * 1e3:.2f} ms per all-reduce; uncalibrated "
+                     f"+{calibration.allreduce_overhead_s * 1e3:.2f} ms per all-reduce, "
+                     f"+{calibration.dispatch_s * 1e3:.2f} ms dispatch per compute instruction, "
+                     f"+{calibration.p2p_overhead_s * 1e3:.2f} ms per message; uncalibrated "
                      f"prediction {plain * 1e3:.1f} ms")
         resolved = with_calibration(resolved, calibration)
+        options = calibration.engine_options(options)
     sim = simulate(measured_plan, full=True, options=options, resolved=resolved)
     measured_plan.dump(out / "plan.yaml")
     times = run.iteration_times

@@ -1,0 +1,73 @@
+"""Predict a stored validation suite again with today's simulator and calibration, against the
+measurements it kept (issue 16): the calibration is measured and fitted on the suite's own
+calibration runs (``calibration/``, plans outside the suite), as ``paratwin validate-suite`` does,
+then every suite plan is simulated from its own profile and compared with its measured median.
+
+    python scripts/suite_repredict.py runs/suite-1 [runs/suite-2 ...]
+
+Prints, per suite, each plan's error as validated then and as predicted now, and the summary
+figures; ``--without-runtime-costs`` leaves out the measured dispatch and message costs (the
+calibration as it was: an all-reduce overhead only).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+from scipy.stats import spearmanr
+
+from analysis.validation.calibration import ValidationCalibration, fit_calibration, with_calibration
+from analysis.validation.report import ValidationReport
+from sim.compile import resolve_plan
+from sim.engine import EngineOptions
+from sim.plan import Plan
+from sim.simulate import simulate
+
+
+def repredict(suite: Path, runtime_costs: bool) -> tuple[ValidationCalibration, pd.DataFrame]:
+    reports = [ValidationReport.load(p / "report.json") for p in sorted((suite / "calibration").iterdir())
+               if (p / "report.json").is_file()]
+    calibration = fit_calibration(reports)
+    if not runtime_costs:
+        calibration = fit_calibration_without_runtime_costs(reports)
+    table = pd.read_csv(suite / "suite.csv")
+    rows = []
+    for _, row in table.iterrows():
+        folder = Path(str(row["timeline"])).parent if str(row["timeline"]) else suite / "plans" / row["plan"]
+        plan = Plan.load(folder / "plan.yaml")
+        resolved = with_calibration(resolve_plan(plan), calibration)
+        now = simulate(plan, full=True, options=calibration.engine_options(EngineOptions()), resolved=resolved)
+        rows.append({"plan": row["plan"], "measured_s": row["measured_median_s"], "then": row["error"],
+                     "now": now.iteration_s / row["measured_median_s"] - 1, "predicted_s": now.iteration_s})
+    return calibration, pd.DataFrame(rows)
+
+
+def fit_calibration_without_runtime_costs(reports: list[ValidationReport]) -> ValidationCalibration:
+    """The calibration as it was before runtime costs were measured: the all-reduce overhead alone."""
+    stripped = [replace(r, paths={k: v for k, v in r.paths.items() if k not in ("run", "prediction")})
+                for r in reports]
+    return fit_calibration(stripped)
+
+
+def main(argv: list[str]) -> None:
+    runtime_costs = "--without-runtime-costs" not in argv
+    for suite in [Path(a) for a in argv if not a.startswith("--")]:
+        calibration, table = repredict(suite, runtime_costs)
+        print(f"\n{suite.name}: {calibration.source}: +{calibration.allreduce_overhead_s * 1e3:.2f} ms per "
+              f"all-reduce (fitted), +{calibration.dispatch_s * 1e3:.3f} ms dispatch per compute instruction and "
+              f"+{calibration.p2p_overhead_s * 1e3:.3f} ms per message (measured)")
+        print("| plan | measured (ms) | error then | error now |\n| --- | ---: | ---: | ---: |")
+        for _, r in table.iterrows():
+            print(f"| {r['plan']} | {r['measured_s'] * 1e3:.1f} | {r['then']:+.1%} | {r['now']:+.1%} |")
+        for label, column in (("then", "then"), ("now", "now")):
+            errors = table[column]
+            predicted = table["measured_s"] * (1 + errors)
+            print(f"{label}: median |error| {errors.abs().median():.1%}, max {errors.abs().max():.1%}, mean "
+                  f"{errors.mean():+.1%}, Spearman {spearmanr(predicted, table['measured_s']).statistic:.3f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
