@@ -143,7 +143,9 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
         fitted = fit_calibration([validate(path, "calibration", None) for path in calibration_paths])
         if verbose:
             print(f"calibration ({fitted.source}): +{fitted.allreduce_overhead_s * 1e3:.2f} ms per all-reduce, "
-                  f"compute x {fitted.compute_scale:.3f}", flush=True)
+                  f"+{fitted.dispatch_s * 1e3:.3f} ms dispatch per compute instruction, "
+                  f"+{fitted.p2p_overhead_s * 1e3:.3f} ms per message, compute x {fitted.compute_scale:.3f}",
+                  flush=True)
     rows = []
     for path in paths:
         plan = loaded[path]
@@ -213,7 +215,10 @@ def format_suite(table: pd.DataFrame) -> str:
     if s.get("calibration_plans"):
         c, u = s["calibration"], s["uncalibrated"]
         lines.append(f"Calibrated on {', '.join(s['calibration_plans'])} (not in the suite): "
-                     f"+{c['allreduce_overhead_s'] * 1e3:.2f} ms per all-reduce, compute x {c['compute_scale']:.3f}. "
+                     f"+{c['allreduce_overhead_s'] * 1e3:.2f} ms per all-reduce (fitted), "
+                     f"+{c.get('dispatch_s', 0.0) * 1e3:.3f} ms dispatch per compute instruction and "
+                     f"+{c.get('p2p_overhead_s', 0.0) * 1e3:.3f} ms per message (measured), "
+                     f"compute x {c['compute_scale']:.3f}. "
                      f"Uncalibrated: median |error| {u['median_abs_error']:.1%}, max {u['max_abs_error']:.1%}, "
                      f"Spearman {u['spearman']:.3f}.")
     if "wall_s" in s:
