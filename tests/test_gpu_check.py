@@ -1,0 +1,30 @@
+"""scripts/gpu_check.py takes the same steps on this CPU (--smoke) as on a GPU: a what-if
+prediction, a profile, a real run and the table. The GPU cases themselves never run in CI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"
+
+
+@pytest.mark.slow
+def test_gpu_check_smoke_writes_the_comparison_table(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--iterations", "3", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = pd.read_csv(tmp_path / "gpu_check.csv")
+    assert list(table["case"]) == ["gpt-tiny seq 32", "gpt-tiny seq 64"]
+    for column in ("profiled_s", "measured_s"):
+        assert (table[column] > 0).all()
+    assert table["analytic_s"].isna().all()  # the analytic model prices GPUs, not this CPU
+    # The errors are the predictions against the measurement, as printed.
+    assert table["profiled_error"].tolist() == pytest.approx((table["profiled_s"] / table["measured_s"] - 1).tolist())
+    # A longer sequence costs more, measured and predicted from the profile.
+    assert table["measured_s"][1] > table["measured_s"][0] and table["profiled_s"][1] > table["profiled_s"][0]
+    assert "| gpt-tiny seq 64 |" in (tmp_path / "gpu_check.md").read_text()
