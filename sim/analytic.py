@@ -25,7 +25,7 @@ from pathlib import Path
 from sim.cluster import ClusterSpec
 from sim.collectives import collective_time
 from sim.hardware import DeviceSpec, normalize_dtype
-from sim.workloads import LayerSpec
+from sim.workloads import ATTENTION_IMPLEMENTATIONS, LayerSpec
 from traces.errors import ConfigError
 
 # Bytes of one activation element, by compute dtype. tf32 computes on fp32 storage; fp8 training
@@ -56,7 +56,8 @@ MEM_EFF = 0.9
 # wave-quantised GEMM tiles and the bytes of memory-bound kernels (``transformer_layer_times``).
 CALL_OVERHEAD_S = 0.0
 
-# Attention implementations (``AnalyticCostModel(attention=...)``):
+# Attention implementations (``AnalyticCostModel(attention=...)``, ``sim.workloads.ATTENTION_IMPLEMENTATIONS``;
+# a plan chooses with ``workload_options: {attention: unfused}``):
 # - "unfused": Megatron-LM's CoreAttention as its 2021-2023 code ran it (megatron/model/transformer.py:
 #   baddbmm of Q K^T into a [b x heads/t, s, s] score tensor, FusedScaleMaskSoftmax (the
 #   scaled_upper_triang_masked_softmax CUDA kernel, megatron/model/fused_softmax.py), dropout on
@@ -66,7 +67,6 @@ CALL_OVERHEAD_S = 0.0
 #   no s x s tensor in memory, a causal kernel skips the masked half; FlashAttention-2 reaches
 #   50-73% of A100 peak (Dao 2023, abstract and section 4.1): 0.70 forward, 0.50 backward here.
 #   What exec.workloads runs (torch SDPA) and the default.
-ATTENTION_IMPLEMENTATIONS = ("flash", "unfused")
 FLASH_EFF_FWD = 0.70
 FLASH_EFF_BWD = 0.50
 # GEMM tiles cuBLAS/CUTLASS use for large fp16/bf16 GEMMs on Ampere and Hopper (CUTLASS's default

@@ -34,6 +34,11 @@ class TransformerConfig:
     seq: int
     ffn_mult: int = 4
     source: str = ""
+    # How attention runs (ATTENTION_IMPLEMENTATIONS): "flash", one fused kernel with no seq x seq
+    # tensor in memory (torch SDPA, FlashAttention-style); "unfused", scores, softmax and the weighted
+    # sum as separate kernels with the probabilities saved, as Megatron-LM ran it in 2021-2023
+    # (sim.analytic prices both; exec.workloads.gpt runs both).
+    attention: str = "flash"
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -187,9 +192,15 @@ def _positive_ints(value: object) -> bool:
         not isinstance(v, bool) and isinstance(v, int) and 1 <= v <= MAX_OPTION_INT for v in value)
 
 
+ATTENTION_IMPLEMENTATIONS = ("flash", "unfused")
+
+
 def transformer_config(name: str, **overrides: object) -> TransformerConfig:
     sizes = [f for f in asdict(TRANSFORMER_PRESETS["gpt-tiny"]) if f != "family"]  # the family is the preset's
     cfg = preset_with_overrides("transformer", TRANSFORMER_PRESETS, name, overrides, allowed=sizes)
+    if cfg.attention not in ATTENTION_IMPLEMENTATIONS:
+        raise ConfigError("workload_options.attention", f"unknown attention implementation {cfg.attention!r}",
+                          f"use one of {', '.join(ATTENTION_IMPLEMENTATIONS)}")
     if cfg.hidden % cfg.heads:
         raise ConfigError("workload_options.heads", f"{cfg.heads} heads do not divide hidden size {cfg.hidden}",
                           "choose heads that divide hidden")

@@ -112,3 +112,19 @@ def test_no_fixed_cost_per_call_by_default_and_times_grow_with_work():
     gemm_only = 8 * block.flops_fwd / (0.8 * 312e12)
     assert gemm_only < big.fwd_s < 3 * gemm_only
     assert math.isfinite(big.bwd_input_s) and big.bwd_weight_s > 0
+
+
+def test_a_plan_chooses_its_attention_and_the_simulator_prices_it():
+    from sim.plan import Plan
+    from sim.simulate import simulate
+
+    def run(attention: str):
+        return simulate(Plan.from_dict({
+            "name": "attention", "workload": "gpt2-small", "cluster": "dgx-a100-8", "dtype": "fp16",
+            "workload_options": {"seq": 2048, "attention": attention}, "parallelism": {"dp": 8},
+            "schedule": {"name": "1f1b", "micro_batch": 4, "microbatches": 1}}))
+
+    flash, unfused = run("flash"), run("unfused")
+    # Unfused attention moves and keeps the [b, heads, s, s] scores: slower, and more memory at seq 2,048.
+    assert unfused.iteration_s > 1.05 * flash.iteration_s
+    assert unfused.peak_memory_bytes > flash.peak_memory_bytes

@@ -254,3 +254,26 @@ def test_describe_records_the_definition() -> None:
     info = get_workload("resnet50").describe()
     assert info["name"] == "resnet50" and "definition" in info
     assert get_workload("gpt-tiny").describe()["params"] == n_params(get_workload("gpt-tiny").build_layers())
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_unfused_attention_computes_what_sdpa_computes(causal: bool) -> None:
+    torch.manual_seed(0)
+    fused = Attention(64, 4, causal=causal)
+    unfused = Attention(64, 4, causal=causal, implementation="unfused")
+    unfused.load_state_dict(fused.state_dict())
+    x = torch.randn(2, 16, 64, requires_grad=True)
+    y_fused, y_unfused = fused(x), unfused(x)
+    # fp32, 16 keys: the two orders of summation differ by a few ulps of values of order 1.
+    assert torch.allclose(y_fused, y_unfused, atol=1e-5, rtol=1e-5)
+    g_fused = torch.autograd.grad(y_fused.sum(), fused.qkv.weight)[0]
+    g_unfused = torch.autograd.grad(y_unfused.sum(), unfused.qkv.weight)[0]
+    assert torch.allclose(g_fused, g_unfused, atol=1e-4, rtol=1e-4)
+
+
+def test_attention_implementation_is_a_checked_workload_option() -> None:
+    assert transformer_config("gpt2-small", attention="unfused").attention == "unfused"
+    with pytest.raises(ConfigError, match=r"workload_options.attention.*flash, unfused"):
+        transformer_config("gpt2-small", attention="xformers")
+    block = get_workload("gpt-tiny", attention="unfused").build_layers(1, 2)[0]
+    assert isinstance(block, Block) and block.attn.implementation == "unfused"

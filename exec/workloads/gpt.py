@@ -11,6 +11,8 @@ four matmuls as plainly named ``nn.Linear`` attributes (``attn.qkv``, ``attn.pro
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -47,7 +49,7 @@ class Attention(nn.Module):
     ``heads`` to heads / t. ``forward`` reads every size from the modules, not from a config.
     """
 
-    def __init__(self, hidden: int, heads: int, causal: bool) -> None:
+    def __init__(self, hidden: int, heads: int, causal: bool, implementation: str = "flash") -> None:
         super().__init__()
         if hidden % heads:
             raise ConfigError("heads", f"hidden size {hidden} is not divisible by {heads} heads",
@@ -55,6 +57,7 @@ class Attention(nn.Module):
         self.heads = heads
         self.head_dim = hidden // heads
         self.causal = causal
+        self.implementation = implementation  # sim.workloads.ATTENTION_IMPLEMENTATIONS
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
 
@@ -62,8 +65,23 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         qkv = self.qkv(x).view(b, s, self.heads, 3, self.head_dim)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=3))  # each [b, heads, s, head_dim]
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        if self.implementation == "unfused":
+            out = self._unfused(q, k, v)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         return self.proj(out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+
+
+    def _unfused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Scores, masked softmax and weighted sum as separate kernels: the [b, heads, s, s] scores and
+        probabilities go through memory and autograd saves the probabilities (Megatron-LM's
+        CoreAttention without dropout, which no paratwin workload uses)."""
+        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+        if self.causal:
+            s = scores.shape[-1]
+            mask = torch.ones(s, s, dtype=torch.bool, device=scores.device).triu(1)
+            scores = scores.masked_fill(mask, float("-inf"))
+        return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
 class MLP(nn.Module):
@@ -84,7 +102,7 @@ class Block(nn.Module):
         super().__init__()
         causal = cfg.family == "gpt"
         self.ln1 = nn.LayerNorm(cfg.hidden)
-        self.attn = Attention(cfg.hidden, cfg.heads, causal=causal)
+        self.attn = Attention(cfg.hidden, cfg.heads, causal=causal, implementation=cfg.attention)
         self.ln2 = nn.LayerNorm(cfg.hidden)
         # GPT-2 uses the tanh approximation of GELU, BERT the exact one.
         self.mlp = MLP(cfg.hidden, cfg.ffn_mult * cfg.hidden, "tanh" if causal else "none")
