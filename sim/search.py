@@ -253,11 +253,134 @@ def schedule_chunks(space: SearchSpace) -> list[tuple[str, int]]:
 # The search
 
 
+@dataclass
+class _ShapePlans:
+    """What one (dp, tp, pp) shape contributes: plans considered, pruned by reason, survivors."""
+
+    considered: int = 0
+    pruned: Counter = field(default_factory=Counter)
+    survivors: list[Ranked] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+class _Enumerator:
+    """Enumerates, prunes and estimates the plans of one (dp, tp, pp) shape at a time, with the
+    caches (partitions, memory policies, checks, the estimator's) of the process it runs in."""
+
+    def __init__(self, space: SearchSpace, base: dict[str, Any], global_batch: int, probe: ResolvedPlan) -> None:
+        self.space, self.base, self.global_batch = space, base, global_batch
+        self.costs, self.comm, self.transformer = probe.costs, probe.comm, probe.transformer
+        self.estimator = Estimator(probe.costs, probe.comm, space.dtype)
+        self.layers = probe.costs.num_layers
+        self.syncs, self.skipped = sync_variants(space)
+        self.pairs = schedule_chunks(space)
+        self.partitions: dict[tuple[int, str], list[tuple[int, ...]]] = {}
+        self.policies: dict[tuple, Any] = {}
+        self.checks: dict[tuple, str | None] = {}
+
+    def stage_layers(self, stages: int, partition: str) -> list[tuple[int, ...]]:
+        key = (stages, partition)
+        if key not in self.partitions:
+            ranges = (uniform_partition(self.layers, stages) if partition == "uniform"
+                      else balanced_partition(self.costs.layer_weights(partition), stages))
+            self.partitions[key] = [tuple(range(a, b)) for a, b in ranges]
+        return self.partitions[key]
+
+    def shape(self, dp: int, tp: int, pp: int) -> _ShapePlans:
+        space, base, out = self.space, self.base, _ShapePlans(skipped=dict(self.skipped))
+        per_replica = self.global_batch // dp if self.global_batch % dp == 0 else 0
+        micro_batches = [b for b in _divisors(per_replica) if b <= space.max_micro_batch
+                         and (space.micro_batch_sizes is None or b in space.micro_batch_sizes)] if per_replica else []
+        tp_reason = _tp_problem(tp, self.transformer, space.workload)
+        for micro_batch in micro_batches:
+            m = per_replica // micro_batch
+            for schedule, chunks in self.pairs:
+                info = SCHEDULES[schedule]
+                memories, skipped_memory = memory_variants(space, pp * chunks)
+                out.skipped.update(skipped_memory)
+                if info.recompute_is_schedule:  # the schedule decides recomputation; one policy says it
+                    memories = [v for v in memories if v["policy"] == memories[0]["policy"]][: len(space.swap)]
+                partitions = space.partitions if pp * chunks > 1 else space.partitions[:1]
+                overlaps = space.tp_overlaps if tp > 1 else (0,)
+                methods = self.syncs if dp > 1 else _one_per_method(self.syncs)
+                leaves = len(partitions) * len(memories) * len(overlaps) * len(methods)
+                out.considered += leaves
+                reason = tp_reason or _shape_problem(schedule, pp, m, chunks, self.layers)
+                if reason:
+                    out.pruned[reason] += leaves
+                    continue
+                seen_splits: list[list[tuple[int, ...]]] = []
+                for partition in partitions:
+                    split = self.stage_layers(pp * chunks, partition)
+                    if split in seen_splits:  # e.g. time-balanced = uniform on identical layers
+                        out.pruned[SAME_SPLIT] += len(memories) * len(overlaps) * len(methods)
+                        continue
+                    seen_splits.append(split)
+                    for memory in memories:
+                        shape = {"parallelism": {"dp": dp, "tp": tp, "pp": pp, "chunks": chunks,
+                                                 "partition": partition},
+                                 "schedule": {"name": schedule, "micro_batch": micro_batch, "microbatches": m},
+                                 "memory": memory}
+                        key = (pp, chunks, partition, schedule, _freeze(memory))
+                        policy = self.policies.get(key)
+                        if policy is None:
+                            plan = Plan.from_dict({**base, **shape})
+                            policy = self.policies[key] = MEMORY_POLICIES[memory["policy"]].build(
+                                plan, split, self.costs, self.comm.capacity_bytes)
+                        for sync in methods:
+                            problem = _sync_problem(sync, base, shape, self.checks)
+                            if problem:
+                                out.pruned[problem] += len(overlaps)
+                                continue
+                            for level in overlaps:
+                                estimate = self.estimator.estimate(
+                                    schedule=schedule, dp=dp, tp=tp, pp=pp, chunks=chunks, micro_batch=micro_batch,
+                                    microbatches=m, stage_layers=split, policy=policy, tp_overlap=level,
+                                    sync_method=sync["method"], bucket_mb=sync.get("bucket_mb", 25.0))
+                                if not estimate.fits:
+                                    out.pruned[DOES_NOT_FIT] += 1
+                                    continue
+                                out.survivors.append(Ranked(
+                                    Candidate(dp, tp, pp, chunks, partition, level, schedule, micro_batch, m,
+                                              _freeze(memory), _freeze(sync)), estimate))
+        return out
+
+
+# Below this many (shape, schedule, chunks) combinations the estimate takes about as long as starting
+# worker processes (about 2 s for two on the development machine, which import the simulator and
+# resolve the cost model), so it runs in this process.
+MIN_PARALLEL_COMBINATIONS = 400
+
+
+def _estimate_all(shapes: list[tuple[int, int, int]], here: _Enumerator, probe_plan: dict[str, Any],
+                  workers: int | None) -> Iterator[_ShapePlans]:
+    """Each shape's plans, in ``shapes`` order (so the result is the one-process result)."""
+    workers = min(workers or os.cpu_count() or 1, len(shapes))
+    if workers <= 1 or len(shapes) * len(here.pairs) < MIN_PARALLEL_COMBINATIONS:
+        for dp, tp, pp in shapes:
+            yield here.shape(dp, tp, pp)
+        return
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("forkserver")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start,
+                             initargs=(probe_plan, here.space, here.base, here.global_batch)) as pool:
+        # Largest pipelines first (their unit-cost runs dominate), so no worker is left with the
+        # longest at the end; results are taken back in the given order.
+        order = sorted(range(len(shapes)), key=lambda i: -shapes[i][2])
+        futures = {i: pool.submit(_worker_shape, shapes[i]) for i in order}
+        for i in range(len(shapes)):
+            yield futures[i].result()
+
+
+
+
 def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
            progress: Progress | None = None, workers: int | None = None) -> SearchResult:
     """Enumerate, prune, estimate every survivor, simulate the best ``top_k`` and a random
-    ``sample`` of survivors (for the agreement figures). The engine runs in ``workers`` processes
-    (default: one per core when there are enough plans to simulate to repay starting them)."""
+    ``sample`` of survivors (for the agreement figures). Both phases run in ``workers`` processes
+    (default: one per core) when there is enough work to repay starting them; the result is the
+    same as in one process."""
     started = time.perf_counter()
     cluster = load_cluster(space.cluster)
     world = cluster.world_size
@@ -269,86 +392,19 @@ def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
     # One resolve for the shared pieces: the cost model and the communication model.
     probe_plan = {**base, "parallelism": {"dp": world}}
     probe = resolve_plan(Plan.from_dict(probe_plan))
-    costs, comm = probe.costs, probe.comm
-    estimator = Estimator(costs, comm, space.dtype)
-    layers = costs.num_layers
-    transformer = probe.transformer
 
-    syncs, skipped = sync_variants(space)
-    pairs = schedule_chunks(space)
-    partitions_cache: dict[tuple[int, str], list[tuple[int, ...]]] = {}
-    policies: dict[tuple, Any] = {}
-    checks: dict[tuple, str | None] = {}
+    shapes = list(factorisations(world, max_tp))
     pruned: Counter = Counter()
     survivors: list[Ranked] = []
+    skipped: dict[str, str] = {}
     considered = 0
-
-    def stage_layers(stages: int, partition: str) -> list[tuple[int, ...]]:
-        key = (stages, partition)
-        if key not in partitions_cache:
-            ranges = (uniform_partition(layers, stages) if partition == "uniform"
-                      else balanced_partition(costs.layer_weights(partition), stages))
-            partitions_cache[key] = [tuple(range(a, b)) for a, b in ranges]
-        return partitions_cache[key]
-
-    for dp, tp, pp in factorisations(world, max_tp):
-        per_replica = global_batch // dp if global_batch % dp == 0 else 0
-        micro_batches = [b for b in _divisors(per_replica) if b <= space.max_micro_batch
-                         and (space.micro_batch_sizes is None or b in space.micro_batch_sizes)] if per_replica else []
-        tp_reason = _tp_problem(tp, transformer, space.workload)
-        for micro_batch in micro_batches:
-            m = per_replica // micro_batch
-            for schedule, chunks in pairs:
-                info = SCHEDULES[schedule]
-                memories, skipped_memory = memory_variants(space, pp * chunks)
-                skipped.update(skipped_memory)
-                if info.recompute_is_schedule:  # the schedule decides recomputation; one policy says it
-                    memories = [v for v in memories if v["policy"] == memories[0]["policy"]][: len(space.swap)]
-                partitions = space.partitions if pp * chunks > 1 else space.partitions[:1]
-                overlaps = space.tp_overlaps if tp > 1 else (0,)
-                methods = syncs if dp > 1 else _one_per_method(syncs)
-                leaves = len(partitions) * len(memories) * len(overlaps) * len(methods)
-                considered += leaves
-                reason = tp_reason or _shape_problem(schedule, pp, m, chunks, layers)
-                if reason:
-                    pruned[reason] += leaves
-                    continue
-                seen_splits: list[list[tuple[int, ...]]] = []
-                for partition in partitions:
-                    split = stage_layers(pp * chunks, partition)
-                    if split in seen_splits:  # e.g. time-balanced = uniform on identical layers
-                        pruned[SAME_SPLIT] += len(memories) * len(overlaps) * len(methods)
-                        continue
-                    seen_splits.append(split)
-                    for memory in memories:
-                        shape = {"parallelism": {"dp": dp, "tp": tp, "pp": pp, "chunks": chunks,
-                                                 "partition": partition},
-                                 "schedule": {"name": schedule, "micro_batch": micro_batch, "microbatches": m},
-                                 "memory": memory}
-                        key = (pp, chunks, partition, schedule, _freeze(memory))
-                        policy = policies.get(key)
-                        if policy is None:
-                            plan = Plan.from_dict({**base, **shape})
-                            policy = policies[key] = MEMORY_POLICIES[memory["policy"]].build(
-                                plan, split, costs, comm.capacity_bytes)
-                        for sync in methods:
-                            problem = _sync_problem(sync, base, shape, checks)
-                            if problem:
-                                pruned[problem] += len(overlaps)
-                                continue
-                            for level in overlaps:
-                                estimate = estimator.estimate(
-                                    schedule=schedule, dp=dp, tp=tp, pp=pp, chunks=chunks, micro_batch=micro_batch,
-                                    microbatches=m, stage_layers=split, policy=policy, tp_overlap=level,
-                                    sync_method=sync["method"], bucket_mb=sync.get("bucket_mb", 25.0))
-                                if not estimate.fits:
-                                    pruned[DOES_NOT_FIT] += 1
-                                    continue
-                                survivors.append(Ranked(Candidate(dp, tp, pp, chunks, partition, level, schedule,
-                                                                  micro_batch, m, _freeze(memory), _freeze(sync)),
-                                                        estimate))
-                if progress:
-                    progress("estimate", considered, None)
+    for part in _estimate_all(shapes, _Enumerator(space, base, global_batch, probe), probe_plan, workers):
+        considered += part.considered
+        pruned.update(part.pruned)
+        survivors += part.survivors
+        skipped.update(part.skipped)
+        if progress:
+            progress("estimate", considered, None)
     estimated_at = time.perf_counter()
     survivors.sort(key=lambda r: r.estimate.iteration_s)
 
@@ -359,7 +415,7 @@ def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
     sampled = rng.sample(survivors, min(sample, len(survivors))) if sample else []
     to_run = top + [r for r in sampled if r not in top]
     top_done_at = estimated_at
-    simulated = _simulate_all([r.candidate for r in to_run], base, probe_plan, costs, name, workers, progress)
+    simulated = _simulate_all([r.candidate for r in to_run], base, probe_plan, probe.costs, name, workers, progress)
     for i, (ranked, outcome) in enumerate(zip(to_run, simulated, strict=True)):
         ranked.simulated = outcome
         if i == len(top) - 1:
@@ -427,9 +483,7 @@ MIN_PLANS_PER_WORKER = 4
 def _simulate_all(candidates: list[Candidate], base: dict[str, Any], probe_plan: dict[str, Any], costs: Any,
                   name: str, workers: int | None, progress: Progress | None) -> Iterator[Simulated]:
     """The engine's figures for each candidate, yielded in order as they finish (so the caller can
-    time the top K). The simulations are independent, so they run in parallel processes; each
-    worker resolves the cost model once from the probe plan (a cost model holds caches that do not
-    pickle, and rebuilding it is cheaper than shipping it)."""
+    time the top K). The simulations are independent, so they run in parallel processes."""
     total = len(candidates)
     workers = min(workers or os.cpu_count() or 1, max(1, total // MIN_PLANS_PER_WORKER))
     if workers <= 1:
@@ -454,12 +508,24 @@ def _simulate_all(candidates: list[Candidate], base: dict[str, Any], probe_plan:
         progress("engine", total, total)
 
 
+# A worker process resolves the cost model once (it holds caches that do not pickle; rebuilding it
+# is cheaper than shipping it) and, for the estimate, keeps one enumerator whose caches its shapes share.
 _worker_costs: Any = None
+_worker_enumerator: _Enumerator | None = None
 
 
-def _worker_start(probe_plan: dict[str, Any]) -> None:
-    global _worker_costs
-    _worker_costs = resolve_plan(Plan.from_dict(probe_plan)).costs
+def _worker_start(probe_plan: dict[str, Any], space: SearchSpace | None = None, base: dict[str, Any] | None = None,
+                  global_batch: int = 0) -> None:
+    global _worker_costs, _worker_enumerator
+    probe = resolve_plan(Plan.from_dict(probe_plan))
+    _worker_costs = probe.costs
+    if space is not None and base is not None:
+        _worker_enumerator = _Enumerator(space, base, global_batch, probe)
+
+
+def _worker_shape(shape: tuple[int, int, int]) -> _ShapePlans:
+    assert _worker_enumerator is not None
+    return _worker_enumerator.shape(*shape)
 
 
 def _worker_simulate(candidate: Candidate, base: dict[str, Any], name: str) -> Simulated:

@@ -65,6 +65,18 @@ def test_engine_in_worker_processes_gives_the_figures_of_one_process(result) -> 
     assert [figures(r) for r in serial.simulated] == [figures(r) for r in result.simulated]
 
 
+def test_estimate_in_worker_processes_gives_the_one_process_ranking(monkeypatch) -> None:
+    import sim.search as search_module
+
+    space = replace(SPACE, tp_overlaps=(0,))
+    one = search(space, top_k=0, sample=0, workers=1)
+    monkeypatch.setattr(search_module, "MIN_PARALLEL_COMBINATIONS", 0)  # this small space, in 2 workers
+    two = search(space, top_k=0, sample=0, workers=2)
+    assert (one.considered, one.pruned, one.not_enumerated) == (two.considered, two.pruned, two.not_enumerated)
+    assert [(r.candidate, r.estimate) for r in one.ranked] == [(r.candidate, r.estimate) for r in two.ranked]
+    assert len(one.ranked) > 10
+
+
 def test_memory_pruning_uses_the_estimate() -> None:
     # gpt-175b cannot fit on one 8-GPU node in any plan: everything that passes the checks is pruned
     # for memory, and nothing is simulated.
