@@ -14,6 +14,7 @@ from sim.bundle_costs import BundleCostModel
 from sim.cluster import ClusterSpec, load_cluster
 from sim.comm import ClusterComm
 from sim.costs import CostModel
+from sim.embedding import EMBEDDING_METHODS
 from sim.gradient_sync import GRADIENT_SYNC
 from sim.lower import lower
 from sim.memory import MemoryPolicy, build_memory_policy
@@ -90,6 +91,9 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
     sync = GRADIENT_SYNC[plan.gradient_sync.method]
     if sync.check is not None:
         sync.check(plan)
+    embedding = EMBEDDING_METHODS[plan.embedding.method]
+    if embedding.check is not None:
+        embedding.check(plan)
     comm = ClusterComm(cluster, fits)
     policy = build_memory_policy(plan, stage_layers, costs, comm.capacity_bytes)
     return ResolvedPlan(plan, cluster, costs, comm, stage_layers, policy, transformer)

@@ -211,9 +211,12 @@ class Engine:
         ledger = self.ledgers[rank]
         ledger.change_buffers(instruction.bytes, self.env.now, instruction.label)
         self.comm_active[rank] += 1
-        method = GRADIENT_SYNC[instruction.method]
-        duration = (self.comm.collective_s(method.collective, instruction.bytes, instruction.group)
-                    + method.codec_s(instruction.bytes, self.comm.cluster.device))
+        if instruction.kind is Kind.ALLTOALL:  # sharded embedding rows, ids or gradients (sim.embedding)
+            duration = self.comm.collective_s("all_to_all", instruction.bytes, instruction.group)
+        else:
+            method = GRADIENT_SYNC[instruction.method]
+            duration = (self.comm.collective_s(method.collective, instruction.bytes, instruction.group)
+                        + method.codec_s(instruction.bytes, self.comm.cluster.device))
         if self.program.symmetric:
             yield self.env.timeout(duration)
         else:
@@ -239,7 +242,9 @@ class Engine:
     def _compute(self, rank: int, instruction: Instruction):
         kind, ledger = instruction.kind, self.ledgers[rank]
         if kind is Kind.OPTIMIZER_STEP:
-            duration = self.costs.optimizer_step_s(ledger.static["parameters"])
+            # A step over part of the rank's parameters (sharded embedding tables step on their own,
+            # sim.embedding_embrace) says how many bytes it updates.
+            duration = self.costs.optimizer_step_s(instruction.bytes or ledger.static["parameters"])
             yield self.env.timeout(duration)
             self.compute_busy[rank] += duration
             return
