@@ -169,12 +169,12 @@ class EmbraceExchange:
             send = uniq[order]
             send_counts = torch.bincount(owner, minlength=self.dp)
         else:
-            order = torch.arange(uniq.numel())
+            order = torch.arange(uniq.numel(), device=uniq.device)
             send = uniq.repeat(self.dp)
-            send_counts = torch.full((self.dp,), uniq.numel(), dtype=torch.int64)
+            send_counts = torch.full((self.dp,), uniq.numel(), dtype=torch.int64, device=uniq.device)
         recv_counts = torch.empty_like(send_counts)
         dist.all_to_all_single(recv_counts, send_counts, group=self.group)
-        requested = torch.empty(int(recv_counts.sum()), dtype=torch.int64)
+        requested = torch.empty(int(recv_counts.sum()), dtype=torch.int64, device=uniq.device)
         dist.all_to_all_single(requested, send, recv_counts.tolist(), send_counts.tolist(), group=self.group)
         self.states[(layer, iteration, mb)] = ExchangeState(
             ids=ids, uniq=uniq, inverse=inverse, order=order, send_counts=send_counts.tolist(),
@@ -192,10 +192,10 @@ class EmbraceExchange:
             reply = table.weight[table.local_index(state.requested)].contiguous()
         unique = state.uniq.numel()
         if table.shard == "rows":
-            received = torch.empty(unique, width, dtype=reply.dtype)
+            received = torch.empty(unique, width, dtype=reply.dtype, device=reply.device)
             out_splits = [c * width for c in state.send_counts]
         else:
-            received = torch.empty(self.dp, unique, width, dtype=reply.dtype)
+            received = torch.empty(self.dp, unique, width, dtype=reply.dtype, device=reply.device)
             out_splits = [unique * width] * self.dp
         work = dist.all_to_all_single(received.view(-1), reply.view(-1), out_splits,
                                       [c * width for c in state.recv_counts], group=self.group, async_op=True)
@@ -223,7 +223,7 @@ class EmbraceExchange:
         else:
             send = grad.view(unique, self.dp, width).permute(1, 0, 2).contiguous()
             in_splits = [unique * width] * self.dp
-        received = torch.empty(state.requested.numel(), width, dtype=grad.dtype)
+        received = torch.empty(state.requested.numel(), width, dtype=grad.dtype, device=grad.device)
         work = dist.all_to_all_single(received.view(-1), send.view(-1), [c * width for c in state.recv_counts],
                                       in_splits, group=self.group, async_op=True)
 

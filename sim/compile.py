@@ -55,6 +55,9 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
                           f"has {cluster.world_size} devices",
                           "change the degrees so that their product is the cluster's device count")
     config = workload_config(plan.workload, plan.workload_options)  # checks every option
+    embedding = EMBEDDING_METHODS[plan.embedding.method]
+    if embedding.check is not None:
+        embedding.check(plan)
     transformer = _transformer_of(plan)
     check_tp(plan.tp, transformer, plan.workload)
     check_size(plan, full=False)
@@ -91,9 +94,6 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
     sync = GRADIENT_SYNC[plan.gradient_sync.method]
     if sync.check is not None:
         sync.check(plan)
-    embedding = EMBEDDING_METHODS[plan.embedding.method]
-    if embedding.check is not None:
-        embedding.check(plan)
     comm = ClusterComm(cluster, fits)
     policy = build_memory_policy(plan, stage_layers, costs, comm.capacity_bytes)
     return ResolvedPlan(plan, cluster, costs, comm, stage_layers, policy, transformer)
