@@ -31,6 +31,7 @@ closed form V (1 - (1 - 1/V)^n) for n tokens.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -156,6 +157,40 @@ def exchange_bytes(plan: Plan, tables: list[Table]) -> dict[str, int]:
         ids += round(unique * ID_BYTES * (plan.dp if columns else 1))
         rows += round(unique * table.dim * b)
     return {"ids": ids, "rows": rows, "grads": rows}
+
+
+@dataclass(frozen=True)
+class EmbeddingTerms:
+    """What ``sim.estimate`` needs of a sharded embedding: where the tables are (pipeline rank and
+    the index of their stage among that rank's stages), the gradient bytes they take out of the
+    buckets, and the seconds of their exchanges on the collective stream."""
+
+    rank: int
+    index: int
+    bucket_bytes_removed: int
+    lookups_s: float  # ids + rows of every micro-batch
+    last_grads_s: float  # the last micro-batch's gradient exchange (the earlier ones overlap the backward)
+    prefetch: bool  # 2D: lookups after the buckets, beside the dense optimizer step
+
+
+def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, rank_of_stage: list[int],
+                   stages_of_rank: list[tuple[int, ...]]) -> EmbeddingTerms | None:
+    """The estimate's terms for ``plan`` (None unless its tables are sharded)."""
+    if not isinstance(plan.embedding, Embrace):
+        return None
+    tables = embedding_tables(plan.workload, plan.workload_options)
+    stage = next(s for s, layers in enumerate(stage_layers) if tables[0].layer in layers)
+    rank = rank_of_stage[stage]
+    group = tuple(d * plan.tp for d in range(plan.dp))  # pipeline rank 0's replicas (sim.program.rank_of)
+    sizes = exchange_bytes(plan, tables)
+
+    def a2a(phase: str) -> float:
+        return comm.collective_s("all_to_all", sizes[phase], group)
+
+    return EmbeddingTerms(rank=rank, index=stages_of_rank[rank].index(stage),
+                          bucket_bytes_removed=sum(t.rows * t.dim * DTYPE_BYTES[plan.dtype] for t in tables),
+                          lookups_s=plan.microbatches * (a2a("ids") + a2a("rows")), last_grads_s=a2a("grads"),
+                          prefetch=plan.embedding.schedule == "2d")
 
 
 # ---------------------------------------------------------------------------------------------

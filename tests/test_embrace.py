@@ -240,3 +240,32 @@ def test_each_owner_assembles_the_dense_mean_gradient_of_its_rows(tmp_path: Path
     assert torch.count_nonzero(expected) > 0
     assert torch.allclose(got, expected, rtol=1e-5, atol=1e-9)
 
+
+
+# -- the fast estimate -----------------------------------------------------------------------------
+
+
+def _estimate(p: Plan) -> float:
+    from sim.embedding_embrace import estimate_terms
+    from sim.estimate import Estimator, _layout
+    from sim.schedules import SCHEDULES
+
+    resolved = compile_plan(p).resolved
+    rank_of, stages_of = _layout(p.pp, p.chunks, SCHEDULES[p.schedule.name].placement)
+    terms = estimate_terms(p, resolved.stage_layers, resolved.comm, list(rank_of), list(stages_of))
+    return Estimator(resolved.costs, resolved.comm, p.dtype).estimate(
+        schedule=p.schedule.name, dp=p.dp, tp=p.tp, pp=p.pp, chunks=p.chunks, micro_batch=p.micro_batch,
+        microbatches=p.microbatches, stage_layers=resolved.stage_layers, policy=resolved.policy,
+        tp_overlap=0, sync_method=p.gradient_sync.method, bucket_mb=p.gradient_sync.bucket_mb,
+        embedding=terms).iteration_s
+
+
+@pytest.mark.parametrize("embedding", [{"method": "dense"}, {"schedule": "sequential", "row_stats": ROWS},
+                                       {"schedule": "2d", "row_stats": ROWS}])
+def test_the_estimate_prices_sharded_embeddings_like_the_engine(embedding: dict) -> None:
+    for nodes, microbatches in ((1, 1), (2, 2), (8, 1)):
+        base = {**GPU, "cluster": {"preset": "a100-64", "nodes": nodes}, "parallelism": {"dp": 8 * nodes},
+                "schedule": {"micro_batch": 8, "microbatches": microbatches}}
+        p = plan(base, **embedding)
+        engine = simulate(p).iteration_s
+        assert _estimate(p) == pytest.approx(engine, rel=0.03), (nodes, microbatches)
