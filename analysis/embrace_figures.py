@@ -101,6 +101,7 @@ def speedups(table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return pd.DataFrame({"over_allreduce": wide["embrace-2d"] / wide["allreduce"],
                          "over_best_baseline": wide["embrace-2d"] / best,
                          "2d_over_sequential": wide["embrace-2d"] / wide["embrace-seq"],
+                         "2d_fp16_over_allreduce": wide["embrace-2d+fp16"] / wide["allreduce"],
                          "2d_fp16_over_best_baseline": wide["embrace-2d+fp16"] / best}).reset_index()
 
 
