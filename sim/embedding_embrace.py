@@ -171,9 +171,10 @@ class EmbeddingTerms:
     lookups_s: float  # ids + rows of every micro-batch
     last_grads_s: float  # the last micro-batch's gradient exchange (the earlier ones overlap the backward)
     prefetch: bool  # 2D: lookups after the buckets, beside the dense optimizer step
+    static_bytes_saved: int  # parameters, gradients and optimizer state of the other ranks' shards
 
 
-def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, rank_of_stage: list[int],
+def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, costs: Any, rank_of_stage: list[int],
                    stages_of_rank: list[tuple[int, ...]]) -> EmbeddingTerms | None:
     """The estimate's terms for ``plan`` (None unless its tables are sharded)."""
     if not isinstance(plan.embedding, Embrace):
@@ -187,10 +188,22 @@ def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, r
     def a2a(phase: str) -> float:
         return comm.collective_s("all_to_all", sizes[phase], group)
 
-    return EmbeddingTerms(rank=rank, index=stages_of_rank[rank].index(stage),
-                          bucket_bytes_removed=sum(t.rows * t.dim * DTYPE_BYTES[plan.dtype] for t in tables),
+    full = sum(t.rows * t.dim * DTYPE_BYTES[plan.dtype] for t in tables)
+    shard = sum(_shard_bytes(plan, t, 0) for t in tables)
+    layer = costs.layer_costs(tables[0].layer, plan.micro_batch, plan.tp)
+    static = layer.param_bytes + layer.grad_bytes + layer.optimizer_bytes
+    return EmbeddingTerms(rank=rank, index=stages_of_rank[rank].index(stage), bucket_bytes_removed=full,
                           lookups_s=plan.microbatches * (a2a("ids") + a2a("rows")), last_grads_s=a2a("grads"),
-                          prefetch=plan.embedding.schedule == "2d")
+                          prefetch=plan.embedding.schedule == "2d",
+                          static_bytes_saved=round((full - shard) / layer.param_bytes * static))
+
+
+def _shard_bytes(plan: Plan, table: Table, rank: int) -> int:
+    """Bytes of ``rank``'s shard of ``table``."""
+    assert isinstance(plan.embedding, Embrace)
+    tables = embedding_tables(plan.workload, plan.workload_options)
+    rows, width = shard_rows(table, shard_of(plan.embedding, tables, tables.index(table), plan.dp), plan.dp, rank)
+    return rows * width * DTYPE_BYTES[plan.dtype]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,15 +261,12 @@ def _finish(draft: Any, stages: tuple[int, ...]) -> None:
         return
     plan, b = draft.plan, DTYPE_BYTES[draft.plan.dtype]
     config = plan.embedding
-    all_tables = embedding_tables(plan.workload, plan.workload_options)
-    rank = draft.coords.dp
-    shard_bytes = 0
-    for table in tables:
-        rows, width = shard_rows(table, shard_of(config, all_tables, all_tables.index(table), plan.dp), plan.dp, rank)
-        shard_bytes += rows * width * b
+    shard_bytes = sum(_shard_bytes(plan, table, draft.coords.dp) for table in tables)
     full_bytes = sum(t.rows * t.dim * b for t in tables)
     dense_bytes = sum(draft.cost(layer).param_bytes for s in stages for layer in draft.program.stage_layers[s]) \
         - full_bytes
+    for table in tables:
+        draft.program.unheld_param_bytes[table.layer] = full_bytes - shard_bytes
     step = next(n for n in draft.nodes if n.kind is Kind.OPTIMIZER_STEP)
     grads = [n for n in draft.nodes if n.kind is Kind.ALLTOALL and n.tag.startswith("emb:grads:")]
     if config.schedule == "sequential":

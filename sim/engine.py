@@ -130,12 +130,15 @@ class Engine:
     def _ledger_for(self, rank: int) -> MemoryLedger:
         layers = [layer for s in self.program.ranks[rank].stages for layer in self.program.stage_layers[s]]
         costs = [self._layer(layer) for layer in layers]
+        # The share of each layer this rank holds: all of it, or its shard of a sharded table.
+        held = [1.0 - self.program.unheld_param_bytes.get(layer, 0) / c.param_bytes if c.param_bytes else 1.0
+                for layer, c in zip(layers, costs, strict=True)]
         return MemoryLedger(
             capacity=self.comm.capacity_bytes,
             static={
-                "parameters": sum(c.param_bytes for c in costs),
-                "gradients": sum(c.grad_bytes for c in costs),
-                "optimizer": sum(c.optimizer_bytes for c in costs),
+                "parameters": round(sum(c.param_bytes * h for c, h in zip(costs, held, strict=True))),
+                "gradients": round(sum(c.grad_bytes * h for c, h in zip(costs, held, strict=True))),
+                "optimizer": round(sum(c.optimizer_bytes * h for c, h in zip(costs, held, strict=True))),
             },
         )
 

@@ -415,7 +415,9 @@ class Estimator:
             p2p_s=pipe["hops"],
             dp_comm_s=dp_exposed,
             optimizer_s=opt_bottleneck,
-            peak_bytes=tuple(static[k] + held[k] + buffer for k in range(pp)),
+            peak_bytes=tuple(static[k] + held[k] + buffer
+                             - (embedding.static_bytes_saved if embedding is not None and k == embedding.rank else 0)
+                             for k in range(pp)),
             capacity_bytes=self.comm.capacity_bytes,
         )
 

@@ -139,6 +139,9 @@ class Program:
     stage_layers: list[tuple[int, ...]]  # virtual stage -> model layer indices
     ranks: dict[int, RankProgram]
     symmetric: bool
+    # layer -> parameter bytes of it that a rank does not hold (a sharded embedding table's other
+    # shards, sim.embedding_embrace); the memory ledger leaves them and their gradients and state out.
+    unheld_param_bytes: dict[int, int] = field(default_factory=dict)
 
     def rank_of(self, dp: int, pp: int, tp: int) -> int:
         return (pp * self.dp + dp) * self.tp + tp

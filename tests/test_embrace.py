@@ -23,6 +23,7 @@ from sim.compile import compile_plan
 from sim.costs import UniformCosts
 from sim.embedding import embedding_tables
 from sim.embedding_embrace import exchange_bytes, unique_rows
+from sim.estimate import Estimate
 from sim.plan import Plan
 from sim.program import Kind
 from sim.simulate import simulate
@@ -245,19 +246,19 @@ def test_each_owner_assembles_the_dense_mean_gradient_of_its_rows(tmp_path: Path
 # -- the fast estimate -----------------------------------------------------------------------------
 
 
-def _estimate(p: Plan) -> float:
+def _estimate(p: Plan) -> Estimate:
     from sim.embedding_embrace import estimate_terms
     from sim.estimate import Estimator, _layout
     from sim.schedules import SCHEDULES
 
     resolved = compile_plan(p).resolved
     rank_of, stages_of = _layout(p.pp, p.chunks, SCHEDULES[p.schedule.name].placement)
-    terms = estimate_terms(p, resolved.stage_layers, resolved.comm, list(rank_of), list(stages_of))
+    terms = estimate_terms(p, resolved.stage_layers, resolved.comm, resolved.costs, list(rank_of), list(stages_of))
     return Estimator(resolved.costs, resolved.comm, p.dtype).estimate(
         schedule=p.schedule.name, dp=p.dp, tp=p.tp, pp=p.pp, chunks=p.chunks, micro_batch=p.micro_batch,
         microbatches=p.microbatches, stage_layers=resolved.stage_layers, policy=resolved.policy,
         tp_overlap=0, sync_method=p.gradient_sync.method, bucket_mb=p.gradient_sync.bucket_mb,
-        embedding=terms).iteration_s
+        embedding=terms)
 
 
 @pytest.mark.parametrize("embedding", [{"method": "dense"}, {"schedule": "sequential", "row_stats": ROWS},
@@ -267,5 +268,19 @@ def test_the_estimate_prices_sharded_embeddings_like_the_engine(embedding: dict)
         base = {**GPU, "cluster": {"preset": "a100-64", "nodes": nodes}, "parallelism": {"dp": 8 * nodes},
                 "schedule": {"micro_batch": 8, "microbatches": microbatches}}
         p = plan(base, **embedding)
-        engine = simulate(p).iteration_s
-        assert _estimate(p) == pytest.approx(engine, rel=0.03), (nodes, microbatches)
+        engine, estimate = simulate(p), _estimate(p)
+        assert estimate.iteration_s == pytest.approx(engine.iteration_s, rel=0.03), (nodes, microbatches)
+
+
+
+
+def test_the_estimate_and_the_ledger_count_only_the_ranks_own_shard() -> None:
+    p = {m: plan(GPU, method=m) if m == "dense" else plan(GPU, row_stats=ROWS) for m in ("dense", "embrace")}
+    engine = {m: simulate(x).memory[0] for m, x in p.items()}
+    estimate = {m: _estimate(x).peak_bytes[0] for m, x in p.items()}
+    # parameters, gradients and Adam state of the 15 other shards of the 33,278 x 256 fp32 table
+    saved = round(33278 * 256 * 4 * 15 / 16) * 4
+    static = {m: sum(r.breakdown[k] for k in ("parameters", "gradients", "optimizer")) for m, r in engine.items()}
+    assert engine["dense"].breakdown["parameters"] - engine["embrace"].breakdown["parameters"] == saved // 4
+    assert static["dense"] - static["embrace"] == pytest.approx(saved, abs=16)
+    assert estimate["dense"] - estimate["embrace"] == pytest.approx(saved, abs=16)
