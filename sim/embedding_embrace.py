@@ -25,7 +25,9 @@ Scheduling, in the Program (both engines run it):
 The bytes of an exchange are its send buffer on one rank (the nccl-tests convention of
 ``sim.collectives``), from the unique rows a micro-batch touches: measured on real batches
 (``row_stats``, written by ``python -m exec.embedding_rows``) or, for uniform synthetic ids, the
-closed form V (1 - (1 - 1/V)^n) for n tokens.
+closed form V (1 - (1 - 1/V)^n) for n tokens. By rows, an exchange is as slow as its most
+loaded destination: the measured largest owner share over the even 1/dp scales its transfer time
+(``alltoall_imbalance``; by columns the owners are balanced by construction).
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ def _check(plan: Plan) -> None:
             raise ConfigError("embedding.shard", f"columns: width {table.dim} of table {index} does not divide "
                               f"by dp {plan.dp}", "shard it by rows")
     unique_rows(plan, tables[0])  # refuses real text without measured statistics
+    alltoall_imbalance(plan)  # and row sharding without the owners' shares at this dp
 
 
 def unique_rows(plan: Plan, table: Table) -> float:
@@ -115,6 +118,25 @@ def unique_rows(plan: Plan, table: Table) -> float:
     return table.rows * (1.0 - (1.0 - 1.0 / table.rows) ** tokens)
 
 
+def alltoall_imbalance(plan: Plan) -> float:
+    """Largest destination's share of an exchange over the even 1/dp: by rows, the measured largest
+    share of a micro-batch's unique ids owned by one rank (id mod dp), times dp; by columns every owner
+    serves every id (1). Uniform synthetic ids without statistics: 1 (their skew is not modelled)."""
+    config = plan.embedding
+    assert isinstance(config, Embrace)
+    tables = embedding_tables(plan.workload, plan.workload_options)
+    rows = [t for i, t in enumerate(tables) if shard_of(config, tables, i, plan.dp) == "rows"]
+    if not rows or config.row_stats is None:
+        return 1.0
+    entry = _entry(config.row_stats, plan, rows[0], plan.micro_batch * _seq(plan))
+    share = entry.get("owner_share_max_mean", {}).get(str(plan.dp))
+    if share is None:
+        raise ConfigError("embedding.row_stats", f"{config.row_stats} has no owner shares for dp {plan.dp}",
+                          f"measure them: python -m exec.embedding_rows --workload {plan.workload} --micro-batch "
+                          f"{plan.micro_batch} --dp {plan.dp} --out {config.row_stats}")
+    return max(1.0, float(share) * plan.dp)
+
+
 def _seq(plan: Plan) -> int:
     from sim.workloads import workload_config
 
@@ -122,6 +144,10 @@ def _seq(plan: Plan) -> int:
 
 
 def _measured(path: str, plan: Plan, table: Table, tokens: int) -> float:
+    return float(_entry(path, plan, table, tokens)["unique_rows_mean"])
+
+
+def _entry(path: str, plan: Plan, table: Table, tokens: int) -> dict[str, Any]:
     file = Path(path)
     if not file.is_file():
         raise ConfigError("embedding.row_stats", f"{path} does not exist",
@@ -135,7 +161,7 @@ def _measured(path: str, plan: Plan, table: Table, tokens: int) -> float:
     for entry in entries:
         if entry.get("tokens") == tokens and entry.get("vocab") == table.rows \
                 and entry.get("data") == plan.workload_options.get("data", "synthetic"):
-            return float(entry["unique_rows_mean"])
+            return entry
     have = sorted({(e.get("tokens"), e.get("vocab"), e.get("data")) for e in entries})
     raise ConfigError("embedding.row_stats", f"{path} has no entry for {tokens} tokens per micro-batch, vocabulary "
                       f"{table.rows}, data {plan.workload_options.get('data', 'synthetic')} (has {have[:4]})",
@@ -185,8 +211,10 @@ def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, c
     group = tuple(d * plan.tp for d in range(plan.dp))  # pipeline rank 0's replicas (sim.program.rank_of)
     sizes = exchange_bytes(plan, tables)
 
+    imbalance = alltoall_imbalance(plan)
+
     def a2a(phase: str) -> float:
-        return comm.collective_s("all_to_all", sizes[phase], group)
+        return comm.collective_s("all_to_all", round(sizes[phase] * imbalance), group)
 
     full = sum(t.rows * t.dim * DTYPE_BYTES[plan.dtype] for t in tables)
     shard = sum(_shard_bytes(plan, t, 0) for t in tables)
@@ -238,6 +266,7 @@ def _lower(draft: Any, stages: tuple[int, ...]) -> None:
     if not tables:
         return
     b = DTYPE_BYTES[draft.plan.dtype]
+    draft.program.alltoall_imbalance = alltoall_imbalance(draft.plan)
     for table in tables:
         draft.excluded_grad_bytes[table.layer] = draft.excluded_grad_bytes.get(table.layer, 0) \
             + table.rows * table.dim * b

@@ -215,7 +215,8 @@ class Engine:
         ledger.change_buffers(instruction.bytes, self.env.now, instruction.label)
         self.comm_active[rank] += 1
         if instruction.kind is Kind.ALLTOALL:  # sharded embedding rows, ids or gradients (sim.embedding)
-            duration = self.comm.collective_s("all_to_all", instruction.bytes, instruction.group)
+            nbytes = round(instruction.bytes * self.program.alltoall_imbalance)
+            duration = self.comm.collective_s("all_to_all", nbytes, instruction.group)
         else:
             method = GRADIENT_SYNC[instruction.method]
             duration = (self.comm.collective_s(method.collective, instruction.bytes, instruction.group)

@@ -142,6 +142,9 @@ class Program:
     # layer -> parameter bytes of it that a rank does not hold (a sharded embedding table's other
     # shards, sim.embedding_embrace); the memory ledger leaves them and their gradients and state out.
     unheld_param_bytes: dict[int, int] = field(default_factory=dict)
+    # An all-to-all lasts as long as its most loaded destination: that destination's share over the
+    # even 1/n, as measured on real batches (row-sharded tables); scales the bytes' transfer time.
+    alltoall_imbalance: float = 1.0
 
     def rank_of(self, dp: int, pp: int, tp: int) -> int:
         return (pp * self.dp + dp) * self.tp + tp
