@@ -108,14 +108,17 @@ def speedups(table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 def draw(scale: pd.DataFrame, band: pd.DataFrame, out: Path, caption: str, tag: str) -> dict[str, dict[str, Path]]:
     plt = _plt()
     paths = {}
+    colors = dict(zip(METHODS, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
     clusters = list(dict.fromkeys(scale["cluster"]))
     fig, axes = plt.subplots(1, len(clusters), figsize=(3.2 * len(clusters), 2.6))
     for ax, name in zip(list(axes) if len(clusters) > 1 else [axes], clusters, strict=True):
         part = scale[scale["cluster"] == name]
         for method in METHODS:
             rows = part[part["method"] == method]
-            ax.plot(rows["gpus"], rows["samples_per_s"], marker="o", ms=3, label=method)
+            ax.plot(rows["gpus"], rows["samples_per_s"], marker="o", ms=3, label=method, color=colors[method])
         ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(set(part["gpus"])), [str(g) for g in sorted(set(part["gpus"]))])
+        ax.minorticks_off()
         ax.set_xlabel("GPUs")
         ax.set_ylabel("samples/s (simulated)")
         ax.set_title(name, fontsize=9)
@@ -125,11 +128,16 @@ def draw(scale: pd.DataFrame, band: pd.DataFrame, out: Path, caption: str, tag: 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(6.4, 2.6))
     for method in METHODS:
         rows = band[band["method"] == method]
-        ax1.plot(rows["inter_node_GBps"], rows["samples_per_s"], marker="o", ms=3, label=method)
+        ax1.plot(rows["inter_node_GBps"], rows["samples_per_s"], marker="o", ms=3, label=method,
+                 color=colors[method])
         if method.startswith("embrace"):
-            ax2.plot(rows["inter_node_GBps"], rows["hidden_share"] * 100, marker="o", ms=3, label=method)
+            ax2.plot(rows["inter_node_GBps"], rows["hidden_share"] * 100, marker="o", ms=3, label=method,
+                     color=colors[method])
+    ticks = sorted(set(band["inter_node_GBps"]))
     for ax in (ax1, ax2):
         ax.set_xscale("log")
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.minorticks_off()
         ax.set_xlabel("inter-node bandwidth (GB/s per adapter)")
     ax1.set_ylabel("samples/s (simulated)")
     ax2.set_ylabel("communication hidden (%)")
