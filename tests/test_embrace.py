@@ -166,14 +166,20 @@ def test_2d_is_never_slower_than_sequential_and_sharding_cuts_the_bucket_bytes()
 STEPS = 3  # warm-up 1 + 2 measured iterations
 
 
+PIPELINE = {"parallelism": {"dp": 2, "pp": 2}, "cluster": {"preset": "local-cpu-2", "devices_per_node": 4},
+            "schedule": {"name": "zb-h1", "micro_batch": 2, "microbatches": 4}}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("workload, options, shard, schedule", [
-    ("lstm-tiny", {}, "rows", "2d"),
-    ("gpt-wordlm", {"vocab": 3000, "hidden": 32, "heads": 2, "seq": 16, "data": "wikitext-2"}, "columns", "sequential"),
-])
+@pytest.mark.parametrize("workload, options, shard, schedule, layout", [
+    ("lstm-tiny", {}, "rows", "2d", {}),
+    ("gpt-wordlm", {"vocab": 3000, "hidden": 32, "heads": 2, "seq": 16, "data": "wikitext-2"}, "columns", "sequential",
+     {}),
+    ("gpt-tiny", {}, "rows", "2d", PIPELINE),  # 4 ranks: ranks 0 and 1 hold stage 0 and the shards
+], ids=["lstm-rows-2d", "transformer-wikitext-columns-sequential", "pp2-zbh1-rows-2d"])
 def test_sharded_training_ends_where_dense_data_parallel_training_does(
-        tmp_path: Path, workload: str, options: dict, shard: str, schedule: str) -> None:
-    base = {**BASE, "workload": workload, "workload_options": options}
+        tmp_path: Path, workload: str, options: dict, shard: str, schedule: str, layout: dict) -> None:
+    base = {**BASE, "workload": workload, "workload_options": options, **layout}
     stats = tmp_path / "rows.json"
     if options.get("data") == "wikitext-2":
         from exec.embedding_rows import main as measure_rows
