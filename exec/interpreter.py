@@ -17,6 +17,7 @@ simulator interprets) instruction by instruction, in program order, one handler 
   ``saved_tensors_hooks`` (``exec.activations``); swapping moves a fraction of them to host memory
   and back.
 - ALLREDUCE: an asynchronous bucket all-reduce over the data-parallel group (``exec.parallel.dp``).
+- ALLTOALL: a sharded embedding table's ids, rows or row gradients to their owners (``exec.embedding``).
 - OPTIMIZER_STEP: Adam.
 
 Every instruction is timed against a clock shared by the ranks (``exec.clock``: a barrier, then
@@ -41,6 +42,7 @@ from torch import nn
 from exec.activations import SavedStore, Segment, Slot, storage_key, unique_bytes
 from exec.clock import Clock, Pending
 from exec.contract import ExecutablePlan, batch_seed, make_optimizer
+from exec.embedding import EMBEDDING_RUNTIMES, is_sharded
 from exec.faults import Fault
 from exec.gradient_sync import REDUCERS
 from exec.parallel.tp import apply_tensor_parallel
@@ -79,12 +81,16 @@ class RankRuntime:
             modules.train()
             self.stages[s] = modules
             self.layer_modules.update(zip(layers, modules, strict=True))
+        # Sharded embedding tables (exec.embedding) replace their dense modules before anything
+        # collects parameters; they keep their own optimizer.
+        runtime = EMBEDDING_RUNTIMES.get(self.plan.embedding.method)
+        self.embedding = runtime(self) if runtime is not None else None
         self.params = [p for s in self.program.stages for p in self.stages[s].parameters()]
         self.param_storages = {storage_key(p) for p in self.params}
         # Every SavedStore still alive (weakly held): what they hold at an iteration's end is
         # the per-rank record ``saved_bytes`` (0 unless a store outlives its backward).
         self.stores: weakref.WeakSet[SavedStore] = weakref.WeakSet()
-        self.optimizer = make_optimizer(self.params)
+        self.optimizer = make_optimizer([p for p in self.params if not is_sharded(p)])
 
         # Split backward needs the outputs of every parameter-holding module (see _backward_input).
         self.split = any(i.kind is Kind.BWD_I for i in self.program.instructions)
@@ -168,9 +174,9 @@ class RankRuntime:
         self.losses: list[float] = []
         self.loss_tensors: list[torch.Tensor] = []
         self.optimizer.zero_grad(set_to_none=True)
-        self.static_bytes = sum(p.numel() * p.element_size() for p in self.params) + sum(
-            t.numel() * t.element_size() for state in self.optimizer.state.values()
-            for t in state.values() if isinstance(t, torch.Tensor))
+        if self.embedding is not None:
+            self.embedding.start_iteration(iteration)
+        self.static_bytes = self._static_bytes()
         self.activation_bytes = self.buffer_bytes = 0
         self.peak = 0
         if self.device.type == "cuda":
@@ -220,7 +226,7 @@ class RankRuntime:
         Kind.FWD: "_forward", Kind.RECOMPUTE: "_recompute", Kind.BWD: "_backward",
         Kind.BWD_I: "_backward_input", Kind.BWD_W: "_backward_weight", Kind.OPTIMIZER_STEP: "_step",
         Kind.SEND_ACT: "_send", Kind.SEND_GRAD: "_send", Kind.RECV_ACT: "_recv", Kind.RECV_GRAD: "_recv",
-        Kind.ALLREDUCE: "_allreduce", Kind.SWAP_OUT: "_swap_out", Kind.SWAP_IN: "_swap_in",
+        Kind.ALLREDUCE: "_allreduce", Kind.ALLTOALL: "_alltoall", Kind.SWAP_OUT: "_swap_out", Kind.SWAP_IN: "_swap_in",
     }
 
     def _execute(self, ins: Instruction) -> None:
@@ -278,10 +284,15 @@ class RankRuntime:
         self._launch(ins, start, work, buffer.numel() * buffer.element_size(), buffer)
 
     def _allreduce(self, ins: Instruction) -> None:
-        params = [p for layer in ins.layers for p in self.layer_modules[layer].parameters()]
+        params = [p for layer in ins.layers for p in self.layer_modules[layer].parameters() if not is_sharded(p)]
         start = self.clock.mark()
         bucket = REDUCERS[ins.method](params, self.dp_group, self.plan.dp)
         self._launch(ins, start, bucket.work, bucket.nbytes, then=bucket.wait)
+
+    def _alltoall(self, ins: Instruction) -> None:
+        start = self.clock.mark()
+        work, nbytes, then = self.embedding.execute(ins)
+        self._launch(ins, start, work, nbytes, then=then)
 
     def _swap_out(self, ins: Instruction) -> None:
         slot = self.slots[(ins.stage, ins.microbatch)]
@@ -329,6 +340,8 @@ class RankRuntime:
         s, mb = ins.stage, ins.microbatch
         layers = self.stages[s]
         x = self._stage_input(s, mb)
+        if self.embedding is not None:  # its tables read the rows this micro-batch's lookup brought
+            self.embedding.enter(self.iteration, mb)
         slot = Slot(inp=x, store=SavedStore(self.param_storages))
         self.stores.add(slot.store)
         slot.prefix = 0 if ins.save else len(self.policy.recompute_layers[s])
@@ -357,6 +370,8 @@ class RankRuntime:
         s, mb = ins.stage, ins.microbatch
         slot = self.slots[(s, mb)]
         captures: list = []
+        if self.embedding is not None:
+            self.embedding.enter(self.iteration, mb)
         with self._recording(slot, captures), torch.enable_grad():
             mid = slot.inp
             for layer in self.stages[s][:slot.prefix]:
@@ -443,9 +458,19 @@ class RankRuntime:
         self._free((s, mb))
 
     def _step(self, ins: Instruction) -> None:
-        self.optimizer.step()
-        self.static_bytes = sum(p.numel() * p.element_size() for p in self.params) + sum(
-            t.numel() * t.element_size() for state in self.optimizer.state.values()
+        if ins.method:  # a sharded embedding's own step (sim.embedding_embrace, 2D schedule)
+            self.embedding.step()
+        else:
+            self.optimizer.step()
+            if self.embedding is not None and not self.embedding.own_step:
+                self.embedding.step()
+        self.static_bytes = self._static_bytes()
+
+    def _static_bytes(self) -> int:
+        optimizers = [self.optimizer, *([self.embedding.optimizer] if self.embedding and self.embedding.optimizer
+                                         else [])]
+        return sum(p.numel() * p.element_size() for p in self.params) + sum(
+            t.numel() * t.element_size() for optimizer in optimizers for state in optimizer.state.values()
             for t in state.values() if isinstance(t, torch.Tensor))
 
     # -- results ---------------------------------------------------------------------------------

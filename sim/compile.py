@@ -14,6 +14,7 @@ from sim.bundle_costs import BundleCostModel
 from sim.cluster import ClusterSpec, load_cluster
 from sim.comm import ClusterComm
 from sim.costs import CostModel
+from sim.embedding import EMBEDDING_METHODS
 from sim.gradient_sync import GRADIENT_SYNC
 from sim.lower import lower
 from sim.memory import MemoryPolicy, build_memory_policy
@@ -54,6 +55,9 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
                           f"has {cluster.world_size} devices",
                           "change the degrees so that their product is the cluster's device count")
     config = workload_config(plan.workload, plan.workload_options)  # checks every option
+    embedding = EMBEDDING_METHODS[plan.embedding.method]
+    if embedding.check is not None:
+        embedding.check(plan)
     transformer = _transformer_of(plan)
     check_tp(plan.tp, transformer, plan.workload)
     check_size(plan, full=False)

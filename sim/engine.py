@@ -140,12 +140,15 @@ class Engine:
     def _ledger_for(self, rank: int) -> MemoryLedger:
         layers = [layer for s in self.program.ranks[rank].stages for layer in self.program.stage_layers[s]]
         costs = [self._layer(layer) for layer in layers]
+        # The share of each layer this rank holds: all of it, or its shard of a sharded table.
+        held = [1.0 - self.program.unheld_param_bytes.get(layer, 0) / c.param_bytes if c.param_bytes else 1.0
+                for layer, c in zip(layers, costs, strict=True)]
         return MemoryLedger(
             capacity=self.comm.capacity_bytes,
             static={
-                "parameters": sum(c.param_bytes for c in costs),
-                "gradients": sum(c.grad_bytes for c in costs),
-                "optimizer": sum(c.optimizer_bytes for c in costs),
+                "parameters": round(sum(c.param_bytes * h for c, h in zip(costs, held, strict=True))),
+                "gradients": round(sum(c.grad_bytes * h for c, h in zip(costs, held, strict=True))),
+                "optimizer": round(sum(c.optimizer_bytes * h for c, h in zip(costs, held, strict=True))),
             },
         )
 
@@ -224,10 +227,14 @@ class Engine:
         ledger = self.ledgers[rank]
         ledger.change_buffers(instruction.bytes, self.env.now, instruction.label)
         self.comm_active[rank] += 1
-        method = GRADIENT_SYNC[instruction.method]
-        duration = (self.comm.collective_s(method.collective, instruction.bytes, instruction.group,
-                                           self._groups(instruction.group))
-                    + method.codec_s(instruction.bytes, self.comm.cluster.device))
+        sharing = self._groups(instruction.group)
+        if instruction.kind is Kind.ALLTOALL:  # sharded embedding rows, ids or gradients (sim.embedding)
+            nbytes = round(instruction.bytes * self.program.alltoall_imbalance)
+            duration = self.comm.collective_s("all_to_all", nbytes, instruction.group, sharing)
+        else:
+            method = GRADIENT_SYNC[instruction.method]
+            duration = (self.comm.collective_s(method.collective, instruction.bytes, instruction.group, sharing)
+                        + method.codec_s(instruction.bytes, self.comm.cluster.device))
         if self.program.symmetric:
             yield self.env.timeout(duration)
         else:
@@ -253,7 +260,9 @@ class Engine:
     def _compute(self, rank: int, instruction: Instruction):
         kind, ledger = instruction.kind, self.ledgers[rank]
         if kind is Kind.OPTIMIZER_STEP:
-            duration = self.costs.optimizer_step_s(ledger.static["parameters"])
+            # A step over part of the rank's parameters (sharded embedding tables step on their own,
+            # sim.embedding_embrace) says how many bytes it updates.
+            duration = self.costs.optimizer_step_s(instruction.bytes or ledger.static["parameters"])
             yield self.env.timeout(duration)
             self.compute_busy[rank] += duration
             return

@@ -17,6 +17,10 @@ Closed form over the same inputs as the engine, with no event simulation:
 - **Data parallelism**: the rank's gradient buckets (the gradient-sync method's wire bytes and codec
   time), each stage's issued when its last backward ends in the unit run, overlapped with the rest
   of the rank's compute; the optimizer step after; the rank that ends last sets the iteration.
+- **Sharded embeddings** (``embedding=``, ``sim.embedding_embrace.estimate_terms``): the tables' bytes
+  leave their stage's buckets; their all-to-alls go on the same collective stream: the last
+  micro-batch's gradient exchange before the buckets, the lookups before the forwards (sequential)
+  or after the buckets, beside the dense optimizer step (2D).
 - **Memory per rank**: parameters, gradients, optimizer state and one gradient bucket, plus the
   activations at the worst moment of the same unit run: per stage, (forwards held until their last
   backward action ends) x (bytes a forward keeps under the memory policy) + (recomputed sets held) x
@@ -36,6 +40,7 @@ from functools import lru_cache
 
 from sim.comm import ClusterComm, concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts
+from sim.embedding_embrace import EmbeddingTerms
 from sim.gradient_sync import GRADIENT_SYNC
 from sim.memory import MemoryPolicy, checkpoint_bytes
 from sim.schedules import (
@@ -317,14 +322,15 @@ class Estimator:
     # -- the estimate --------------------------------------------------------------------------
     def estimate(self, *, schedule: str, dp: int, tp: int, pp: int, chunks: int, micro_batch: int,
                  microbatches: int, stage_layers: Sequence[tuple[int, ...]], policy: MemoryPolicy,
-                 tp_overlap: int, sync_method: str, bucket_mb: float) -> Estimate:
+                 tp_overlap: int, sync_method: str, bucket_mb: float,
+                 embedding: EmbeddingTerms | None = None) -> Estimate:
         key = (schedule, dp, tp, pp, chunks, micro_batch, microbatches, tuple(map(tuple, stage_layers)), policy,
                tp_overlap)
         pipe = self._pipes.get(key)
         if pipe is None:
             pipe = self._pipes[key] = self._pipeline(schedule, dp, tp, pp, chunks, micro_batch, microbatches,
                                                      stage_layers, policy, tp_overlap)
-        return self._finish(pipe, dp, tp, pp, sync_method, bucket_mb)
+        return self._finish(pipe, dp, tp, pp, sync_method, bucket_mb, embedding)
 
     def _pipeline(self, schedule: str, dp: int, tp: int, pp: int, chunks: int, micro_batch: int, microbatches: int,
                   stage_layers: Sequence[tuple[int, ...]], policy: MemoryPolicy, tp_overlap: int) -> dict:
@@ -382,20 +388,33 @@ class Estimator:
                 "sync_stages": [[(stages[s].grad_bytes, slack * seconds_per_unit)
                                  for s, slack in zip(stages_of[k], unit.slack[k], strict=True)] for k in range(pp)]}
 
-    def _finish(self, pipe: dict, dp: int, tp: int, pp: int, sync_method: str, bucket_mb: float) -> Estimate:
+    def _finish(self, pipe: dict, dp: int, tp: int, pp: int, sync_method: str, bucket_mb: float,
+                embedding: EmbeddingTerms | None = None) -> Estimate:
         params, static, held = pipe["params"], pipe["static"], pipe["held"]
         # Rank k finishes its last backward about k stage-backwards before rank 0; its gradient sync
         # overlaps that backward and its optimizer step follows.
         tail = 0.0
         dp_exposed = 0.0
         opt_bottleneck = 0.0
+        lookups = 0.0
         for k in range(pp):
-            exposed = self._dp_exposed(sync_method, bucket_mb, dp, tp, pipe["sync_stages"][k])
+            stages = pipe["sync_stages"][k]
+            mine = embedding is not None and k == embedding.rank
+            if mine:  # the tables' gradients leave the buckets; their exchanges share the stream
+                stages = [(max(g - embedding.bucket_bytes_removed, 0) if i == embedding.index else g, slack)
+                          for i, (g, slack) in enumerate(stages)]
+            exposed = self._dp_exposed(sync_method, bucket_mb, dp, tp, stages)
             opt = self.costs.optimizer_step_s(params[k])
+            if mine:
+                exposed += embedding.last_grads_s
+                if embedding.prefetch:
+                    opt = max(opt, embedding.lookups_s)
+                else:
+                    lookups = embedding.lookups_s
             earlier = pipe["earlier"][k]
             if exposed + opt - earlier > tail:
                 tail, dp_exposed, opt_bottleneck = exposed + opt - earlier, exposed, opt
-        iteration = pipe["steady"] + pipe["bubble"] + pipe["hops"] + tail
+        iteration = pipe["steady"] + pipe["bubble"] + pipe["hops"] + tail + lookups
         buffer = GRADIENT_SYNC[sync_method].wire_bytes(int(bucket_mb * 2**20)) if dp > 1 else 0
         return Estimate(
             iteration_s=iteration,
@@ -406,7 +425,9 @@ class Estimator:
             p2p_s=pipe["hops"],
             dp_comm_s=dp_exposed,
             optimizer_s=opt_bottleneck,
-            peak_bytes=tuple(static[k] + held[k] + buffer for k in range(pp)),
+            peak_bytes=tuple(static[k] + held[k] + buffer
+                             - (embedding.static_bytes_saved if embedding is not None and k == embedding.rank else 0)
+                             for k in range(pp)),
             capacity_bytes=self.comm.capacity_bytes,
         )
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sim.costs import CostModel, LayerCosts
+from sim.embedding import EMBEDDING_METHODS
 from sim.gradient_sync import GRADIENT_SYNC
 from sim.memory import MemoryPolicy
 from sim.plan import Plan
@@ -42,8 +43,13 @@ def lower(
         compute_pass(draft, orders[coords.pp])
         swap_pass(draft)
         p2p_pass(draft)
+        embedding = EMBEDDING_METHODS[plan.embedding.method]
+        if embedding.lower is not None:  # e.g. sharded tables leave the gradient sync (sim.embedding)
+            embedding.lower(draft, stages)
         gradient_sync_pass(draft, stages)
         optimizer_step_pass(draft, stages)
+        if embedding.finish is not None:
+            embedding.finish(draft, stages)
         program.ranks[rank] = RankProgram(rank=rank, coords=coords, stages=stages,
                                           instructions=draft.finalize())
     return program
@@ -76,6 +82,7 @@ class _Draft:
         self.plan, self.program, self.coords = plan, program, coords
         self.stage_rank, self.costs, self.policy = stage_rank, costs, policy
         self.nodes: list[Node] = []
+        self.excluded_grad_bytes: dict[int, int] = {}  # layer -> gradient bytes synced outside the buckets
         self._by_key: dict[tuple[Kind, int, int], Node] = {}
 
     def find(self, kind: Kind, stage: int, microbatch: int) -> Node | None:
@@ -247,8 +254,8 @@ def _buckets(draft: _Draft, stages: Sequence[int]) -> list[tuple[tuple[int, ...]
     current: list[int] = []
     size = 0
     for layer in layers:
-        grad = draft.cost(layer).grad_bytes
-        if grad == 0:
+        grad = draft.cost(layer).grad_bytes - draft.excluded_grad_bytes.get(layer, 0)
+        if grad <= 0:
             continue
         current.append(layer)
         size += grad

@@ -3,6 +3,7 @@ prints and what a plan search enumerates."""
 
 from __future__ import annotations
 
+from sim.embedding import EMBEDDING_METHODS
 from sim.gradient_sync import GRADIENT_SYNC
 from sim.memory import MEMORY_POLICIES
 from sim.schedules import SCHEDULES
@@ -18,4 +19,5 @@ def registered_options() -> dict[str, list[tuple[str, str]]]:
         "schedule.name": [(name, _first_sentence(info.description)) for name, info in SCHEDULES.items()],
         "memory.policy": [(name, kind.doc) for name, kind in MEMORY_POLICIES.items()],
         "gradient_sync.method": [(name, method.doc) for name, method in GRADIENT_SYNC.items()],
+        "embedding.method": [(name, method.doc) for name, method in EMBEDDING_METHODS.items()],
     }

@@ -6,7 +6,8 @@ fields (workload, cluster, profile, dtype) and one section per plan dimension, e
 - ``parallelism``: dp, tp, pp, chunks, partition, tp_overlap;
 - ``schedule``: a registered pipeline schedule (``sim.schedules``) and its micro-batching;
 - ``memory``: a registered memory policy (``sim.memory``), chosen by ``policy:``;
-- ``gradient_sync``: a registered gradient-sync method (``sim.gradient_sync``), chosen by ``method:``.
+- ``gradient_sync``: a registered gradient-sync method (``sim.gradient_sync``), chosen by ``method:``;
+- ``embedding``: a registered embedding-communication method (``sim.embedding``), chosen by ``method:``.
 
 Structural checks (types, ranges, unknown fields, registered names) happen on construction; checks
 that need the workload and the cluster (degrees vs world size, TP vs heads, partition coverage,
@@ -24,6 +25,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator
 
+from sim.embedding import EMBEDDING_METHODS, DenseEmbedding, EmbeddingConfig
 from sim.gradient_sync import GRADIENT_SYNC, DenseAllReduce, GradientSyncConfig
 from sim.memory import MEMORY_POLICIES, MemoryConfig, NoRecompute
 from sim.schedules import SCHEDULES
@@ -95,6 +97,7 @@ class Plan(BaseModel):
     schedule: Schedule = Schedule()
     memory: SerializeAsAny[MemoryConfig] = NoRecompute()
     gradient_sync: SerializeAsAny[GradientSyncConfig] = DenseAllReduce()
+    embedding: SerializeAsAny[EmbeddingConfig] = DenseEmbedding()
 
     @field_validator("memory", mode="before")
     @classmethod
@@ -105,6 +108,11 @@ class Plan(BaseModel):
     @classmethod
     def _gradient_sync_method(cls, value: object) -> object:
         return _registered_config(GRADIENT_SYNC, "method", "gradient-sync method", value)
+
+    @field_validator("embedding", mode="before")
+    @classmethod
+    def _embedding_method(cls, value: object) -> object:
+        return _registered_config(EMBEDDING_METHODS, "method", "embedding method", value)
 
     # Shorthands for the shape of the job, read everywhere.
     @property
@@ -197,6 +205,8 @@ def _known_fields(data: dict[str, Any], loc: tuple[Any, ...]) -> list[str]:
         model: type[BaseModel] = MEMORY_POLICIES[data["memory"]["policy"]].config
     elif section == "gradient_sync":
         model = GRADIENT_SYNC[data["gradient_sync"]["method"]].config
+    elif section == "embedding":
+        model = EMBEDDING_METHODS[data["embedding"]["method"]].config
     else:
         model = Plan.model_fields[section].annotation  # type: ignore[assignment]
     return list(model.model_fields)

@@ -27,6 +27,7 @@ class Kind(str, Enum):
     SWAP_OUT = "SWAP_OUT"
     SWAP_IN = "SWAP_IN"
     ALLREDUCE = "ALLREDUCE"  # data-parallel gradient bucket
+    ALLTOALL = "ALLTOALL"  # sharded embedding rows (or their ids, or their gradients) to their owners
     OPTIMIZER_STEP = "OPTIMIZER_STEP"
 
     @property
@@ -37,7 +38,7 @@ class Kind(str, Enum):
 COMPUTE_KINDS = frozenset({Kind.FWD, Kind.BWD, Kind.BWD_I, Kind.BWD_W, Kind.RECOMPUTE, Kind.OPTIMIZER_STEP})
 SEND_KINDS = frozenset({Kind.SEND_ACT, Kind.SEND_GRAD})
 RECV_KINDS = frozenset({Kind.RECV_ACT, Kind.RECV_GRAD})
-COLLECTIVE_KINDS = frozenset({Kind.ALLREDUCE})
+COLLECTIVE_KINDS = frozenset({Kind.ALLREDUCE, Kind.ALLTOALL})
 
 
 class Stream(str, Enum):
@@ -57,6 +58,9 @@ STREAM_OF: dict[Kind, Stream] = {
     Kind.SWAP_OUT: Stream.COPY,
     Kind.SWAP_IN: Stream.COPY,
     Kind.ALLREDUCE: Stream.COLLECTIVE,
+    # On the same stream as the buckets: one communicator, whose program order is the priority
+    # of its messages (sim.embedding_lower orders them by when their consumer needs them).
+    Kind.ALLTOALL: Stream.COLLECTIVE,
 }
 
 
@@ -82,7 +86,8 @@ class Instruction:
     tag: str = ""
     bytes: int = 0
     layers: tuple[int, ...] = ()
-    method: str = ""  # ALLREDUCE: the gradient-sync method of the bucket (sim.gradient_sync)
+    method: str = ""  # ALLREDUCE: the gradient-sync method of the bucket (sim.gradient_sync);
+    # ALLTOALL and an embedding's own OPTIMIZER_STEP: the embedding method (sim.embedding)
 
     @property
     def stream(self) -> Stream:
@@ -134,6 +139,12 @@ class Program:
     stage_layers: list[tuple[int, ...]]  # virtual stage -> model layer indices
     ranks: dict[int, RankProgram]
     symmetric: bool
+    # layer -> parameter bytes of it that a rank does not hold (a sharded embedding table's other
+    # shards, sim.embedding_embrace); the memory ledger leaves them and their gradients and state out.
+    unheld_param_bytes: dict[int, int] = field(default_factory=dict)
+    # An all-to-all lasts as long as its most loaded destination: that destination's share over the
+    # even 1/n, as measured on real batches (row-sharded tables); scales the bytes' transfer time.
+    alltoall_imbalance: float = 1.0
 
     def rank_of(self, dp: int, pp: int, tp: int) -> int:
         return (pp * self.dp + dp) * self.tp + tp

@@ -107,6 +107,11 @@ TRANSFORMER_PRESETS: dict[str, TransformerConfig] = {
     "gpt-8.3b": TransformerConfig("gpt", 51200, 3072, 24, 72, 1024, source="Megatron-LM, Shoeybi et al. 2019, Table 2"),
     "gpt-20b": TransformerConfig("gpt", 50432, 6144, 64, 44, 2048, source="GPT-NeoX-20B, Black et al. 2022"),
     "gpt-175b": TransformerConfig("gpt", 51200, 12288, 96, 96, 2048, source="GPT-3, Brown et al. 2020"),
+    # A word-level Transformer LM on WikiText-2's vocabulary (33,278 words with <eos>, as S2 Reducer's
+    # and EmbRace's LSTM baselines use): small blocks, so the token table (8.5M of 18.6M parameters)
+    # and the untied head dominate. Vocabulary and width are workload_options (vocab, hidden).
+    "gpt-wordlm": TransformerConfig("gpt", vocab=33278, hidden=256, heads=4, num_layers=2, seq=64,
+                                    source="paratwin: WikiText-2 word vocabulary, embedding-dominated"),
     "bert-tiny": TransformerConfig("bert", vocab=1024, hidden=64, heads=4, num_layers=2, seq=32, source="test model"),
     "bert-base": TransformerConfig("bert", 30522, 768, 12, 12, 512, source="BERT, Devlin et al. 2019"),
     "bert-large": TransformerConfig("bert", 30522, 1024, 16, 24, 512, source="BERT, Devlin et al. 2019"),

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sim.embedding import EMBEDDING_METHODS
 from sim.gradient_sync import GRADIENT_SYNC
 from sim.memory import MEMORY_POLICIES, StageAwareRecompute
 from sim.plan import Plan, migrate_flat
@@ -101,4 +102,4 @@ def test_options_lists_every_registered_choice() -> None:
     done = paratwin("options")
     assert done.returncode == 0, done.stderr
     listed = {line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ")}
-    assert listed == {*SCHEDULES, *MEMORY_POLICIES, *GRADIENT_SYNC}
+    assert listed == {*SCHEDULES, *MEMORY_POLICIES, *GRADIENT_SYNC, *EMBEDDING_METHODS}

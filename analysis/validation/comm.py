@@ -15,7 +15,7 @@ from sim.program import COLLECTIVE_KINDS, RECV_KINDS, SEND_KINDS
 from traces.bundle import read_bundle, write_bundle
 from traces.errors import ConfigError
 
-COMM_PRIMITIVES = ["all_reduce", "send_recv"]
+COMM_PRIMITIVES = ["all_reduce", "all_to_all", "send_recv"]  # all_to_all: sharded embeddings (sim.embedding)
 COMM_POINTS = 7  # sizes per sweep, geometric between half the smallest and twice the largest message
 MIN_COMM_BYTES = 1024
 COMM_KINDS = {k.value for k in (*SEND_KINDS, *RECV_KINDS, *COLLECTIVE_KINDS)}
