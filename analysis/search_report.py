@@ -102,7 +102,7 @@ def ranked_frame(result: SearchResult) -> pd.DataFrame:
             "rank": i, "dp": c.dp, "tp": c.tp, "pp": c.pp, "chunks": c.chunks, "partition": c.partition,
             "tp_overlap": c.tp_overlap, "schedule": c.schedule, "micro_batch": c.micro_batch,
             "microbatches": c.microbatches, "memory": json.dumps(dict(c.memory)),
-            "gradient_sync": json.dumps(dict(c.gradient_sync)),
+            "gradient_sync": json.dumps(dict(c.gradient_sync)), "embedding": json.dumps(dict(c.embedding)),
             "estimate_s": e.iteration_s, "estimate_compute_s": e.compute_s, "estimate_recompute_s": e.recompute_s,
             "estimate_bubble_s": e.bubble_s, "estimate_tp_comm_s": e.tp_comm_s, "estimate_p2p_s": e.p2p_s,
             "estimate_dp_comm_s": e.dp_comm_s, "estimate_optimizer_s": e.optimizer_s,

@@ -7,7 +7,8 @@ schedules from ``sim.schedules.SCHEDULES`` (chunks from each ``ScheduleInfo.min_
 memory policies from ``sim.memory.MEMORY_POLICIES`` (each with its default settings, plus a few values
 of every bounded fraction field, e.g. stage-aware's ``ratio``), gradient-sync methods from
 ``sim.gradient_sync.GRADIENT_SYNC`` (each with a few bucket sizes, kept when its ``check`` accepts
-the plan). A policy whose settings have a required field with no default (``per-stage``'s explicit
+the plan), embedding methods from ``sim.embedding.EMBEDDING_METHODS`` (sharded ones with dp > 1 on a
+workload with embedding tables, priced by ``sim.embedding_embrace.estimate_terms``). A policy whose settings have a required field with no default (``per-stage``'s explicit
 list) cannot be spelled without a guess and is listed as not enumerated.
 
 Pruning reasons are counted by the ``ConfigError`` field that refuses the plan (the same checks
@@ -40,7 +41,9 @@ from sim.compile import (
     instructions_upper_bound,
     resolve_plan,
 )
-from sim.estimate import Estimate, Estimator, spearman
+from sim.embedding import EMBEDDING_METHODS, embedding_tables
+from sim.embedding_embrace import EmbeddingTerms, estimate_terms
+from sim.estimate import Estimate, Estimator, _layout, spearman
 from sim.gradient_sync import GRADIENT_SYNC
 from sim.memory import MEMORY_POLICIES
 from sim.partition import balanced_partition, uniform_partition
@@ -88,6 +91,7 @@ class Candidate:
     microbatches: int
     memory: tuple[tuple[str, Any], ...]
     gradient_sync: tuple[tuple[str, Any], ...]
+    embedding: tuple[tuple[str, Any], ...] = (("method", "dense"),)
 
     def sections(self) -> dict[str, Any]:
         return {
@@ -97,14 +101,18 @@ class Candidate:
                          "microbatches": self.microbatches},
             "memory": _unfreeze(self.memory),
             "gradient_sync": _unfreeze(self.gradient_sync),
+            "embedding": _unfreeze(self.embedding),
         }
 
     def describe(self) -> str:
         memory = " ".join(f"{v}" if k == "policy" else f"{k}={v}" for k, v in self.memory)
         sync = " ".join(f"{v}" if k == "method" else f"{k}={v}" for k, v in self.gradient_sync)
+        embedding = dict(self.embedding)
+        tables = "" if embedding.get("method") == "dense" else " embedding " + " ".join(
+            f"{v}" if k == "method" else f"{k}={v}" for k, v in self.embedding)
         chunks = f" x{self.chunks}" if self.chunks > 1 else ""
         return (f"dp{self.dp} tp{self.tp} pp{self.pp} {self.schedule}{chunks} mb{self.micro_batch}x"
-                f"{self.microbatches} {self.partition} ov{self.tp_overlap} {memory} {sync}")
+                f"{self.microbatches} {self.partition} ov{self.tp_overlap} {memory} {sync}{tables}")
 
 
 def _freeze(settings: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -232,6 +240,23 @@ def sync_variants(space: SearchSpace) -> tuple[list[dict[str, Any]], dict[str, s
     return variants, skipped
 
 
+def embedding_variants(space: SearchSpace) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Every registered embedding method with its defaults; sharded ones only for a workload that
+    has embedding tables."""
+    variants, skipped = [], {}
+    has_tables = bool(embedding_tables(space.workload, dict(space.workload_options)))
+    for name, method in EMBEDDING_METHODS.items():
+        fields = {k: f for k, f in method.config.model_fields.items() if k != "method"}
+        required = [k for k, f in fields.items() if f.is_required()]
+        if required:
+            skipped[f"embedding.method {name}"] = f"needs {', '.join(required)} (no default to enumerate)"
+        elif method.sharded and not has_tables:
+            skipped[f"embedding.method {name}"] = f"{space.workload} has no embedding table to shard"
+        else:
+            variants.append({"method": name})
+    return variants, skipped
+
+
 def factorisations(world: int, max_tp: int) -> Iterator[tuple[int, int, int]]:
     """(dp, tp, pp) with dp x tp x pp = world and tp <= max_tp."""
     for tp in _divisors(world):
@@ -273,6 +298,9 @@ class _Enumerator:
         self.estimator = Estimator(probe.costs, probe.comm, space.dtype)
         self.layers = probe.costs.num_layers
         self.syncs, self.skipped = sync_variants(space)
+        self.embeddings, skipped_embeddings = embedding_variants(space)
+        self.skipped.update(skipped_embeddings)
+        self.embedding_terms: dict[tuple, EmbeddingTerms | None | str] = {}
         self.pairs = schedule_chunks(space)
         self.partitions: dict[tuple[int, str], list[tuple[int, ...]]] = {}
         self.policies: dict[tuple, Any] = {}
@@ -303,7 +331,10 @@ class _Enumerator:
                 partitions = space.partitions if pp * chunks > 1 else space.partitions[:1]
                 overlaps = space.tp_overlaps if tp > 1 else (0,)
                 methods = self.syncs if dp > 1 else _one_per_method(self.syncs)
-                leaves = len(partitions) * len(memories) * len(overlaps) * len(methods)
+                # sharding over data-parallel ranks needs two of them: with dp 1 only unsharded methods
+                embeddings = self.embeddings if dp > 1 else [
+                    e for e in self.embeddings if not EMBEDDING_METHODS[e["method"]].sharded]
+                leaves = len(partitions) * len(memories) * len(overlaps) * len(methods) * len(embeddings)
                 out.considered += leaves
                 reason = tp_reason or _shape_problem(schedule, pp, m, chunks, self.layers)
                 if reason:
@@ -313,7 +344,7 @@ class _Enumerator:
                 for partition in partitions:
                     split = self.stage_layers(pp * chunks, partition)
                     if split in seen_splits:  # e.g. time-balanced = uniform on identical layers
-                        out.pruned[SAME_SPLIT] += len(memories) * len(overlaps) * len(methods)
+                        out.pruned[SAME_SPLIT] += len(memories) * len(overlaps) * len(methods) * len(embeddings)
                         continue
                     seen_splits.append(split)
                     for memory in memories:
@@ -330,20 +361,47 @@ class _Enumerator:
                         for sync in methods:
                             problem = _sync_problem(sync, base, shape, self.checks)
                             if problem:
-                                out.pruned[problem] += len(overlaps)
+                                out.pruned[problem] += len(overlaps) * len(embeddings)
                                 continue
-                            for level in overlaps:
-                                estimate = self.estimator.estimate(
-                                    schedule=schedule, dp=dp, tp=tp, pp=pp, chunks=chunks, micro_batch=micro_batch,
-                                    microbatches=m, stage_layers=split, policy=policy, tp_overlap=level,
-                                    sync_method=sync["method"], bucket_mb=sync.get("bucket_mb", 25.0))
-                                if not estimate.fits:
-                                    out.pruned[DOES_NOT_FIT] += 1
+                            for embedding in embeddings:
+                                terms = self.embedding_of(embedding, shape, split)
+                                if isinstance(terms, str):
+                                    out.pruned[terms] += len(overlaps)
                                     continue
-                                out.survivors.append(Ranked(
-                                    Candidate(dp, tp, pp, chunks, partition, level, schedule, micro_batch, m,
-                                              _freeze(memory), _freeze(sync)), estimate))
+                                for level in overlaps:
+                                    estimate = self.estimator.estimate(
+                                        schedule=schedule, dp=dp, tp=tp, pp=pp, chunks=chunks,
+                                        micro_batch=micro_batch, microbatches=m, stage_layers=split, policy=policy,
+                                        tp_overlap=level, sync_method=sync["method"],
+                                        bucket_mb=sync.get("bucket_mb", 25.0), embedding=terms)
+                                    if not estimate.fits:
+                                        out.pruned[DOES_NOT_FIT] += 1
+                                        continue
+                                    out.survivors.append(Ranked(
+                                        Candidate(dp, tp, pp, chunks, partition, level, schedule, micro_batch, m,
+                                                  _freeze(memory), _freeze(sync), _freeze(embedding)), estimate))
         return out
+
+    def embedding_of(self, embedding: dict[str, Any], shape: dict[str, Any],
+                     split: list[tuple[int, ...]]) -> EmbeddingTerms | None | str:
+        """The estimate's terms for sharded tables (None for unsharded ones), or the field of the
+        ConfigError that refuses the plan. One per shape: the memory policy does not change them."""
+        method = EMBEDDING_METHODS[embedding["method"]]
+        if not method.sharded and method.check is None:
+            return None
+        key = (_freeze(embedding), repr({k: v for k, v in shape.items() if k != "memory"}))
+        if key not in self.embedding_terms:
+            try:
+                plan = Plan.from_dict({**self.base, **shape, "embedding": embedding})
+                if method.check is not None:
+                    method.check(plan)
+                info = SCHEDULES[plan.schedule.name]
+                rank_of, stages_of = _layout(plan.pp, plan.chunks, info.placement)
+                self.embedding_terms[key] = estimate_terms(plan, split, self.comm, self.costs, list(rank_of),
+                                                           list(stages_of)) if method.sharded else None
+            except ConfigError as exc:
+                self.embedding_terms[key] = exc.field
+        return self.embedding_terms[key]
 
 
 # Below this many (shape, schedule, chunks) combinations the estimate takes about as long as starting

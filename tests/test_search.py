@@ -77,6 +77,29 @@ def test_estimate_in_worker_processes_gives_the_one_process_ranking(monkeypatch)
     assert len(one.ranked) > 10
 
 
+def test_embedding_methods_are_a_searched_dimension(result) -> None:
+    from sim.embedding import EMBEDDING_METHODS
+
+    methods = {dict(r.candidate.embedding)["method"] for r in result.ranked}
+    assert methods == set(EMBEDDING_METHODS)  # gpt2-small has a token table: every method is searched
+    sharded = [r for r in result.ranked if EMBEDDING_METHODS[dict(r.candidate.embedding)["method"]].sharded]
+    assert sharded and all(r.candidate.dp > 1 for r in sharded)
+    by_candidate = {r.candidate: r for r in result.ranked}
+    twins = 0
+    for ranked in sharded[:5]:
+        plan = result.plan_of(ranked.candidate)
+        assert plan.embedding.method == dict(ranked.candidate.embedding)["method"]
+        # the estimate prices the sharded tables as the engine does (sim/estimate.py's embedding terms)
+        engine = simulate(plan)
+        assert ranked.estimate.iteration_s == pytest.approx(engine.iteration_s, rel=0.1)
+        # ... and not as dense ones: a rank holds only its shard of the table and its optimizer state
+        twin = by_candidate.get(replace(ranked.candidate, embedding=(("method", "dense"),)))
+        if twin is not None:
+            twins += 1
+            assert max(ranked.estimate.peak_bytes) < max(twin.estimate.peak_bytes)
+    assert twins
+
+
 def test_memory_pruning_uses_the_estimate() -> None:
     # gpt-175b cannot fit on one 8-GPU node in any plan: everything that passes the checks is pruned
     # for memory, and nothing is simulated.
