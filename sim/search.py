@@ -8,7 +8,8 @@ memory policies from ``sim.memory.MEMORY_POLICIES`` (each with its default setti
 of every bounded fraction field, e.g. stage-aware's ``ratio``), gradient-sync methods from
 ``sim.gradient_sync.GRADIENT_SYNC`` (each with a few bucket sizes, kept when its ``check`` accepts
 the plan), embedding methods from ``sim.embedding.EMBEDDING_METHODS`` (sharded ones with dp > 1 on a
-workload with embedding tables, priced by ``sim.embedding_embrace.estimate_terms``). A policy whose settings have a required field with no default (``per-stage``'s explicit
+workload with embedding tables, priced by ``sim.embedding_embrace.estimate_terms``). A policy
+whose settings have a required field with no default (``per-stage``'s explicit
 list) cannot be spelled without a guess and is listed as not enumerated.
 
 Pruning reasons are counted by the ``ConfigError`` field that refuses the plan (the same checks
