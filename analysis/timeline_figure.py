@@ -33,6 +33,7 @@ KIND_COLOURS = {
     "SEND_GRAD": "#2E7D32",
     "RECV_GRAD": "#7FBF7F",
     "ALLREDUCE": "#8C8C8C",
+    "ALLTOALL": "#4D4D4D",
     "SWAP_OUT": "#8172B3",
     "SWAP_IN": "#B9AEDB",
 }
