@@ -219,8 +219,10 @@ class Estimator:
             cached = self._tp_ar[key] = self.comm.collective_s("allreduce", c.tp_comm_bytes, tuple(range(tp)))
         return c.tp_allreduces * cached
 
-    def stage(self, layers: tuple[int, ...], recomputed: int, micro_batch: int, tp: int, level: int,
-              swap: float) -> StageTimes:
+    def stage(self, layers: tuple[int, ...], recomputed: tuple[int, ...], micro_batch: int, tp: int, level: int,
+              swap: float | tuple[int, ...]) -> StageTimes:
+        """``recomputed``: the stage's recomputed layers; ``swap``: the fraction of kept bytes swapped,
+        or the layers whose saved bytes are swapped (a per-layer memory policy)."""
         key = (layers, recomputed, micro_batch, tp, level, swap)
         cached = self._stages.get(key)
         if cached is not None:
@@ -236,7 +238,7 @@ class Estimator:
             return sum(tp_segments_time(segments, level)) if segments else 0.0
 
         every = range(len(layers))
-        rec = range(recomputed)
+        rec = [i for i, layer in enumerate(layers) if layer in recomputed]
         fwd = timed([c.fwd_s for c in costs], every)
         bwd = timed([c.bwd_input_s + c.bwd_weight_s for c in costs], every)
         recompute = timed([c.recompute_s for c in costs], rec)
@@ -245,7 +247,10 @@ class Estimator:
         def cost(layer: int) -> LayerCosts:
             return cost_of.get(layer) or self.costs.layer_costs(layer, micro_batch, tp)
 
-        kept = sum(checkpoint_bytes(layers[i], cost) if i < recomputed else costs[i].saved_bytes for i in every)
+        kept = sum(checkpoint_bytes(layers[i], cost) if layers[i] in recomputed else costs[i].saved_bytes
+                   for i in every)
+        swapped = (kept * swap if isinstance(swap, float)
+                   else sum(costs[i].saved_bytes for i in every if layers[i] in swap))
         extra = sum(costs[i].saved_bytes - checkpoint_bytes(layers[i], cost) for i in rec)
         result = StageTimes(
             fwd_s=fwd, bwd_s=bwd, recompute_s=recompute,
@@ -254,7 +259,7 @@ class Estimator:
             static_bytes=sum(c.param_bytes + c.grad_bytes + c.optimizer_bytes for c in costs),
             param_bytes=sum(c.param_bytes for c in costs),
             grad_bytes=sum(c.grad_bytes for c in costs),
-            kept_bytes=int(kept * (1.0 - swap)),
+            kept_bytes=int(kept - swapped),
             recompute_extra_bytes=extra,
             output_bytes=costs[-1].output_bytes,
         )
@@ -322,8 +327,9 @@ class Estimator:
         """Everything but the gradient sync: the pipeline's time and the per-rank figures."""
         info = SCHEDULES[schedule]
         stages_n = pp * chunks
-        stages = [self.stage(tuple(stage_layers[s]), len(policy.recompute_layers[s]), micro_batch, tp, tp_overlap,
-                             policy.swap_fraction[s]) for s in range(stages_n)]
+        stages = [self.stage(tuple(stage_layers[s]), tuple(policy.recompute_layers[s]), micro_batch, tp, tp_overlap,
+                             policy.swap_fraction[s] if policy.swap_layers is None else policy.swap_layers[s])
+                  for s in range(stages_n)]
         if info.recompute_is_schedule:
             # Merak's eager recomputes move into bubbles: their placement is the schedule's shape.
             unit = unit_pipeline(schedule, pp, microbatches, chunks,

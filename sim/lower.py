@@ -162,15 +162,14 @@ def swap_pass(draft: _Draft) -> None:
     prefetches: list[tuple[int, Node]] = []  # (compute position to start before, swap-out)
     forward_at: dict[tuple[int, int], int] = {}
     for position, node in enumerate(compute):
-        fraction = draft.policy.swap_fraction[node.stage]
+        swaps = draft.policy.swaps(node.stage)
         if node.kind is Kind.FWD:
             forward_at[(node.stage, node.microbatch)] = position
-            if fraction > 0:
-                kept = draft.policy.forward_kept_bytes(node.stage, node.layers, node.save, draft.cost)
+            if swaps:
                 swap_out = Node(Kind.SWAP_OUT, node.stage, node.microbatch, deps=[node],
-                                bytes=int(kept * fraction))
+                                bytes=draft.policy.swap_bytes(node.stage, node.layers, node.save, draft.cost))
                 draft.insert_after(node, swap_out)
-        elif node.kind in (Kind.BWD, Kind.BWD_I) and fraction > 0:
+        elif node.kind in (Kind.BWD, Kind.BWD_I) and swaps:
             point = max(position - 1, forward_at[(node.stage, node.microbatch)] + 1)
             prefetches.append((point, node))
     # Stable by start point, so prefetches for the same point keep their backward order.
