@@ -8,9 +8,11 @@ estimate (``sim.estimate``) and the engine's memory ledger use:
   layers) + sum(exposed swap-in of its stages)`` (compute stream) and ``t_k >= sum(2 x saved / host
   bandwidth of its swapped layers)`` (the copy stream moves every swapped byte out and back once per
   micro-batch). The lowering starts a swap-in with the compute step before the backward that needs
-  it (``sim.lower.swap_pass``): the stage's RECOMPUTE when it recomputes anything, else (in a
-  1F1B-like steady state) a forward. What the swap-in takes beyond that step, the backward waits:
-  ``exposed_s = max(0, swapped_s / bandwidth - window_s)``. The iteration is priced as the
+  it (``sim.lower.swap_pass``): in a 1F1B-like steady state a forward, whose own swap-out queues
+  behind it, so ``exposed_s = max(0, swapped_s / bandwidth - forward_s)``; but when the stage
+  recomputes anything that step is its RECOMPUTE, which starts right after a forward, so the
+  forward's swap-out runs first: ``exposed_s = max(0, 2 x swapped_s / bandwidth - recompute_s)``.
+  What the copies take beyond their window, the backward waits. The iteration is priced as the
   estimate prices a pipeline: ``m x max_k t_k`` (the bottleneck's steady state) ``+ beta x
   sum_k t_k`` (the schedule's bubble, ``beta`` read from the schedule's own unit-cost run), so an
   idle rank's choices still count, a little.
@@ -99,8 +101,11 @@ class LayerChoiceModel:
                 swapping[s] += self.copy_s[i] / 2
         for s in range(stages_n):
             k = self.rank_of_stage[s]
-            window = recomputing[s] if any(choice[i] == RECOMPUTE for i in self._members(s)) else self.forward_s[s]
-            compute[k] += recomputing[s] + max(0.0, swapping[s] - window)
+            if any(choice[i] == RECOMPUTE for i in self._members(s)):
+                exposed = max(0.0, 2 * swapping[s] - recomputing[s])
+            else:
+                exposed = max(0.0, swapping[s] - self.forward_s[s])
+            compute[k] += recomputing[s] + exposed
             copy[k] += 2 * swapping[s]
         return [max(a, b) for a, b in zip(compute, copy, strict=True)]
 
@@ -185,11 +190,15 @@ class LayerChoiceModel:
             row({r + i: 1.0, w + i: 1.0}, -np.inf, 1.0)
             row({r + i: 1.0, z + self.stage_of[i]: -1.0}, -np.inf, 0.0)
         for s in range(stages_n):
-            # e_s >= swapped / bandwidth - window, window = recompute if z_s else forward (times / scale)
+            # e_s >= 2 x swapped - recompute when z_s, e_s >= swapped - forward otherwise (times / scale);
+            # ``big`` switches a row off: no right side exceeds it.
             members = self._members(s)
-            row({**{w + i: self.copy_s[i] / 2 / scale for i in members},
+            big = (sum(self.copy_s[i] for i in members) + self.forward_s[s]) / scale
+            row({**{w + i: self.copy_s[i] / scale for i in members},
                  **{r + i: -self.recompute_s[i] / scale for i in members},
-                 z + s: self.forward_s[s] / scale, e + s: -1.0}, -np.inf, self.forward_s[s] / scale)
+                 z + s: big, e + s: -1.0}, -np.inf, big)
+            row({**{w + i: self.copy_s[i] / 2 / scale for i in members},
+                 z + s: -big, e + s: -1.0}, -np.inf, self.forward_s[s] / scale)
             # a swap-out ends within the next forward (see the module's docstring)
             row({w + i: self.copy_s[i] / 2 / scale for i in members}, -np.inf, self.forward_s[s] / scale)
         for k in range(pp):
