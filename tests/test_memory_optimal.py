@@ -159,12 +159,15 @@ def mixing_budget(model: LayerChoiceModel, stage_layers: list[tuple[int, ...]]) 
 
 @pytest.mark.slow
 def test_pp2_run_under_the_optimal_policy_equals_one_process(gpt_tiny_profile: Path, tmp_path: Path) -> None:
+    """GPipe, so that four micro-batches are in flight and a swap saves memory (with two, as 1F1B
+    holds on pp 2, a swapped micro-batch is back before the next one leaves: nothing saved)."""
     from exec.contract import compile_for_run
     from tests.test_runtime import check_against_reference, plan_of
+    from traces.runrecord import read_run_record
 
     def plan(budget_gb: float | None) -> Plan:
         memory = Plan.from_dict({"workload": "gpt-tiny", "memory": {"policy": "optimal", "budget_gb": budget_gb}})
-        return plan_of(pp=2, schedule="1f1b", microbatches=4, micro_batch=1).model_copy(update={
+        return plan_of(pp=2, schedule="gpipe", microbatches=4, micro_batch=1).model_copy(update={
             "name": "gpt-tiny-pp2-optimal", "profile": str(gpt_tiny_profile), "memory": memory.memory})
 
     loose = compile_for_run(plan(None)).resolved
@@ -175,3 +178,6 @@ def test_pp2_run_under_the_optimal_policy_equals_one_process(gpt_tiny_profile: P
     policy = compile_for_run(chosen).resolved.policy
     assert any(policy.swap_layers) and any(policy.recompute_layers)
     check_against_reference(chosen, tmp_path)
+    table = read_run_record(tmp_path / chosen.name / "record").instructions
+    assert {"RECOMPUTE", "SWAP_OUT", "SWAP_IN"} <= set(table["kind"])
+    assert (table.loc[table["kind"] == "SWAP_OUT", "bytes"] > 0).all()
