@@ -80,6 +80,10 @@ class RankRuntime:
             modules.train()
             self.stages[s] = modules
             self.layer_modules.update(zip(layers, modules, strict=True))
+        # What a checkpointed forward of (stage, micro-batch) leaves to its RECOMPUTE: that
+        # instruction's layers (a per-micro-batch memory policy, DELTA, chooses them per micro-batch).
+        self.recomputed = {(i.stage, i.microbatch): set(i.layers) for i in self.program.instructions
+                           if i.kind is Kind.RECOMPUTE}
         self.params = [p for s in self.program.stages for p in self.stages[s].parameters()]
         self.param_storages = {storage_key(p) for p in self.params}
         # Every SavedStore still alive (weakly held): what they hold at an iteration's end is
@@ -293,7 +297,7 @@ class RankRuntime:
         store = slot.store
         start = self.clock.mark()
         moved = 0
-        for position in self._to_swap(slot, ins.stage):
+        for position in self._to_swap(slot, ins):
             t = store.tensors[position]
             host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda).copy_(t, non_blocking=t.is_cuda)
             store.host[position] = host
@@ -305,16 +309,17 @@ class RankRuntime:
         self._track(slot)
         self._launch(ins, start, None, moved)
 
-    def _to_swap(self, slot: Slot, stage: int) -> list[int]:
-        """Positions in the store to move to host: the tensors saved by the policy's swapped layers,
-        or the first ones up to its fraction of the saved bytes; never a kept input (it stays)."""
+    def _to_swap(self, slot: Slot, ins: Instruction) -> list[int]:
+        """Positions in the store to move to host: the tensors saved by the instruction's layers (a
+        per-layer policy names them), or the first ones up to the policy's fraction of the saved
+        bytes; never a kept input (it stays on the device anyway)."""
         store = slot.store
         keep = {storage_key(t) for t in slot.kept_inputs()}
         candidates = [p for p, t in enumerate(store.tensors) if p not in store.host and storage_key(t) not in keep]
-        if self.policy.swap_layers is not None:
-            chosen = set(self.policy.swap_layers[stage])
+        if ins.layers:
+            chosen = set(ins.layers)
             return [p for p in candidates if store.layers[p] in chosen]
-        target = self.policy.swap_fraction[stage] * unique_bytes(store.device_tensors())
+        target = self.policy.swap_fraction[ins.stage] * unique_bytes(store.device_tensors())
         positions, moved = [], 0
         for p in candidates:
             if moved >= target:
@@ -348,7 +353,7 @@ class RankRuntime:
         x = self._stage_input(s, mb)
         slot = Slot(inp=x, store=SavedStore(self.param_storages))
         self.stores.add(slot.store)
-        recomputed = set() if ins.save else set(self.policy.recompute_layers[s])
+        recomputed = set() if ins.save else self.recomputed[(s, mb)]
         h = x
         with slot.store.hooks():
             for start, end, checkpointed in runs_of([layer in recomputed for layer in self.stage_layers[s]]):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sim.costs import CostModel, LayerCosts
+from sim.delta import DeltaSettings
 from sim.schedules import SCHEDULES, merak_recompute
 from traces.errors import ConfigError
 
@@ -39,6 +40,7 @@ class MemoryPolicy:
     swap_fraction: tuple[float, ...]
     swap_layers: tuple[tuple[int, ...], ...] | None = None
     problem: str = ""
+    delta: DeltaSettings | None = None  # DELTA decides per micro-batch at lowering (sim.delta_lowering)
 
     def recomputes(self, stage: int) -> bool:
         return bool(self.recompute_layers[stage])
@@ -57,10 +59,13 @@ class MemoryPolicy:
         return sum(cost(layer).saved_bytes for layer in layers if layer in swapped)
 
     def forward_kept_bytes(self, stage: int, layers: Sequence[int], save: bool,
-                           cost: Callable[[int], LayerCosts]) -> int:
+                           cost: Callable[[int], LayerCosts], recomputed_layers: Sequence[int] | None = None) -> int:
         """Bytes a forward of ``layers`` of ``stage`` leaves on the device: everything it saves or,
-        when checkpointed, only the input of each recomputed layer plus the other layers' saves."""
-        recomputed = set() if save else set(self.recompute_layers[stage])
+        when checkpointed, only the input of each recomputed layer plus the other layers' saves.
+        ``recomputed_layers``: what this micro-batch's RECOMPUTE re-runs, when the program says."""
+        if recomputed_layers is None:
+            recomputed_layers = self.recompute_layers[stage]
+        recomputed = set() if save else set(recomputed_layers)
         return sum(checkpoint_bytes(layer, cost) if layer in recomputed else cost(layer).saved_bytes
                    for layer in layers)
 
@@ -182,4 +187,4 @@ register_memory_policy("per-stage", PerStageRecompute,
                        _from_fractions(lambda plan: [float(f) for f in plan.memory.recompute]))
 
 # Policies in their own modules register themselves on import (after the registry exists).
-from sim import memory_optimal  # noqa: E402, F401
+from sim import delta_lowering, memory_optimal  # noqa: E402, F401
