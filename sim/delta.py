@@ -1,7 +1,7 @@
 """DELTA's decisions (dynamic tensor offload and recompute, arXiv 2203.15980), in plain Python.
 
-Under a memory budget per rank, after each forward, while the rank holds more than the budget,
-release one saved tensor:
+Under a memory budget per rank, after each forward and after a backward's tensors come back
+(prefetched or recomputed), while the rank holds more than the budget, release one saved tensor:
 
 - **Filter**: among the saved tensors still on the device that are not tiny, the victim is the one
   with the largest ``bytes x staleness`` (seconds since its last use).
@@ -78,7 +78,8 @@ class Decisions:
 def decide(steps: Sequence[Step], stage_layers: Sequence[Sequence[int]], facts: dict[int, LayerFacts],
            static_bytes: int, settings: DeltaSettings) -> Decisions:
     """Replay ``steps`` against a ledger of per-layer saved tensors and release victims after each
-    forward while over budget. Deterministic: ties go to the earliest (stage, micro-batch, layer)."""
+    forward and each backward's return while over budget. Deterministic: ties go to the earliest
+    (stage, micro-batch, layer)."""
     now = 0.0
     resident = static_bytes
     live: dict[tuple[int, int, int], _Saved] = {}
@@ -100,9 +101,11 @@ def decide(steps: Sequence[Step], stage_layers: Sequence[Sequence[int]], facts: 
             resident += back
             out.peak_bytes = max(out.peak_bytes, resident)
             now += sum(t.facts.recompute_s for t in mine if t.where == "dropped")
-            now += sum(t.facts.backward_s for t in mine)
             for t in mine:  # back for good: its backward has begun (a split one ends at W)
                 t.where, t.last_use = "needed", now
+            # what came back may push the rank over: release other micro-batches' tensors
+            resident = _release(live, resident, now, settings, out)
+            now += sum(t.facts.backward_s for t in mine)
         if step.op == "W" or (step.op == "B" and not _split(steps, key)):
             resident -= sum(facts[layer].saved for layer in layers)
             for layer in layers:

@@ -22,6 +22,7 @@ from pydantic import Field
 
 from sim.costs import CostModel
 from sim.delta import DeltaSettings, LayerFacts, Step, decide
+from sim.gradient_sync import GRADIENT_SYNC
 from sim.memory import MemoryConfig, MemoryPolicy, checkpoint_bytes, register_memory_policy
 from sim.program import Kind
 from sim.schedules import SCHEDULES
@@ -81,6 +82,11 @@ def delta_pass(draft: _Draft) -> None:
             facts[layer] = LayerFacts(saved=c.saved_bytes, checkpoint=checkpoint_bytes(layer, draft.cost),
                                       forward_s=c.fwd_s, backward_s=c.bwd_s, recompute_s=c.recompute_s)
             static += c.param_bytes + c.grad_bytes + c.optimizer_bytes
+        if draft.plan.pp > 1:  # a received gradient is held until its backward has used it
+            static += draft.message_bytes(s)
+    if draft.plan.dp > 1:  # one flattened gradient bucket in flight
+        sync = GRADIENT_SYNC[draft.plan.gradient_sync.method]
+        static += sync.wire_bytes(int(draft.plan.gradient_sync.bucket_mb * 2**20))
     decisions = decide([Step(_STEP_OF[n.kind], n.stage, n.microbatch) for n in computes], stage_layers, facts,
                        static, settings)
     last_stage = draft.plan.num_stages - 1
