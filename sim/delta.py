@@ -8,7 +8,8 @@ Under a memory budget per rank, after each forward and after a backward's tensor
 - **Director**: swap it to host when moving it out and back (``2 x (latency + bytes / host
   bandwidth)``) costs less than recomputing the op that produced it; otherwise drop it and
   recompute it before the backward that needs it (its input stays: ``checkpoint`` bytes).
-- Swapped tensors are prefetched one compute step ahead of their backward, on the copy stream.
+- Swapped tensors are prefetched one compute step ahead of their backward, on the copy stream
+  (the replay counts them back from that step on).
 
 Granularity: a "tensor" is what one layer of one (stage, micro-batch) saves, the unit both engines
 account (``sim.engine``'s ledger) and move (``exec.activations.SavedStore`` tags every saved tensor
@@ -34,6 +35,7 @@ class DeltaSettings:
     tiny_bytes: int  # saved tensors smaller than this are never released
     host_latency_s: float
     host_bandwidth_Bps: float
+    director: str = "cost"  # cost (DELTA's rule) / swap / recompute (baselines: always one)
 
 
 @dataclass(frozen=True)
@@ -84,10 +86,13 @@ def decide(steps: Sequence[Step], stage_layers: Sequence[Sequence[int]], facts: 
     resident = static_bytes
     live: dict[tuple[int, int, int], _Saved] = {}
     out = Decisions(peak_bytes=static_bytes)
-    for step in steps:
+    forward_at: dict[tuple[int, int], int] = {}
+    for index, step in enumerate(steps):
         key = (step.stage, step.microbatch)
         layers = stage_layers[step.stage]
+        resident = _prefetch(steps, index, forward_at, stage_layers, live, resident)
         if step.op == "F":
+            forward_at[key] = index
             for layer in layers:
                 live[(*key, layer)] = _Saved(step.stage, step.microbatch, layer, facts[layer], now)
                 resident += facts[layer].saved
@@ -97,7 +102,7 @@ def decide(steps: Sequence[Step], stage_layers: Sequence[Sequence[int]], facts: 
         elif step.op == "B":
             mine = [live[(*key, layer)] for layer in layers]
             back = sum(t.facts.saved if t.where == "host" else t.facts.saved - t.facts.checkpoint
-                       for t in mine if t.where != "device")
+                       for t in mine if t.where in ("host", "dropped"))
             resident += back
             out.peak_bytes = max(out.peak_bytes, resident)
             now += sum(t.facts.recompute_s for t in mine if t.where == "dropped")
@@ -111,6 +116,24 @@ def decide(steps: Sequence[Step], stage_layers: Sequence[Sequence[int]], facts: 
             for layer in layers:
                 del live[(*key, layer)]
     return out
+
+
+def _prefetch(steps: Sequence[Step], index: int, forward_at: dict[tuple[int, int], int],
+              stage_layers: Sequence[Sequence[int]], live: dict[tuple[int, int, int], _Saved], resident: int) -> int:
+    """As the lowering does (``sim.lower.swap_pass``): the swapped tensors of the backward that
+    follows this step come back as this step starts (never before the step after their forward)."""
+    if index + 1 >= len(steps) or steps[index + 1].op != "B":
+        return resident
+    nxt = steps[index + 1]
+    key = (nxt.stage, nxt.microbatch)
+    if forward_at.get(key, index) >= index:
+        return resident
+    for layer in stage_layers[nxt.stage]:
+        t = live[(*key, layer)]
+        if t.where == "host":
+            t.where = "needed"
+            resident += t.facts.saved
+    return resident
 
 
 def _split(steps: Sequence[Step], key: tuple[int, int]) -> bool:
@@ -130,7 +153,7 @@ def _release(live: dict[tuple[int, int, int], _Saved], resident: int, now: float
                                                 -t.stage, -t.microbatch, -t.layer))
         key = (victim.stage, victim.microbatch)
         swap_s = 2 * (settings.host_latency_s + victim.facts.saved / settings.host_bandwidth_Bps)
-        if swap_s < victim.facts.recompute_s:  # Director
+        if settings.director == "swap" or (settings.director == "cost" and swap_s < victim.facts.recompute_s):
             victim.where = "host"
             resident -= victim.facts.saved
             out.swapped[key] = tuple(sorted((*out.swapped.get(key, ()), victim.layer)))

@@ -43,6 +43,9 @@ class DeltaMemory(MemoryConfig):
     budget_gb: float | None = Field(None, gt=0, description="memory per rank, GiB (default: the device's capacity)")
     tiny_mb: float = Field(1.0, ge=0, description="saved tensors (one layer's, one micro-batch) below this many "
                            "MiB are never released (a choice of ours, not the paper's number)")
+    director: Literal["cost", "swap", "recompute"] = Field(
+        "cost", description="cost: DELTA's rule (swap when cheaper than recomputing); swap / recompute: always "
+        "that, with DELTA's filter (baselines)")
 
 
 def build_delta(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostModel,
@@ -62,7 +65,7 @@ def build_delta(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostMo
     latency, bandwidth = ClusterComm(load_cluster(plan.cluster), None).host_copy()
     budget = capacity_bytes if config.budget_gb is None else min(capacity_bytes, int(config.budget_gb * 2**30))
     settings = DeltaSettings(budget_bytes=budget, tiny_bytes=int(config.tiny_mb * 2**20), host_latency_s=latency,
-                             host_bandwidth_Bps=bandwidth)
+                             host_bandwidth_Bps=bandwidth, director=config.director)
     return MemoryPolicy(none, (0.0,) * stages_n, delta=settings)
 
 
