@@ -16,8 +16,9 @@ PCIe Gen4 host links; the catalog's sources in ``sim/data/hardware.yaml``), dp 2
   filter with the director forced to ``swap`` (``delta-swap``: swap everything it releases).
 
 A policy counts at a budget when the engine's peak on every rank is within it. Writes
-``<out>.csv`` (every policy and budget: iteration time, peak, fits) and ``<out>.png/.pdf``
-(iteration time against budget), and prints where and by how much the optimum beats the rule.
+``<out>.csv`` (every policy and budget: iteration time, peak, fits), ``<out>.png/.pdf``
+(iteration time against budget) and ``<out>_tradeoff.png/.pdf`` (memory saved against time
+overhead), and prints where and by how much the optimum beats the rule.
 """
 
 from __future__ import annotations
@@ -108,6 +109,37 @@ def draw(table: pd.DataFrame, out: Path) -> None:
     fig.savefig(out.with_suffix(".pdf"))
 
 
+def draw_tradeoff(table: pd.DataFrame, out: Path) -> None:
+    """Memory saved (1 - peak / peak of keeping everything) against time overhead (iteration /
+    iteration of keeping everything - 1), one point per policy and budget that fits."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(table["workload"]))
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4), squeeze=False)
+    for ax, workload in zip(axes[0], workloads, strict=True):
+        part = table[table["workload"] == workload]
+        keep = part[part["policy"] == "none"].iloc[0]
+        for policy, marker in (("stage-aware", "o"), ("optimal-recompute", "^"), ("optimal", "D"), ("delta", "v"),
+                               ("full", "x")):
+            rows = part[(part["policy"] == policy) & part["fits"]].drop_duplicates("peak_gib")
+            ax.plot(100 * (1 - rows["peak_gib"] / keep["peak_gib"]),
+                    100 * (rows["iteration_s"] / keep["iteration_s"] - 1), marker=marker, linestyle="", label=policy)
+        ax.set_xlabel("memory saved vs keeping everything (% of the largest rank's peak)")
+        ax.set_ylabel("time overhead (%)")
+        ax.set_title(f"{workload}, 64 x A100-80GB, dp2 tp8 pp4")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.text(0.01, 0.01, "simulated; one point per budget that the policy fits; DELTA's paper reports 40-70% "
+             "saved on one GPU (arXiv 2203.15980), not this setting", fontsize=7)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    tradeoff = out.with_name(out.name + "_tradeoff")
+    fig.savefig(tradeoff.with_suffix(".png"), dpi=150)
+    fig.savefig(tradeoff.with_suffix(".pdf"))
+
+
 def summary(table: pd.DataFrame) -> list[str]:
     lines = []
     for (workload, budget), part in table.groupby(["workload", "budget_gb"], sort=False):
@@ -147,6 +179,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out.with_suffix(".csv"), index=False)
     draw(table, args.out)
+    draw_tradeoff(table, args.out)
     print("\n".join(summary(table)))
 
 
