@@ -136,3 +136,29 @@ def test_pp2_delta_run_equals_one_process(schedule: str, director: str, gpt_tiny
     assert set(table["kind"]) >= lowered - {"ALLREDUCE"}
     swaps = table[table["kind"] == "SWAP_OUT"]
     assert (swaps["bytes"] > 0).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("workload", "pp", "schedule"), [("resnet-tiny", 2, "gpipe"), ("gpt-tiny", 1, "1f1b")])
+def test_delta_recompute_without_profile_equals_one_process(workload: str, pp: int, schedule: str,
+                                                            tmp_path: Path) -> None:
+    """A ResNet (BatchNorm recomputed in train mode) over two pipeline ranks, and a GPT in a single
+    process, with the runtime's exact structural costs (zero times: the director always drops);
+    the budget is halfway between the static bytes and the no-policy peak of the fuller rank."""
+    from exec.contract import compile_for_run
+    from tests.test_runtime import check_against_reference, plan_of
+
+    base = plan_of(workload=workload, pp=pp, schedule=schedule, microbatches=4, micro_batch=2).model_copy(
+        update={"name": f"{workload}-pp{pp}-delta"})
+    from sim.engine import Engine
+
+    # The engine directly: with zero times a whole simulation (samples per second) is undefined.
+    run = compile_for_run(base)
+    engine = Engine(run.program, run.resolved.costs, run.resolved.comm, run.resolved.policy, base.micro_batch)
+    engine.run()
+    budget = max((sum(ledger.static.values()) + ledger.peak) // 2 for ledger in engine.ledgers.values())
+    plan = base.model_copy(update={"memory": Plan.from_dict({"workload": workload, "memory": {
+        "policy": "delta", "budget_gb": budget / 2**30, "tiny_mb": 0.0}}).memory})
+    program = compile_for_run(plan).program
+    assert any(i.kind.value == "RECOMPUTE" for rp in program.ranks.values() for i in rp.instructions)
+    check_against_reference(plan, tmp_path)

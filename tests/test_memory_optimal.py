@@ -181,3 +181,27 @@ def test_pp2_run_under_the_optimal_policy_equals_one_process(gpt_tiny_profile: P
     table = read_run_record(tmp_path / chosen.name / "record").instructions
     assert {"RECOMPUTE", "SWAP_OUT", "SWAP_IN"} <= set(table["kind"])
     assert (table.loc[table["kind"] == "SWAP_OUT", "bytes"] > 0).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("workload", "pp", "schedule"), [("resnet-tiny", 2, "gpipe"), ("gpt-tiny", 1, "gpipe")])
+def test_optimal_without_profile_equals_one_process(workload: str, pp: int, schedule: str, tmp_path: Path) -> None:
+    """A ResNet over two pipeline ranks and a GPT in one process, on the runtime's structural costs
+    (zero times: the policy recomputes, never swaps), at a capacity halfway between recomputing
+    everything and keeping everything. GPipe: with one micro-batch in flight (1F1B on one rank) a
+    stage's recompute brings every layer back before the backward, and nothing is saved."""
+    from exec.contract import compile_for_run
+    from tests.test_runtime import check_against_reference, plan_of
+
+    def plan(budget_gb: float | None) -> Plan:
+        memory = Plan.from_dict({"workload": workload, "memory": {"policy": "optimal", "budget_gb": budget_gb}})
+        return plan_of(workload=workload, pp=pp, schedule=schedule, microbatches=4, micro_batch=2).model_copy(
+            update={"name": f"{workload}-pp{pp}-optimal", "memory": memory.memory})
+
+    loose = compile_for_run(plan(None)).resolved
+    model = layer_choice_model(loose.plan, loose.stage_layers, loose.costs, loose.comm.capacity_bytes)
+    n = len(model.layers)
+    capacity = (max(model.peaks((RECOMPUTE,) * n)) + max(model.peaks((KEEP,) * n))) // 2
+    chosen = plan(capacity / 2**30)
+    assert any(compile_for_run(chosen).resolved.policy.recompute_layers)
+    check_against_reference(chosen, tmp_path)
