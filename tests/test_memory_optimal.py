@@ -205,3 +205,33 @@ def test_optimal_without_profile_equals_one_process(workload: str, pp: int, sche
     chosen = plan(capacity / 2**30)
     assert any(compile_for_run(chosen).resolved.policy.recompute_layers)
     check_against_reference(chosen, tmp_path)
+
+
+def test_estimate_prices_any_recomputed_set_and_per_layer_swap() -> None:
+    """The fast estimate (what the plan search ranks by) counts a non-prefix recomputed layer's
+    input and a swapped layer's absence, layer by layer."""
+    from sim.estimate import Estimator
+    from sim.memory import checkpoint_bytes
+
+    plan = small_gpt(None)
+    resolved = resolve_plan(plan)
+    layers = resolved.stage_layers[0]  # (0, 1, 2, 3, 4): embedding and four blocks
+    estimator = Estimator(resolved.costs, resolved.comm, plan.dtype)
+
+    def cost(layer: int):  # noqa: ANN202
+        return resolved.costs.layer_costs(layer, plan.micro_batch, plan.tp)
+
+    stage = estimator.stage(layers, (2,), plan.micro_batch, plan.tp, 0, (3,))
+    saved = {layer: cost(layer).saved_bytes for layer in layers}
+    assert stage.kept_bytes == sum(saved[x] for x in (0, 1, 4)) + checkpoint_bytes(2, cost)
+    assert stage.recompute_extra_bytes == saved[2] - checkpoint_bytes(2, cost)
+    assert stage.recompute_compute_s == pytest.approx(cost(2).recompute_s)
+
+
+def test_swap_cap_limits_what_the_optimum_swaps() -> None:
+    n_stages = 3
+    free = resolve_plan(small_gpt(2.67)).policy
+    capped = resolve_plan(small_gpt(2.67).model_copy(update={"memory": small_gpt(2.67).memory.model_copy(
+        update={"swap": [0.0] * n_stages})})).policy
+    assert any(free.swap_layers), "this budget should make the optimum swap"
+    assert not any(capped.swap_layers)
