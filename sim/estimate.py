@@ -249,7 +249,7 @@ class Estimator:
 
         kept = sum(checkpoint_bytes(layers[i], cost) if layers[i] in recomputed else costs[i].saved_bytes
                    for i in every)
-        swapped = (kept * swap if isinstance(swap, float)
+        swapped = (kept * swap if isinstance(swap, (int, float))
                    else sum(costs[i].saved_bytes for i in every if layers[i] in swap))
         extra = sum(costs[i].saved_bytes - checkpoint_bytes(layers[i], cost) for i in rec)
         result = StageTimes(
