@@ -73,7 +73,8 @@ class Decisions:
 
     dropped: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
     swapped: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
-    peak_bytes: int = 0  # the replay's own peak (what the decisions leave at worst)
+    peak_bytes: int = 0  # the replay's own peak, before each release
+    settled_peak_bytes: int = 0  # the largest it holds once a step's releases are done (the ledger's view)
     short_bytes: int = 0  # how far above the budget the replay stayed when nothing was left to release
 
 
@@ -99,6 +100,7 @@ def decide(steps: Sequence[Step], stage_layers: Sequence[Sequence[int]], facts: 
             now += sum(facts[layer].forward_s for layer in layers)
             out.peak_bytes = max(out.peak_bytes, resident)
             resident = _release(live, resident, now, settings, out)
+            out.settled_peak_bytes = max(out.settled_peak_bytes, resident)
         elif step.op == "B":
             mine = [live[(*key, layer)] for layer in layers]
             back = sum(t.facts.saved if t.where == "host" else t.facts.saved - t.facts.checkpoint
@@ -110,6 +112,7 @@ def decide(steps: Sequence[Step], stage_layers: Sequence[Sequence[int]], facts: 
                 t.where, t.last_use = "needed", now
             # what came back may push the rank over: release other micro-batches' tensors
             resident = _release(live, resident, now, settings, out)
+            out.settled_peak_bytes = max(out.settled_peak_bytes, resident)
             now += sum(t.facts.backward_s for t in mine)
         if step.op == "W" or (step.op == "B" and not _split(steps, key)):
             resident -= sum(facts[layer].saved for layer in layers)

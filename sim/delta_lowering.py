@@ -15,23 +15,24 @@ SWAP_OUT, so no per-micro-batch table lives anywhere else. Imports neither torch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from sim.costs import CostModel
-from sim.delta import DeltaSettings, LayerFacts, Step, decide
+from sim.costs import CostModel, LayerCosts
+from sim.delta import Decisions, DeltaSettings, LayerFacts, Step, decide
 from sim.gradient_sync import GRADIENT_SYNC
 from sim.memory import MemoryConfig, MemoryPolicy, checkpoint_bytes, register_memory_policy
 from sim.program import Kind
-from sim.schedules import SCHEDULES
+from sim.schedules import SCHEDULES, Op, generate_schedule
 
 if TYPE_CHECKING:
     from sim.lower import _Draft
     from sim.plan import Plan
 
 _STEP_OF = {Kind.FWD: "F", Kind.BWD: "B", Kind.BWD_I: "B", Kind.BWD_W: "W"}
+_STEP_OF_OP = {Op.FORWARD: "F", Op.BACKWARD: "B", Op.BACKWARD_INPUT: "B", Op.BACKWARD_WEIGHT: "W"}
 
 
 class DeltaMemory(MemoryConfig):
@@ -69,6 +70,38 @@ def build_delta(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostMo
     return MemoryPolicy(none, (0.0,) * stages_n, delta=settings)
 
 
+def _replay(steps: list[Step], stage_layers: Sequence[Sequence[int]], cost: Callable[[int], LayerCosts],
+            settings: DeltaSettings, pp: int, extra_static: int) -> tuple[Decisions, dict[int, LayerFacts], int]:
+    """``decide`` for one rank: its layers' facts and its static bytes (parameters, gradients,
+    optimizer state, a received gradient per stage while pipelined, and ``extra_static``)."""
+    facts = {}
+    static = extra_static
+    for s in sorted({step.stage for step in steps}):
+        for layer in stage_layers[s]:
+            c = cost(layer)
+            facts[layer] = LayerFacts(saved=c.saved_bytes, checkpoint=checkpoint_bytes(layer, cost),
+                                      forward_s=c.fwd_s, backward_s=c.bwd_s, recompute_s=c.recompute_s)
+            static += c.param_bytes + c.grad_bytes + c.optimizer_bytes
+        if pp > 1:  # a received gradient is held until its backward has used it
+            static += cost(stage_layers[s][-1]).output_bytes
+    return decide(steps, stage_layers, facts, static, settings), facts, static
+
+
+def delta_estimate(schedule: str, pp: int, microbatches: int, chunks: int, stage_layers: Sequence[Sequence[int]],
+                   cost: Callable[[int], LayerCosts], settings: DeltaSettings) -> list[tuple[float, int]]:
+    """For the fast estimate (``sim.estimate``), per pipeline rank: the recompute seconds per
+    micro-batch DELTA's decisions add, and the activation bytes it holds at its settled peak. The
+    same replay as ``delta_pass`` on the schedule's own order (without a gradient bucket, which the
+    estimate adds itself); swaps are priced as hidden behind compute."""
+    out = []
+    for actions in generate_schedule(schedule, pp, microbatches, chunks, None):
+        steps = [Step(_STEP_OF_OP[a.op], a.stage, a.microbatch) for a in actions if a.op in _STEP_OF_OP]
+        decisions, facts, static = _replay(steps, stage_layers, cost, settings, pp, 0)
+        recompute = sum(facts[layer].recompute_s for layers in decisions.dropped.values() for layer in layers)
+        out.append((recompute / microbatches, max(0, decisions.settled_peak_bytes - static)))
+    return out
+
+
 def delta_pass(draft: _Draft) -> None:
     from sim.lower import Node
 
@@ -76,22 +109,12 @@ def delta_pass(draft: _Draft) -> None:
     assert settings is not None
     stage_layers = draft.program.stage_layers
     computes = [n for n in draft.nodes if n.kind in _STEP_OF]
-    stages = sorted({n.stage for n in computes})
-    facts = {}
-    static = 0
-    for s in stages:
-        for layer in stage_layers[s]:
-            c = draft.cost(layer)
-            facts[layer] = LayerFacts(saved=c.saved_bytes, checkpoint=checkpoint_bytes(layer, draft.cost),
-                                      forward_s=c.fwd_s, backward_s=c.bwd_s, recompute_s=c.recompute_s)
-            static += c.param_bytes + c.grad_bytes + c.optimizer_bytes
-        if draft.plan.pp > 1:  # a received gradient is held until its backward has used it
-            static += draft.message_bytes(s)
+    bucket = 0
     if draft.plan.dp > 1:  # one flattened gradient bucket in flight
         sync = GRADIENT_SYNC[draft.plan.gradient_sync.method]
-        static += sync.wire_bytes(int(draft.plan.gradient_sync.bucket_mb * 2**20))
-    decisions = decide([Step(_STEP_OF[n.kind], n.stage, n.microbatch) for n in computes], stage_layers, facts,
-                       static, settings)
+        bucket = sync.wire_bytes(int(draft.plan.gradient_sync.bucket_mb * 2**20))
+    decisions, facts, _ = _replay([Step(_STEP_OF[n.kind], n.stage, n.microbatch) for n in computes], stage_layers,
+                                  draft.cost, settings, draft.plan.pp, bucket)
     last_stage = draft.plan.num_stages - 1
     for (s, mb), layers in sorted(decisions.dropped.items()):
         forward = draft.find(Kind.FWD, s, mb)

@@ -364,12 +364,27 @@ class Estimator:
         bubble = max(0.0, unit.makespan - max(unit.busy)) * seconds_per_unit
         hops = 2 * (stages_n - 1) * self.p2p_hop_s(max(st.output_bytes for st in stages), dp, tp) if pp > 1 else 0.0
 
-        tp_exposed = (per_rank[bottleneck] - compute[bottleneck] - recompute_compute[bottleneck]) * m
         held = []
         for k in range(pp):
             held.append(max((sum(n * stages[s].kept_bytes + x * stages[s].recompute_extra_bytes
                                  for s, (n, x) in zip(stages_of[k], state, strict=True))
                              for state in unit.states[k]), default=0))
+        if policy.delta is not None:  # DELTA decides per micro-batch: replay it on the schedule's order
+            from sim.delta_lowering import delta_estimate
+
+            def cost(layer: int) -> LayerCosts:
+                return self.costs.layer_costs(layer, micro_batch, tp)
+
+            for k, (extra_s, activations) in enumerate(delta_estimate(schedule, pp, microbatches, chunks, stage_layers,
+                                                                      cost, policy.delta)):
+                per_rank[k] += extra_s
+                recompute_compute[k] += extra_s
+                held[k] = activations
+            bottleneck = max(range(pp), key=per_rank.__getitem__)
+            seconds_per_unit = sum(per_rank) / max(sum(unit_per_mb), 1e-30)
+            steady = m * per_rank[bottleneck]
+            bubble = max(0.0, unit.makespan - max(unit.busy)) * seconds_per_unit
+        tp_exposed = (per_rank[bottleneck] - compute[bottleneck] - recompute_compute[bottleneck]) * m
         return {"steady": steady, "bubble": bubble, "hops": hops, "bwd": bwd, "params": params, "static": static,
                 "held": held, "chunks": chunks,
                 "earlier": [unit.idle_after[k] * seconds_per_unit for k in range(pp)],
