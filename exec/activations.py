@@ -23,17 +23,22 @@ def unique_bytes(tensors: list[torch.Tensor]) -> int:
 
 
 class SavedStore:
-    """The tensors autograd saves for one (stage, micro-batch), reachable for swapping."""
+    """The tensors autograd saves for one (stage, micro-batch), reachable for swapping. Each is
+    tagged with the model layer that saved it (``layer``, set by the forward as it walks its
+    layers), so a per-layer memory policy can swap exactly the tensors of its swapped layers."""
 
     def __init__(self, param_storages: set[int]) -> None:
         self.param_storages = param_storages
         self.tensors: list[torch.Tensor] = []
+        self.layers: list[int] = []  # position -> the layer that saved it
         self.host: dict[int, torch.Tensor] = {}  # position -> host copy while swapped out
+        self.layer = -1
 
     def pack(self, t: torch.Tensor) -> Any:
         if storage_key(t) in self.param_storages:
             return t  # a parameter (e.g. a weight saved by matmul): not an activation
         self.tensors.append(t)
+        self.layers.append(self.layer)
         return len(self.tensors) - 1
 
     def unpack(self, handle: Any) -> torch.Tensor:
@@ -52,6 +57,7 @@ class SavedStore:
         variables (and hooks) itself; a graph kept by the split backward would leak every
         micro-batch's activations without this."""
         self.tensors.clear()
+        self.layers.clear()
         self.host.clear()
 
 
@@ -72,11 +78,38 @@ class Segment:
 
 
 @dataclass
+class Run:
+    """Consecutive layers of a stage (positions ``start:end`` in it) that a checkpointed forward ran
+    without saving; ``inp`` is their kept input (a leaf), ``segment`` their place in the slot's
+    segments, filled by the RECOMPUTE."""
+
+    start: int
+    end: int
+    inp: torch.Tensor
+    segment: int
+
+
+def runs_of(flags: list[bool]) -> list[tuple[int, int, bool]]:
+    """Maximal runs of equal flags: (start, end, flag)."""
+    runs: list[tuple[int, int, bool]] = []
+    for i, flag in enumerate(flags):
+        if runs and runs[-1][2] == flag:
+            runs[-1] = (runs[-1][0], i + 1, flag)
+        else:
+            runs.append((i, i + 1, flag))
+    return runs
+
+
+@dataclass
 class Slot:
-    """Everything the rank holds for one (stage, micro-batch) between its forward and backward."""
+    """Everything the rank holds for one (stage, micro-batch) between its forward and backward.
+    ``segments`` are in forward order; a checkpointed run's entry is None until its RECOMPUTE."""
 
     inp: torch.Tensor
     store: SavedStore
-    prefix: int = 0  # number of checkpointed layers (run without saving, recomputed later)
-    segments: list[Segment] = field(default_factory=list)
+    checkpointed: list[Run] = field(default_factory=list)
+    segments: list[Segment | None] = field(default_factory=list)
     resident: int = 0  # bytes counted in the memory tracker
+
+    def kept_inputs(self) -> list[torch.Tensor]:
+        return [self.inp, *(run.inp for run in self.checkpointed)]

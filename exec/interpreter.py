@@ -5,17 +5,18 @@ partition holds the whole model's weights), shards transformer blocks over its T
 (``exec.parallel.tp``), and executes ``compile_plan(plan, ...).program.ranks[rank]`` (the very Program the
 simulator interprets) instruction by instruction, in program order, one handler per kind:
 
-- FWD: a forward with ``save=False`` runs the stage's recompute layers (a prefix of the stage,
-  ``policy.recompute_layers``) under ``no_grad`` keeping only their input, the rest with grad.
-  RECOMPUTE re-runs that prefix with grad. The last stage adds the loss / micro-batches.
+- FWD: a forward with ``save=False`` runs the stage's recompute layers (any subset of the stage,
+  ``policy.recompute_layers``) under ``no_grad``, each run of consecutive ones keeping only its
+  input, the rest with grad. RECOMPUTE re-runs those runs with grad. The last stage adds the
+  loss / micro-batches.
 - BWD: full backward. BWD_I: input gradient only (``autograd.grad`` with ``retain_graph``),
   capturing the gradients of the outputs of every parameter-holding module; BWD_W: the weight
   gradients from those captured gradients (each module's own small backward).
 - SEND_* / RECV_*: ``isend`` / ``irecv`` (tagged, so gloo matches them exactly); a receive is
   posted when reached and waited on by the instruction that depends on it.
 - SWAP_OUT / SWAP_IN: the saved activations of (stage, micro-batch) live in a store behind
-  ``saved_tensors_hooks`` (``exec.activations``); swapping moves a fraction of them to host memory
-  and back.
+  ``saved_tensors_hooks`` (``exec.activations``); swapping moves a fraction of them, or those of
+  the policy's swapped layers, to host memory and back.
 - ALLREDUCE: an asynchronous bucket all-reduce over the data-parallel group (``exec.parallel.dp``).
 - ALLTOALL: a sharded embedding table's ids, rows or row gradients to their owners (``exec.embedding``).
 - OPTIMIZER_STEP: Adam.
@@ -39,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from exec.activations import SavedStore, Segment, Slot, storage_key, unique_bytes
+from exec.activations import Run, SavedStore, Segment, Slot, runs_of, storage_key, unique_bytes
 from exec.clock import Clock, Pending
 from exec.contract import ExecutablePlan, batch_seed, make_optimizer
 from exec.embedding import EMBEDDING_RUNTIMES, is_sharded
@@ -85,6 +86,10 @@ class RankRuntime:
         # collects parameters; they keep their own optimizer.
         runtime = EMBEDDING_RUNTIMES.get(self.plan.embedding.method)
         self.embedding = runtime(self) if runtime is not None else None
+        # What a checkpointed forward of (stage, micro-batch) leaves to its RECOMPUTE: that
+        # instruction's layers (a per-micro-batch memory policy, DELTA, chooses them per micro-batch).
+        self.recomputed = {(i.stage, i.microbatch): set(i.layers) for i in self.program.instructions
+                           if i.kind is Kind.RECOMPUTE}
         self.params = [p for s in self.program.stages for p in self.stages[s].parameters()]
         self.param_storages = {storage_key(p) for p in self.params}
         # Every SavedStore still alive (weakly held): what they hold at an iteration's end is
@@ -117,13 +122,17 @@ class RankRuntime:
             self._capture.append((module, outs))
 
     @contextlib.contextmanager
-    def _recording(self, slot: Slot, captures: list) -> Iterator[None]:
+    def _capturing(self, captures: list) -> Iterator[None]:
         self._capture = captures if self.split else None
         try:
-            with slot.store.hooks():
-                yield
+            yield
         finally:
             self._capture = None
+
+    @contextlib.contextmanager
+    def _recording(self, slot: Slot, captures: list) -> Iterator[None]:
+        with self._capturing(captures), slot.store.hooks():
+            yield
 
     def _batch(self, mb: int) -> Any:
         key = (self.iteration, mb)
@@ -148,7 +157,7 @@ class RankRuntime:
 
     def _track(self, slot: Slot) -> None:
         """Recount what ``slot`` keeps alive on the device."""
-        tensors = [slot.inp, *slot.store.device_tensors()]
+        tensors = [*slot.kept_inputs(), *slot.store.device_tensors()]
         now = unique_bytes(tensors)
         self.activation_bytes += now - slot.resident
         slot.resident = now
@@ -298,14 +307,9 @@ class RankRuntime:
         slot = self.slots[(ins.stage, ins.microbatch)]
         store = slot.store
         start = self.clock.mark()
-        target = self.policy.swap_fraction[ins.stage] * unique_bytes(store.device_tensors())
-        keep = storage_key(slot.inp)
         moved = 0
-        for position, t in enumerate(store.tensors):
-            if moved >= target:
-                break
-            if position in store.host or storage_key(t) == keep:
-                continue
+        for position in self._to_swap(slot, ins):
+            t = store.tensors[position]
             host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda).copy_(t, non_blocking=t.is_cuda)
             store.host[position] = host
             moved += t.numel() * t.element_size()
@@ -315,6 +319,25 @@ class RankRuntime:
             store.tensors[position] = store.host[position]  # the device copy is released
         self._track(slot)
         self._launch(ins, start, None, moved)
+
+    def _to_swap(self, slot: Slot, ins: Instruction) -> list[int]:
+        """Positions in the store to move to host: the tensors saved by the instruction's layers (a
+        per-layer policy names them), or the first ones up to the policy's fraction of the saved
+        bytes; never a kept input (it stays on the device anyway)."""
+        store = slot.store
+        keep = {storage_key(t) for t in slot.kept_inputs()}
+        candidates = [p for p, t in enumerate(store.tensors) if p not in store.host and storage_key(t) not in keep]
+        if ins.layers:
+            chosen = set(ins.layers)
+            return [p for p in candidates if store.layers[p] in chosen]
+        target = self.policy.swap_fraction[ins.stage] * unique_bytes(store.device_tensors())
+        positions, moved = [], 0
+        for p in candidates:
+            if moved >= target:
+                break
+            positions.append(p)
+            moved += store.tensors[p].numel() * store.tensors[p].element_size()
+        return positions
 
     def _swap_in(self, ins: Instruction) -> None:
         slot = self.slots[(ins.stage, ins.microbatch)]
@@ -338,45 +361,59 @@ class RankRuntime:
 
     def _forward(self, ins: Instruction) -> None:
         s, mb = ins.stage, ins.microbatch
-        layers = self.stages[s]
         x = self._stage_input(s, mb)
         if self.embedding is not None:  # its tables read the rows this micro-batch's lookup brought
             self.embedding.enter(self.iteration, mb)
         slot = Slot(inp=x, store=SavedStore(self.param_storages))
         self.stores.add(slot.store)
-        slot.prefix = 0 if ins.save else len(self.policy.recompute_layers[s])
-        captures: list = []
-        with self._recording(slot, captures):
-            mid = x
-            if slot.prefix:
-                with torch.no_grad():
-                    for layer in layers[:slot.prefix]:
-                        mid = layer(mid)
-                mid = mid.detach().requires_grad_(mid.is_floating_point())
-            out = mid
-            for layer in layers[slot.prefix:]:
-                out = layer(out)
+        recomputed = set() if ins.save else self.recomputed[(s, mb)]
+        h = x
+        with slot.store.hooks():
+            for start, end, checkpointed in runs_of([layer in recomputed for layer in self.stage_layers[s]]):
+                if checkpointed:  # keep only the run's input (a leaf); RECOMPUTE fills its segment
+                    inp = h if h is x else h.detach().requires_grad_(h.is_floating_point())
+                    with torch.no_grad():
+                        out = self._walk(slot, s, start, end, inp)
+                    slot.checkpointed.append(Run(start, end, inp, len(slot.segments)))
+                    slot.segments.append(None)
+                    h = out.detach().requires_grad_(out.is_floating_point())
+                else:
+                    captures: list = []
+                    with self._capturing(captures):
+                        out = self._walk(slot, s, start, end, h)
+                    slot.segments.append(Segment(h, out, captures))
+                    h = out
             if s == self.num_stages - 1:
-                loss = self.workload.loss(out, self._batch(mb).targets) / self.plan.microbatches
+                loss = self.workload.loss(h, self._batch(mb).targets) / self.plan.microbatches
                 self.loss_tensors.append(loss.detach())
-                out = loss
-        slot.segments = [Segment(mid, out, captures)]
+                last = slot.segments[-1]
+                if last is None:
+                    slot.segments.append(Segment(h, loss))
+                else:
+                    last.out = loss
+                h = loss
         if s < self.num_stages - 1:
-            self.acts[(s + 1, mb)] = out.detach()
+            self.acts[(s + 1, mb)] = h.detach()
         self.slots[(s, mb)] = slot
         self._track(slot)
+
+    def _walk(self, slot: Slot, s: int, start: int, end: int, h: torch.Tensor) -> torch.Tensor:
+        """Layers ``start:end`` of stage ``s``, tagging what each saves with its layer index."""
+        for position in range(start, end):
+            slot.store.layer = self.stage_layers[s][position]
+            h = self.stages[s][position](h)
+        return h
 
     def _recompute(self, ins: Instruction) -> None:
         s, mb = ins.stage, ins.microbatch
         slot = self.slots[(s, mb)]
-        captures: list = []
-        if self.embedding is not None:
+        if self.embedding is not None:  # the recomputed tables read this micro-batch's rows again
             self.embedding.enter(self.iteration, mb)
-        with self._recording(slot, captures), torch.enable_grad():
-            mid = slot.inp
-            for layer in self.stages[s][:slot.prefix]:
-                mid = layer(mid)
-        slot.segments.insert(0, Segment(slot.inp, mid, captures))
+        for run in slot.checkpointed:
+            captures: list = []
+            with self._recording(slot, captures), torch.enable_grad():
+                out = self._walk(slot, s, run.start, run.end, run.inp)
+            slot.segments[run.segment] = Segment(run.inp, out, captures)
         self._track(slot)
 
     def _grad_in(self, s: int, mb: int) -> torch.Tensor | None:
@@ -389,7 +426,7 @@ class RankRuntime:
             self.grads[(s - 1, mb)] = grad
 
     def _check_recomputed(self, slot: Slot, s: int, mb: int) -> None:
-        if slot.prefix and len(slot.segments) < 2:
+        if any(seg is None for seg in slot.segments):
             raise RuntimeError(f"stage {s} micro-batch {mb}: backward of a checkpointed forward "
                                "before its RECOMPUTE")
 

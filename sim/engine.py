@@ -129,6 +129,9 @@ class Engine:
         self.compute_busy: dict[int, float] = defaultdict(float)
         self.grad_buffers: dict[tuple[int, int, int], int] = {}
         self._layer_cache: dict[int, LayerCosts] = {}
+        # (rank, stage, micro-batch) -> the layers its RECOMPUTE re-runs: what its forward does not keep
+        self.recomputed = {(rank, i.stage, i.microbatch): i.layers for rank, rp in program.ranks.items()
+                           for i in rp.instructions if i.kind is Kind.RECOMPUTE}
 
     # -- set-up --------------------------------------------------------------------------------
     def _layer(self, layer: int) -> LayerCosts:
@@ -290,7 +293,7 @@ class Engine:
         per_layer = tp_segments_time(segments, self.tp_overlap if with_tp else 0)
         start = self.env.now
         if kind is Kind.FWD or kind is Kind.RECOMPUTE:
-            ledger.change_activations(self._activation_delta(instruction, layers), start, instruction.label)
+            ledger.change_activations(self._activation_delta(rank, instruction, layers), start, instruction.label)
         t = start
         for layer_index, layer_time in zip(instruction.layers, per_layer, strict=True):
             if self.options.layer_rows:
@@ -331,9 +334,10 @@ class Engine:
         swapped-out part was counted back by its SWAP_IN before the backward."""
         return sum(self._layer(layer).saved_bytes for layer in self.program.stage_layers[stage])
 
-    def _activation_delta(self, instruction: Instruction, layers: list[LayerCosts]) -> int:
+    def _activation_delta(self, rank: int, instruction: Instruction, layers: list[LayerCosts]) -> int:
         if instruction.kind is Kind.RECOMPUTE:
             # The checkpointed layers' activations come back (their inputs were kept).
             return sum(self._layer(layer).saved_bytes - checkpoint_bytes(layer, self._layer)
                        for layer in instruction.layers)
-        return self.policy.forward_kept_bytes(instruction.stage, instruction.layers, instruction.save, self._layer)
+        return self.policy.forward_kept_bytes(instruction.stage, instruction.layers, instruction.save, self._layer,
+                                              self.recomputed.get((rank, instruction.stage, instruction.microbatch)))

@@ -229,10 +229,11 @@ class Estimator:
             cached = self._tp_ar[key] = self.comm.collective_s("allreduce", c.tp_comm_bytes, tuple(range(tp)), sharing)
         return c.tp_allreduces * cached
 
-    def stage(self, layers: tuple[int, ...], recomputed: int, micro_batch: int, tp: int, level: int,
-              swap: float, tp_sharing: int = 1) -> StageTimes:
-        """``tp_sharing``: TP groups sharing a node's adapters (sim.comm.concurrent_groups; 1 unless a
-        TP group spans nodes)."""
+    def stage(self, layers: tuple[int, ...], recomputed: tuple[int, ...], micro_batch: int, tp: int, level: int,
+              swap: float | tuple[int, ...], tp_sharing: int = 1) -> StageTimes:
+        """``recomputed``: the stage's recomputed layers; ``swap``: the fraction of kept bytes swapped,
+        or the layers whose saved bytes are swapped (a per-layer memory policy); ``tp_sharing``: TP
+        groups sharing a node's adapters (sim.comm.concurrent_groups; 1 unless a TP group spans nodes)."""
         key = (layers, recomputed, micro_batch, tp, level, swap, tp_sharing)
         cached = self._stages.get(key)
         if cached is not None:
@@ -248,7 +249,7 @@ class Estimator:
             return sum(tp_segments_time(segments, level)) if segments else 0.0
 
         every = range(len(layers))
-        rec = range(recomputed)
+        rec = [i for i, layer in enumerate(layers) if layer in recomputed]
         fwd = timed([c.fwd_s for c in costs], every)
         bwd = timed([c.bwd_input_s + c.bwd_weight_s for c in costs], every)
         recompute = timed([c.recompute_s for c in costs], rec)
@@ -257,7 +258,10 @@ class Estimator:
         def cost(layer: int) -> LayerCosts:
             return cost_of.get(layer) or self.costs.layer_costs(layer, micro_batch, tp)
 
-        kept = sum(checkpoint_bytes(layers[i], cost) if i < recomputed else costs[i].saved_bytes for i in every)
+        kept = sum(checkpoint_bytes(layers[i], cost) if layers[i] in recomputed else costs[i].saved_bytes
+                   for i in every)
+        swapped = (kept * swap if isinstance(swap, (int, float))
+                   else sum(costs[i].saved_bytes for i in every if layers[i] in swap))
         extra = sum(costs[i].saved_bytes - checkpoint_bytes(layers[i], cost) for i in rec)
         result = StageTimes(
             fwd_s=fwd, bwd_s=bwd, recompute_s=recompute,
@@ -266,7 +270,7 @@ class Estimator:
             static_bytes=sum(c.param_bytes + c.grad_bytes + c.optimizer_bytes for c in costs),
             param_bytes=sum(c.param_bytes for c in costs),
             grad_bytes=sum(c.grad_bytes for c in costs),
-            kept_bytes=int(kept * (1.0 - swap)),
+            kept_bytes=int(kept - swapped),
             recompute_extra_bytes=extra,
             output_bytes=costs[-1].output_bytes,
         )
@@ -338,8 +342,10 @@ class Estimator:
         info = SCHEDULES[schedule]
         stages_n = pp * chunks
         tp_sharing = concurrent_groups(self.comm.cluster, dp * tp, tuple(range(tp)))
-        stages = [self.stage(tuple(stage_layers[s]), len(policy.recompute_layers[s]), micro_batch, tp, tp_overlap,
-                             policy.swap_fraction[s], tp_sharing) for s in range(stages_n)]
+        stages = [self.stage(tuple(stage_layers[s]), tuple(policy.recompute_layers[s]), micro_batch, tp, tp_overlap,
+                             policy.swap_fraction[s] if policy.swap_layers is None else policy.swap_layers[s],
+                             tp_sharing)
+                  for s in range(stages_n)]
         if info.recompute_is_schedule:
             # Merak's eager recomputes move into bubbles: their placement is the schedule's shape.
             unit = unit_pipeline(schedule, pp, microbatches, chunks,
@@ -374,12 +380,27 @@ class Estimator:
         bubble = max(0.0, unit.makespan - max(unit.busy)) * seconds_per_unit
         hops = 2 * (stages_n - 1) * self.p2p_hop_s(max(st.output_bytes for st in stages), dp, tp) if pp > 1 else 0.0
 
-        tp_exposed = (per_rank[bottleneck] - compute[bottleneck] - recompute_compute[bottleneck]) * m
         held = []
         for k in range(pp):
             held.append(max((sum(n * stages[s].kept_bytes + x * stages[s].recompute_extra_bytes
                                  for s, (n, x) in zip(stages_of[k], state, strict=True))
                              for state in unit.states[k]), default=0))
+        if policy.delta is not None:  # DELTA decides per micro-batch: replay it on the schedule's order
+            from sim.delta_lowering import delta_estimate
+
+            def cost(layer: int) -> LayerCosts:
+                return self.costs.layer_costs(layer, micro_batch, tp)
+
+            for k, (extra_s, activations) in enumerate(delta_estimate(schedule, pp, microbatches, chunks, stage_layers,
+                                                                      cost, policy.delta)):
+                per_rank[k] += extra_s
+                recompute_compute[k] += extra_s
+                held[k] = activations
+            bottleneck = max(range(pp), key=per_rank.__getitem__)
+            seconds_per_unit = sum(per_rank) / max(sum(unit_per_mb), 1e-30)
+            steady = m * per_rank[bottleneck]
+            bubble = max(0.0, unit.makespan - max(unit.busy)) * seconds_per_unit
+        tp_exposed = (per_rank[bottleneck] - compute[bottleneck] - recompute_compute[bottleneck]) * m
         return {"steady": steady, "bubble": bubble, "hops": hops, "bwd": bwd, "params": params, "static": static,
                 "held": held, "chunks": chunks,
                 "earlier": [unit.idle_after[k] * seconds_per_unit for k in range(pp)],

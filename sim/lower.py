@@ -41,6 +41,10 @@ def lower(
         stages = tuple(s for s in range(plan.num_stages) if stage_rank[s] == coords.pp)
         draft = _Draft(plan, program, coords, stage_rank, costs, policy)
         compute_pass(draft, orders[coords.pp])
+        if policy.delta is not None:
+            from sim.delta_lowering import delta_pass
+
+            delta_pass(draft)
         swap_pass(draft)
         p2p_pass(draft)
         embedding = EMBEDDING_METHODS[plan.embedding.method]
@@ -165,19 +169,21 @@ def swap_pass(draft: _Draft) -> None:
     """Swap part of each forward's kept bytes to host right after it; prefetch them back so the
     swap-in starts with the compute step before the backward that needs them (but never before
     the forward whose swap-out it undoes)."""
-    compute = list(draft.nodes)
+    compute = [n for n in draft.nodes if n.kind.is_compute]  # a memory pass may have placed swap-outs
     prefetches: list[tuple[int, Node]] = []  # (compute position to start before, swap-out)
     forward_at: dict[tuple[int, int], int] = {}
     for position, node in enumerate(compute):
-        fraction = draft.policy.swap_fraction[node.stage]
+        swaps = draft.policy.swaps(node.stage)
         if node.kind is Kind.FWD:
             forward_at[(node.stage, node.microbatch)] = position
-            if fraction > 0:
-                kept = draft.policy.forward_kept_bytes(node.stage, node.layers, node.save, draft.cost)
+            if swaps:
+                per_layer = draft.policy.swap_layers
                 swap_out = Node(Kind.SWAP_OUT, node.stage, node.microbatch, deps=[node],
-                                bytes=int(kept * fraction))
+                                bytes=draft.policy.swap_bytes(node.stage, node.layers, node.save, draft.cost),
+                                layers=() if per_layer is None else tuple(
+                                    layer for layer in node.layers if layer in per_layer[node.stage]))
                 draft.insert_after(node, swap_out)
-        elif node.kind in (Kind.BWD, Kind.BWD_I) and fraction > 0:
+        elif node.kind in (Kind.BWD, Kind.BWD_I) and draft.find(Kind.SWAP_OUT, node.stage, node.microbatch):
             point = max(position - 1, forward_at[(node.stage, node.microbatch)] + 1)
             prefetches.append((point, node))
     # Stable by start point, so prefetches for the same point keep their backward order.
@@ -185,7 +191,7 @@ def swap_pass(draft: _Draft) -> None:
         swap_out = draft.find(Kind.SWAP_OUT, backward.stage, backward.microbatch)
         assert swap_out is not None
         swap_in = Node(Kind.SWAP_IN, backward.stage, backward.microbatch,
-                       deps=[swap_out, compute[point - 1]], bytes=swap_out.bytes)
+                       deps=[swap_out, compute[point - 1]], bytes=swap_out.bytes, layers=swap_out.layers)
         draft.insert_before(compute[point], swap_in)
         backward.deps.append(swap_in)
 

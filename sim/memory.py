@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sim.costs import CostModel, LayerCosts
+from sim.delta import DeltaSettings
 from sim.schedules import SCHEDULES, merak_recompute
+from traces.errors import ConfigError
 
 if TYPE_CHECKING:
     from sim.plan import Plan
@@ -26,19 +28,44 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class MemoryPolicy:
-    """Per virtual stage: which layers recompute, and the fraction of saved bytes swapped out."""
+    """Per virtual stage: which layers recompute (any subset of the stage's layers), and what is
+    swapped to host between a forward and its backward: a fraction of the saved bytes or, when
+    ``swap_layers`` is set, exactly the saved tensors of those layers (a per-layer plan).
+
+    ``problem`` is set by a policy that found no choice fitting the device: ``build_memory_policy``
+    (compiling a plan) refuses it with that message, while the plan search, which builds policies
+    directly, gets the most frugal choice and lets its estimate prune it."""
 
     recompute_layers: tuple[tuple[int, ...], ...]
     swap_fraction: tuple[float, ...]
+    swap_layers: tuple[tuple[int, ...], ...] | None = None
+    problem: str = ""
+    delta: DeltaSettings | None = None  # DELTA decides per micro-batch at lowering (sim.delta_lowering)
 
     def recomputes(self, stage: int) -> bool:
         return bool(self.recompute_layers[stage])
 
+    def swaps(self, stage: int) -> bool:
+        if self.swap_layers is not None:
+            return bool(self.swap_layers[stage])
+        return self.swap_fraction[stage] > 0
+
+    def swap_bytes(self, stage: int, layers: Sequence[int], save: bool,
+                   cost: Callable[[int], LayerCosts]) -> int:
+        """Bytes a forward of ``layers`` of ``stage`` moves to host (and its backward brings back)."""
+        if self.swap_layers is None:
+            return int(self.forward_kept_bytes(stage, layers, save, cost) * self.swap_fraction[stage])
+        swapped = set(self.swap_layers[stage])
+        return sum(cost(layer).saved_bytes for layer in layers if layer in swapped)
+
     def forward_kept_bytes(self, stage: int, layers: Sequence[int], save: bool,
-                           cost: Callable[[int], LayerCosts]) -> int:
+                           cost: Callable[[int], LayerCosts], recomputed_layers: Sequence[int] | None = None) -> int:
         """Bytes a forward of ``layers`` of ``stage`` leaves on the device: everything it saves or,
-        when checkpointed, only the input of each recomputed layer plus the other layers' saves."""
-        recomputed = set() if save else set(self.recompute_layers[stage])
+        when checkpointed, only the input of each recomputed layer plus the other layers' saves.
+        ``recomputed_layers``: what this micro-batch's RECOMPUTE re-runs, when the program says."""
+        if recomputed_layers is None:
+            recomputed_layers = self.recompute_layers[stage]
+        recomputed = set() if save else set(recomputed_layers)
         return sum(checkpoint_bytes(layer, cost) if layer in recomputed else cost(layer).saved_bytes
                    for layer in layers)
 
@@ -111,7 +138,11 @@ def register_memory_policy(name: str, config: type[MemoryConfig], build: Build) 
 
 def build_memory_policy(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostModel,
                         capacity_bytes: int) -> MemoryPolicy:
-    return MEMORY_POLICIES[plan.memory.policy].build(plan, stage_layers, costs, capacity_bytes)
+    policy = MEMORY_POLICIES[plan.memory.policy].build(plan, stage_layers, costs, capacity_bytes)
+    if policy.problem:
+        raise ConfigError("memory", policy.problem,
+                          "raise the memory budget, use more pipeline stages or smaller micro-batches")
+    return policy
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,3 +185,6 @@ register_memory_policy("full", FullRecompute, _from_fractions(lambda plan: [1.0]
 register_memory_policy("stage-aware", StageAwareRecompute, _from_fractions(stage_aware_fractions))
 register_memory_policy("per-stage", PerStageRecompute,
                        _from_fractions(lambda plan: [float(f) for f in plan.memory.recompute]))
+
+# Policies in their own modules register themselves on import (after the registry exists).
+from sim import delta_lowering, memory_optimal  # noqa: E402, F401

@@ -79,7 +79,7 @@ def test_migration_covers_every_flat_memory_spelling() -> None:
 
 
 @pytest.mark.parametrize(("section", "bad", "fragment"), [
-    ("memory", {"policy": "delta"}, "registered: none, full"),
+    ("memory", {"policy": "dtr"}, "registered: none, full"),
     ("memory", {"policy": "stage-aware", "ratoi": 0.5}, "memory.ratoi"),
     ("gradient_sync", {"method": "carrier-pigeon"}, "registered: allreduce"),
     ("schedule", {"name": "2f2b"}, "unknown schedule '2f2b'"),

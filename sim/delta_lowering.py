@@ -1,0 +1,136 @@
+"""DELTA in a Program: the ``delta`` memory policy and its lowering pass.
+
+``delta_pass`` runs on one rank's draft after the compute pass: it replays the rank's compute order
+through ``sim.delta.decide`` and writes the decisions down, per (stage, micro-batch):
+
+- dropped layers: the forward becomes checkpointed (``save=False``) and a RECOMPUTE of exactly
+  those layers is inserted before the micro-batch's first backward action (ordinary, not eager:
+  it waits for the output gradient like the backward);
+- swapped layers: a SWAP_OUT of those layers right after the forward; the swap pass that follows
+  prefetches it (SWAP_IN one compute step before the backward) as for every swap.
+
+Both engines read a checkpointed forward's layers from its RECOMPUTE, and a swap's from its
+SWAP_OUT, so no per-micro-batch table lives anywhere else. Imports neither torch nor simpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
+
+from sim.costs import CostModel, LayerCosts
+from sim.delta import Decisions, DeltaSettings, LayerFacts, Step, decide
+from sim.gradient_sync import GRADIENT_SYNC
+from sim.memory import MemoryConfig, MemoryPolicy, checkpoint_bytes, register_memory_policy
+from sim.program import Kind
+from sim.schedules import SCHEDULES, Op, generate_schedule
+
+if TYPE_CHECKING:
+    from sim.lower import _Draft
+    from sim.plan import Plan
+
+_STEP_OF = {Kind.FWD: "F", Kind.BWD: "B", Kind.BWD_I: "B", Kind.BWD_W: "W"}
+_STEP_OF_OP = {Op.FORWARD: "F", Op.BACKWARD: "B", Op.BACKWARD_INPUT: "B", Op.BACKWARD_WEIGHT: "W"}
+
+
+class DeltaMemory(MemoryConfig):
+    """DELTA: under a memory budget per rank, after each forward release the saved tensor with the
+    largest size x staleness, swapping it to host when that is cheaper than recomputing it, else
+    dropping and recomputing it; swapped tensors are prefetched before their backward."""
+
+    policy: Literal["delta"] = "delta"
+    budget_gb: float | None = Field(None, gt=0, description="memory per rank, GiB (default: the device's capacity)")
+    tiny_mb: float = Field(1.0, ge=0, description="saved tensors (one layer's, one micro-batch) below this many "
+                           "MiB are never released (a choice of ours, not the paper's number)")
+    director: Literal["cost", "swap", "recompute"] = Field(
+        "cost", description="cost: DELTA's rule (swap when cheaper than recomputing); swap / recompute: always "
+        "that, with DELTA's filter (baselines)")
+
+
+def build_delta(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostModel,
+                capacity_bytes: int) -> MemoryPolicy:
+    from sim.cluster import load_cluster
+    from sim.comm import ClusterComm
+
+    config = plan.memory
+    assert isinstance(config, DeltaMemory)
+    stages_n = plan.num_stages
+    none = ((),) * stages_n
+    if SCHEDULES[plan.schedule.name].recompute_is_schedule:
+        return MemoryPolicy(none, (0.0,) * stages_n, problem=f"schedule {plan.schedule.name} fixes its own "
+                            "recomputation; DELTA needs an ordinary schedule (1f1b, gpipe, interleaved-1f1b, zb-*)")
+    if config.swap is not None:
+        return MemoryPolicy(none, (0.0,) * stages_n, problem="DELTA decides its swaps itself: drop memory.swap")
+    latency, bandwidth = ClusterComm(load_cluster(plan.cluster), None).host_copy()
+    budget = capacity_bytes if config.budget_gb is None else min(capacity_bytes, int(config.budget_gb * 2**30))
+    settings = DeltaSettings(budget_bytes=budget, tiny_bytes=int(config.tiny_mb * 2**20), host_latency_s=latency,
+                             host_bandwidth_Bps=bandwidth, director=config.director)
+    return MemoryPolicy(none, (0.0,) * stages_n, delta=settings)
+
+
+def _replay(steps: list[Step], stage_layers: Sequence[Sequence[int]], cost: Callable[[int], LayerCosts],
+            settings: DeltaSettings, pp: int, extra_static: int) -> tuple[Decisions, dict[int, LayerFacts], int]:
+    """``decide`` for one rank: its layers' facts and its static bytes (parameters, gradients,
+    optimizer state, a received gradient per stage while pipelined, and ``extra_static``)."""
+    facts = {}
+    static = extra_static
+    for s in sorted({step.stage for step in steps}):
+        for layer in stage_layers[s]:
+            c = cost(layer)
+            facts[layer] = LayerFacts(saved=c.saved_bytes, checkpoint=checkpoint_bytes(layer, cost),
+                                      forward_s=c.fwd_s, backward_s=c.bwd_s, recompute_s=c.recompute_s)
+            static += c.param_bytes + c.grad_bytes + c.optimizer_bytes
+        if pp > 1:  # a received gradient is held until its backward has used it
+            static += cost(stage_layers[s][-1]).output_bytes
+    return decide(steps, stage_layers, facts, static, settings), facts, static
+
+
+def delta_estimate(schedule: str, pp: int, microbatches: int, chunks: int, stage_layers: Sequence[Sequence[int]],
+                   cost: Callable[[int], LayerCosts], settings: DeltaSettings) -> list[tuple[float, int]]:
+    """For the fast estimate (``sim.estimate``), per pipeline rank: the recompute seconds per
+    micro-batch DELTA's decisions add, and the activation bytes it holds at its settled peak. The
+    same replay as ``delta_pass`` on the schedule's own order (without a gradient bucket, which the
+    estimate adds itself); swaps are priced as hidden behind compute."""
+    out = []
+    for actions in generate_schedule(schedule, pp, microbatches, chunks, None):
+        steps = [Step(_STEP_OF_OP[a.op], a.stage, a.microbatch) for a in actions if a.op in _STEP_OF_OP]
+        decisions, facts, static = _replay(steps, stage_layers, cost, settings, pp, 0)
+        recompute = sum(facts[layer].recompute_s for layers in decisions.dropped.values() for layer in layers)
+        out.append((recompute / microbatches, max(0, decisions.settled_peak_bytes - static)))
+    return out
+
+
+def delta_pass(draft: _Draft) -> None:
+    from sim.lower import Node
+
+    settings = draft.policy.delta
+    assert settings is not None
+    stage_layers = draft.program.stage_layers
+    computes = [n for n in draft.nodes if n.kind in _STEP_OF]
+    bucket = 0
+    if draft.plan.dp > 1:  # one flattened gradient bucket in flight
+        sync = GRADIENT_SYNC[draft.plan.gradient_sync.method]
+        bucket = sync.wire_bytes(int(draft.plan.gradient_sync.bucket_mb * 2**20))
+    decisions, facts, _ = _replay([Step(_STEP_OF[n.kind], n.stage, n.microbatch) for n in computes], stage_layers,
+                                  draft.cost, settings, draft.plan.pp, bucket)
+    last_stage = draft.plan.num_stages - 1
+    for (s, mb), layers in sorted(decisions.dropped.items()):
+        forward = draft.find(Kind.FWD, s, mb)
+        backward = draft.find(Kind.BWD, s, mb) or draft.find(Kind.BWD_I, s, mb)
+        assert forward is not None and backward is not None
+        forward.save = False
+        recompute = Node(Kind.RECOMPUTE, s, mb, deps=[forward], layers=layers)
+        if s < last_stage and not draft.is_remote(s + 1):
+            later = draft.find(Kind.BWD, s + 1, mb) or draft.find(Kind.BWD_I, s + 1, mb)
+            recompute.deps.append(later)
+        draft.insert_before(backward, recompute)
+        backward.deps.append(recompute)
+    for (s, mb), layers in sorted(decisions.swapped.items()):
+        forward = draft.find(Kind.FWD, s, mb)
+        draft.insert_after(forward, Node(Kind.SWAP_OUT, s, mb, deps=[forward], layers=layers,
+                                         bytes=sum(facts[layer].saved for layer in layers)))
+
+
+register_memory_policy("delta", DeltaMemory, build_delta)

@@ -1,0 +1,339 @@
+"""The optimal per-layer memory policy: keep, recompute or swap every layer of every stage.
+
+Merak's stage-aware rule fixes recompute ratios by a formula; this policy instead solves a small
+mixed-integer linear program (``scipy.optimize.milp``, HiGHS) over the same quantities the fast
+estimate (``sim.estimate``) and the engine's memory ledger use:
+
+- **Time.** Per pipeline rank k and micro-batch, ``t_k >= base_k + sum(recompute of its recomputed
+  layers) + sum(exposed swap-in of its stages)`` (compute stream) and ``t_k >= sum(2 x saved / host
+  bandwidth of its swapped layers)`` (the copy stream moves every swapped byte out and back once per
+  micro-batch). The lowering starts a swap-in with the compute step before the backward that needs
+  it (``sim.lower.swap_pass``): in a 1F1B-like steady state a forward, whose own swap-out queues
+  behind it, so ``exposed_s = max(0, swapped_s / bandwidth - forward_s)``; but when the stage
+  recomputes anything that step is its RECOMPUTE, which starts right after a forward, so the
+  forward's swap-out runs first: ``exposed_s = max(0, 2 x swapped_s / bandwidth - recompute_s)``.
+  What the copies take beyond their window, the backward waits. The iteration is priced as the
+  estimate prices a pipeline: ``m x max_k t_k`` (the bottleneck's steady state) ``+ beta x
+  sum_k t_k`` (the schedule's bubble, ``beta`` read from the schedule's own unit-cost run), so an
+  idle rank's choices still count, a little.
+- **Memory.** For every rank and every state of the schedule that can be its peak (``n`` forwards
+  held and ``x`` recomputed sets held per local stage, from ``sim.estimate.unit_pipeline``): the
+  static bytes plus, per stage, ``n x kept + x x recomputed-back + min(n, 2) x swapped`` must fit.
+  ``kept`` counts a kept layer's saved bytes and a recomputed layer's input (the ledger's
+  ``checkpoint_bytes``); a swapped micro-batch is on the device while its swap-out runs and again
+  from its prefetch one compute step before the backward, hence ``min(n, 2)`` of them. That holds
+  while a swap-out ends within the next forward, so a stage swaps no more than its forward time
+  can move (in the warm-up forwards run back to back, and a slower copy would pile them up).
+
+The model is in plain numbers (``LayerChoiceModel``) with ``time`` and ``fits`` for any choice, so
+tests brute-force small cases against ``solve``. What the model leaves out (the order of the copy
+stream's queue, contention of the copy stream with TP/DP traffic, the gradient-sync tail) the engine simulates; the
+benchmark ``benchmarks/memory_optimal.py`` checks the chosen plans there. Imports neither torch
+nor simpy.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
+
+from sim.costs import CostModel
+from sim.memory import MemoryConfig, MemoryPolicy, checkpoint_bytes, register_memory_policy
+from sim.schedules import SCHEDULES, merak_recompute
+
+if TYPE_CHECKING:
+    from sim.plan import Plan
+
+KEEP, RECOMPUTE, SWAP = 0, 1, 2
+Choice = tuple[int, ...]  # per entry of ``LayerChoiceModel.layers``: KEEP, RECOMPUTE or SWAP
+
+
+class OptimalMemory(MemoryConfig):
+    """Per layer of every stage, keep, recompute or swap to host, chosen by a MILP (HiGHS) that
+    minimises the predicted iteration time with the schedule's in-flight micro-batches within the
+    memory budget; ``swap`` (optional) caps the fraction of each stage's saved bytes it may swap."""
+
+    policy: Literal["optimal"] = "optimal"
+    budget_gb: float | None = Field(None, gt=0, description="memory per device to plan for, GiB "
+                                    "(default: the device's capacity)")
+    allow_swap: bool = Field(True, description="may swap layers to host memory")
+    allow_recompute: bool = Field(True, description="may recompute layers")
+
+
+@dataclass(frozen=True)
+class LayerChoiceModel:
+    """The optimisation problem in numbers. Layers are listed stage by stage; ``stage_of[i]`` is
+    the virtual stage of ``layers[i]``; ranks are pipeline ranks."""
+
+    layers: tuple[int, ...]
+    stage_of: tuple[int, ...]
+    rank_of_stage: tuple[int, ...]
+    microbatches: int
+    bubble_weight: float  # beta: seconds of bubble per second of (sum over ranks of t_k)
+    base_s: tuple[float, ...]  # per rank: forward + backward per micro-batch, every layer kept
+    forward_s: tuple[float, ...]  # per stage: its forward (the prefetch window when it recomputes nothing)
+    recompute_s: tuple[float, ...]  # per layer
+    copy_s: tuple[float, ...]  # per layer: out and back through the host link
+    saved: tuple[int, ...]  # per layer: bytes its forward saves
+    checkpoint: tuple[int, ...]  # per layer: bytes kept when it is recomputed (its input)
+    static: tuple[int, ...]  # per rank: parameters, gradients, optimizer state, buffers
+    states: tuple[tuple[tuple[tuple[int, int], ...], ...], ...]  # per rank, per state, per local stage (n, x)
+    local_stages: tuple[tuple[int, ...], ...]  # per rank: its virtual stages, in the states' order
+    capacity: int
+    swap_cap: tuple[float, ...]  # per stage: largest fraction of its saved bytes that may be swapped
+    allow_swap: bool = True
+    allow_recompute: bool = True
+
+    # -- the objective and the constraints, for any choice ---------------------------------------
+    def rank_times(self, choice: Choice) -> list[float]:
+        pp, stages_n = len(self.base_s), len(self.forward_s)
+        compute, copy = list(self.base_s), [0.0] * pp
+        recomputing, swapping = [0.0] * stages_n, [0.0] * stages_n
+        for i, c in enumerate(choice):
+            s = self.stage_of[i]
+            if c == RECOMPUTE:
+                recomputing[s] += self.recompute_s[i]
+            elif c == SWAP:
+                swapping[s] += self.copy_s[i] / 2
+        for s in range(stages_n):
+            k = self.rank_of_stage[s]
+            if any(choice[i] == RECOMPUTE for i in self._members(s)):
+                exposed = max(0.0, 2 * swapping[s] - recomputing[s])
+            else:
+                exposed = max(0.0, swapping[s] - self.forward_s[s])
+            compute[k] += recomputing[s] + exposed
+            copy[k] += 2 * swapping[s]
+        return [max(a, b) for a, b in zip(compute, copy, strict=True)]
+
+    def _members(self, stage: int) -> list[int]:
+        return [i for i, s in enumerate(self.stage_of) if s == stage]
+
+    def time(self, choice: Choice) -> float:
+        t = self.rank_times(choice)
+        return self.microbatches * max(t) + self.bubble_weight * sum(t)
+
+    def peaks(self, choice: Choice) -> list[int]:
+        kept: dict[int, int] = {}
+        back: dict[int, int] = {}
+        swapped: dict[int, int] = {}
+        for i, c in enumerate(choice):
+            s = self.stage_of[i]
+            kept[s] = kept.get(s, 0) + (self.saved[i] if c == KEEP else self.checkpoint[i] if c == RECOMPUTE else 0)
+            back[s] = back.get(s, 0) + (self.saved[i] - self.checkpoint[i] if c == RECOMPUTE else 0)
+            swapped[s] = swapped.get(s, 0) + (self.saved[i] if c == SWAP else 0)
+        return [self.static[k] + max((sum(n * kept.get(s, 0) + x * back.get(s, 0) + min(n, 2) * swapped.get(s, 0)
+                                          for s, (n, x) in zip(self.local_stages[k], state, strict=True))
+                                      for state in self.states[k]), default=0)
+                for k in range(len(self.base_s))]
+
+    def allowed(self, choice: Choice) -> bool:
+        if (not self.allow_swap and SWAP in choice) or (not self.allow_recompute and RECOMPUTE in choice):
+            return False
+        for s, cap in enumerate(self.swap_cap):
+            members = self._members(s)
+            swapped = [i for i in members if choice[i] == SWAP]
+            if sum(self.saved[i] for i in swapped) > cap * sum(self.saved[i] for i in members):
+                return False
+            if sum(self.copy_s[i] / 2 for i in swapped) > self.forward_s[s] * (1 + 1e-9):
+                return False
+        return True
+
+    def fits(self, choice: Choice) -> bool:
+        return self.allowed(choice) and max(self.peaks(choice)) <= self.capacity
+
+    def brute_force(self) -> tuple[Choice, float] | None:
+        """Every choice (3 ^ layers): the reference for tests on small cases."""
+        best: tuple[Choice, float] | None = None
+        for choice in itertools.product((KEEP, RECOMPUTE, SWAP), repeat=len(self.layers)):
+            if self.fits(choice):
+                t = self.time(choice)
+                if best is None or t < best[1]:
+                    best = (choice, t)
+        return best
+
+    # -- the MILP --------------------------------------------------------------------------------
+    def solve(self) -> Choice | None:
+        """The choice of least ``time`` that fits, or None when none does. Among equally fast
+        choices the one moving and recomputing least (a tie-break a millionth of the objective)."""
+        import numpy as np
+        from scipy.optimize import Bounds, LinearConstraint, milp
+
+        n, pp, stages_n = len(self.layers), len(self.base_s), len(self.forward_s)
+        # Variables: r_i (recompute layer i), w_i (swap it), z_s (stage s recomputes anything),
+        # e_s (exposed swap-in of stage s), t_k (rank k per micro-batch), T (the slowest rank).
+        size = 2 * n + 2 * stages_n + pp + 1
+        r, w, z, e = 0, n, 2 * n, 2 * n + stages_n
+        t = 2 * n + 2 * stages_n
+        big_t = t + pp
+        scale = max([*self.base_s, *self.recompute_s, *self.copy_s, 1e-30])  # times to order 1
+        cost = np.zeros(size)
+        cost[big_t] = self.microbatches
+        cost[t:t + pp] = self.bubble_weight
+        tie = 1e-6 / max(n, 1)
+        cost[r:r + n] = tie * np.array(self.recompute_s) / scale
+        cost[w:w + n] = tie * np.array(self.copy_s) / scale
+        rows, lower, upper = [], [], []
+
+        def row(coefficients: dict[int, float], lo: float, hi: float) -> None:
+            vector = np.zeros(size)
+            for index, value in coefficients.items():
+                vector[index] += value
+            rows.append(vector)
+            lower.append(lo)
+            upper.append(hi)
+
+        for i in range(n):
+            row({r + i: 1.0, w + i: 1.0}, -np.inf, 1.0)
+            row({r + i: 1.0, z + self.stage_of[i]: -1.0}, -np.inf, 0.0)
+        for s in range(stages_n):
+            # e_s >= 2 x swapped - recompute when z_s, e_s >= swapped - forward otherwise (times / scale);
+            # ``big`` switches a row off: no right side exceeds it.
+            members = self._members(s)
+            big = (sum(self.copy_s[i] for i in members) + self.forward_s[s]) / scale
+            row({**{w + i: self.copy_s[i] / scale for i in members},
+                 **{r + i: -self.recompute_s[i] / scale for i in members},
+                 z + s: big, e + s: -1.0}, -np.inf, big)
+            row({**{w + i: self.copy_s[i] / 2 / scale for i in members},
+                 z + s: -big, e + s: -1.0}, -np.inf, self.forward_s[s] / scale)
+            # a swap-out ends within the next forward (see the module's docstring)
+            row({w + i: self.copy_s[i] / 2 / scale for i in members}, -np.inf, self.forward_s[s] / scale)
+        for k in range(pp):
+            on_k = [i for i in range(n) if self.rank_of_stage[self.stage_of[i]] == k]
+            exposed = {e + s: 1.0 for s in range(stages_n) if self.rank_of_stage[s] == k}
+            # base + sum rec r + sum e - t <= 0 and sum copy w - t <= 0, in units of ``scale``
+            row({**{r + i: self.recompute_s[i] / scale for i in on_k}, **exposed, t + k: -1.0},
+                -np.inf, -self.base_s[k] / scale)
+            row({**{w + i: self.copy_s[i] / scale for i in on_k}, t + k: -1.0}, -np.inf, 0.0)
+            row({t + k: 1.0, big_t: -1.0}, -np.inf, 0.0)
+            room = self.capacity - self.static[k]
+            for state in self.states[k]:
+                n_of = dict(zip(self.local_stages[k], state, strict=True))
+                coefficients: dict[int, float] = {}
+                constant = 0.0
+                for i in on_k:
+                    held, back = n_of[self.stage_of[i]]
+                    saved, ckpt = self.saved[i], self.checkpoint[i]
+                    constant += held * saved
+                    coefficients[r + i] = (back - held) * (saved - ckpt) / self.capacity
+                    coefficients[w + i] = (min(held, 2) - held) * saved / self.capacity
+                row(coefficients, -np.inf, (room - constant) / self.capacity)
+        for s, cap in enumerate(self.swap_cap):
+            members = [i for i in range(n) if self.stage_of[i] == s]
+            total = sum(self.saved[i] for i in members)
+            if cap < 1.0 and total > 0:
+                row({w + i: self.saved[i] / total for i in members}, -np.inf, cap)
+        integrality = np.zeros(size)
+        integrality[: 2 * n + stages_n] = 1
+        high = np.full(size, np.inf)
+        high[z:z + stages_n] = 1.0
+        high[r:r + n] = 1.0 if self.allow_recompute else 0.0
+        high[w:w + n] = 1.0 if self.allow_swap else 0.0
+        result = milp(cost, constraints=LinearConstraint(np.array(rows), lower, upper), integrality=integrality,
+                      bounds=Bounds(np.zeros(size), high), options={"mip_rel_gap": 1e-9})
+        if result.x is None:
+            return None
+        x = np.round(result.x[: 2 * n]).astype(int)
+        choice = tuple(RECOMPUTE if x[r + i] else SWAP if x[w + i] else KEEP for i in range(n))
+        # The rows are scaled; the unscaled check guards against a rounding at the boundary.
+        return choice if self.fits(choice) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# From a plan to the model, and from a choice to a MemoryPolicy.
+
+
+def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostModel,
+                       capacity_bytes: int) -> LayerChoiceModel:
+    from sim.cluster import load_cluster
+    from sim.comm import ClusterComm
+    from sim.estimate import Estimator, _layout, unit_pipeline
+    from sim.gradient_sync import GRADIENT_SYNC
+
+    config = plan.memory
+    assert isinstance(config, OptimalMemory)
+    comm = ClusterComm(load_cluster(plan.cluster), None)
+    estimator = Estimator(costs, comm, plan.dtype)
+    info = SCHEDULES[plan.schedule.name]
+    pp, stages_n, mb, tp = plan.pp, plan.num_stages, plan.micro_batch, plan.tp
+    level = plan.parallelism.tp_overlap
+    rank_of, stages_of = _layout(pp, plan.chunks, info.placement)
+    unit = unit_pipeline(plan.schedule.name, pp, plan.microbatches, plan.chunks, (False,) * stages_n, 0.0)
+    m = plan.microbatches
+    bubble_weight = max(0.0, unit.makespan - max(unit.busy)) / max(sum(b / m for b in unit.busy), 1e-30)
+    latency, bandwidth = comm.host_copy()
+
+    def cost(layer: int):  # noqa: ANN202 - LayerCosts
+        return costs.layer_costs(layer, mb, tp)
+
+    layers, stage_of, recompute_s, copy_s, saved, ckpt = [], [], [], [], [], []
+    base = [0.0] * pp
+    static = [0] * pp
+    forward = []
+    for s in range(stages_n):
+        whole = estimator.stage(tuple(stage_layers[s]), (), mb, tp, level, 0.0)
+        base[rank_of[s]] += whole.fwd_s + whole.bwd_s
+        forward.append(whole.fwd_s)
+        # one received gradient (or activation) buffer per stage boundary, as the ledger holds them
+        static[rank_of[s]] += whole.static_bytes + (whole.output_bytes if pp > 1 else 0)
+        for layer in stage_layers[s]:
+            layers.append(layer)
+            stage_of.append(s)
+            recompute_s.append(estimator.stage((layer,), (layer,), mb, tp, level, 0.0).recompute_s)
+            saved.append(cost(layer).saved_bytes)
+            ckpt.append(checkpoint_bytes(layer, cost))
+            copy_s.append(2 * (latency + saved[-1] / bandwidth))
+    if plan.dp > 1:  # one flattened gradient bucket in flight, as the estimate counts it
+        bucket = GRADIENT_SYNC[plan.gradient_sync.method].wire_bytes(int(plan.gradient_sync.bucket_mb * 2**20))
+        static = [b + bucket for b in static]
+    capacity = capacity_bytes if config.budget_gb is None else min(capacity_bytes, int(config.budget_gb * 2**30))
+    swap_cap = tuple(config.swap) if config.swap is not None else (1.0,) * stages_n
+    return LayerChoiceModel(
+        layers=tuple(layers), stage_of=tuple(stage_of), rank_of_stage=rank_of, microbatches=m,
+        bubble_weight=bubble_weight, base_s=tuple(base), forward_s=tuple(forward), recompute_s=tuple(recompute_s),
+        copy_s=tuple(copy_s),
+        saved=tuple(saved), checkpoint=tuple(ckpt), static=tuple(static), states=unit.states,
+        local_stages=stages_of, capacity=capacity, swap_cap=swap_cap,
+        allow_swap=config.allow_swap, allow_recompute=config.allow_recompute)
+
+
+def policy_of(model: LayerChoiceModel, choice: Choice, num_stages: int) -> MemoryPolicy:
+    recompute: list[list[int]] = [[] for _ in range(num_stages)]
+    swap: list[list[int]] = [[] for _ in range(num_stages)]
+    for layer, s, c in zip(model.layers, model.stage_of, choice, strict=True):
+        if c == RECOMPUTE:
+            recompute[s].append(layer)
+        elif c == SWAP:
+            swap[s].append(layer)
+    return MemoryPolicy(tuple(map(tuple, recompute)), (0.0,) * num_stages, tuple(map(tuple, swap)))
+
+
+def build_optimal(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostModel,
+                  capacity_bytes: int) -> MemoryPolicy:
+    stages_n = plan.num_stages
+    if SCHEDULES[plan.schedule.name].recompute_is_schedule:
+        flags = merak_recompute(plan.schedule.name, plan.pp)
+        return MemoryPolicy(tuple(tuple(layers) if f else () for f, layers in zip(flags, stage_layers, strict=True)),
+                            (0.0,) * stages_n,
+                            problem=f"schedule {plan.schedule.name} fixes its own recomputation; the optimal "
+                            "memory policy needs an ordinary schedule (1f1b, gpipe, interleaved-1f1b, zb-*)")
+    model = layer_choice_model(plan, stage_layers, costs, capacity_bytes)
+    choice = model.solve()
+    if choice is not None:
+        return policy_of(model, choice, stages_n)
+    # Nothing fits: recompute everything (or swap everything, if recompute is off), with the reason.
+    frugal = tuple(RECOMPUTE if model.allow_recompute else SWAP if model.allow_swap else KEEP for _ in model.layers)
+    peaks = model.peaks(frugal)
+    worst = max(range(len(peaks)), key=peaks.__getitem__)
+    what = "recomputing" if model.allow_recompute else "swapping" if model.allow_swap else "keeping"
+    return replace(policy_of(model, frugal, stages_n),
+                   problem=f"no per-layer choice fits {model.capacity / 2**30:.3g} GiB per device: even {what} "
+                   f"every layer, pipeline rank {worst} needs {peaks[worst] / 2**30:.3g} GiB (static "
+                   f"{model.static[worst] / 2**30:.3g} GiB) with {plan.microbatches} micro-batches of "
+                   f"{plan.micro_batch}")
+
+
+register_memory_policy("optimal", OptimalMemory, build_optimal)
