@@ -36,7 +36,7 @@ from functools import lru_cache
 
 from sim.comm import ClusterComm
 from sim.costs import CostModel, LayerCosts
-from sim.gradient_sync import GRADIENT_SYNC
+from sim.gradient_sync import GRADIENT_SYNC, GradTensor, SyncContext, phases_s, wire_bytes
 from sim.memory import MemoryPolicy, checkpoint_bytes
 from sim.schedules import (
     SCHEDULES,
@@ -48,6 +48,7 @@ from sim.schedules import (
 )
 from traces.errors import ConfigError
 
+_ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 # Past this many micro-batches per pipeline rank the unit schedule is run at fewer and extended.
 STEADY_MICROBATCHES_PER_RANK = 2
 
@@ -274,14 +275,23 @@ class Estimator:
             group = tuple(d * tp for d in range(dp))  # pipeline rank 0's replicas (sim.program.rank_of)
 
             def one(dense: int) -> float:
-                wire = sync.wire_bytes(dense)
-                return (self.comm.collective_s(sync.collective, wire, group)
-                        + sync.codec_s(wire, self.comm.cluster.device))
+                return phases_s(sync.plan(self._vector_bucket(method, dense, dp)), group, self.comm,
+                                self.comm.cluster.device)
 
             total = full * (one(bucket) if full else 0.0) + (one(rest) if rest else 0.0)
             last = one(rest) if rest else one(bucket)
             cached = self._dp[key] = (total, last)
         return cached
+
+    def _vector_bucket(self, method: str, dense: int, dp: int) -> SyncContext:
+        """A bucket as one gradient vector under the method's default settings: the estimate knows
+        bytes per stage, not tensor shapes or row sparsity, so row-sparse methods and PowerSGD are
+        priced here as their dense part (the engine, which the search runs on its best candidates,
+        prices the real buckets)."""
+        element = _ELEMENT_BYTES.get(self.dtype, 1)
+        if dense % element:
+            element = 1
+        return SyncContext((GradTensor(1, dense // element, element),), dp, GRADIENT_SYNC[method].config())
 
     def _dp_exposed(self, method: str, bucket_mb: float, dp: int, tp: int,
                     stages: list[tuple[int, float]]) -> float:
@@ -386,7 +396,8 @@ class Estimator:
             if exposed + opt - earlier > tail:
                 tail, dp_exposed, opt_bottleneck = exposed + opt - earlier, exposed, opt
         iteration = pipe["steady"] + pipe["bubble"] + pipe["hops"] + tail
-        buffer = GRADIENT_SYNC[sync_method].wire_bytes(int(bucket_mb * 2**20)) if dp > 1 else 0
+        bucket = self._vector_bucket(sync_method, int(bucket_mb * 2**20), dp)
+        buffer = wire_bytes(GRADIENT_SYNC[sync_method].plan(bucket)) if dp > 1 else 0
         return Estimate(
             iteration_s=iteration,
             compute_s=pipe["compute"],

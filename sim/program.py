@@ -83,6 +83,9 @@ class Instruction:
     bytes: int = 0
     layers: tuple[int, ...] = ()
     method: str = ""  # ALLREDUCE: the gradient-sync method of the bucket (sim.gradient_sync)
+    # ALLREDUCE: the method's phases for this bucket, (kind, bytes) in order: collectives
+    # ("allreduce", "allgather") and "memory" (encode/decode traffic); see sim.gradient_sync.Phase
+    phases: tuple[tuple[str, int], ...] = ()
 
     @property
     def stream(self) -> Stream:
