@@ -61,7 +61,7 @@ def ddp_hook(method: str, settings: dict[str, Any] | None = None, row_sparse: Co
     config = GRADIENT_SYNC[method].config.model_validate({"method": method, **(settings or {})})
     state = HookState(method, config, group or dist.group.WORLD, {id(p) for p in row_sparse})
 
-    def hook(state: HookState, bucket: Any) -> torch.futures.Future:
+    def hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         grads = [g.clone() for g in bucket.gradients()]
         rows = [touched_rows(g) if id(p) in state.row_sparse else None
                 for p, g in zip(bucket.parameters(), grads, strict=True)]
@@ -73,4 +73,6 @@ def ddp_hook(method: str, settings: dict[str, Any] | None = None, row_sparse: Co
         future.set_result(torch.cat([g.reshape(-1) for g in grads]).to(bucket.buffer().dtype))
         return future
 
+    # DDP checks the hook's annotations as objects (this module's are strings: postponed evaluation).
+    hook.__annotations__ = {"state": HookState, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
     return state, hook
