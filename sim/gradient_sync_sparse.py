@@ -48,7 +48,9 @@ class S2Reducer(GradientSyncConfig):
     method: Literal["s2"] = "s2"
     hash_rows: int = Field(1, ge=1, le=15, description="r: independent hash rows (median over them); "
                            "the authors' code uses 1")
-    width: float = Field(0.25, gt=0, le=4, description="c per hash row, as a fraction of the embedding "
+    # c as a fraction of the table's elements, as the authors size it (LSTM/gradient_reducers.py:
+    # c = n * m * sparsity * rank with sparsity = 0.1 and rank = 1 by default)
+    width: float = Field(0.1, gt=0, le=4, description="c per hash row, as a fraction of the embedding "
                          "gradient's elements")
     error_feedback: bool = Field(False, description="keep what the sketch lost locally and add it next step")
     seed: int = Field(0, ge=0, description="hash seed, the same on every rank")
@@ -78,7 +80,8 @@ class TopK(GradientSyncConfig):
 
 
 def sketch_columns(tensor: GradTensor, width: float) -> int:
-    return max(1, math.ceil(width * tensor.numel))
+    """c for one row-sparse gradient: ``width`` x its elements, rounded down (as the authors' int())."""
+    return max(1, int(width * tensor.numel))
 
 
 def _dense_phase(ctx: SyncContext, extra: int = 0) -> tuple[Phase, ...]:

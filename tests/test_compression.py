@@ -38,7 +38,7 @@ def context(method: str, world: int = 2, **settings: object) -> SyncContext:
 def test_sparse_methods_send_what_their_formulas_say() -> None:
     embed_bytes, dense_part = 33278 * 650 * 4, 2600 * 650 * 4
     assert wire_bytes(GRADIENT_SYNC["allreduce"].plan(context("allreduce"))) == embed_bytes + dense_part
-    c = -(-33278 * 650 // 4)  # width 0.25, rounded up
+    c = int(0.1 * 33278 * 650)  # the default width 0.1, rounded down
     assert wire_bytes(GRADIENT_SYNC["s2"].plan(context("s2"))) == dense_part + c * 4 + 33278 * 4
     assert wire_bytes(GRADIENT_SYNC["s2"].plan(context("s2", hash_rows=3))) == dense_part + 3 * c * 4 + 33278 * 4
     # omnireduce: a byte per row, then the dense part and the union rows
