@@ -50,7 +50,7 @@ def lstm_context(method: str, touched: float, union: float, world: int = 2) -> S
 def sync_s(method: str, touched: float, union: float, gbit: float) -> float:
     cluster = two_rank_cluster(gbit)
     phases = GRADIENT_SYNC[method].plan(lstm_context(method, touched, union))
-    return phases_s(phases, (0, 1), ClusterComm(cluster), cluster.device)
+    return phases_s(phases, (0, 1), ClusterComm(cluster), cluster.device, method)
 
 
 def measured_rows() -> tuple[float, float]:

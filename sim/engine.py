@@ -214,7 +214,7 @@ class Engine:
         # A bucket without phases (a Program written by hand) is one all-reduce of its bytes.
         phases = [Phase(kind, nbytes) for kind, nbytes in instruction.phases  # type: ignore[arg-type]
                   ] or [Phase("allreduce", instruction.bytes)]
-        duration = phases_s(phases, instruction.group, self.comm, self.comm.cluster.device)
+        duration = phases_s(phases, instruction.group, self.comm, self.comm.cluster.device, instruction.method)
         if self.program.symmetric:
             yield self.env.timeout(duration)
         else:

@@ -276,7 +276,7 @@ class Estimator:
 
             def one(dense: int) -> float:
                 return phases_s(sync.plan(self._vector_bucket(method, dense, dp)), group, self.comm,
-                                self.comm.cluster.device)
+                                self.comm.cluster.device, method)
 
             total = full * (one(bucket) if full else 0.0) + (one(rest) if rest else 0.0)
             last = one(rest) if rest else one(bucket)

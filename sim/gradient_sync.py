@@ -6,15 +6,19 @@ and one function from a ``SyncContext`` (what a bucket holds: its gradient tenso
 which are row-sparse and how many rows a replica touches, the group size, the settings) to the
 ``Phase``s the bucket goes through: collectives in order (``allreduce``, ``allgather``; bytes in
 the nccl-tests convention of ``sim.collectives``) and the bytes its encoding and decoding move
-through device memory (``memory``), priced at the device's memory bandwidth. The runtime's side
+through device memory (``memory``), priced at the device's memory bandwidth or at the rate
+profiled for that method on that device (``codec_Bps``). The runtime's side
 of a method (the reducer that really sends tensors) is registered under the same name in
 ``exec.gradient_sync``. Imports neither torch nor simpy.
 """
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -124,12 +128,33 @@ def wire_bytes(phases: Sequence[Phase]) -> int:
     return sum(p.nbytes for p in phases if p.kind != "memory")
 
 
-def phases_s(phases: Sequence[Phase], group: Sequence[int], comm: CommPricer, device: DeviceSpec) -> float:
+CODEC_FILE = Path(__file__).parent / "data" / "codec_rates.csv"
+
+
+@lru_cache(maxsize=1)
+def measured_codec_rates() -> dict[tuple[str, str], float]:
+    """(device name, method) -> bytes per second of the method's memory phase, as profiled on that
+    device (``analysis.compression_codec``)."""
+    if not CODEC_FILE.is_file():
+        return {}
+    with CODEC_FILE.open(encoding="utf-8") as handle:
+        rows = csv.DictReader(line for line in handle if not line.startswith("#"))
+        return {(r["device"], r["method"]): float(r["rate_Bps"]) for r in rows}
+
+
+def codec_Bps(device: DeviceSpec, method: str) -> float:
+    """The rate a method's encoding and decoding move bytes at on ``device``: profiled if it has
+    been, else the device's memory bandwidth (they are elementwise passes, gathers and scatters;
+    for hashing and top-k selection that is a lower bound on the time)."""
+    return measured_codec_rates().get((device.name, method), device.memory_bandwidth_Bps)
+
+
+def phases_s(phases: Sequence[Phase], group: Sequence[int], comm: CommPricer, device: DeviceSpec,
+             method: str = "") -> float:
     """Seconds of a bucket's phases, in order on one collective stream: each collective as the
-    cluster prices it, each memory phase at the device's memory bandwidth (encoding and decoding
-    are elementwise, gathers and scatters: memory-bound, a lower bound for hashing and top-k)."""
+    cluster prices it, each memory phase at ``codec_Bps``."""
     return sum(comm.collective_s(p.kind, p.nbytes, group) if p.kind != "memory"
-               else p.nbytes / device.memory_bandwidth_Bps for p in phases)
+               else p.nbytes / codec_Bps(device, method) for p in phases)
 
 
 GRADIENT_SYNC: dict[str, GradientSyncMethod] = {}
