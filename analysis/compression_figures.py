@@ -47,8 +47,8 @@ def lstm_context(method: str, touched: float, union: float, world: int = 2) -> S
     return SyncContext((embed, *lstm, *head), world, config)
 
 
-def sync_s(method: str, touched: float, union: float, gbit: float) -> float:
-    cluster = two_rank_cluster(gbit)
+def sync_s(method: str, touched: float, union: float, gbit: float, device: str = DEVICE) -> float:
+    cluster = two_rank_cluster(gbit, device)
     phases = GRADIENT_SYNC[method].plan(lstm_context(method, touched, union))
     return phases_s(phases, (0, 1), ClusterComm(cluster), cluster.device, method)
 
@@ -57,10 +57,10 @@ def measured_rows() -> tuple[float, float]:
     return (rows_touched("wikitext-2", VOCAB, SEQ, WINDOWS), rows_touched("wikitext-2", VOCAB, SEQ, 2 * WINDOWS))
 
 
-def crossover_gbit(method: str, touched: float, union: float) -> float | None:
+def crossover_gbit(method: str, touched: float, union: float, device: str = DEVICE) -> float | None:
     """The bandwidth above which dense all-reduce is faster than ``method`` (bisection in log)."""
     def gain(g: float) -> float:
-        return sync_s("allreduce", touched, union, g) - sync_s(method, touched, union, g)
+        return sync_s("allreduce", touched, union, g, device) - sync_s(method, touched, union, g, device)
     lo, hi = 0.01, 10_000.0
     if gain(lo) <= 0 or gain(hi) >= 0:
         return None
@@ -73,7 +73,10 @@ def crossover_gbit(method: str, touched: float, union: float) -> float | None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("docs/figures/compression"))
+    parser.add_argument("--device", default=DEVICE, help="a device of sim/data/hardware.yaml; its codec "
+                        "rates are the profiled ones where sim/data/codec_rates.csv has them")
     args = parser.parse_args(argv)
+    device = args.device
     args.out.mkdir(parents=True, exist_ok=True)
     methods = list(GRADIENT_SYNC)
     touched, union = measured_rows()
@@ -83,26 +86,26 @@ def main(argv: list[str] | None = None) -> None:
         for m in methods:
             rows.append({"sweep": "density", "density": d, "gbit": 10.0, "method": m,
                          "wire_bytes": wire_bytes(GRADIENT_SYNC[m].plan(lstm_context(m, k, u))),
-                         "sync_s": sync_s(m, k, u, 10.0)})
+                         "sync_s": sync_s(m, k, u, 10.0, device)})
     for g in GBITS:
         for m in methods:
             rows.append({"sweep": "bandwidth", "density": touched / VOCAB, "gbit": g, "method": m,
                          "wire_bytes": wire_bytes(GRADIENT_SYNC[m].plan(lstm_context(m, touched, union))),
-                         "sync_s": sync_s(m, touched, union, g)})
-    with (args.out / "compression_sim.csv").open("w", newline="") as handle:
-        handle.write(f"# lstm-lm gradients, 2 ranks of {DEVICE} on one link (latency 30 us), one bucket, no overlap;"
+                         "sync_s": sync_s(m, touched, union, g, device)})
+    with (args.out / f"compression_sim_{device}.csv").open("w", newline="") as handle:
+        handle.write(f"# lstm-lm gradients, 2 ranks of {device} on one link (latency 30 us), one bucket, no overlap;"
                      f" measured WikiText-2 rows: {touched:.0f} per replica, {union:.0f} union\n")
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    crossings = {m: crossover_gbit(m, touched, union) for m in methods if m != "allreduce"}
+    crossings = {m: crossover_gbit(m, touched, union, device) for m in methods if m != "allreduce"}
     for m, g in crossings.items():
         print(f"{m:>10}: faster than dense all-reduce below {g:.3g} Gbit/s" if g else
               f"{m:>10}: no crossover in 0.01..10000 Gbit/s")
-    _plot(rows, methods, args.out, touched, crossings)
+    _plot(rows, methods, args.out, touched, crossings, device)
 
 
-def _plot(rows: list[dict], methods: list[str], out: Path, touched: float, crossings: dict) -> None:
+def _plot(rows: list[dict], methods: list[str], out: Path, touched: float, crossings: dict, device: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -126,11 +129,11 @@ def _plot(rows: list[dict], methods: list[str], out: Path, touched: float, cross
     if crossings.get("s2"):
         axes[2].axvline(crossings["s2"], color="grey", lw=0.8, ls="--")
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"Simulated: lstm-lm gradients (sparse 33,278 x 650 embedding), 2 x {DEVICE}, one link, "
-                 "one bucket, no overlap (analysis/compression_figures.py)", fontsize=9)
+    fig.suptitle(f"Simulated: lstm-lm gradients (sparse 33,278 x 650 embedding), 2 x {device}, one link, "
+                 "one bucket, no overlap; codec: profiled rate if any, else memory bandwidth", fontsize=9)
     fig.tight_layout()
     for ext in ("pdf", "png"):
-        fig.savefig(out / f"compression_sim.{ext}")
+        fig.savefig(out / f"compression_sim_{device}.{ext}")
 
 
 if __name__ == "__main__":

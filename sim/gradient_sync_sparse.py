@@ -139,7 +139,14 @@ def _topk(ctx: SyncContext) -> tuple[Phase, ...]:
     return Phase("allgather", ctx.world * k * pair), Phase("memory", moved)
 
 
+def needs_fp32(plan: Plan) -> None:
+    if plan.dtype != "fp32":  # the runtime packs int32 indices into fp32 buffers
+        raise ConfigError("gradient_sync.method", f"{plan.gradient_sync.method} needs fp32 gradients, not "
+                          f"{plan.dtype}", "use dtype: fp32, or method: allreduce")
+
+
 def needs_row_sparse(plan: Plan) -> None:
+    needs_fp32(plan)
     if not row_sparse_workload(plan):
         raise ConfigError("gradient_sync.method", f"{plan.gradient_sync.method} sends row-sparse (embedding) "
                           f"gradients and workload {plan.workload!r} has none",
@@ -149,4 +156,4 @@ def needs_row_sparse(plan: Plan) -> None:
 register_gradient_sync("s2", S2Reducer, _s2, check=needs_row_sparse)
 register_gradient_sync("agsparse", AllGatherSparse, _agsparse, check=needs_row_sparse)
 register_gradient_sync("omnireduce", OmniReduce, _omnireduce, check=needs_row_sparse)
-register_gradient_sync("topk", TopK, _topk)
+register_gradient_sync("topk", TopK, _topk, check=needs_fp32)
