@@ -130,6 +130,34 @@ def test_s2_decodes_by_the_median_over_hash_rows(one_rank) -> None:
     assert (narrow[0] - reference[0]).abs().sum() > 10 * (wide[0] - reference[0]).abs().sum()
 
 
+@pytest.mark.parametrize("method, settings", [("s2", {"error_feedback": True, "width": 0.05}),
+                                               ("topk", {"ratio": 0.05}), ("powersgd", {"rank": 1})])
+def test_error_feedback_keeps_what_the_step_did_not_send(one_rank, method: str, settings: dict) -> None:
+    """On one rank the mean is the gradient itself: what the lossy step applied plus what error
+    feedback kept for the next step is the gradient, element for element."""
+    from exec.gradient_sync import REDUCERS
+
+    torch.manual_seed(0)
+    emb, head = nn.Embedding(500, 8, sparse=True), nn.Linear(8, 500)
+    tokens = torch.randint(0, 500, (40,))
+    nn.functional.cross_entropy(head(emb(tokens)), torch.roll(tokens, 1)).backward()
+    params = [emb.weight, head.weight, head.bias]
+    reference = [p.grad.to_dense().clone() for p in params]
+    config = GRADIENT_SYNC[method].config.model_validate({"method": method, **settings})
+    reducer = REDUCERS[method](params, one_rank, 1, config)
+    reducer.wait()
+    state = reducer.state
+    if method == "topk":
+        kept = list(torch.split(state["residual"], [g.numel() for g in reference]))
+    else:  # per tensor; tensors the method sends whole keep nothing
+        kept = [state.get(("residual", t), torch.zeros_like(g)) for t, g in enumerate(reference)]
+    lossy = False
+    for p, g, r in zip(params, reference, kept, strict=True):
+        assert torch.allclose(p.grad + r.view_as(g), g, atol=1e-6)
+        lossy |= bool(r.abs().max() > 0)
+    assert lossy  # the step did lose something, and feedback kept it
+
+
 def test_topk_sends_k_pairs_and_keeps_the_rest(one_rank) -> None:
     reference, got, nbytes = _grads("topk", one_rank, ratio=0.05)
     numel = sum(t.numel() for t in reference)
