@@ -295,7 +295,7 @@ class RankRuntime:
     def _allreduce(self, ins: Instruction) -> None:
         params = [p for layer in ins.layers for p in self.layer_modules[layer].parameters() if not is_sharded(p)]
         start = self.clock.mark()
-        bucket = REDUCERS[ins.method](params, self.dp_group, self.plan.dp)
+        bucket = REDUCERS[ins.method](params, self.dp_group, self.plan.dp, self.plan.gradient_sync)
         self._launch(ins, start, bucket.work, bucket.nbytes, then=bucket.wait)
 
     def _alltoall(self, ins: Instruction) -> None:

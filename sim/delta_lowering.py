@@ -22,7 +22,7 @@ from pydantic import Field
 
 from sim.costs import CostModel, LayerCosts
 from sim.delta import Decisions, DeltaSettings, LayerFacts, Step, decide
-from sim.gradient_sync import GRADIENT_SYNC
+from sim.gradient_sync import vector_wire_bytes
 from sim.memory import MemoryConfig, MemoryPolicy, checkpoint_bytes, register_memory_policy
 from sim.program import Kind
 from sim.schedules import SCHEDULES, Op, generate_schedule
@@ -111,8 +111,8 @@ def delta_pass(draft: _Draft) -> None:
     computes = [n for n in draft.nodes if n.kind in _STEP_OF]
     bucket = 0
     if draft.plan.dp > 1:  # one flattened gradient bucket in flight
-        sync = GRADIENT_SYNC[draft.plan.gradient_sync.method]
-        bucket = sync.wire_bytes(int(draft.plan.gradient_sync.bucket_mb * 2**20))
+        plan = draft.plan
+        bucket = vector_wire_bytes(plan.gradient_sync, int(plan.gradient_sync.bucket_mb * 2**20), plan.dp, plan.dtype)
     decisions, facts, _ = _replay([Step(_STEP_OF[n.kind], n.stage, n.microbatch) for n in computes], stage_layers,
                                   draft.cost, settings, draft.plan.pp, bucket)
     last_stage = draft.plan.num_stages - 1

@@ -23,7 +23,7 @@ from sim.channel import SharedChannel
 from sim.cluster import ClusterSpec
 from sim.comm import concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts
-from sim.gradient_sync import GRADIENT_SYNC
+from sim.gradient_sync import Phase, phases_s
 from sim.memory import MemoryPolicy, checkpoint_bytes
 from sim.program import Instruction, Kind, Program, Stream
 from sim.tp_overlap import tp_segments_time
@@ -235,9 +235,11 @@ class Engine:
             nbytes = round(instruction.bytes * self.program.alltoall_imbalance)
             duration = self.comm.collective_s("all_to_all", nbytes, instruction.group, sharing)
         else:
-            method = GRADIENT_SYNC[instruction.method]
-            duration = (self.comm.collective_s(method.collective, instruction.bytes, instruction.group, sharing)
-                        + method.codec_s(instruction.bytes, self.comm.cluster.device))
+            # A bucket without phases (a Program written by hand) is one all-reduce of its bytes.
+            phases = [Phase(kind, nbytes) for kind, nbytes in instruction.phases  # type: ignore[arg-type]
+                      ] or [Phase("allreduce", instruction.bytes)]
+            duration = phases_s(phases, instruction.group, self.comm, self.comm.cluster.device, instruction.method,
+                                sharing)
         if self.program.symmetric:
             yield self.env.timeout(duration)
         else:

@@ -41,7 +41,7 @@ from functools import lru_cache
 from sim.comm import ClusterComm, concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts
 from sim.embedding_embrace import EmbeddingTerms
-from sim.gradient_sync import GRADIENT_SYNC
+from sim.gradient_sync import GRADIENT_SYNC, SyncContext, phases_s, vector_bucket, wire_bytes
 from sim.memory import MemoryPolicy, checkpoint_bytes
 from sim.schedules import (
     SCHEDULES,
@@ -292,14 +292,17 @@ class Estimator:
             sharing = concurrent_groups(self.comm.cluster, dp * tp, group)
 
             def one(dense: int) -> float:
-                wire = sync.wire_bytes(dense)
-                return (self.comm.collective_s(sync.collective, wire, group, sharing)
-                        + sync.codec_s(wire, self.comm.cluster.device))
+                return phases_s(sync.plan(self._vector_bucket(method, dense, dp)), group, self.comm,
+                                self.comm.cluster.device, method, sharing)
 
             total = full * (one(bucket) if full else 0.0) + (one(rest) if rest else 0.0)
             last = one(rest) if rest else one(bucket)
             cached = self._dp[key] = (total, last)
         return cached
+
+    def _vector_bucket(self, method: str, dense: int, dp: int) -> SyncContext:
+        """A bucket as one gradient vector under the method's default settings (sim.gradient_sync)."""
+        return vector_bucket(GRADIENT_SYNC[method].config(), dense, dp, self.dtype)
 
     def _dp_exposed(self, method: str, bucket_mb: float, dp: int, tp: int,
                     stages: list[tuple[int, float]]) -> float:
@@ -436,7 +439,8 @@ class Estimator:
             if exposed + opt - earlier > tail:
                 tail, dp_exposed, opt_bottleneck = exposed + opt - earlier, exposed, opt
         iteration = pipe["steady"] + pipe["bubble"] + pipe["hops"] + tail + lookups
-        buffer = GRADIENT_SYNC[sync_method].wire_bytes(int(bucket_mb * 2**20)) if dp > 1 else 0
+        bucket = self._vector_bucket(sync_method, int(bucket_mb * 2**20), dp)
+        buffer = wire_bytes(GRADIENT_SYNC[sync_method].plan(bucket)) if dp > 1 else 0
         return Estimate(
             iteration_s=iteration,
             compute_s=pipe["compute"],

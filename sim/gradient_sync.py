@@ -2,17 +2,24 @@
 
 A plan's ``gradient_sync:`` section names a registered method (``method: allreduce``) and its
 settings. Each method is one record here (the simulator's side): its settings, one line of docs,
-the collective that carries it, the bytes a bucket puts on the wire (and holds as a buffer) for
-its dense gradient bytes, and the time to encode and decode a bucket on a device. The runtime's
-side of a method (the reducer that really sends tensors) is registered under the same name in
+and one function from a ``SyncContext`` (what a bucket holds: its gradient tensors, their shapes,
+which are row-sparse and how many rows a replica touches, the group size, the settings) to the
+``Phase``s the bucket goes through: collectives in order (``allreduce``, ``allgather``; bytes in
+the nccl-tests convention of ``sim.collectives``) and the bytes its encoding and decoding move
+through device memory (``memory``), priced at the device's memory bandwidth or at the rate
+profiled for that method on that device (``codec_Bps``). The runtime's side
+of a method (the reducer that really sends tensors) is registered under the same name in
 ``exec.gradient_sync``. Imports neither torch nor simpy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import csv
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,32 +43,154 @@ class DenseAllReduce(GradientSyncConfig):
 
 
 @dataclass(frozen=True)
+class GradTensor:
+    """One gradient tensor of a bucket, seen as a matrix (a vector is one row).
+
+    ``touched_rows`` is set for a row-sparse gradient (an embedding table's): the rows one replica's
+    iteration writes, and ``union_rows`` those any replica of the group writes (both means over
+    real batches, ``sim.gradient_sync_rows``)."""
+
+    rows: int
+    cols: int
+    element_bytes: int
+    touched_rows: float | None = None
+    union_rows: float | None = None
+
+    @property
+    def numel(self) -> int:
+        return self.rows * self.cols
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.element_bytes
+
+    @property
+    def row_sparse(self) -> bool:
+        return self.touched_rows is not None
+
+
+@dataclass(frozen=True)
+class SyncContext:
+    """Everything a bucket's cost depends on."""
+
+    tensors: tuple[GradTensor, ...]
+    world: int  # replicas in the data-parallel group
+    settings: GradientSyncConfig
+
+    @property
+    def dense_bytes(self) -> int:
+        """The bucket's gradient bytes, as dense all-reduce sends them."""
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def sparse(self) -> tuple[GradTensor, ...]:
+        return tuple(t for t in self.tensors if t.row_sparse)
+
+    @property
+    def dense_part_bytes(self) -> int:
+        """Bytes of the gradients that are not row-sparse (a sparse method all-reduces them)."""
+        return sum(t.nbytes for t in self.tensors if not t.row_sparse)
+
+
+Collective = Literal["allreduce", "allgather", "memory"]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One step of a bucket's sync: a collective of ``nbytes`` (all-gather: its output), or
+    ``memory``: bytes that encoding or decoding reads and writes on the device."""
+
+    kind: Collective
+    nbytes: int
+
+
+@dataclass(frozen=True)
 class GradientSyncMethod:
     name: str
     config: type[GradientSyncConfig]
-    collective: str  # the primitive the simulator prices ("allreduce")
-    wire_bytes: Callable[[int], int]  # dense gradient bytes of a bucket -> bytes sent and buffered
-    codec_s: Callable[[int, DeviceSpec], float]  # wire bytes, device -> encode + decode time
+    phases: Callable[[SyncContext], tuple[Phase, ...]]
     doc: str
     check: Callable[[Plan], None] | None = None  # raise ConfigError when the plan cannot use it
+
+    def plan(self, context: SyncContext) -> tuple[Phase, ...]:
+        """The bucket's phases; a bucket with no bytes has none."""
+        return self.phases(context) if context.dense_bytes else ()
+
+
+class CommPricer(Protocol):
+    cluster: object
+
+    def collective_s(self, primitive: str, nbytes: int, ranks: Sequence[int], concurrent: int = 1) -> float: ...
+
+
+def wire_bytes(phases: Sequence[Phase]) -> int:
+    """Bytes the bucket's collectives carry (and the buffers they hold)."""
+    return sum(p.nbytes for p in phases if p.kind != "memory")
+
+
+ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+def vector_bucket(settings: GradientSyncConfig, dense: int, dp: int, dtype: str) -> SyncContext:
+    """A bucket of ``dense`` gradient bytes as one gradient vector: what a caller that knows bytes
+    per stage, not tensor shapes or row sparsity (the fast estimate, the memory planners), prices.
+    Row-sparse methods and PowerSGD are then priced as their dense part (the engine prices the real
+    buckets)."""
+    element = ELEMENT_BYTES.get(dtype, 1)
+    if dense % element:
+        element = 1
+    return SyncContext((GradTensor(1, dense // element, element),), dp, settings)
+
+
+def vector_wire_bytes(settings: GradientSyncConfig, dense: int, dp: int, dtype: str) -> int:
+    """The bytes one such bucket holds while it travels (its buffer)."""
+    return wire_bytes(GRADIENT_SYNC[settings.method].plan(vector_bucket(settings, dense, dp, dtype)))
+
+
+CODEC_FILE = Path(__file__).parent / "data" / "codec_rates.csv"
+
+
+@lru_cache(maxsize=1)
+def measured_codec_rates() -> dict[tuple[str, str], float]:
+    """(device name, method) -> bytes per second of the method's memory phase, as profiled on that
+    device (``analysis.compression_codec``)."""
+    if not CODEC_FILE.is_file():
+        return {}
+    with CODEC_FILE.open(encoding="utf-8") as handle:
+        rows = csv.DictReader(line for line in handle if not line.startswith("#"))
+        return {(r["device"], r["method"]): float(r["rate_Bps"]) for r in rows}
+
+
+def codec_Bps(device: DeviceSpec, method: str) -> float:
+    """The rate a method's encoding and decoding move bytes at on ``device``: profiled if it has
+    been, else the device's memory bandwidth (they are elementwise passes, gathers and scatters;
+    for hashing and top-k selection that is a lower bound on the time)."""
+    return measured_codec_rates().get((device.name, method), device.memory_bandwidth_Bps)
+
+
+def phases_s(phases: Sequence[Phase], group: Sequence[int], comm: CommPricer, device: DeviceSpec,
+             method: str = "", concurrent: int = 1) -> float:
+    """Seconds of a bucket's phases, in order on one collective stream: each collective as the
+    cluster prices it (``concurrent`` groups like this one sharing the nodes' adapters,
+    sim.comm.concurrent_groups), each memory phase at ``codec_Bps``."""
+    return sum(comm.collective_s(p.kind, p.nbytes, group, concurrent) if p.kind != "memory"
+               else p.nbytes / codec_Bps(device, method) for p in phases)
 
 
 GRADIENT_SYNC: dict[str, GradientSyncMethod] = {}
 
 
-def register_gradient_sync(name: str, config: type[GradientSyncConfig], collective: str,
-                           wire_bytes: Callable[[int], int],
-                           codec_s: Callable[[int, DeviceSpec], float],
+def register_gradient_sync(name: str, config: type[GradientSyncConfig],
+                           phases: Callable[[SyncContext], tuple[Phase, ...]],
                            check: Callable[[Plan], None] | None = None) -> GradientSyncMethod:
     if name in GRADIENT_SYNC:
         raise ValueError(f"gradient-sync method {name!r} is registered twice")
     doc = " ".join((config.__doc__ or "").split("\n\n")[0].split())
-    GRADIENT_SYNC[name] = method = GradientSyncMethod(name, config, collective, wire_bytes, codec_s, doc, check)
+    GRADIENT_SYNC[name] = method = GradientSyncMethod(name, config, phases, doc, check)
     return method
 
 
-register_gradient_sync("allreduce", DenseAllReduce, "allreduce", wire_bytes=lambda dense: dense,
-                       codec_s=lambda wire, device: 0.0)
+register_gradient_sync("allreduce", DenseAllReduce, lambda ctx: (Phase("allreduce", ctx.dense_bytes),))
 
 # Every other method lives in a module of its own and registers itself on import (docs/extending.md).
-from sim import gradient_sync_fp16  # noqa: E402, F401
+from sim import gradient_sync_fp16, gradient_sync_lowrank, gradient_sync_sparse  # noqa: E402, F401

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from sim.gradient_sync import GradientSyncConfig, register_gradient_sync
-from sim.hardware import DeviceSpec
+from sim.gradient_sync import GradientSyncConfig, Phase, SyncContext, register_gradient_sync
 from traces.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -25,10 +24,11 @@ class Fp16Compression(GradientSyncConfig):
     method: Literal["fp16"] = "fp16"
 
 
-def _casts_s(wire_bytes: int, device: DeviceSpec) -> float:
+def _phases(ctx: SyncContext) -> tuple[Phase, ...]:
+    wire = ctx.dense_bytes // 2
     # Encoding reads 4 B and writes 2 B per element, decoding reads 2 B and writes 4 B: 6 B per
     # element, 3x the 2 B on the wire, moved at the device's memory bandwidth (a cast is memory-bound).
-    return 3 * wire_bytes / device.memory_bandwidth_Bps
+    return Phase("allreduce", wire), Phase("memory", 3 * wire)
 
 
 def _needs_fp32_gradients(plan: Plan) -> None:
@@ -37,5 +37,4 @@ def _needs_fp32_gradients(plan: Plan) -> None:
                           f"already {plan.dtype}", "use method: allreduce, or dtype: fp32")
 
 
-register_gradient_sync("fp16", Fp16Compression, "allreduce", wire_bytes=lambda dense: dense // 2,
-                       codec_s=_casts_s, check=_needs_fp32_gradients)
+register_gradient_sync("fp16", Fp16Compression, _phases, check=_needs_fp32_gradients)

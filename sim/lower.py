@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from sim.costs import CostModel, LayerCosts
 from sim.embedding import EMBEDDING_METHODS
-from sim.gradient_sync import GRADIENT_SYNC
+from sim.gradient_sync import GRADIENT_SYNC, wire_bytes
+from sim.gradient_sync_context import bucket_context
 from sim.memory import MemoryPolicy
 from sim.plan import Plan
 from sim.program import Coords, Instruction, Kind, Program, RankProgram
@@ -78,6 +79,7 @@ class Node:
     bytes: int = 0
     layers: tuple[int, ...] = ()
     method: str = ""
+    phases: tuple[tuple[str, int], ...] = ()
 
 
 class _Draft:
@@ -128,7 +130,8 @@ class _Draft:
         return [
             Instruction(index=i, kind=n.kind, stage=n.stage, microbatch=n.microbatch,
                         deps=tuple(sorted({index[id(d)] for d in n.deps})), save=n.save, peer=n.peer,
-                        group=n.group, tag=n.tag, bytes=n.bytes, layers=n.layers, method=n.method)
+                        group=n.group, tag=n.tag, bytes=n.bytes, layers=n.layers, method=n.method,
+                        phases=n.phases)
             for i, n in enumerate(self.nodes)
         ]
 
@@ -240,11 +243,12 @@ def gradient_sync_pass(draft: _Draft, stages: Sequence[int]) -> None:
     writers = _last_gradient_writers(draft)
     coords = draft.coords
     group = tuple(draft.program.rank_of(d, coords.pp, coords.tp) for d in range(draft.plan.dp))
-    for number, (layers, dense_bytes) in enumerate(_buckets(draft, stages)):
+    for number, (layers, _dense_bytes) in enumerate(_buckets(draft, stages)):
         touched = [s for s in stages if set(layers) & set(draft.program.stage_layers[s])]
+        phases = method.plan(bucket_context(draft.plan, layers, lambda layer: draft.cost(layer).grad_bytes))
         draft.append(Node(Kind.ALLREDUCE, deps=[writers[s] for s in touched], group=group,
-                          tag=f"dp:{coords.pp}:{coords.tp}:{number}", bytes=method.wire_bytes(dense_bytes),
-                          layers=layers, method=method.name))
+                          tag=f"dp:{coords.pp}:{coords.tp}:{number}", bytes=wire_bytes(phases),
+                          layers=layers, method=method.name, phases=tuple((p.kind, p.nbytes) for p in phases)))
 
 
 def optimizer_step_pass(draft: _Draft, stages: Sequence[int]) -> None:
@@ -287,7 +291,10 @@ def format_rank(rank_program: RankProgram) -> str:
                   f"group={','.join(map(str, ins.group))}" if ins.group else "",
                   f"bytes={ins.bytes}" if ins.bytes else "",
                   f"layers={_span(ins.layers)}" if ins.layers else "",
-                  f"method={ins.method}" if ins.method else ""]
+                  f"method={ins.method}" if ins.method else "",
+                  # one all-reduce is what bytes= says; other methods spell their phases out
+                  f"phases={'+'.join(f'{k}:{b}' for k, b in ins.phases)}"
+                  if len(ins.phases) > 1 or any(k != "allreduce" for k, _ in ins.phases) else ""]
         lines.append(f"{ins.index:3d} {ins.label:<22} " + " ".join(e for e in extras if e))
     return "\n".join(line.rstrip() for line in lines)
 

@@ -251,7 +251,7 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
     from sim.cluster import load_cluster
     from sim.comm import ClusterComm
     from sim.estimate import Estimator, _layout, unit_pipeline
-    from sim.gradient_sync import GRADIENT_SYNC
+    from sim.gradient_sync import vector_wire_bytes
 
     config = plan.memory
     assert isinstance(config, OptimalMemory)
@@ -287,7 +287,7 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
             ckpt.append(checkpoint_bytes(layer, cost))
             copy_s.append(2 * (latency + saved[-1] / bandwidth))
     if plan.dp > 1:  # one flattened gradient bucket in flight, as the estimate counts it
-        bucket = GRADIENT_SYNC[plan.gradient_sync.method].wire_bytes(int(plan.gradient_sync.bucket_mb * 2**20))
+        bucket = vector_wire_bytes(plan.gradient_sync, int(plan.gradient_sync.bucket_mb * 2**20), plan.dp, plan.dtype)
         static = [b + bucket for b in static]
     capacity = capacity_bytes if config.budget_gb is None else min(capacity_bytes, int(config.budget_gb * 2**30))
     swap_cap = tuple(config.swap) if config.swap is not None else (1.0,) * stages_n

@@ -88,6 +88,9 @@ class Instruction:
     layers: tuple[int, ...] = ()
     method: str = ""  # ALLREDUCE: the gradient-sync method of the bucket (sim.gradient_sync);
     # ALLTOALL and an embedding's own OPTIMIZER_STEP: the embedding method (sim.embedding)
+    # ALLREDUCE: the method's phases for this bucket, (kind, bytes) in order: collectives
+    # ("allreduce", "allgather") and "memory" (encode/decode traffic); see sim.gradient_sync.Phase
+    phases: tuple[tuple[str, int], ...] = ()
 
     @property
     def stream(self) -> Stream:

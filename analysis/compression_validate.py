@@ -1,0 +1,125 @@
+"""Gradient compression on a shaped network: the plans of scripts/netns_compression.sh and the
+summary of its runs (predicted vs measured iteration time per method and bandwidth, and whether
+the simulator ranks the methods as the runs do).
+
+    python -m analysis.compression_validate dense-twin BASE.yaml OUT.yaml             # for the profiler
+    python -m analysis.compression_validate plans BASE.yaml --rate 100mbit --profile BUNDLE --out DIR
+    python -m analysis.compression_validate summary OUT                               # OUT/summary.{csv,md}
+
+``plans`` keeps everything of the base plan but the profile, the method and the
+link's bandwidth, which is the tbf rate: tc's units, decimal (1gbit = 10^9 bit/s = 1.25e8 B/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pandas as pd
+
+from sim.estimate import spearman
+from sim.gradient_sync import GRADIENT_SYNC
+from sim.plan import Plan
+from traces.errors import ConfigError
+
+_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+def rate_Bps(rate: str) -> float:
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(kbit|mbit|gbit)", rate.strip().lower())
+    if not match:
+        raise ConfigError("--rate", f"{rate!r} is not a tc rate", "write it as tc does: 100mbit, 1gbit, 10gbit")
+    return float(match[1]) * _UNITS[match[2]] / 8
+
+
+def dense_twin(base: Path, out: Path) -> Path:
+    """The base plan with a dense embedding gradient, for the profiler (which cannot take a sparse
+    gradient's storage): the same layers and compute but the embedding backward, which then writes
+    the whole table's gradient instead of its touched rows (an overestimate of that one layer)."""
+    plan = Plan.load(base)
+    twin = plan.replace(workload_options={**plan.workload_options, "sparse": False})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    twin.dump(out)
+    return out
+
+
+def write_plans(base: Path, rate: str, out: Path, methods: list[str], profile: Path) -> list[Path]:
+    plan = Plan.load(base).replace(profile=str(profile.resolve()))
+    data = plan.model_dump(mode="json", exclude_none=True)
+    link = dict(data["cluster"]["intra_node_link"])
+    link.update(name=f"veth-tbf-{rate}", bandwidth_Bps=rate_Bps(rate),
+                source=f"tc tbf rate {rate} on both ends of the veth pair (scripts/netns_lib.sh)")
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for method in methods:
+        sync = {"method": method, "bucket_mb": plan.gradient_sync.bucket_mb}
+        one = Plan.from_dict({**data, "name": f"{plan.name}-{method}-{rate}", "gradient_sync": sync,
+                              "cluster": {**data["cluster"], "intra_node_link": link}})
+        path = out / f"{method}.yaml"
+        one.dump(path)
+        paths.append(path)
+    return paths
+
+
+def summary(out: Path) -> pd.DataFrame:
+    rows = []
+    for report in sorted(out.glob("*/*/report/report.json")):
+        data = json.loads(report.read_text())
+        measured = data["iteration"]["measured"]
+        rate, method = report.parts[-4], report.parts[-3]
+        times = measured.get("times_s") or [measured["median_s"]]
+        rows.append({"rate": rate, "rate_Bps": rate_Bps(rate), "method": method,
+                     "predicted_s": data["iteration"]["predicted_s"], "measured_median_s": measured["median_s"],
+                     "measured_min_s": min(times), "measured_max_s": max(times),
+                     "spread": (max(times) - min(times)) / measured["median_s"], "n": len(times),
+                     "error": data["iteration"]["error"]})
+    table = pd.DataFrame(rows).sort_values(["rate_Bps", "predicted_s"])
+    table.to_csv(out / "summary.csv", index=False)
+    lines = ["| rate | method | predicted (ms) | measured median (ms) | min-max (ms) | error |",
+             "|---|---|---:|---:|---:|---:|"]
+    for r in table.itertuples():
+        lines.append(f"| {r.rate} | {r.method} | {1e3 * r.predicted_s:.1f} | {1e3 * r.measured_median_s:.1f} | "
+                     f"{1e3 * r.measured_min_s:.1f}-{1e3 * r.measured_max_s:.1f} | {100 * r.error:+.1f}% |")
+    lines += ["", "| rate | predicted order | measured order | Spearman |", "|---|---|---|---:|"]
+    for rate, group in table.groupby("rate", sort=False):
+        predicted = list(group.sort_values("predicted_s")["method"])
+        measured = list(group.sort_values("measured_median_s")["method"])
+        rho = spearman(list(group["predicted_s"]), list(group["measured_median_s"]))
+        lines.append(f"| {rate} | {' < '.join(predicted)} | {' < '.join(measured)} | {rho:.2f} |")
+    errors = [abs(e) for e in table["error"]]
+    lines += ["", f"median |error| {100 * statistics.median(errors):.1f}%, max {100 * max(errors):.1f}% "
+              f"over {len(table)} runs"]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return table
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    plans = sub.add_parser("plans")
+    plans.add_argument("base", type=Path)
+    plans.add_argument("--rate", required=True)
+    plans.add_argument("--out", type=Path, required=True)
+    plans.add_argument("--profile", type=Path, required=True)
+    plans.add_argument("--methods", nargs="*", default=list(GRADIENT_SYNC))
+    twin = sub.add_parser("dense-twin")
+    twin.add_argument("base", type=Path)
+    twin.add_argument("out", type=Path)
+    summ = sub.add_parser("summary")
+    summ.add_argument("out", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "plans":
+        for path in write_plans(args.base, args.rate, args.out, args.methods, args.profile):
+            print(path)
+    elif args.command == "dense-twin":
+        print(dense_twin(args.base, args.out))
+    else:
+        summary(args.out)
+
+
+if __name__ == "__main__":
+    main()

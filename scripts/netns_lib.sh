@@ -1,0 +1,63 @@
+# Shared by scripts/netns_validate.sh and scripts/netns_compression.sh (source it): two network
+# namespaces joined by a veth pair whose both ends are shaped with a tbf qdisc (this kernel has no
+# netem), and one rank of a 2-rank plan run in each. Only the names and addresses made here are
+# used; netns_cleanup deletes them (call it from an EXIT trap).
+
+NETNS_TAG=ptw$$                      # unique per invocation; interface names stay under 15 characters
+NS0=${NETNS_TAG}a NS1=${NETNS_TAG}b
+VETH0=${NETNS_TAG}v0 VETH1=${NETNS_TAG}v1
+ADDR0=10.231.$(( $$ % 250 )).1 ADDR1=10.231.$(( $$ % 250 )).2
+NETNS_PORT=$(( 29500 + $$ % 400 ))
+NETNS_PIDS=()
+
+netns_require_root() {
+    if [[ $(id -u) -ne 0 ]]; then
+        echo "error: network namespaces need root; run with sudo" >&2
+        exit 2
+    fi
+}
+
+netns_cleanup() {
+    for pid in "${NETNS_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    ip netns del "$NS0" 2>/dev/null || true   # deleting a namespace removes its veth end, and the pair
+    ip netns del "$NS1" 2>/dev/null || true
+}
+
+# netns_up RATE: the namespaces, the veth pair and its shaping at RATE (tc syntax: 1gbit, 100mbit)
+netns_up() {
+    local rate=$1
+    ip netns add "$NS0"
+    ip netns add "$NS1"
+    ip link add "$VETH0" type veth peer name "$VETH1"
+    ip link set "$VETH0" netns "$NS0"
+    ip link set "$VETH1" netns "$NS1"
+    ip -n "$NS0" addr add "$ADDR0/24" dev "$VETH0"
+    ip -n "$NS1" addr add "$ADDR1/24" dev "$VETH1"
+    for ns in "$NS0" "$NS1"; do ip -n "$ns" link set lo up; done
+    ip -n "$NS0" link set "$VETH0" up
+    ip -n "$NS1" link set "$VETH1" up
+    # Egress shaping on both ends: each direction runs at RATE. burst must hold at least one
+    # timer tick's worth of bytes at RATE; latency bounds the queue.
+    tc -n "$NS0" qdisc add dev "$VETH0" root tbf rate "$rate" burst 256kb latency 200ms
+    tc -n "$NS1" qdisc add dev "$VETH1" root tbf rate "$rate" burst 256kb latency 200ms
+    echo "namespaces $NS0 ($ADDR0) and $NS1 ($ADDR1), veth shaped to $rate"
+}
+
+# netns_run PYTHON PLAN OUT ITERATIONS WARMUP: rank 0 in the first namespace, rank 1 in the second
+netns_run() {
+    local python=$1 plan=$2 out=$3 iterations=$4 warmup=$5
+    for rank in 0 1; do
+        local ns=$NS0 ifname=$VETH0
+        if [[ $rank -eq 1 ]]; then ns=$NS1 ifname=$VETH1; fi
+        ip netns exec "$ns" env RANK=$rank WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR="$ADDR0" \
+            MASTER_PORT=$NETNS_PORT GLOO_SOCKET_IFNAME="$ifname" \
+            "$python" -m exec.runtime "$plan" --out "$out" --iterations "$iterations" \
+            --warmup "$warmup" --backend gloo &
+        NETNS_PIDS+=($!)
+    done
+    local status=0
+    for pid in "${NETNS_PIDS[@]}"; do wait "$pid" || status=$?; done
+    NETNS_PIDS=()
+    NETNS_PORT=$(( NETNS_PORT + 1 ))  # a fresh rendezvous port for the next run
+    return $status
+}

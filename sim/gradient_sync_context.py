@@ -1,0 +1,67 @@
+"""What a data-parallel bucket holds, for pricing its gradient sync (``sim.gradient_sync.SyncContext``):
+the shape of every gradient tensor of its layers, which are row-sparse, and how many rows a
+replica (and the whole group) touches in one iteration.
+
+Shapes are known for the LSTM family (``exec.workloads.lstm`` builds exactly these tensors);
+any other workload's layer is one gradient vector of its bytes, with no row-sparse part. An
+LSTM's embedding gradient is row-sparse when the workload says so (``workload_options:
+{sparse: true}``, as the runtime then sees a sparse gradient). Rows touched per iteration come
+from ``sim.gradient_sync_rows`` (measured on the workload's real batches, or exact for uniform
+synthetic tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from sim.gradient_sync import ELEMENT_BYTES, GradTensor, SyncContext
+from sim.gradient_sync_rows import rows_touched
+from sim.workloads import WORKLOAD_FAMILIES, workload_config
+
+if TYPE_CHECKING:
+    from sim.plan import Plan
+
+def _lstm_shapes(cfg: dict, layer: int) -> list[tuple[int, int]]:
+    """(rows, cols) of each parameter of an LSTM LM layer, in module order (exec.workloads.lstm)."""
+    vocab, embed, hidden, layers = cfg["vocab"], cfg["embed"], cfg["hidden"], cfg["num_layers"]
+    if layer == 0:
+        return [(vocab, embed)]  # nn.Embedding.weight
+    if layer == layers + 1:
+        return [(vocab, hidden), (1, vocab)]  # nn.Linear weight, bias
+    inputs = embed if layer == 1 else hidden
+    # nn.LSTM: weight_ih [4h, in], weight_hh [4h, h], bias_ih [4h], bias_hh [4h]
+    return [(4 * hidden, inputs), (4 * hidden, hidden), (1, 4 * hidden), (1, 4 * hidden)]
+
+
+def row_sparse_workload(plan: Plan) -> bool:
+    """Whether the plan's workload produces a row-sparse (embedding) gradient."""
+    return WORKLOAD_FAMILIES.get(plan.workload) == "lstm" and bool(plan.workload_options.get("sparse", False))
+
+
+def layer_tensors(plan: Plan, layer: int, grad_bytes: int) -> list[GradTensor]:
+    """The gradient tensors of one layer, as this rank holds them (``grad_bytes`` from the costs)."""
+    element = ELEMENT_BYTES[plan.dtype]
+    if WORKLOAD_FAMILIES.get(plan.workload) == "lstm" and plan.tp == 1:
+        cfg = workload_config(plan.workload, plan.workload_options)
+        assert cfg is not None
+        shapes = _lstm_shapes(cfg, layer)
+        if sum(r * c for r, c in shapes) * element == grad_bytes:
+            if layer == 0 and row_sparse_workload(plan):
+                windows = plan.micro_batch * plan.microbatches  # one replica's windows per iteration
+                data = str(plan.workload_options.get("data", "synthetic"))
+                (rows, cols), = shapes
+                return [GradTensor(rows, cols, element,
+                                   touched_rows=rows_touched(data, rows, cfg["seq"], windows),
+                                   union_rows=rows_touched(data, rows, cfg["seq"], windows * plan.dp))]
+            return [GradTensor(r, c, element) for r, c in shapes]
+    # Shapes unknown (or sharded): one vector of the layer's gradient elements.
+    if grad_bytes % element:
+        element = 1
+    return [GradTensor(1, grad_bytes // element, element)] if grad_bytes else []
+
+
+def bucket_context(plan: Plan, layers: Sequence[int], grad_bytes: Callable[[int], int]) -> SyncContext:
+    """The context of a bucket holding ``layers`` (``grad_bytes(layer)``: that layer's gradient bytes)."""
+    tensors = tuple(t for layer in layers for t in layer_tensors(plan, layer, grad_bytes(layer)))
+    return SyncContext(tensors=tensors, world=plan.dp, settings=plan.gradient_sync)
