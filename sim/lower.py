@@ -121,6 +121,11 @@ class _Draft:
     def cost(self, layer: int) -> LayerCosts:
         return self.costs.layer_costs(layer, self.plan.micro_batch, self.plan.tp)
 
+    def synced_grad_bytes(self, layer: int) -> int:
+        """The layer's gradient bytes that go through the data-parallel buckets (a sharded embedding
+        table's are exchanged elsewhere)."""
+        return self.cost(layer).grad_bytes - self.excluded_grad_bytes.get(layer, 0)
+
     def message_bytes(self, stage: int) -> int:
         """Bytes of the activation leaving ``stage`` (and of the gradient coming back to it)."""
         return self.cost(self.program.stage_layers[stage][-1]).output_bytes
@@ -245,7 +250,7 @@ def gradient_sync_pass(draft: _Draft, stages: Sequence[int]) -> None:
     group = tuple(draft.program.rank_of(d, coords.pp, coords.tp) for d in range(draft.plan.dp))
     for number, (layers, _dense_bytes) in enumerate(_buckets(draft, stages)):
         touched = [s for s in stages if set(layers) & set(draft.program.stage_layers[s])]
-        phases = method.plan(bucket_context(draft.plan, layers, lambda layer: draft.cost(layer).grad_bytes))
+        phases = method.plan(bucket_context(draft.plan, layers, draft.synced_grad_bytes))
         draft.append(Node(Kind.ALLREDUCE, deps=[writers[s] for s in touched], group=group,
                           tag=f"dp:{coords.pp}:{coords.tp}:{number}", bytes=wire_bytes(phases),
                           layers=layers, method=method.name, phases=tuple((p.kind, p.nbytes) for p in phases)))
@@ -264,7 +269,7 @@ def _buckets(draft: _Draft, stages: Sequence[int]) -> list[tuple[tuple[int, ...]
     current: list[int] = []
     size = 0
     for layer in layers:
-        grad = draft.cost(layer).grad_bytes - draft.excluded_grad_bytes.get(layer, 0)
+        grad = draft.synced_grad_bytes(layer)
         if grad <= 0:
             continue
         current.append(layer)
