@@ -346,6 +346,8 @@ def search(
     profile: Annotated[Path | None, typer.Option(help="trace bundle measured on this hardware (CPU clusters)")] = None,
     workload_option: Annotated[list[str] | None, typer.Option(help="KEY=VALUE workload option, repeatable")] = None,
     workers: Annotated[int | None, typer.Option(help="processes simulating plans; default one per core")] = None,
+    lossy_gradient_sync: Annotated[bool, typer.Option(help="also search gradient-sync methods that change the "
+                                                      "gradients (fp16, top-k, S2, PowerSGD)")] = False,
 ) -> None:
     """Search plans: enumerate every registered choice, prune, rank by a fast estimate, simulate the best."""
     import yaml
@@ -360,7 +362,7 @@ def search(
             raise ConfigError("--workload-option", f"{item!r} is not KEY=VALUE", "write e.g. --workload-option seq=128")
         options[key] = yaml.safe_load(value)
     space = SearchSpace(workload, cluster, global_batch=global_batch, dtype=dtype, workload_options=options,
-                        profile=str(profile) if profile else None)
+                        profile=str(profile) if profile else None, lossy_gradient_sync=lossy_gradient_sync)
     target = out or fresh_run_folder(Path("runs") / f"search-{safe_name(workload)}-{safe_name(Path(cluster).stem)}")
     run_search(space, top=top, simulate_top=simulate_top, sample=sample, out=target, workers=workers)
 

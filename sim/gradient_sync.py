@@ -111,6 +111,10 @@ class GradientSyncMethod:
     phases: Callable[[SyncContext], tuple[Phase, ...]]
     doc: str
     check: Callable[[Plan], None] | None = None  # raise ConfigError when the plan cannot use it
+    # The replicas end with the gradients' exact mean (up to summation order): False for a method that
+    # changes what training computes (rounding, sparsification, sketching, low rank). The plan search
+    # leaves lossy methods out unless asked (sim.search.SearchSpace.lossy_gradient_sync).
+    exact: bool = True
 
     def plan(self, context: SyncContext) -> tuple[Phase, ...]:
         """The bucket's phases; a bucket with no bytes has none."""
@@ -181,16 +185,16 @@ GRADIENT_SYNC: dict[str, GradientSyncMethod] = {}
 
 
 def register_gradient_sync(name: str, config: type[GradientSyncConfig],
-                           phases: Callable[[SyncContext], tuple[Phase, ...]],
+                           phases: Callable[[SyncContext], tuple[Phase, ...]], *, exact: bool,
                            check: Callable[[Plan], None] | None = None) -> GradientSyncMethod:
     if name in GRADIENT_SYNC:
         raise ValueError(f"gradient-sync method {name!r} is registered twice")
     doc = " ".join((config.__doc__ or "").split("\n\n")[0].split())
-    GRADIENT_SYNC[name] = method = GradientSyncMethod(name, config, phases, doc, check)
+    GRADIENT_SYNC[name] = method = GradientSyncMethod(name, config, phases, doc, check, exact)
     return method
 
 
-register_gradient_sync("allreduce", DenseAllReduce, lambda ctx: (Phase("allreduce", ctx.dense_bytes),))
+register_gradient_sync("allreduce", DenseAllReduce, lambda ctx: (Phase("allreduce", ctx.dense_bytes),), exact=True)
 
 # Every other method lives in a module of its own and registers itself on import (docs/extending.md).
 from sim import gradient_sync_fp16, gradient_sync_lowrank, gradient_sync_sparse  # noqa: E402, F401

@@ -153,7 +153,7 @@ def needs_row_sparse(plan: Plan) -> None:
                           "use an lstm workload with workload_options: {sparse: true}, or method: allreduce")
 
 
-register_gradient_sync("s2", S2Reducer, _s2, check=needs_row_sparse)
-register_gradient_sync("agsparse", AllGatherSparse, _agsparse, check=needs_row_sparse)
-register_gradient_sync("omnireduce", OmniReduce, _omnireduce, check=needs_row_sparse)
-register_gradient_sync("topk", TopK, _topk, check=needs_fp32)
+register_gradient_sync("s2", S2Reducer, _s2, exact=False, check=needs_row_sparse)
+register_gradient_sync("agsparse", AllGatherSparse, _agsparse, exact=True, check=needs_row_sparse)
+register_gradient_sync("omnireduce", OmniReduce, _omnireduce, exact=True, check=needs_row_sparse)
+register_gradient_sync("topk", TopK, _topk, exact=False, check=needs_fp32)

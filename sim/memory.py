@@ -123,16 +123,20 @@ class MemoryPolicyKind:
     config: type[MemoryConfig]
     build: Build  # (plan, stage_layers, costs, capacity_bytes) -> MemoryPolicy
     doc: str
+    # An optimiser whose choice depends on the whole plan (micro-batch, degrees, costs) and is costly
+    # to make: the plan search builds it per plan, for its best plan shapes only (sim.search).
+    per_plan: bool = False
 
 
 MEMORY_POLICIES: dict[str, MemoryPolicyKind] = {}
 
 
-def register_memory_policy(name: str, config: type[MemoryConfig], build: Build) -> MemoryPolicyKind:
+def register_memory_policy(name: str, config: type[MemoryConfig], build: Build,
+                           per_plan: bool = False) -> MemoryPolicyKind:
     if name in MEMORY_POLICIES:
         raise ValueError(f"memory policy {name!r} is registered twice")
     doc = " ".join((config.__doc__ or "").split("\n\n")[0].split())
-    MEMORY_POLICIES[name] = kind = MemoryPolicyKind(name, config, build, doc)
+    MEMORY_POLICIES[name] = kind = MemoryPolicyKind(name, config, build, doc, per_plan)
     return kind
 
 

@@ -336,4 +336,4 @@ def build_optimal(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: Cost
                    f"{plan.micro_batch}")
 
 
-register_memory_policy("optimal", OptimalMemory, build_optimal)
+register_memory_policy("optimal", OptimalMemory, build_optimal, per_plan=True)

@@ -5,7 +5,9 @@ estimate and the engine agree.
 Every choice comes from a registry, so a new registration is searched without touching this file:
 schedules from ``sim.schedules.SCHEDULES`` (chunks from each ``ScheduleInfo.min_chunks/max_chunks``),
 memory policies from ``sim.memory.MEMORY_POLICIES`` (each with its default settings, plus a few values
-of every bounded fraction field, e.g. stage-aware's ``ratio``), gradient-sync methods from
+of every bounded fraction field, e.g. stage-aware's ``ratio``; an optimising policy, ``per_plan``
+such as ``optimal``, is built only for the estimate's best ``refine_shapes`` plan shapes, one
+optimisation each), gradient-sync methods from
 ``sim.gradient_sync.GRADIENT_SYNC`` (each with a few bucket sizes, kept when its ``check`` accepts
 the plan), embedding methods from ``sim.embedding.EMBEDDING_METHODS`` (sharded ones with dp > 1 on a
 workload with embedding tables, priced by ``sim.embedding_embrace.estimate_terms``). A policy
@@ -30,7 +32,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sim.cluster import load_cluster
@@ -74,6 +76,8 @@ class SearchSpace:
     max_chunks: int = 4  # for schedules whose chunk count has no upper bound
     partitions: tuple[str, ...] = ("uniform", "time")
     fractions: tuple[float, ...] = (0.25, 0.5, 0.75)  # extra values of a policy's bounded fraction fields
+    refine_shapes: int = 20  # best plan shapes that per-plan memory policies (optimisers) are built for
+    lossy_gradient_sync: bool = False  # also methods that change the gradients (fp16, top-k, S2, PowerSGD)
     tp_overlaps: tuple[int, ...] = (0, 1, 2, 3)
     bucket_mbs: tuple[float, ...] = (25.0, 100.0)
     swap: tuple[float | None, ...] = (None,)  # swap fractions to try (None: no swap)
@@ -229,6 +233,10 @@ def memory_variants(space: SearchSpace, pp_chunks: int) -> tuple[list[dict[str, 
 def sync_variants(space: SearchSpace) -> tuple[list[dict[str, Any]], dict[str, str]]:
     variants, skipped = [], {}
     for name, method in GRADIENT_SYNC.items():
+        if not method.exact and not space.lossy_gradient_sync:
+            skipped[f"gradient_sync.method {name}"] = ("lossy: it changes the gradients, which an iteration "
+                                                       "time does not show (--lossy-gradient-sync to include)")
+            continue
         fields = {k: f for k, f in method.config.model_fields.items() if k != "method"}
         required = [k for k, f in fields.items() if f.is_required()]
         if required:
@@ -327,6 +335,7 @@ class _Enumerator:
                 info = SCHEDULES[schedule]
                 memories, skipped_memory = memory_variants(space, pp * chunks)
                 out.skipped.update(skipped_memory)
+                memories = [v for v in memories if not MEMORY_POLICIES[v["policy"]].per_plan]  # see refine()
                 if info.recompute_is_schedule:  # the schedule decides recomputation; one policy says it
                     memories = [v for v in memories if v["policy"] == memories[0]["policy"]][: len(space.swap)]
                 partitions = space.partitions if pp * chunks > 1 else space.partitions[:1]
@@ -381,6 +390,44 @@ class _Enumerator:
                                     out.survivors.append(Ranked(
                                         Candidate(dp, tp, pp, chunks, partition, level, schedule, micro_batch, m,
                                                   _freeze(memory), _freeze(sync), _freeze(embedding)), estimate))
+        return out
+
+    def refine(self, ranked: list[Ranked], shapes: int) -> _ShapePlans:
+        """Per-plan memory policies (optimisers, ``MemoryPolicyKind.per_plan``) for the first
+        ``shapes`` plan shapes (everything but the memory policy) of ``ranked``: each policy built for
+        each shape and estimated with its gradient sync, embedding method and TP overlap."""
+        out = _ShapePlans()
+        seen: set[Candidate] = set()
+        for r in ranked:
+            c = r.candidate
+            shape_of = replace(c, memory=())
+            if shape_of in seen:
+                continue
+            if len(seen) == shapes:
+                break
+            seen.add(shape_of)
+            split = self.stage_layers(c.pp * c.chunks, c.partition)
+            memories, _ = memory_variants(self.space, c.pp * c.chunks)
+            for memory in (v for v in memories if MEMORY_POLICIES[v["policy"]].per_plan):
+                out.considered += 1
+                candidate = replace(c, memory=_freeze(memory))
+                plan = Plan.from_dict({**self.base, **candidate.sections()})
+                try:
+                    policy = MEMORY_POLICIES[memory["policy"]].build(plan, split, self.costs, self.comm.capacity_bytes)
+                except ConfigError as exc:
+                    out.pruned[exc.field] += 1
+                    continue
+                terms = self.embedding_of(_unfreeze(c.embedding), {k: v for k, v in candidate.sections().items()
+                                                                  if k in ("parallelism", "schedule")}, split)
+                estimate = self.estimator.estimate(
+                    schedule=c.schedule, dp=c.dp, tp=c.tp, pp=c.pp, chunks=c.chunks, micro_batch=c.micro_batch,
+                    microbatches=c.microbatches, stage_layers=split, policy=policy, tp_overlap=c.tp_overlap,
+                    sync_method=dict(c.gradient_sync)["method"], bucket_mb=dict(c.gradient_sync).get("bucket_mb", 25.0),
+                    embedding=None if isinstance(terms, str) else terms)
+                if not estimate.fits:
+                    out.pruned[DOES_NOT_FIT] += 1
+                    continue
+                out.survivors.append(Ranked(candidate, estimate))
         return out
 
     def embedding_of(self, embedding: dict[str, Any], shape: dict[str, Any],
@@ -457,13 +504,20 @@ def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
     survivors: list[Ranked] = []
     skipped: dict[str, str] = {}
     considered = 0
-    for part in _estimate_all(shapes, _Enumerator(space, base, global_batch, probe), probe_plan, workers):
+    here = _Enumerator(space, base, global_batch, probe)
+    for part in _estimate_all(shapes, here, probe_plan, workers):
         considered += part.considered
         pruned.update(part.pruned)
         survivors += part.survivors
         skipped.update(part.skipped)
         if progress:
             progress("estimate", considered, None)
+    # Optimising memory policies, for the best shapes only (one build each is an optimisation).
+    survivors.sort(key=lambda r: r.estimate.iteration_s)
+    refined = here.refine(survivors, space.refine_shapes)
+    considered += refined.considered
+    pruned.update(refined.pruned)
+    survivors += refined.survivors
     estimated_at = time.perf_counter()
     survivors.sort(key=lambda r: r.estimate.iteration_s)
 

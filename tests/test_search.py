@@ -100,6 +100,31 @@ def test_embedding_methods_are_a_searched_dimension(result) -> None:
     assert twins
 
 
+def test_optimising_memory_policies_are_built_for_the_best_shapes_only(result) -> None:
+    per_plan = {name for name, kind in MEMORY_POLICIES.items() if kind.per_plan}
+    assert "optimal" in per_plan
+    optimised = [r for r in result.ranked if dict(r.candidate.memory)["policy"] in per_plan]
+    shapes = {replace(r.candidate, memory=()) for r in optimised}
+    assert optimised and len(shapes) <= SPACE.refine_shapes
+    # each is the best shapes' own optimum: the plan it writes compiles to the policy the search priced
+    for ranked in optimised[:3]:
+        resolved = resolve_plan(result.plan_of(ranked.candidate))
+        assert resolved.plan.memory.policy == dict(ranked.candidate.memory)["policy"]
+        engine = simulate(result.plan_of(ranked.candidate))
+        assert not engine.oom and ranked.estimate.iteration_s == pytest.approx(engine.iteration_s, rel=0.1)
+
+
+def test_lossy_gradient_sync_is_searched_only_when_asked(result) -> None:
+    from sim.gradient_sync import GRADIENT_SYNC
+
+    lossy = {name for name, method in GRADIENT_SYNC.items() if not method.exact}
+    assert {"fp16", "topk", "s2", "powersgd"} <= lossy and "allreduce" not in lossy
+    assert not {dict(r.candidate.gradient_sync)["method"] for r in result.ranked} & lossy
+    assert all("lossy" in result.not_enumerated[f"gradient_sync.method {name}"] for name in lossy)
+    asked = search(replace(SPACE, dtype="fp32", lossy_gradient_sync=True, tp_overlaps=(0,)), top_k=0, sample=0)
+    assert "fp16" in {dict(r.candidate.gradient_sync)["method"] for r in asked.ranked}  # fp32 gradients: it applies
+
+
 def test_memory_pruning_uses_the_estimate() -> None:
     # gpt-175b cannot fit on one 8-GPU node in any plan: everything that passes the checks is pruned
     # for memory, and nothing is simulated.
