@@ -40,9 +40,10 @@ def train_gradient(
     seed: int = 0,
     test: SequenceData | None = None,
     clip: float | None = None,
+    init_scale: float = 1.0,
 ) -> tuple[RNNParams, list[dict[str, float]]]:
     """SGD or Adam on the mean cross-entropy; same initialization as ADMMiRNN for the same seed."""
-    init = init_params(train.input_dim, hidden, train.num_classes, seed, train.x.dtype)
+    init = init_params(train.input_dim, hidden, train.num_classes, seed, train.x.dtype, init_scale)
     params = {k: v.clone().requires_grad_(True) for k, v in vars(init).items()}
     if optimizer == "adam":
         opt: torch.optim.Optimizer = torch.optim.Adam(params.values(), lr=lr)
