@@ -275,6 +275,21 @@ def admm(
     plain(f"wrote {out}")
 
 
+@app.command("admm-suite")
+def admm_suite(
+    out: Annotated[Path, typer.Option(help="directory for the CSVs and tables.md")] = Path("docs/results/admm"),
+    figures: Annotated[Path, typer.Option(help="directory for the figures")] = Path("docs/figures"),
+    seeds: Annotated[int, typer.Option(help="seeds per task, method and init scale")] = 3,
+    quick: Annotated[bool, typer.Option(help="smoke run: 3 iterations, one seed")] = False,
+    part: Annotated[list[str] | None, typer.Option(help="tasks, robustness, report (default: all, in order)")] = None,
+) -> None:
+    """ADMMiRNN vs its paper's claims: tuning on validation, accuracy per task over seeds,
+    init-scale sweep, ablation; tables and figures (docs/admm.md)."""
+    from analysis.admm_suite import PARTS, run_admm_suite
+
+    plain(run_admm_suite(out, figures, seeds=seeds, quick=quick, parts=tuple(part) if part else PARTS))
+
+
 @app.command()
 def sweep(
     spec: Annotated[Path, typer.Argument(help="sweep spec YAML: base plan, grid, axes, points (docs/figures.md)")],

@@ -158,10 +158,10 @@ class ADMMConfig:
     theta_a: float = 1.0
     prox_scale: float = 1.0
     o_steps: int = 10
-    theta_w: float = 0.1
+    theta_w: float = 0.03
     weight_decay: float = 0.0
     reanchor: bool = True
-    sweep: str = "forward"
+    sweep: str = "backward-forward"
 
     def __post_init__(self) -> None:
         if self.sweep not in SWEEPS:
@@ -412,10 +412,12 @@ def train_admm(
     iterations: int,
     cfg: ADMMConfig = ADMMConfig(),
     seed: int = 0,
-    test: SequenceData | None = None,
+    validation: SequenceData | None = None,
     init_scale: float = 1.0,
 ) -> tuple[RNNParams, list[dict[str, float]]]:
-    """Serial ADMMiRNN on the whole training set. History row per iteration (0 = the start)."""
+    """Serial ADMMiRNN on the whole training set. History row per iteration (0 = the start), with
+    ``val_loss`` / ``val_acc`` on ``validation`` where given (the test split is evaluated once, by
+    the caller, on the returned weights)."""
     import time
 
     params = init_params(train.input_dim, hidden, train.num_classes, seed, train.x.dtype, init_scale)
@@ -429,7 +431,7 @@ def train_admm(
             elapsed += time.perf_counter() - start
         row = {"iteration": it, "time_s": elapsed, **summarize(local_sums(params, state, train, cfg))}
         row["train_loss"], row["train_acc"] = evaluate(params, train)
-        if test is not None:
-            row["test_loss"], row["test_acc"] = evaluate(params, test)
+        if validation is not None:
+            row["val_loss"], row["val_acc"] = evaluate(params, validation)
         history.append(row)
     return params, history
