@@ -266,7 +266,7 @@ def plot(out_dir: Path, fig_dir: Path, comparison: pd.DataFrame, curves: pd.Data
     plt.close(fig)
 
 
-PARTS = ("tasks", "robustness", "report")
+PARTS = ("tasks", "robustness", "ablation", "report")
 
 
 def _tuned(task: str, out_dir: Path, data: TaskData, plan: TaskPlan, iterations: int | None) -> pd.DataFrame:
@@ -284,8 +284,9 @@ def run_admm_suite(out_dir: Path, fig_dir: Path | None = None, seeds: int = 3, q
     """The whole study; writes CSVs and tables.md to ``out_dir``, figures to ``fig_dir``.
 
     ``parts`` (in this order): ``tasks`` (tuning and comparison on every task), ``robustness``
-    (digits init-scale sweep and ablation; reuses ``tuning_digits.csv`` when ``tasks`` wrote it),
-    ``report`` (tables and figures from the CSVs). Two parts can run as two processes.
+    (digits init-scale sweep), ``ablation`` (both reuse ``tuning_digits.csv`` when ``tasks`` wrote
+    it), ``report`` (tables and figures from the CSVs). The first three can run as separate
+    processes, the later two started once ``tuning_digits.csv`` exists.
     """
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
@@ -312,9 +313,12 @@ def run_admm_suite(out_dir: Path, fig_dir: Path | None = None, seeds: int = 3, q
         sweep, curves = init_sweep(data_by_seed, plan, chosen, INIT_SCALES, its)
         sweep.to_csv(out_dir / "init_sweep.csv", index=False)
         curves.to_csv(out_dir / "init_curves.csv", index=False, float_format="%.5g")
-        chosen_admm = chosen["admm"]
+    if "ablation" in parts:
+        plan = TASK_PLANS[SWEEP_TASK]
+        data = load_task(SWEEP_TASK, 0)
+        chosen_admm = choose(_tuned(SWEEP_TASK, out_dir, data, plan, its))["admm"]
         assert isinstance(chosen_admm, ADMMConfig)
-        ablation(data_by_seed[0], plan, chosen_admm, its).to_csv(out_dir / "ablation.csv", index=False)
+        ablation(data, plan, chosen_admm, its).to_csv(out_dir / "ablation.csv", index=False)
     if "report" not in parts:
         return f"wrote {out_dir}"
     tuning = pd.concat(pd.read_csv(out_dir / f"tuning_{task}.csv") for task in TASKS)

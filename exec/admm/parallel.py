@@ -243,6 +243,12 @@ def run_ap(train: SequenceData, hidden: int, iterations: int, cfg: ADMMConfig = 
            delays: list[float] | None = None, init_scale: float = 1.0) -> ParallelResult:
     """AP-ADMMiRNN: one server rank plus ``workers`` worker ranks (world size workers + 1).
 
+    The block order is always ``local-first`` (``cfg.sweep`` is not used): a worker updates a, s, o
+    and its duals with the weights it holds, then the server updates U, W, b, V, c from the summed
+    statistics. With one worker and staleness 0 this is exactly the serial algorithm with
+    ``ADMMConfig(sweep="local-first")`` (tests/test_admm_rnn.py); the paper's forward order would
+    need two round trips per iteration (U, W, b before a and s; V, c after s).
+
     ``delays``: optional extra seconds each worker sleeps per iteration (an injected straggler).
     """
     _check_workers(workers, train)
