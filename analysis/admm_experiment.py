@@ -35,7 +35,7 @@ from traces.errors import ConfigError
 # seed 0; docs/results/admm/tuning_<task>.csv). The ADMM penalties default to the digits choice
 # (rnn_admm.ADMMConfig defaults); pass ``cfg`` for another. The test split is not used to choose.
 TASK_SETTINGS: dict[str, dict[str, float | int]] = {
-    "digits": {"hidden": 32, "sgd_lr": 1.0, "adam_lr": 0.01},
+    "digits": {"hidden": 32, "sgd_lr": 1.0, "adam_lr": 0.03},
     "shakespeare": {"hidden": 64, "sgd_lr": 1.0, "adam_lr": 0.01},
     "text-source": {"hidden": 32, "sgd_lr": 0.3, "adam_lr": 0.01},
 }

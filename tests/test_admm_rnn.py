@@ -177,3 +177,20 @@ def test_splits_are_disjoint_and_text_source_is_balanced(digits):
     for split in (text.train, text.validation, text.test):
         assert 2 * int(split.y.sum()) == split.samples  # as many Shakespeare as Wikipedia windows
         assert torch.equal(split.x.sum(-1), torch.ones(split.x.shape[:2], dtype=split.x.dtype))  # one-hot
+
+
+def test_suite_chooses_on_validation_accuracy_and_nan_loses():
+    import pandas as pd
+
+    from analysis.admm_suite import choose
+
+    tuning = pd.DataFrame([
+        {"method": "sgd", "setting": '{"lr": 0.1}', "val_acc": 0.80, "val_loss": 0.5},
+        {"method": "sgd", "setting": '{"lr": 3.0}', "val_acc": float("nan"), "val_loss": float("nan")},
+        {"method": "sgd", "setting": '{"lr": 0.3}', "val_acc": 0.90, "val_loss": 0.4},
+        {"method": "admm", "setting": '{"rho_o": 0.3, "theta_w": 0.1}', "val_acc": 0.85, "val_loss": 0.6},
+        {"method": "admm", "setting": '{"rho_o": 0.1, "theta_w": 0.1}', "val_acc": 0.85, "val_loss": 0.5},
+    ])
+    chosen = choose(tuning)
+    assert chosen["sgd"] == 0.3
+    assert chosen["admm"] == ADMMConfig(rho_o=0.1, theta_w=0.1)  # tie on accuracy: lower loss wins
