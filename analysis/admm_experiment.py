@@ -32,12 +32,13 @@ from traces.errors import ConfigError
 
 # Per task: hidden size and the baselines' learning rates, as chosen by the suite's tuning
 # (analysis/admm_suite.py: best final validation accuracy of SGD 0.1/0.3/1, Adam 0.003/0.01/0.03,
-# seed 0; docs/results/admm/tuning_<task>.csv). The ADMM penalties default to the digits choice
-# (rnn_admm.ADMMConfig defaults); pass ``cfg`` for another. The test split is not used to choose.
+# seed 0; docs/results/admm/tuning_<task>.csv), and the ADMM rho_o / theta_w chosen the same way
+# (other ADMMConfig fields at their defaults); pass ``cfg`` for another. The test split is not
+# used to choose anything.
 TASK_SETTINGS: dict[str, dict[str, float | int]] = {
-    "digits": {"hidden": 32, "sgd_lr": 1.0, "adam_lr": 0.03},
-    "shakespeare": {"hidden": 64, "sgd_lr": 1.0, "adam_lr": 0.01},
-    "text-source": {"hidden": 32, "sgd_lr": 0.3, "adam_lr": 0.01},
+    "digits": {"hidden": 32, "sgd_lr": 1.0, "adam_lr": 0.03, "rho_o": 0.1, "theta_w": 0.03},
+    "shakespeare": {"hidden": 64, "sgd_lr": 1.0, "adam_lr": 0.03, "rho_o": 0.1, "theta_w": 0.03},
+    "text-source": {"hidden": 32, "sgd_lr": 0.1, "adam_lr": 0.003, "rho_o": 0.3, "theta_w": 0.1},
 }
 WHATIF_WORKERS = (2, 4, 8, 16, 32, 64, 128, 256)
 WHATIF_STRAGGLER_CV = (0.0, 0.3, 1.0)
@@ -168,7 +169,8 @@ def run_admm_experiment(task: str, iterations: int, out_dir: Path, seed: int = 0
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # like every parallel rank, so serial and parallel timings compare
     try:
-        cfg = cfg or ADMMConfig()
+        settings = TASK_SETTINGS[task]
+        cfg = cfg or ADMMConfig(rho_o=float(settings["rho_o"]), theta_w=float(settings["theta_w"]))
         return _run(task, iterations, out_dir, seed, workers, staleness, cfg, ap_cfg or cfg)
     finally:
         torch.set_num_threads(threads)

@@ -58,6 +58,7 @@ ADMM_GRID = tuple(ADMMConfig(rho_o=rho_o, theta_w=theta_w, sweep="backward-forwa
 ADMM_BEFORE = ADMMConfig(rho_o=0.1, theta_w=0.0, reanchor=False, sweep="forward")
 INIT_SCALES = (0.01, 1.0, 4.0, 10.0)
 SWEEP_TASK = "digits"
+CURVE_EVERY = 5  # iterations between the points of init_curves.csv (keeps the CSV small)
 
 
 def train(method: str, setting: ADMMConfig | float, data: TaskData, plan: TaskPlan, seed: int,
@@ -151,7 +152,8 @@ def init_sweep(data_by_seed: dict[int, TaskData], plan: TaskPlan, chosen: dict[s
                 params, history, seconds = train(method, setting, data, plan, seed, scale, iterations)
                 rows.append(_test_row(SWEEP_TASK, method, setting, data, params, history, seed, scale, seconds))
                 keep = ["iteration", "train_loss", "val_acc"] + (["lagrangian"] if "lagrangian" in history else [])
-                curve = history[keep].assign(method=method, seed=seed, init_scale=scale)
+                thin = (history.iteration % CURVE_EVERY == 0) | (history.iteration == history.iteration.max())
+                curve = history.loc[thin, keep].assign(method=method, seed=seed, init_scale=scale)
                 curves.append(curve)
     return pd.DataFrame(rows), pd.concat(curves, ignore_index=True)
 
