@@ -1,5 +1,6 @@
-"""ADMMiRNN: serial convergence on real digits, SP == serial over real gloo ranks, AP converges,
-the what-if's SP/AP throughput, and the RNN workload's layers."""
+"""ADMMiRNN: serial convergence on real digits, robustness to a x0.01 initialisation, SP == serial
+and one-worker AP == serial (local-first order) over real gloo ranks, AP converges, the data
+splits, the what-if's SP/AP throughput, and the RNN workload's layers."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from exec.admm.data import load_task
 from exec.admm.parallel import run_ap, run_sp
-from exec.admm.rnn_admm import ADMMConfig, RNNParams, evaluate, forward, train_admm
+from exec.admm.rnn_admm import ADMMConfig, RNNParams, evaluate, forward, init_params, train_admm
 from exec.workloads import get_workload, run_layers
 from sim.admm_whatif import ring_allreduce_s, simulate_admm_parallel
 from traces.errors import ConfigError
@@ -27,7 +28,7 @@ def digits():
 
 @pytest.fixture(scope="module")
 def serial_run(digits):
-    params, history = train_admm(digits.train, HIDDEN, 30, CFG, seed=0, test=digits.test)
+    params, history = train_admm(digits.train, HIDDEN, 30, CFG, seed=0, validation=digits.validation)
     return params, history
 
 
@@ -46,18 +47,21 @@ def test_admm_decreases_lagrangian_and_training_loss(serial_run):
     assert lagrangian[-1] < max(lagrangian) - 0.5
 
 
-def test_constraint_residuals_shrink(serial_run):
-    _, history = serial_run
+def test_constraint_residuals_shrink(digits):
+    # Without re-anchoring the auxiliary variables persist across iterations and ADMM must close
+    # the constraints. (With it, a, s, o restart at the forward pass every iteration, and the
+    # residuals measure one iteration's move instead.)
+    _, history = train_admm(digits.train, HIDDEN, 30, ADMMConfig(reanchor=False), seed=0)
     for key in ("residual_a", "residual_s", "residual_o"):
         early = max(row[key] for row in history[1:6])
         late = max(row[key] for row in history[-5:])
-        assert early > 0 and late < 0.5 * early, key
+        assert early > 0 and late < 0.6 * early, key  # measured 0.54 (r_a) in 30 iterations
 
 
 def test_admm_beats_chance_on_held_out_digits(serial_run, digits):
     params, history = serial_run
-    loss, acc = evaluate(params, digits.test)
-    assert acc == pytest.approx(history[-1]["test_acc"])
+    loss, acc = evaluate(params, digits.validation)
+    assert acc == pytest.approx(history[-1]["val_acc"])
     assert acc > 0.25  # ten balanced classes: chance is 0.10
     assert loss < math.log(10)
 
@@ -127,3 +131,66 @@ def test_rnn_workload_matches_admm_forward_and_cuts():
     assert run_layers(tiny.build_layers(), tiny_batch.inputs).shape == (3, 8, 16)
     with pytest.raises(ConfigError, match="hidden"):
         get_workload("rnn-digits", inputs=9)
+
+
+def test_small_initialisation_no_longer_diverges(digits):
+    # Before issue 15 (step 1/Lipschitz, no re-anchoring) a x0.01 start sent V to O(1/|s|) in the
+    # first iterations and the weights' loss rose from 2.30 to 30+ while the Lagrangian fell.
+    before = ADMMConfig(theta_w=0.0, reanchor=False, sweep="forward")
+    _, old = train_admm(digits.train, HIDDEN, 15, before, seed=0, init_scale=0.01)
+    assert max(row["train_loss"] for row in old) > 5.0  # the failure this test guards against
+    _, new = train_admm(digits.train, HIDDEN, 15, CFG, seed=0, init_scale=0.01)
+    assert max(row["train_loss"] for row in new) <= new[0]["train_loss"] + 1e-6
+
+
+def test_ap_one_worker_no_staleness_equals_serial_local_first(digits):
+    # AP's block order is local-first (the worker's a, s, o, duals, then the server's weights);
+    # with one worker and staleness 0 nothing is stale, so AP must be that serial algorithm.
+    iterations, cfg = 5, ADMMConfig(sweep="local-first")
+    serial, _ = train_admm(digits.train, HIDDEN, iterations, cfg, seed=0)
+    ap = run_ap(digits.train, HIDDEN, iterations, cfg, workers=1, staleness=0, seed=0)
+    assert float((ap.params.flat() - serial.flat()).abs().max()) < 1e-9
+    assert float((ap.params.flat() - ap.snapshots[0][3]).abs().max()) > 1e-3
+    # and the paper's forward order is a different algorithm: it does not give the same weights
+    forward_order, _ = train_admm(digits.train, HIDDEN, iterations, CFG, seed=0)
+    assert float((ap.params.flat() - forward_order.flat()).abs().max()) > 1e-3
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="sweep"):
+        ADMMConfig(sweep="sideways")
+    with pytest.raises(ConfigError, match="rho_o"):
+        ADMMConfig(rho_o=0.0)
+    with pytest.raises(ConfigError, match="init_scale"):
+        init_params(8, 4, 10, init_scale=0.0)
+    with pytest.raises(ConfigError, match="task"):
+        load_task("imdb")
+
+
+def test_splits_are_disjoint_and_text_source_is_balanced(digits):
+    total = digits.train.samples + digits.validation.samples + digits.test.samples
+    assert total == 1797 and digits.validation.samples == 270
+    rows = {tuple(x.flatten().tolist()) for x in digits.validation.x.transpose(0, 1)}
+    assert not rows & {tuple(x.flatten().tolist()) for x in digits.test.x.transpose(0, 1)}
+    text = load_task("text-source", seed=0, train_sequences=40, validation_sequences=10, test_sequences=20)
+    assert text.train.x.shape == (32, 40, 28) and text.train.num_classes == 2
+    for split in (text.train, text.validation, text.test):
+        assert 2 * int(split.y.sum()) == split.samples  # as many Shakespeare as Wikipedia windows
+        assert torch.equal(split.x.sum(-1), torch.ones(split.x.shape[:2], dtype=split.x.dtype))  # one-hot
+
+
+def test_suite_chooses_on_validation_accuracy_and_nan_loses():
+    import pandas as pd
+
+    from analysis.admm_suite import choose
+
+    tuning = pd.DataFrame([
+        {"method": "sgd", "setting": '{"lr": 0.1}', "val_acc": 0.80, "val_loss": 0.5},
+        {"method": "sgd", "setting": '{"lr": 3.0}', "val_acc": float("nan"), "val_loss": float("nan")},
+        {"method": "sgd", "setting": '{"lr": 0.3}', "val_acc": 0.90, "val_loss": 0.4},
+        {"method": "admm", "setting": '{"rho_o": 0.3, "theta_w": 0.1}', "val_acc": 0.85, "val_loss": 0.6},
+        {"method": "admm", "setting": '{"rho_o": 0.1, "theta_w": 0.1}', "val_acc": 0.85, "val_loss": 0.5},
+    ])
+    chosen = choose(tuning)
+    assert chosen["sgd"] == 0.3
+    assert chosen["admm"] == ADMMConfig(rho_o=0.1, theta_w=0.1)  # tie on accuracy: lower loss wins

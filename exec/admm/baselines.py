@@ -14,6 +14,8 @@ import time
 
 import torch
 
+from traces.errors import ConfigError
+
 from .data import SequenceData
 from .rnn_admm import RNNParams, evaluate, init_params
 
@@ -38,18 +40,21 @@ def train_gradient(
     optimizer: str = "adam",
     lr: float = 0.01,
     seed: int = 0,
-    test: SequenceData | None = None,
+    validation: SequenceData | None = None,
     clip: float | None = None,
+    init_scale: float = 1.0,
 ) -> tuple[RNNParams, list[dict[str, float]]]:
-    """SGD or Adam on the mean cross-entropy; same initialization as ADMMiRNN for the same seed."""
-    init = init_params(train.input_dim, hidden, train.num_classes, seed, train.x.dtype)
+    """SGD or Adam on the mean cross-entropy; same initialization as ADMMiRNN for the same seed
+    and ``init_scale``. History columns as :func:`exec.admm.rnn_admm.train_admm`'s plus the
+    gradient-health measures of every iteration's backward pass."""
+    init = init_params(train.input_dim, hidden, train.num_classes, seed, train.x.dtype, init_scale)
     params = {k: v.clone().requires_grad_(True) for k, v in vars(init).items()}
     if optimizer == "adam":
         opt: torch.optim.Optimizer = torch.optim.Adam(params.values(), lr=lr)
     elif optimizer == "sgd":
         opt = torch.optim.SGD(params.values(), lr=lr)
     else:
-        raise ValueError(f"optimizer must be 'sgd' or 'adam', not {optimizer!r}")
+        raise ConfigError("optimizer", f"unknown optimizer {optimizer!r}", "use 'sgd' or 'adam'")
     history: list[dict[str, float]] = []
     elapsed = 0.0
     for it in range(iterations + 1):
@@ -70,7 +75,19 @@ def train_gradient(
                "grad_ratio_first_last": state_grads[0] / max(state_grads[-1], 1e-300)}
         row.update({f"grad_s{t + 1}": g for t, g in enumerate(state_grads)})
         row["train_loss"], row["train_acc"] = evaluate(current, train)
-        if test is not None:
-            row["test_loss"], row["test_acc"] = evaluate(current, test)
+        if validation is not None:
+            row["val_loss"], row["val_acc"] = evaluate(current, validation)
         history.append(row)
     return RNNParams(**{k: v.detach().clone() for k, v in params.items()}), history
+
+
+def gradient_health(params: RNNParams, data: SequenceData) -> dict[str, float]:
+    """The BPTT gradient measures of any weights (also ADMM's, which never backpropagate):
+    |dL/ds_t| per step, their ratio first/last step and |dL/dW|, for the mean cross-entropy."""
+    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in vars(params).items()}
+    loss, states = _loss_and_states(leaves, data)
+    loss.backward()
+    state_grads = [float(s.grad.norm()) for s in states]
+    row = {"grad_W_norm": float(leaves["W"].grad.norm()),
+           "grad_ratio_first_last": state_grads[0] / max(state_grads[-1], 1e-300)}
+    return row | {f"grad_s{t + 1}": g for t, g in enumerate(state_grads)}

@@ -56,12 +56,9 @@ from .rnn_admm import (
     local_sums,
     output_stats,
     recurrent_stats,
-    update_a,
-    update_duals,
-    update_o,
+    update_local,
     update_output_params,
     update_recurrent_params,
-    update_s,
 )
 
 
@@ -113,11 +110,11 @@ def stats_bytes(data: SequenceData, hidden: int) -> int:
 
 
 def _sp_worker(rank: int, world: int, port: int, train: SequenceData, hidden: int, iterations: int,
-               cfg: ADMMConfig, seed: int, out_dir: str) -> None:
+               cfg: ADMMConfig, seed: int, init_scale: float, out_dir: str) -> None:
     _init_process(rank, world, port)
     try:
         data = train.shards(world)[rank]
-        params = init_params(train.input_dim, hidden, train.num_classes, seed, train.x.dtype)
+        params = init_params(train.input_dim, hidden, train.num_classes, seed, train.x.dtype, init_scale)
         state = init_state(params, data)
         comm = [0.0]
 
@@ -147,15 +144,15 @@ def _sp_worker(rank: int, world: int, port: int, train: SequenceData, hidden: in
 
 
 def run_sp(train: SequenceData, hidden: int, iterations: int, cfg: ADMMConfig = ADMMConfig(),
-           workers: int = 2, seed: int = 0) -> ParallelResult:
+           workers: int = 2, seed: int = 0, init_scale: float = 1.0) -> ParallelResult:
     """SP-ADMMiRNN with ``workers`` gloo ranks on this machine."""
     _check_workers(workers, train)
     with tempfile.TemporaryDirectory(prefix="admm-sp-") as out_dir:
-        mp.spawn(_sp_worker, args=(workers, free_port(), train, hidden, iterations, cfg, seed, out_dir),
+        mp.spawn(_sp_worker, args=(workers, free_port(), train, hidden, iterations, cfg, seed, init_scale, out_dir),
                  nprocs=workers, join=True)
         ranks = [torch.load(Path(out_dir) / f"rank{r}.pt") for r in range(workers)]
     snapshots = ranks[0]["snapshots"]
-    template = init_params(train.input_dim, hidden, train.num_classes, seed, train.x.dtype)
+    template = init_params(train.input_dim, hidden, train.num_classes, seed, train.x.dtype, init_scale)
     sums = [torch.stack(per_rank).sum(0) for per_rank in zip(*(r["sums"] for r in ranks), strict=True)]
     return ParallelResult("sp", workers, template.load_flat(snapshots[-1][3]), snapshots,
                           [r["compute"] for r in ranks], ranks[0]["comm"], wall_s=ranks[0]["wall"],
@@ -165,30 +162,22 @@ def run_sp(train: SequenceData, hidden: int, iterations: int, cfg: ADMMConfig = 
 # --------------------------------------------------------------------------------------- AP
 
 
-def _ap_local_step(params: RNNParams, state, data: SequenceData, cfg: ADMMConfig) -> None:
-    """A worker's share of one AP iteration: its per-sample variables and duals."""
-    update_a(params, state, data, cfg)
-    update_s(params, state, data, cfg)
-    update_o(params, state, data, cfg)
-    update_duals(params, state, data, cfg)
-
-
 def _ap_message(clock: int, params: RNNParams, state, data: SequenceData, cfg: ADMMConfig) -> torch.Tensor:
     return torch.cat([torch.tensor([float(clock)], dtype=data.x.dtype), recurrent_stats(data, state, cfg),
                       output_stats(data, state, cfg), local_sums(params, state, data, cfg)])
 
 
 def _ap_worker(rank: int, world: int, train: SequenceData, hidden: int, iterations: int,
-               cfg: ADMMConfig, seed: int, delays: list[float], out_dir: str) -> None:
+               cfg: ADMMConfig, seed: int, init_scale: float, delays: list[float], out_dir: str) -> None:
     data = train.shards(world - 1)[rank - 1]
-    params = init_params(train.input_dim, hidden, train.num_classes, seed, train.x.dtype)
+    params = init_params(train.input_dim, hidden, train.num_classes, seed, train.x.dtype, init_scale)
     state = init_state(params, data)
     dist.send(_ap_message(0, params, state, data, cfg), dst=0)
     buffer = params.flat()
     compute = []
     for it in range(1, iterations + 1):
         start = time.perf_counter()
-        _ap_local_step(params, state, data, cfg)
+        update_local(params, state, data, cfg)
         message = _ap_message(it, params, state, data, cfg)
         compute.append(time.perf_counter() - start)
         if delays[rank - 1] > 0:
@@ -200,9 +189,9 @@ def _ap_worker(rank: int, world: int, train: SequenceData, hidden: int, iteratio
 
 
 def _ap_server(world: int, train: SequenceData, hidden: int, iterations: int, cfg: ADMMConfig,
-               seed: int, staleness: int, out_dir: str) -> None:
+               seed: int, init_scale: float, staleness: int, out_dir: str) -> None:
     workers = world - 1
-    params = init_params(train.input_dim, hidden, train.num_classes, seed, train.x.dtype)
+    params = init_params(train.input_dim, hidden, train.num_classes, seed, train.x.dtype, init_scale)
     f1, f3 = train.input_dim + hidden + 1, hidden + 1
     n1, n3 = f1 * f1 + f1 * hidden, f3 * f3 + f3 * train.num_classes
     message = torch.empty(1 + n1 + n3 + 5, dtype=train.x.dtype)
@@ -237,21 +226,28 @@ def _ap_server(world: int, train: SequenceData, hidden: int, iterations: int, cf
 
 
 def _ap_process(rank: int, world: int, port: int, train: SequenceData, hidden: int, iterations: int,
-                cfg: ADMMConfig, seed: int, staleness: int, delays: list[float], out_dir: str) -> None:
+                cfg: ADMMConfig, seed: int, init_scale: float, staleness: int, delays: list[float],
+                out_dir: str) -> None:
     _init_process(rank, world, port)
     try:
         if rank == 0:
-            _ap_server(world, train, hidden, iterations, cfg, seed, staleness, out_dir)
+            _ap_server(world, train, hidden, iterations, cfg, seed, init_scale, staleness, out_dir)
         else:
-            _ap_worker(rank, world, train, hidden, iterations, cfg, seed, delays, out_dir)
+            _ap_worker(rank, world, train, hidden, iterations, cfg, seed, init_scale, delays, out_dir)
     finally:
         dist.destroy_process_group()
 
 
 def run_ap(train: SequenceData, hidden: int, iterations: int, cfg: ADMMConfig = ADMMConfig(),
            workers: int = 2, staleness: int = 2, seed: int = 0,
-           delays: list[float] | None = None) -> ParallelResult:
+           delays: list[float] | None = None, init_scale: float = 1.0) -> ParallelResult:
     """AP-ADMMiRNN: one server rank plus ``workers`` worker ranks (world size workers + 1).
+
+    The block order is always ``local-first`` (``cfg.sweep`` is not used): a worker updates a, s, o
+    and its duals with the weights it holds, then the server updates U, W, b, V, c from the summed
+    statistics. With one worker and staleness 0 this is exactly the serial algorithm with
+    ``ADMMConfig(sweep="local-first")`` (tests/test_admm_rnn.py); the paper's forward order would
+    need two round trips per iteration (U, W, b before a and s; V, c after s).
 
     ``delays``: optional extra seconds each worker sleeps per iteration (an injected straggler).
     """
@@ -263,11 +259,11 @@ def run_ap(train: SequenceData, hidden: int, iterations: int, cfg: ADMMConfig = 
         raise ConfigError("delays", f"{len(delays)} delays for {workers} workers",
                           "give one delay per worker")
     with tempfile.TemporaryDirectory(prefix="admm-ap-") as out_dir:
-        mp.spawn(_ap_process, args=(workers + 1, free_port(), train, hidden, iterations, cfg, seed, staleness,
-                                    delays, out_dir), nprocs=workers + 1, join=True)
+        mp.spawn(_ap_process, args=(workers + 1, free_port(), train, hidden, iterations, cfg, seed, init_scale,
+                                    staleness, delays, out_dir), nprocs=workers + 1, join=True)
         server = torch.load(Path(out_dir) / "rank0.pt")
         compute = [torch.load(Path(out_dir) / f"rank{r}.pt")["compute"] for r in range(1, workers + 1)]
-    template = init_params(train.input_dim, hidden, train.num_classes, seed, train.x.dtype)
+    template = init_params(train.input_dim, hidden, train.num_classes, seed, train.x.dtype, init_scale)
     return ParallelResult("ap", workers, template.load_flat(server["snapshots"][-1][3]), server["snapshots"],
                           compute, staleness=server["staleness"], wall_s=server["wall"],
                           bytes_per_iteration=stats_bytes(train, hidden), sums=server["sums"])

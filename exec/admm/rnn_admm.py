@@ -38,6 +38,8 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from traces.errors import ConfigError
+
 from .data import SequenceData
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
@@ -74,10 +76,13 @@ class RNNParams:
 
 
 def init_params(input_dim: int, hidden: int, classes: int, seed: int = 0,
-                dtype: torch.dtype = torch.float64) -> RNNParams:
-    """Uniform(-1/sqrt(H), 1/sqrt(H)) for every weight and bias, as torch.nn.RNN initializes."""
+                dtype: torch.dtype = torch.float64, init_scale: float = 1.0) -> RNNParams:
+    """Uniform(-1/sqrt(H), 1/sqrt(H)) for every weight and bias, as torch.nn.RNN initializes,
+    times ``init_scale`` (the robustness-to-initialisation sweep; 1 is torch's default)."""
+    if not init_scale > 0:
+        raise ConfigError("init_scale", f"{init_scale} is not positive", "use a positive factor, e.g. 1")
     gen = torch.Generator().manual_seed(seed)
-    bound = hidden ** -0.5
+    bound = init_scale * hidden ** -0.5
 
     def draw(*shape: int) -> torch.Tensor:
         return (torch.rand(*shape, generator=gen, dtype=dtype) * 2 - 1) * bound
@@ -117,19 +122,34 @@ def evaluate(params: RNNParams, data: SequenceData) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class ADMMConfig:
-    """Penalties and inner-step settings.
+    """Penalties, proximal weights, block order and inner-step settings.
 
     rho_* weigh the three constraint families; with the loss summed over samples they are per-
     sample weights and do not depend on the batch size. ``theta_a`` is the prox weight that keeps
     the a-step near the point where tanh was linearized. ``prox_scale`` >= 1 multiplies the
-    Lipschitz constant in the linearized steps (1 is the largest step that still guarantees a
-    decrease of the sub-problem).
+    Lipschitz constant in the linearized weight steps. ``theta_w`` adds a fixed proximal weight
+    (per row of the statistics) to those steps: the paper's linearized update has such a term
+    (its tau; the authors' code uses a fixed tao = 1). Without it the step is 1/Lipschitz of the
+    current Gram matrix, which is unbounded when the auxiliary states are small: from a x0.01
+    initialisation V jumps in one iteration to O(1/|s|) and training falls into a degenerate
+    point where tiny s and huge V fit the labels (Lagrangian -> 0, forward-pass loss -> 20+; see
+    docs/admm.md). ``weight_decay`` is the paper's regularizer Omega = nu/2 |U|^2 + |W|^2 + |V|^2
+    (per row; 0 = none).
 
-    Defaults: the best held-out accuracy on both tasks of a small grid on digits (300 iterations)
-    and Tiny Shakespeare (100), see docs/admmirnn.md. rho = 1 everywhere (the reference code's
-    value) lets the auxiliary variables fit the labels while the weights lag behind: the
-    Lagrangian falls towards 0 but the forward-pass loss of the weights rises again after ~50
-    iterations. A smaller rho_o (0.03) is better still on digits but diverges on Shakespeare.
+    ``reanchor``: at the start of every iteration reset a, s, o to the forward pass of the current
+    weights (the duals are kept). The authors' public code does this (it recomputes a, s, o with
+    its BPTT forward pass every iteration); it keeps the auxiliary variables from drifting to a
+    solution of the constraints that the weights' forward pass does not reproduce.
+
+    ``sweep``: the block order of one iteration.
+    ``forward`` (the paper's Algorithm: U, W, b, a, s, V, c, o, duals);
+    ``backward-forward`` (the authors' code: o, V, c, s, a, then the forward order);
+    ``local-first`` (a, s, o, duals, then U, W, b and V, c from one set of statistics): the order
+    of AP-ADMMiRNN, where a worker updates its samples and the server then updates the weights, so
+    that one worker round trip per iteration suffices.
+
+    Defaults: chosen on a validation split carved from the training set (digits, 300
+    iterations; Shakespeare, 100), by ``analysis/admm_tuning.py``; see docs/admm.md.
     """
 
     rho_a: float = 10.0
@@ -138,6 +158,25 @@ class ADMMConfig:
     theta_a: float = 1.0
     prox_scale: float = 1.0
     o_steps: int = 10
+    theta_w: float = 0.03
+    weight_decay: float = 0.0
+    reanchor: bool = True
+    sweep: str = "backward-forward"
+
+    def __post_init__(self) -> None:
+        if self.sweep not in SWEEPS:
+            raise ConfigError("sweep", f"unknown block order {self.sweep!r}", f"use one of {', '.join(SWEEPS)}")
+        for name in ("rho_a", "rho_s", "rho_o"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(name, f"{getattr(self, name)} is not positive", "use a positive penalty")
+        for name in ("theta_a", "theta_w", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"{getattr(self, name)} is negative", "use 0 or more")
+        if self.prox_scale < 1:
+            raise ConfigError("prox_scale", f"{self.prox_scale} < 1", "use 1 or more (1 = step 1/Lipschitz)")
+
+
+SWEEPS = ("forward", "backward-forward", "local-first")
 
 
 @dataclass
@@ -193,16 +232,20 @@ def _split_stats(stats: torch.Tensor, features: int) -> tuple[torch.Tensor, torc
 
 
 def _linearized_step(theta: torch.Tensor, gram: torch.Tensor, cross: torch.Tensor, cols: slice,
-                     rho: float, prox_scale: float) -> torch.Tensor:
-    """One proximal-linear step on the columns ``cols`` of theta for rho/2 |Y - Z theta^T|^2.
+                     rho: float, cfg: ADMMConfig) -> torch.Tensor:
+    """One proximal-linear step on the columns ``cols`` of theta for
+    rho/2 |Y - Z theta^T|^2 + nu/2 n |theta_cols|^2 (n rows, nu = ``cfg.weight_decay``).
 
-    Gradient rho (theta G - B^T)[:, cols]; the quadratic's curvature in those columns is
-    rho * |G[cols, cols]|_2, so a step of 1/(prox_scale * that) never increases the sub-problem.
+    Gradient rho (theta G - B^T)[:, cols] + nu n theta_cols; the curvature in those columns is
+    L = rho |G[cols, cols]|_2 + nu n. The step is 1 / (prox_scale L + theta_w n): theta_w = 0 is
+    the largest step that never increases the sub-problem, theta_w > 0 a proximal term
+    theta_w n / 2 |theta - theta_k|^2 that bounds the step when G is near zero.
     """
-    grad = rho * (theta @ gram[:, cols] - cross[cols].T)
-    lipschitz = rho * float(torch.linalg.matrix_norm(gram[cols, cols], ord=2))
+    count = float(gram[-1, -1])  # rows of Z: the last column of Z is the constant 1
+    grad = rho * (theta @ gram[:, cols] - cross[cols].T) + cfg.weight_decay * count * theta[:, cols]
+    lipschitz = rho * float(torch.linalg.matrix_norm(gram[cols, cols], ord=2)) + cfg.weight_decay * count
     out = theta.clone()
-    out[:, cols] = theta[:, cols] - grad / max(prox_scale * lipschitz, 1e-12)
+    out[:, cols] = theta[:, cols] - grad / max(cfg.prox_scale * lipschitz + cfg.theta_w * count, 1e-12)
     return out
 
 
@@ -217,8 +260,8 @@ def update_recurrent_params(params: RNNParams, stats: torch.Tensor, cfg: ADMMCon
     hidden, d = params.W.shape[0], params.U.shape[1]
     gram, cross = _split_stats(stats, d + hidden + 1)
     theta = torch.cat([params.U, params.W, params.b[:, None]], dim=1)
-    theta = _linearized_step(theta, gram, cross, slice(0, d), cfg.rho_a, cfg.prox_scale)
-    theta = _linearized_step(theta, gram, cross, slice(d, d + hidden), cfg.rho_a, cfg.prox_scale)
+    theta = _linearized_step(theta, gram, cross, slice(0, d), cfg.rho_a, cfg)
+    theta = _linearized_step(theta, gram, cross, slice(d, d + hidden), cfg.rho_a, cfg)
     theta[:, -1] = _bias_closed_form(theta, gram, cross)
     return replace(params, U=theta[:, :d].clone(), W=theta[:, d:-1].clone(), b=theta[:, -1].clone())
 
@@ -228,7 +271,7 @@ def update_output_params(params: RNNParams, stats: torch.Tensor, cfg: ADMMConfig
     hidden = params.V.shape[1]
     gram, cross = _split_stats(stats, hidden + 1)
     theta = torch.cat([params.V, params.c[:, None]], dim=1)
-    theta = _linearized_step(theta, gram, cross, slice(0, hidden), cfg.rho_o, cfg.prox_scale)
+    theta = _linearized_step(theta, gram, cross, slice(0, hidden), cfg.rho_o, cfg)
     theta[:, -1] = _bias_closed_form(theta, gram, cross)
     return replace(params, V=theta[:, :-1].clone(), c=theta[:, -1].clone())
 
@@ -311,10 +354,38 @@ def local_sums(params: RNNParams, state: ADMMState, data: SequenceData, cfg: ADM
     return torch.stack([lagrangian, *squares, torch.tensor(float(data.samples), dtype=lagrangian.dtype)])
 
 
+def reanchor(params: RNNParams, state: ADMMState, data: SequenceData) -> None:
+    """a, s, o := the forward pass of ``params`` (all three constraints then hold); duals kept."""
+    a, s, o = forward(params, data.x)
+    state.a, state.s, state.o = a, s, o[list(data.out_steps)].clone()
+
+
+def update_local(params: RNNParams, state: ADMMState, data: SequenceData, cfg: ADMMConfig) -> None:
+    """The per-sample blocks a, s, o and the duals with the weights fixed (AP's worker step),
+    after re-anchoring if ``cfg.reanchor``."""
+    if cfg.reanchor:
+        reanchor(params, state, data)
+    update_a(params, state, data, cfg)
+    update_s(params, state, data, cfg)
+    update_o(params, state, data, cfg)
+    update_duals(params, state, data, cfg)
+
+
 def admm_iteration(params: RNNParams, state: ADMMState, data: SequenceData, cfg: ADMMConfig,
                    reduce: Reduce = no_reduce) -> RNNParams:
-    """One ADMMiRNN iteration in the paper's block order; updates ``state`` in place and returns
-    the new weights. ``reduce`` sums the parameter statistics over data shards."""
+    """One ADMMiRNN iteration in the block order ``cfg.sweep``; updates ``state`` in place and
+    returns the new weights. ``reduce`` sums the parameter statistics over data shards."""
+    if cfg.sweep == "local-first":
+        update_local(params, state, data, cfg)
+        recurrent, output = reduce(recurrent_stats(data, state, cfg)), reduce(output_stats(data, state, cfg))
+        return update_output_params(update_recurrent_params(params, recurrent, cfg), output, cfg)
+    if cfg.reanchor:
+        reanchor(params, state, data)
+    if cfg.sweep == "backward-forward":
+        update_o(params, state, data, cfg)
+        params = update_output_params(params, reduce(output_stats(data, state, cfg)), cfg)
+        update_s(params, state, data, cfg)
+        update_a(params, state, data, cfg)
     params = update_recurrent_params(params, reduce(recurrent_stats(data, state, cfg)), cfg)
     update_a(params, state, data, cfg)
     update_s(params, state, data, cfg)
@@ -341,12 +412,15 @@ def train_admm(
     iterations: int,
     cfg: ADMMConfig = ADMMConfig(),
     seed: int = 0,
-    test: SequenceData | None = None,
+    validation: SequenceData | None = None,
+    init_scale: float = 1.0,
 ) -> tuple[RNNParams, list[dict[str, float]]]:
-    """Serial ADMMiRNN on the whole training set. History row per iteration (0 = the start)."""
+    """Serial ADMMiRNN on the whole training set. History row per iteration (0 = the start), with
+    ``val_loss`` / ``val_acc`` on ``validation`` where given (the test split is evaluated once, by
+    the caller, on the returned weights)."""
     import time
 
-    params = init_params(train.input_dim, hidden, train.num_classes, seed, train.x.dtype)
+    params = init_params(train.input_dim, hidden, train.num_classes, seed, train.x.dtype, init_scale)
     state = init_state(params, train)
     history = []
     elapsed = 0.0
@@ -357,7 +431,7 @@ def train_admm(
             elapsed += time.perf_counter() - start
         row = {"iteration": it, "time_s": elapsed, **summarize(local_sums(params, state, train, cfg))}
         row["train_loss"], row["train_acc"] = evaluate(params, train)
-        if test is not None:
-            row["test_loss"], row["test_acc"] = evaluate(params, test)
+        if validation is not None:
+            row["val_loss"], row["val_acc"] = evaluate(params, validation)
         history.append(row)
     return params, history
