@@ -133,4 +133,4 @@ def delta_pass(draft: _Draft) -> None:
                                          bytes=sum(facts[layer].saved for layer in layers)))
 
 
-register_memory_policy("delta", DeltaMemory, build_delta)
+register_memory_policy("delta", DeltaMemory, build_delta, per_plan=True)

@@ -123,8 +123,9 @@ class MemoryPolicyKind:
     config: type[MemoryConfig]
     build: Build  # (plan, stage_layers, costs, capacity_bytes) -> MemoryPolicy
     doc: str
-    # An optimiser whose choice depends on the whole plan (micro-batch, degrees, costs) and is costly
-    # to make: the plan search builds it per plan, for its best plan shapes only (sim.search).
+    # A policy whose choice depends on the whole plan (micro-batch, degrees, costs) and is costly to
+    # make or to estimate (optimal's MILP, DELTA's replay of each rank's order): the plan search builds
+    # and estimates it per plan, for its best plan shapes only (sim.search).
     per_plan: bool = False
 
 
