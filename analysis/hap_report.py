@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -135,7 +136,7 @@ def plot_accuracy(table: pd.DataFrame, stem: Path, note: str, majority: dict[str
     ax.set_xticks(np.arange(len(datasets)), [f"{d}\n(n={int(table[table.dataset == d]['n'].max())})"
                                               for d in datasets])
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(note, fontsize=8)
+    ax.set_title(textwrap.fill(note, 110), fontsize=7)
     low = max(0.0, 100 * float((table["accuracy_mean"] - table["accuracy_std"]).min()) - 10)
     ax.set_ylim(low, 100)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
@@ -182,11 +183,10 @@ def plot_curves(curves: pd.DataFrame, stem: Path, note: str) -> None:
             axes[1][i].plot(part["epoch"], part["val_loss"], **style)
         axes[0][i].set_title(d, fontsize=9)
         axes[1][i].set_xlabel("epoch")
-        axes[1][i].set_yscale("log")
     axes[0][0].set_ylabel("mean val accuracy (%)")
     axes[1][0].set_ylabel("mean val cross-entropy")
     axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-    fig.suptitle(note, fontsize=8)
+    fig.suptitle(textwrap.fill(note, 40 * len(datasets) + 30), fontsize=7)
     fig.tight_layout()
     for suffix in ("png", "pdf"):
         fig.savefig(stem.with_suffix(f".{suffix}"), dpi=150)

@@ -330,7 +330,7 @@ def test_tuning_tests_the_best_validation_candidate_and_early_stopping_stops(mut
     best = max(alone, key=lambda r: r.val_accuracy)
     assert tuned.val_accuracy == best.val_accuracy and tuned.config == best.config
     assert tuned.test_accuracy == best.test_accuracy  # same seed, same candidate: same model
-    stopped = fit("gcn-max", mutag, *idx, TrainConfig(epochs=60, lr=1e-9, patience=3, clusters=(9, 3)), seed=1)
+    stopped = fit("gcn-max", mutag, *idx, TrainConfig(epochs=60, lr=0.0, patience=3, clusters=(9, 3)), seed=1)
     assert stopped.epochs_run < 60 and stopped.epochs_run - stopped.best_epoch == 3
     assert len(stopped.curve) == stopped.epochs_run
 

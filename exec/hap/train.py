@@ -4,8 +4,10 @@ Model selection is honest: the epoch whose weights are evaluated on the test gra
 the best accuracy on a validation split carved out of the training graphs (ties: lower validation
 loss); the test graphs are never looked at during training or selection. ``fit_tuned`` trains every
 candidate of a hyper-parameter grid the same way and tests only the candidate with the best
-validation accuracy. Training stops early after ``patience`` epochs without a better validation
-epoch; the per-epoch curve (training loss, validation accuracy and loss) is returned.
+validation accuracy. Training stops early after ``patience`` epochs with neither a better validation
+epoch nor a lower validation loss (accuracy on a few dozen validation graphs jumps by chance early
+on, the loss is smoother, so a chance peak does not end training while the model still improves);
+the per-epoch curve (training loss, validation accuracy and loss) is returned.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class TrainConfig:
     clusters: tuple[int, ...] = (16, 4)
     dropout: float = 0.5
     aux_weight: float = 1.0  # weight of the method's own regulariser (HAP's content loss, DiffPool, ...)
-    patience: int = 0  # stop after this many epochs without a better validation epoch (0: never)
+    patience: int = 0  # stop after this many epochs without a better val epoch or val loss (0: never)
     hap: tuple[tuple[str, object], ...] = ()  # HAPConfig options (hops, masked, content) for "hap"
 
 
@@ -130,6 +132,7 @@ def _train(
     best = (-1.0, float("inf"))
     best_state, best_epoch = copy.deepcopy(model.state_dict()), 0
     curve: list[EpochRecord] = []
+    lowest_loss, last_progress = float("inf"), 0
     for epoch in range(1, config.epochs + 1):
         model.train()
         total, steps = 0.0, 0
@@ -142,10 +145,12 @@ def _train(
             total, steps = total + float(loss.detach()), steps + 1
         val_acc, val_loss = evaluate(model, val)
         curve.append(EpochRecord(epoch, total / max(steps, 1), val_acc, val_loss))
+        if val_loss < lowest_loss:  # still learning: a new lowest validation loss resets the patience
+            lowest_loss, last_progress = val_loss, epoch
         if (val_acc, -val_loss) > (best[0], -best[1]):
-            best, best_epoch = (val_acc, val_loss), epoch
+            best, best_epoch, last_progress = (val_acc, val_loss), epoch, epoch
             best_state = copy.deepcopy(model.state_dict())
-        elif config.patience and epoch - best_epoch >= config.patience:
+        elif config.patience and epoch - last_progress >= config.patience:
             break
     model.load_state_dict(best_state)
     return model, best, best_epoch, curve
