@@ -97,7 +97,8 @@ def merge_results(sources: Sequence[Path], out: Path) -> None:
             keys = zip([str(source)] * len(frame), *(frame[k] for k in FOLD_KEY), strict=True)
             curves.append(frame[[key in kept for key in keys]])
     if curves:
-        pd.concat(curves, ignore_index=True).to_csv(out / "curves.csv", index=False)
+        merged_curves = pd.concat(curves, ignore_index=True).drop_duplicates([*FOLD_KEY, "epoch"], keep="first")
+        merged_curves.to_csv(out / "curves.csv", index=False)
     infos = [pd.read_csv(Path(s) / "datasets.csv") for s in sources if (Path(s) / "datasets.csv").exists()]
     if infos:
         pd.concat(infos, ignore_index=True).drop_duplicates("dataset").to_csv(out / "datasets.csv", index=False)

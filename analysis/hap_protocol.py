@@ -212,6 +212,7 @@ def run_protocol(
                     result = fit_tuned(variant.method, dataset, torch.as_tensor(train), torch.as_tensor(val),
                                        torch.as_tensor(test), grid, seed=seed * 1000 + fold)
                     _record(folds_csv, curves_csv, key, variant, knobs, result)
+                    done[key] = {**{k: str(v) for k, v in knobs.items()}, "dataset": plan.name, "variant": name}
                     if verbose:
                         print(f"{plan.name:8s} s{seed} f{fold} {name:13s} test {result.test_accuracy:.3f} "
                               f"val {result.val_accuracy:.3f} best ep {result.best_epoch:3d}/"

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch_geometric.loader import DataLoader
 
-from analysis.hap_experiment import run_hap_experiment
-from analysis.hap_protocol import DatasetPlan, parse_plan, splits
+from analysis.hap_experiment import merge_results, run_hap_experiment
+from analysis.hap_protocol import DatasetPlan, Protocol, parse_plan, run_protocol, splits
 from analysis.hap_report import holm, paired_tests
 from exec.hap.baselines import METHODS, build_classifier
 from exec.hap.data import TU_URL, dense_batch, graph_labels, load_tu, majority_accuracy
@@ -347,3 +347,18 @@ def test_paired_tests_find_a_consistent_winner_and_not_a_tie() -> None:
     assert tests.loc["same", "ties"] == 10 and tests.loc["same", "p_wilcoxon"] == 1.0
     assert tests.loc["gcn-mean", "p_holm"] >= tests.loc["gcn-mean", "p_wilcoxon"]
     assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+
+
+def test_plans_sharing_a_variant_run_it_once_and_merge_keeps_one_row_per_key(tmp_path: Path, mutag) -> None:
+    protocol = Protocol((DatasetPlan("MUTAG", (0,), 1, 2, 1, ("hap", "gcn-mean")),
+                         DatasetPlan("MUTAG", (0,), 1, 2, 1, ("hap", "hap-aux0"))), lrs=(1e-3,), patience=0)
+    run_protocol(protocol, tmp_path / "a", cache_dir=Path(mutag.root), verbose=False)
+    folds = pd.read_csv(tmp_path / "a" / "folds.csv")
+    assert sorted(folds["variant"]) == ["gcn-mean", "hap", "hap-aux0"]  # hap once, not once per plan
+    single = Protocol((DatasetPlan("MUTAG", (0,), 1, 2, 1, ("hap",)),), lrs=(1e-3,), patience=0)
+    run_protocol(single, tmp_path / "b", cache_dir=Path(mutag.root), verbose=False)
+    merge_results([tmp_path / "a", tmp_path / "b"], tmp_path / "m")
+    merged = pd.read_csv(tmp_path / "m" / "folds.csv")
+    assert len(merged) == 3 and not merged.duplicated(["dataset", "variant", "seed", "fold"]).any()
+    curves = pd.read_csv(tmp_path / "m" / "curves.csv")
+    assert len(curves) == 3 and set(curves["variant"]) == {"gcn-mean", "hap", "hap-aux0"}
