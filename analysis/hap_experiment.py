@@ -41,7 +41,7 @@ from .hap_protocol import ABLATIONS, DEFAULT_LRS, FOLD_KEY, DatasetPlan, Protoco
 
 DEFAULT_EPOCHS = 100
 DEFAULT_PATIENCE = 20
-HARDWARE_NOTE = "CPU, 1 thread per run, shared 2-core machine"
+HARDWARE_NOTE = "CPU, 1 thread per run"  # say more with --note (the machine, its load)
 
 
 def write_report(results: Path, figures: Path | None = None, note: str = HARDWARE_NOTE) -> pd.DataFrame:
@@ -59,7 +59,7 @@ def write_report(results: Path, figures: Path | None = None, note: str = HARDWAR
     main = table[table["variant"].isin(METHODS)]
     ablation = table[table["variant"].isin(["hap", *ABLATIONS])]
     ablation = ablation[ablation["dataset"].isin(table[table["variant"].isin(ABLATIONS)]["dataset"])]
-    knobs = (f"{HARDWARE_NOTE}; stratified 10-fold CV (first n folds x seeds), epoch and lr picked on a "
+    knobs = (f"{note}; stratified 10-fold CV (first n folds x seeds), epoch and lr picked on a "
              f"10% validation split; error bars: std over folds x seeds; dashed: majority class")
     parts = ["## Test accuracy (%), mean ± std (folds x seeds)\n", report.accuracy_markdown(main, majority)]
     if not ablation.empty and len(ablation["variant"].unique()) > 1:
@@ -143,13 +143,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     run.add_argument("--out", type=Path, default=Path("runs/hap"))
     run.add_argument("--figures", type=Path, default=None)
     run.add_argument("--data-root", type=Path, default=None)
+    run.add_argument("--note", default=HARDWARE_NOTE, help="hardware line for the figures")
     rep = sub.add_parser("report", help="tables, tests and figures from OUT/folds.csv")
     rep.add_argument("--out", type=Path, default=Path("runs/hap"))
     rep.add_argument("--figures", type=Path, default=None)
+    rep.add_argument("--note", default=HARDWARE_NOTE, help="hardware line for the figures")
     merge = sub.add_parser("merge", help="merge run directories into --out, then write the report")
     merge.add_argument("sources", nargs="+", type=Path)
     merge.add_argument("--out", type=Path, required=True)
     merge.add_argument("--figures", type=Path, default=None)
+    merge.add_argument("--note", default=HARDWARE_NOTE, help="hardware line for the figures")
     measure = sub.add_parser("measure", help="seconds per epoch of every method on one fold")
     measure.add_argument("--datasets", nargs="+", default=["MUTAG"])
     measure.add_argument("--epochs", type=int, default=5)
@@ -171,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         run_protocol(protocol, args.out, data_root=args.data_root)
     if args.command == "merge":
         merge_results(args.sources, args.out)
-    table = write_report(args.out, args.figures)
+    table = write_report(args.out, args.figures, args.note)
     print((args.out / "results.md").read_text())
     print(f"wrote {args.out} ({len(table)} rows) in {time.perf_counter() - start:.0f} s")
 
