@@ -362,3 +362,20 @@ def test_plans_sharing_a_variant_run_it_once_and_merge_keeps_one_row_per_key(tmp
     assert len(merged) == 3 and not merged.duplicated(["dataset", "variant", "seed", "fold"]).any()
     curves = pd.read_csv(tmp_path / "m" / "curves.csv")
     assert len(curves) == 3 and set(curves["variant"]) == {"gcn-mean", "hap", "hap-aux0"}
+
+
+def test_assignment_sharpness_reads_uniform_and_one_hot_assignments(mutag) -> None:
+    from analysis.hap_diagnostics import level_sharpness
+
+    torch.manual_seed(0)
+    model = build_classifier("hap", mutag.num_features, mutag.num_classes, hidden=16, clusters=(6, 2))
+    loader = DataLoader(mutag[:8], batch_size=4)
+    for level in model.model.levels:  # zero scores: every node spread evenly over the clusters
+        torch.nn.init.zeros_(level.moa.assign.weight)
+        torch.nn.init.zeros_(level.moa.assign.bias)
+    rows = level_sharpness(model, loader)
+    assert [round(r["normalised_entropy"], 6) for r in rows] == [1.0, 1.0]
+    assert rows[0]["max_probability"] == pytest.approx(1 / 6)
+    for level in model.model.levels:  # huge scores: (almost) one cluster per node
+        torch.nn.init.normal_(level.moa.assign.weight, std=100.0)
+    assert all(r["normalised_entropy"] < 0.2 for r in level_sharpness(model, loader))

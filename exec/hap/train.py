@@ -94,7 +94,7 @@ class SizeBucketedBatches:
             yield batches[i]
 
 
-def _loader(dataset, index: Tensor, batch_size: int, shuffle: bool, seed: int):
+def graph_loader(dataset, index: Tensor, batch_size: int, shuffle: bool, seed: int):
     from torch_geometric.loader import DataLoader
 
     subset = dataset[index]
@@ -117,7 +117,7 @@ def evaluate(model: nn.Module, loader) -> tuple[float, float]:
     return correct / count, loss / count
 
 
-def _train(
+def train_model(
     method: str, dataset, train_idx: Tensor, val_idx: Tensor, config: TrainConfig, seed: int
 ) -> tuple[nn.Module, tuple[float, float], int, list[EpochRecord]]:
     """Train with early stopping; return the model at its best validation epoch and the curve."""
@@ -127,8 +127,8 @@ def _train(
         hap=dict(config.hap),
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    train = _loader(dataset, train_idx, config.batch_size, True, seed)
-    val = _loader(dataset, val_idx, config.batch_size, False, seed)
+    train = graph_loader(dataset, train_idx, config.batch_size, True, seed)
+    val = graph_loader(dataset, val_idx, config.batch_size, False, seed)
     best = (-1.0, float("inf"))
     best_state, best_epoch = copy.deepcopy(model.state_dict()), 0
     curve: list[EpochRecord] = []
@@ -186,11 +186,11 @@ def fit_tuned(
     start = time.perf_counter()
     chosen = None
     for config in candidates:
-        model, best, best_epoch, curve = _train(method, dataset, train_idx, val_idx, config, seed)
+        model, best, best_epoch, curve = train_model(method, dataset, train_idx, val_idx, config, seed)
         if chosen is None or (best[0], -best[1]) > (chosen[1][0], -chosen[1][1]):
             chosen = (model, best, best_epoch, curve, config)
     if chosen is None:
         raise ValueError("fit_tuned needs at least one candidate config")
     model, best, best_epoch, curve, config = chosen
-    test_acc, _ = evaluate(model, _loader(dataset, test_idx, config.batch_size, False, seed))
+    test_acc, _ = evaluate(model, graph_loader(dataset, test_idx, config.batch_size, False, seed))
     return FitResult(test_acc, best[0], best_epoch, time.perf_counter() - start, len(curve), tuple(curve), config)
