@@ -52,9 +52,13 @@ def write_report(results: Path, figures: Path | None = None, note: str = HARDWAR
     folds = pd.read_csv(results / "folds.csv")
     info = pd.read_csv(results / "datasets.csv") if (results / "datasets.csv").exists() else None
     majority = dict(zip(info["dataset"], info["majority_accuracy"], strict=True)) if info is not None else None
-    table = report.summary(folds)
+    main_folds = report.complete_folds(folds, list(METHODS))
+    ablation_folds = report.complete_folds(folds, ["hap", *ABLATIONS])
+    ablation_folds = ablation_folds[ablation_folds["dataset"].isin(folds[folds["variant"].isin(ABLATIONS)]["dataset"])]
+    complete = pd.concat([main_folds, ablation_folds]).drop_duplicates(FOLD_KEY)
+    table = report.summary(complete)
     table.to_csv(results / "summary.csv", index=False)
-    tests = report.paired_tests(folds)
+    tests = report.paired_tests(complete)
     tests.to_csv(results / "tests.csv", index=False)
     main = table[table["variant"].isin(METHODS)]
     ablation = table[table["variant"].isin(["hap", *ABLATIONS])]
@@ -70,8 +74,9 @@ def write_report(results: Path, figures: Path | None = None, note: str = HARDWAR
     report.plot_accuracy(main, figures / "hap_accuracy", knobs, majority)
     if not ablation.empty and len(ablation["variant"].unique()) > 1:
         report.plot_accuracy(ablation, figures / "hap_ablation", knobs, majority)
-    if (results / "curves.csv").exists():
-        curves = pd.read_csv(results / "curves.csv")
+    curves_file = next((results / n for n in ("curves.csv", "curves.csv.gz") if (results / n).exists()), None)
+    if curves_file is not None:  # the docs keep theirs gzipped (1 MB of text)
+        curves = pd.read_csv(curves_file)
         report.plot_curves(curves[curves["variant"].isin(METHODS)], figures / "hap_curves",
                            f"{note}; mean over folds x seeds of the tested candidate; "
                            "stopped fits keep their last value")

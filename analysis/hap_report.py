@@ -6,7 +6,8 @@
 - ``paired_tests``: HAP against every other variant per dataset, over the (seed, fold) pairs both
   have: mean difference, wins / ties / losses and the two-sided Wilcoxon signed-rank p value
   (scipy, ``zero_method="zsplit"``: tied folds, common on MUTAG's 19-graph folds, count as half a
-  win each instead of being dropped), with Holm's correction over the comparisons of a dataset.
+  win each instead of being dropped), with Holm's correction over the comparisons of a dataset
+  (baselines and ablations are separate families).
 - figures: accuracy per dataset and variant (bars, std error bars, majority-class line) and the
   mean validation-accuracy / validation-loss curves (a fit that stopped early keeps its last value).
 """
@@ -19,7 +20,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from exec.hap.baselines import METHODS
+
 KEY = ["seed", "fold"]
+
+
+def complete_folds(folds: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
+    """Only the (dataset, seed, fold) of ``variants`` that every one of them that ran on the dataset finished.
+
+    A run stopped mid-fold leaves some methods with one fold more than others; a mean over different
+    folds would not be a fair comparison, so those fold rows are left out of the tables.
+    """
+    part = folds[folds["variant"].isin(variants)]
+    ran = part.groupby("dataset")["variant"].nunique()
+    per_key = part.groupby(["dataset", *KEY])["variant"].transform("nunique")
+    return part[per_key.to_numpy() == part["dataset"].map(ran).to_numpy()]
 
 
 def summary(folds: pd.DataFrame) -> pd.DataFrame:
@@ -67,12 +82,16 @@ def paired_tests(folds: pd.DataFrame, reference: str = "hap") -> pd.DataFrame:
             if len(diff) == 0:
                 continue
             p = 1.0 if np.allclose(diff, 0) else float(wilcoxon(diff, zero_method="zsplit").pvalue)
-            block.append({"dataset": dataset, "reference": reference, "other": other, "pairs": len(diff),
+            family = "baseline" if other in METHODS else "ablation"
+            block.append({"dataset": dataset, "reference": reference, "other": other, "family": family,
+                          "pairs": len(diff),
                           "mean_difference": float(diff.mean()), "wins": int((diff > 1e-9).sum()),
                           "ties": int((np.abs(diff) <= 1e-9).sum()), "losses": int((diff < -1e-9).sum()),
                           "p_wilcoxon": p})
-        for row, adjusted in zip(block, holm([r["p_wilcoxon"] for r in block]), strict=True):
-            row["p_holm"] = adjusted
+        for family in ("baseline", "ablation"):  # Holm within a family: baselines apart from ablations
+            members = [r for r in block if r["family"] == family]
+            for row, adjusted in zip(members, holm([r["p_wilcoxon"] for r in members]), strict=True):
+                row["p_holm"] = adjusted
         rows.extend(block)
     return pd.DataFrame(rows)
 
@@ -189,6 +208,6 @@ def plot_curves(curves: pd.DataFrame, stem: Path, note: str) -> None:
     fig.suptitle(textwrap.fill(note, 40 * len(datasets) + 30), fontsize=7)
     fig.tight_layout()
     for suffix in ("png", "pdf"):
-        fig.savefig(stem.with_suffix(f".{suffix}"), dpi=150)
+        fig.savefig(stem.with_suffix(f".{suffix}"), dpi=100)
     plt.close(fig)
     mean.round(5).to_csv(stem.with_suffix(".csv"), index=False)
