@@ -1,65 +1,112 @@
-"""HAP vs graph-pooling baselines: stratified k-fold cross-validation on TU datasets.
+"""HAP vs graph-pooling baselines under one protocol: run (resumable), then tables, tests and figures.
 
-For every dataset, fold and method: train on k-1 folds (10% of them held out for picking the
-epoch), test on the remaining fold. All methods see the same folds, the same batches and the same
-seed per fold, so the comparison is paired. Outputs in ``out_dir``:
+Commands (``python -m analysis.hap_experiment <command> ...``):
 
-- ``hap_folds.csv``: one row per (dataset, method, fold);
-- ``hap_results.csv`` / ``hap_results.md``: accuracy mean and std over the folds per (dataset, method);
-- ``hap_accuracy.png`` / ``.pdf``: grouped bars with std error bars and the majority-class line.
+- ``run``: the protocol of ``analysis.hap_protocol`` for ``--plan NAME[:SEEDSxFOLDS[:EPOCHS]] ...``
+  (every method of ``exec.hap.baselines.METHODS``) and ``--ablation-plan ...`` (HAP and its
+  ablations), appending per fold to ``OUT/folds.csv`` and ``OUT/curves.csv``; a rerun skips the
+  folds already done, so the full protocol is one command on a bigger machine::
 
-Run: ``python -m analysis.hap_experiment --datasets MUTAG PROTEINS --epochs 30 --out runs/hap``.
+      python -m analysis.hap_experiment run --out docs/results/hap \\
+          --plan MUTAG PTC_MR ENZYMES PROTEINS NCI1 --ablation-plan MUTAG PTC_MR
+
+  (a bare NAME is 3 seeds x 10 folds). Then ``report`` is run on the same directory.
+- ``report``: from ``OUT/folds.csv`` and ``curves.csv``, writes ``summary.csv``, ``tests.csv``,
+  ``results.md`` (accuracy tables and the paired Wilcoxon tests of HAP against every other method
+  and ablation) and the figures ``hap_accuracy``, ``hap_ablation``, ``hap_curves`` (.png, .pdf, .csv)
+  into ``--figures`` (default OUT).
+- ``merge``: concatenate the CSVs of several ``run`` directories (run side by side) into ``--out``,
+  keeping the first row of a key that appears twice.
+- ``measure``: seconds per epoch of every method on one fold, to size a run.
+
+``run_hap_experiment`` (used by ``paratwin hap``) is the one-seed form of ``run`` + ``report``.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 
 from exec.hap.baselines import METHODS
-from exec.hap.data import TU_NAMES, graph_labels, load_tu, majority_accuracy
-from exec.hap.train import TrainConfig, fit
+from exec.hap.train import TrainConfig
 from traces.errors import ConfigError
 
-DEFAULT_EPOCHS = 30
+from . import hap_report as report
+from .hap_protocol import ABLATIONS, DEFAULT_LRS, FOLD_KEY, DatasetPlan, Protocol, parse_plan, run_protocol
+
+DEFAULT_EPOCHS = 100
+DEFAULT_PATIENCE = 20
+HARDWARE_NOTE = "CPU, 1 thread per run"  # say more with --note (the machine, its load)
 
 
-def clusters_for(dataset) -> tuple[int, int]:
-    """Cluster counts of the two coarsened levels (HAP and DiffPool): 1/2 then 1/8 of the mean size."""
-    mean_nodes = float(np.mean([graph.num_nodes for graph in dataset]))
-    return max(2, math.ceil(mean_nodes / 2)), max(2, math.ceil(mean_nodes / 8))
+def write_report(results: Path, figures: Path | None = None, note: str = HARDWARE_NOTE) -> pd.DataFrame:
+    """Tables, tests and figures from ``results/folds.csv`` (+ curves.csv, datasets.csv); returns the summary."""
+    results = Path(results)
+    figures = Path(figures) if figures else results
+    figures.mkdir(parents=True, exist_ok=True)
+    folds = pd.read_csv(results / "folds.csv")
+    info = pd.read_csv(results / "datasets.csv") if (results / "datasets.csv").exists() else None
+    majority = dict(zip(info["dataset"], info["majority_accuracy"], strict=True)) if info is not None else None
+    main_folds = report.complete_folds(folds, list(METHODS))
+    ablation_folds = report.complete_folds(folds, ["hap", *ABLATIONS])
+    ablation_folds = ablation_folds[ablation_folds["dataset"].isin(folds[folds["variant"].isin(ABLATIONS)]["dataset"])]
+    complete = pd.concat([main_folds, ablation_folds]).drop_duplicates(FOLD_KEY)
+    table = report.summary(complete)
+    table.to_csv(results / "summary.csv", index=False)
+    tests = report.paired_tests(complete)
+    tests.to_csv(results / "tests.csv", index=False)
+    main = table[table["variant"].isin(METHODS)]
+    ablation = table[table["variant"].isin(["hap", *ABLATIONS])]
+    ablation = ablation[ablation["dataset"].isin(table[table["variant"].isin(ABLATIONS)]["dataset"])]
+    knobs = (f"{note}; stratified 10-fold CV (first n folds x seeds), epoch and lr picked on a "
+             f"10% validation split; error bars: std over folds x seeds; dashed: majority class")
+    parts = ["## Test accuracy (%), mean ± std (folds x seeds)\n", report.accuracy_markdown(main, majority)]
+    if not ablation.empty and len(ablation["variant"].unique()) > 1:
+        parts += ["\n## HAP ablations\n", report.accuracy_markdown(ablation)]
+    if not tests.empty:
+        parts += ["\n## Paired tests: HAP minus the other, over (seed, fold)\n", report.tests_markdown(tests)]
+    (results / "results.md").write_text("".join(parts))
+    report.plot_accuracy(main, figures / "hap_accuracy", knobs, majority)
+    if not ablation.empty and len(ablation["variant"].unique()) > 1:
+        report.plot_accuracy(ablation, figures / "hap_ablation", knobs, majority)
+    curves_file = next((results / n for n in ("curves.csv", "curves.csv.gz") if (results / n).exists()), None)
+    if curves_file is not None:  # the docs keep theirs gzipped (1 MB of text)
+        curves = pd.read_csv(curves_file)
+        report.plot_curves(curves[curves["variant"].isin(METHODS)], figures / "hap_curves",
+                           f"{note}; mean over folds x seeds of the tested candidate; "
+                           "stopped fits keep their last value")
+    return table
 
 
-def _splits(labels: np.ndarray, folds: int, seed: int):
-    """(train, val, test) index arrays per fold: stratified folds, then a stratified 10% val split."""
-    from sklearn.model_selection import StratifiedKFold, train_test_split
-
-    outer = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
-    for fold, (rest, test) in enumerate(outer.split(np.zeros(len(labels)), labels)):
-        train, val = train_test_split(
-            rest, test_size=0.1, stratify=labels[rest], random_state=seed * 1000 + fold
-        )
-        yield fold, np.sort(train), np.sort(val), test
-
-
-def _validate(datasets: Sequence[str], methods: Sequence[str], folds: int, epochs: int) -> None:
-    if not datasets:
-        raise ConfigError("datasets", "no dataset given", f"name at least one of {', '.join(TU_NAMES)}")
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise ConfigError("methods", f"unknown method(s) {', '.join(unknown)}",
-                          f"choose from {', '.join(METHODS)}")
-    if folds < 2:
-        raise ConfigError("folds", f"need at least 2 folds, got {folds}", "pass folds >= 2 (10 is usual)")
-    if epochs < 1:
-        raise ConfigError("epochs", f"need at least 1 epoch, got {epochs}", "pass epochs >= 1")
+def merge_results(sources: Sequence[Path], out: Path) -> None:
+    """Merge folds.csv / curves.csv / datasets.csv of ``sources`` into ``out``; a repeated key keeps its first rows."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    folds = [pd.read_csv(Path(s) / "folds.csv") for s in sources if (Path(s) / "folds.csv").exists()]
+    if not folds:
+        raise ConfigError("merge", f"no folds.csv in {', '.join(map(str, sources))}", "name run directories")
+    for frame, source in zip(folds, sources, strict=False):
+        frame["source"] = str(source)
+    merged = pd.concat(folds, ignore_index=True).drop_duplicates(FOLD_KEY, keep="first")
+    merged.drop(columns="source").to_csv(out / "folds.csv", index=False)
+    kept = set(zip(merged["source"], *(merged[k] for k in FOLD_KEY), strict=True))
+    curves = []
+    for source in sources:
+        if (Path(source) / "curves.csv").exists():
+            frame = pd.read_csv(Path(source) / "curves.csv")
+            keys = zip([str(source)] * len(frame), *(frame[k] for k in FOLD_KEY), strict=True)
+            curves.append(frame[[key in kept for key in keys]])
+    if curves:
+        merged_curves = pd.concat(curves, ignore_index=True).drop_duplicates([*FOLD_KEY, "epoch"], keep="first")
+        merged_curves.to_csv(out / "curves.csv", index=False)
+    infos = [pd.read_csv(Path(s) / "datasets.csv") for s in sources if (Path(s) / "datasets.csv").exists()]
+    if infos:
+        pd.concat(infos, ignore_index=True).drop_duplicates("dataset").to_csv(out / "datasets.csv", index=False)
 
 
 def run_hap_experiment(
@@ -73,136 +120,68 @@ def run_hap_experiment(
     *,
     cache_dir: Path | None = None,
     train: TrainConfig | None = None,
+    patience: int = DEFAULT_PATIENCE,
     verbose: bool = True,
 ) -> pd.DataFrame:
-    """Cross-validate ``methods`` (default: all of METHODS) on ``datasets``; write tables and figure.
+    """One seed of ``folds``-fold CV of ``methods`` (default: every method) on ``datasets``, then the report.
 
-    Returns the summary table: dataset, method, accuracy_mean, accuracy_std, folds, epochs,
-    majority_accuracy, seconds.
+    The lr grid is ``train.lr`` alone (default TrainConfig's). Returns the summary table (dataset,
+    variant, accuracy_mean, accuracy_std, n, ...).
     """
-    methods = list(methods) if methods else list(METHODS)
-    _validate(datasets, methods, folds, epochs)
     base = train or TrainConfig()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows = []
-    majority: dict[str, float] = {}
-    for name in datasets:
-        dataset = load_tu(name, data_root=data_root, cache_dir=cache_dir)
-        labels = graph_labels(dataset)
-        majority[name] = majority_accuracy(labels)
-        config = TrainConfig(**{**base.__dict__, "epochs": epochs, "clusters": clusters_for(dataset)})
-        for fold, train_idx, val_idx, test_idx in _splits(labels.numpy(), folds, seed):
-            for method in methods:
-                result = fit(
-                    method, dataset, torch.as_tensor(train_idx), torch.as_tensor(val_idx),
-                    torch.as_tensor(test_idx), config, seed=seed * 1000 + fold,
-                )
-                rows.append({"dataset": name, "method": method, "fold": fold, **result.__dict__})
-                if verbose:
-                    print(
-                        f"{name:9s} fold {fold:2d} {method:9s} test {result.test_accuracy:.3f} "
-                        f"val {result.val_accuracy:.3f} epoch {result.best_epoch:3d} {result.seconds:6.1f}s",
-                        flush=True,
-                    )
-    per_fold = pd.DataFrame(rows)
-    per_fold.to_csv(out_dir / "hap_folds.csv", index=False)
-    summary = summarize(per_fold, epochs, majority)
-    summary.to_csv(out_dir / "hap_results.csv", index=False)
-    (out_dir / "hap_results.md").write_text(markdown_table(summary))
-    plot_accuracy(summary, out_dir / "hap_accuracy")
-    return summary
-
-
-def summarize(per_fold: pd.DataFrame, epochs: int, majority: dict[str, float]) -> pd.DataFrame:
-    """Mean and std (over folds, ddof=0) of the test accuracy per (dataset, method), in input order."""
-    grouped = per_fold.groupby(["dataset", "method"], sort=False)
-    summary = grouped.agg(
-        accuracy_mean=("test_accuracy", "mean"),
-        accuracy_std=("test_accuracy", lambda a: float(np.std(a, ddof=0))),
-        folds=("fold", "count"),
-        seconds=("seconds", "sum"),
-    ).reset_index()
-    summary.insert(5, "epochs", epochs)
-    summary.insert(6, "majority_accuracy", summary["dataset"].map(majority))
-    return summary
-
-
-def markdown_table(summary: pd.DataFrame) -> str:
-    """Methods as rows, datasets as columns, cells 'mean ± std' in percent; best mean per dataset bold."""
-    datasets = list(dict.fromkeys(summary["dataset"]))
-    methods = list(dict.fromkeys(summary["method"]))
-    cell = {(r.dataset, r.method): (r.accuracy_mean, r.accuracy_std) for r in summary.itertuples()}
-    best = {d: max(cell[(d, m)][0] for m in methods if (d, m) in cell) for d in datasets}
-    lines = ["| method | " + " | ".join(datasets) + " |", "|---" * (len(datasets) + 1) + "|"]
-    for m in methods:
-        cells = []
-        for d in datasets:
-            if (d, m) not in cell:
-                cells.append("")
-                continue
-            mean, std = cell[(d, m)]
-            text = f"{100 * mean:.1f} ± {100 * std:.1f}"
-            cells.append(f"**{text}**" if mean == best[d] else text)
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    majority = summary.drop_duplicates("dataset").set_index("dataset")["majority_accuracy"]
-    lines.append("| (majority class) | " + " | ".join(f"{100 * majority[d]:.1f}" for d in datasets) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def plot_accuracy(summary: pd.DataFrame, stem: Path) -> None:
-    """Grouped bar chart of accuracy (mean, std error bars) per dataset; saved as stem.png and stem.pdf."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    datasets = list(dict.fromkeys(summary["dataset"]))
-    methods = list(dict.fromkeys(summary["method"]))
-    width = 0.8 / len(methods)
-    fig, ax = plt.subplots(figsize=(2.6 + 1.1 * len(datasets) * max(1.0, len(methods) / 4), 3.4))
-    for j, method in enumerate(methods):
-        rows = summary[summary["method"] == method].set_index("dataset").reindex(datasets)
-        xs = np.arange(len(datasets)) + (j - (len(methods) - 1) / 2) * width
-        ax.bar(xs, 100 * rows["accuracy_mean"], width, yerr=100 * rows["accuracy_std"], capsize=2,
-               label=method)
-    majority = summary.drop_duplicates("dataset").set_index("dataset")["majority_accuracy"]
-    for i, d in enumerate(datasets):
-        ax.hlines(100 * majority[d], i - 0.45, i + 0.45, colors="black", linestyles="dashed", linewidth=1)
-    ax.set_xticks(np.arange(len(datasets)), datasets)
-    ax.set_ylabel("test accuracy (%)")
-    folds = int(summary["folds"].max())
-    epochs = int(summary["epochs"].iloc[0])
-    ax.set_title(f"{folds}-fold CV, {epochs} epochs; dashed: majority class", fontsize=9)
-    low = max(0.0, 100 * float((summary["accuracy_mean"] - summary["accuracy_std"]).min()) - 10)
-    ax.set_ylim(low, 100)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-    fig.tight_layout()
-    fig.savefig(stem.with_suffix(".png"), dpi=150)
-    fig.savefig(stem.with_suffix(".pdf"))
-    plt.close(fig)
+    plans = tuple(DatasetPlan(name, (seed,), folds, folds, epochs, tuple(methods or METHODS)) for name in datasets)
+    protocol = Protocol(plans, lrs=(base.lr,), patience=patience, base=base)
+    run_protocol(protocol, Path(out_dir), data_root=data_root, cache_dir=cache_dir, verbose=verbose)
+    return write_report(Path(out_dir))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--datasets", nargs="+", default=["MUTAG", "PROTEINS"])
-    parser.add_argument("--methods", nargs="+", default=None)
-    parser.add_argument("--folds", type=int, default=10)
-    parser.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("runs/hap"))
-    parser.add_argument("--data-root", type=Path, default=None)
-    parser.add_argument("--lr", type=float, default=TrainConfig.lr, help="Adam learning rate, all methods")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run (or resume) the protocol, then write the report")
+    run.add_argument("--plan", nargs="*", default=[], help="NAME[:SEEDSxFOLDS[:EPOCHS]] for every method")
+    run.add_argument("--ablation-plan", nargs="*", default=[], help="same, for HAP and its ablations")
+    run.add_argument("--methods", nargs="+", default=list(METHODS))
+    run.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS, help="epoch cap (early stopping below it)")
+    run.add_argument("--patience", type=int, default=DEFAULT_PATIENCE)
+    run.add_argument("--lr", nargs="+", type=float, default=list(DEFAULT_LRS), help="lr grid of every method")
+    run.add_argument("--out", type=Path, default=Path("runs/hap"))
+    run.add_argument("--figures", type=Path, default=None)
+    run.add_argument("--data-root", type=Path, default=None)
+    run.add_argument("--note", default=HARDWARE_NOTE, help="hardware line for the figures")
+    rep = sub.add_parser("report", help="tables, tests and figures from OUT/folds.csv")
+    rep.add_argument("--out", type=Path, default=Path("runs/hap"))
+    rep.add_argument("--figures", type=Path, default=None)
+    rep.add_argument("--note", default=HARDWARE_NOTE, help="hardware line for the figures")
+    merge = sub.add_parser("merge", help="merge run directories into --out, then write the report")
+    merge.add_argument("sources", nargs="+", type=Path)
+    merge.add_argument("--out", type=Path, required=True)
+    merge.add_argument("--figures", type=Path, default=None)
+    merge.add_argument("--note", default=HARDWARE_NOTE, help="hardware line for the figures")
+    measure = sub.add_parser("measure", help="seconds per epoch of every method on one fold")
+    measure.add_argument("--datasets", nargs="+", default=["MUTAG"])
+    measure.add_argument("--epochs", type=int, default=5)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # one core per experiment on a shared machine
     start = time.perf_counter()
-    summary = run_hap_experiment(
-        args.datasets, args.methods, args.folds, args.epochs, args.out, args.seed, args.data_root,
-        train=TrainConfig(lr=args.lr),
-    )
-    print(markdown_table(summary))
-    print(f"wrote {args.out}/hap_results.csv, .md, hap_folds.csv, hap_accuracy.png/.pdf "
-          f"in {time.perf_counter() - start:.0f} s")
+    if args.command == "measure":
+        from .hap_protocol import measure_one_fold
+
+        for name in args.datasets:
+            seconds = measure_one_fold(name, METHODS, args.epochs)
+            per_epoch = {k: round(v / args.epochs, 3) for k, v in seconds.items()}
+            print(f"{name}: s/epoch {per_epoch}; all methods {sum(per_epoch.values()):.2f} s/epoch", flush=True)
+        return
+    if args.command == "run":
+        plans = [parse_plan(p, args.epochs, args.methods) for p in args.plan]
+        plans += [parse_plan(p, args.epochs, ["hap", *ABLATIONS]) for p in args.ablation_plan]
+        protocol = Protocol(tuple(plans), lrs=tuple(args.lr), patience=args.patience)
+        run_protocol(protocol, args.out, data_root=args.data_root)
+    if args.command == "merge":
+        merge_results(args.sources, args.out)
+    table = write_report(args.out, args.figures, args.note)
+    print((args.out / "results.md").read_text())
+    print(f"wrote {args.out} ({len(table)} rows) in {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":

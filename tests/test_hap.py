@@ -7,16 +7,19 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 from torch_geometric.loader import DataLoader
 
-from analysis.hap_experiment import run_hap_experiment
+from analysis.hap_experiment import merge_results, run_hap_experiment
+from analysis.hap_protocol import DatasetPlan, Protocol, parse_plan, run_protocol, splits
+from analysis.hap_report import holm, paired_tests
 from exec.hap.baselines import METHODS, build_classifier
 from exec.hap.data import TU_URL, dense_batch, graph_labels, load_tu, majority_accuracy
-from exec.hap.model import HAP, HAPConfig, pack_graph, unpack_graph
-from exec.hap.train import SizeBucketedBatches, TrainConfig, fit
+from exec.hap.model import CONTENT_MODES, HAP, MOA, HAPConfig, hop_distances, pack_graph, unpack_graph
+from exec.hap.train import SizeBucketedBatches, TrainConfig, fit, fit_tuned
 from exec.workloads import get_workload, run_layers
 from traces.errors import ConfigError
 
@@ -229,18 +232,150 @@ def test_size_bucketed_batches_cover_every_graph_once_per_epoch() -> None:
     assert first != second  # reshuffled each epoch
 
 
-def test_experiment_writes_tables_and_figure(tmp_path: Path, mutag) -> None:
+def test_experiment_writes_tables_and_figures_and_resumes(tmp_path: Path, mutag) -> None:
     summary = run_hap_experiment(["MUTAG"], ["hap", "gcn-mean"], folds=2, epochs=1, out_dir=tmp_path,
                                  cache_dir=Path(mutag.root), verbose=False)
-    assert list(summary["method"]) == ["hap", "gcn-mean"]
-    assert set(summary.columns) >= {"dataset", "method", "accuracy_mean", "accuracy_std", "folds", "epochs"}
-    assert (summary["folds"] == 2).all() and summary["accuracy_mean"].between(0, 1).all()
-    per_fold = pd.read_csv(tmp_path / "hap_folds.csv")
+    assert list(summary["variant"]) == ["hap", "gcn-mean"]
+    assert set(summary.columns) >= {"dataset", "variant", "accuracy_mean", "accuracy_std", "n", "max_epochs"}
+    assert (summary["n"] == 2).all() and summary["accuracy_mean"].between(0, 1).all()
+    per_fold = pd.read_csv(tmp_path / "folds.csv")
     assert len(per_fold) == 4 and set(per_fold["fold"]) == {0, 1}
-    assert "| hap |" in (tmp_path / "hap_results.md").read_text()
-    for suffix in ("png", "pdf"):
-        assert (tmp_path / f"hap_accuracy.{suffix}").stat().st_size > 1000
+    assert len(pd.read_csv(tmp_path / "curves.csv")) == 4  # one epoch per fit
+    results = (tmp_path / "results.md").read_text()
+    assert "| hap |" in results and "| MUTAG | gcn-mean | 2 |" in results  # the paired test row
+    for stem in ("hap_accuracy", "hap_curves"):
+        for suffix in ("png", "pdf"):
+            assert (tmp_path / f"{stem}.{suffix}").stat().st_size > 1000
+        assert (tmp_path / f"{stem}.csv").is_file()
+    # a rerun finds every fold done and appends nothing
+    before = (tmp_path / "folds.csv").read_text()
+    run_hap_experiment(["MUTAG"], ["hap", "gcn-mean"], folds=2, epochs=1, out_dir=tmp_path,
+                       cache_dir=Path(mutag.root), verbose=False)
+    assert (tmp_path / "folds.csv").read_text() == before
+    with pytest.raises(ConfigError, match="protocol"):  # same folds, other knobs: refused, not mixed
+        run_hap_experiment(["MUTAG"], ["hap"], folds=2, epochs=2, out_dir=tmp_path, cache_dir=Path(mutag.root),
+                           verbose=False)
     with pytest.raises(ConfigError, match="methods"):
         run_hap_experiment(["MUTAG"], ["hap", "gin"], out_dir=tmp_path)
     with pytest.raises(ConfigError, match="folds"):
         run_hap_experiment(["MUTAG"], None, folds=1, out_dir=tmp_path)
+    with pytest.raises(ConfigError, match="plan"):
+        parse_plan("MUTAG:three", 10, ["hap"])
+    assert parse_plan("NCI1:1x2:15", 100, ["hap"]) == DatasetPlan("NCI1", (0,), 2, 10, 15, ("hap",))
+
+
+def test_hop_distances_on_a_path_are_capped_beyond_the_reach() -> None:
+    n = 6
+    adj = torch.zeros(1, n, n)
+    for i in range(n - 1):
+        adj[0, i, i + 1] = adj[0, i + 1, i] = 1.0
+    dist = hop_distances(adj, hops=3)[0]
+    assert dist[0].tolist() == [0, 1, 2, 3, 4, 4]  # 4 = "beyond 3 hops"
+    assert torch.equal(dist, dist.T)
+    assert hop_distances(adj, hops=1)[0][2].tolist() == [2, 1, 0, 1, 2, 2]
+
+
+def _path_batch(n: int = 6, dim: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    adj = torch.zeros(1, n, n)
+    for i in range(n - 1):
+        adj[0, i, i + 1] = adj[0, i + 1, i] = 1.0
+    return torch.randn(1, n, dim, generator=torch.Generator().manual_seed(0)), adj, torch.ones(1, n, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_moa_mask_limits_the_reach_and_unmasked_reaches_every_node(masked: bool) -> None:
+    torch.manual_seed(0)
+    h, adj, mask = _path_batch()
+    moa = MOA(8, hops=1, masked=masked)
+    queries = torch.randn(1, 3, 8)
+    far = h.clone()
+    far[0, 4] += 5.0  # node 4 is 4 hops from node 0
+    near, moved = moa(h, adj, mask, queries), moa(far, adj, mask, queries)
+    assert torch.allclose(near[0, 1:4].sum(-1), torch.ones(3))  # a soft assignment per node
+    changed = not torch.allclose(near[0, 0], moved[0, 0])
+    assert changed is (not masked), "node 0's assignment sees node 4 only without the hop mask"
+
+
+def test_gcont_global_is_shared_per_graph_is_not_and_none_has_no_content_loss() -> None:
+    torch.manual_seed(0)
+    x, adj, mask = random_graphs(4, 9, 5, seed=4)
+    for content in CONTENT_MODES:
+        model = HAP(HAPConfig(in_features=5, num_classes=2, hidden=8, clusters=(4, 2), content=content))
+        model(x, adj, mask)
+        guide = model.levels[0].content
+        h = torch.randn(4, 9, 8)
+        queries = guide.queries(guide.summarize(h, mask))
+        if content == "global":  # one learned C for every graph: the queries do not depend on the graph
+            assert queries.shape == (1, 4, 8) and torch.equal(queries[0], guide.patterns)
+            model.content_loss.backward()
+            assert guide.patterns.grad is not None and guide.patterns.grad.abs().sum() > 0
+        elif content == "per-graph":
+            assert queries.shape == (4, 4, 8) and not torch.allclose(queries[0], queries[1])
+        else:
+            assert float(model.content_loss) == 0.0
+    with pytest.raises(ConfigError, match="content"):
+        HAP(HAPConfig(in_features=5, num_classes=2, content="local"))
+    with pytest.raises(ConfigError, match="hops"):
+        HAP(HAPConfig(in_features=5, num_classes=2, hops=0))
+
+
+def test_tuning_tests_the_best_validation_candidate_and_early_stopping_stops(mutag) -> None:
+    labels = graph_labels(mutag).numpy()
+    _, train, val, test = next(splits(labels, 10, 0))
+    idx = [torch.as_tensor(a) for a in (train, val, test)]
+    still = TrainConfig(epochs=3, lr=1e-9, clusters=(9, 3))  # learns nothing
+    moving = TrainConfig(epochs=3, lr=1e-2, clusters=(9, 3))
+    alone = [fit("gcn-max", mutag, *idx, c, seed=1) for c in (still, moving)]
+    tuned = fit_tuned("gcn-max", mutag, *idx, [still, moving], seed=1)
+    best = max(alone, key=lambda r: r.val_accuracy)
+    assert tuned.val_accuracy == best.val_accuracy and tuned.config == best.config
+    assert tuned.test_accuracy == best.test_accuracy  # same seed, same candidate: same model
+    stopped = fit("gcn-max", mutag, *idx, TrainConfig(epochs=60, lr=0.0, patience=3, clusters=(9, 3)), seed=1)
+    assert stopped.epochs_run < 60 and stopped.epochs_run - stopped.best_epoch == 3
+    assert len(stopped.curve) == stopped.epochs_run
+
+
+def test_paired_tests_find_a_consistent_winner_and_not_a_tie() -> None:
+    rng = np.random.default_rng(0)
+    rows = []
+    for fold in range(10):
+        base = 0.7 + 0.05 * rng.standard_normal()
+        for variant, shift in (("hap", 0.05), ("gcn-mean", 0.0), ("same", 0.05)):
+            rows.append({"dataset": "D", "variant": variant, "seed": 0, "fold": fold, "test_accuracy": base + shift})
+    tests = paired_tests(pd.DataFrame(rows)).set_index("other")
+    assert tests.loc["gcn-mean", "wins"] == 10 and tests.loc["gcn-mean", "p_wilcoxon"] < 0.01
+    assert tests.loc["same", "ties"] == 10 and tests.loc["same", "p_wilcoxon"] == 1.0
+    assert tests.loc["gcn-mean", "p_holm"] >= tests.loc["gcn-mean", "p_wilcoxon"]
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+
+
+def test_plans_sharing_a_variant_run_it_once_and_merge_keeps_one_row_per_key(tmp_path: Path, mutag) -> None:
+    protocol = Protocol((DatasetPlan("MUTAG", (0,), 1, 2, 1, ("hap", "gcn-mean")),
+                         DatasetPlan("MUTAG", (0,), 1, 2, 1, ("hap", "hap-aux0"))), lrs=(1e-3,), patience=0)
+    run_protocol(protocol, tmp_path / "a", cache_dir=Path(mutag.root), verbose=False)
+    folds = pd.read_csv(tmp_path / "a" / "folds.csv")
+    assert sorted(folds["variant"]) == ["gcn-mean", "hap", "hap-aux0"]  # hap once, not once per plan
+    single = Protocol((DatasetPlan("MUTAG", (0,), 1, 2, 1, ("hap",)),), lrs=(1e-3,), patience=0)
+    run_protocol(single, tmp_path / "b", cache_dir=Path(mutag.root), verbose=False)
+    merge_results([tmp_path / "a", tmp_path / "b"], tmp_path / "m")
+    merged = pd.read_csv(tmp_path / "m" / "folds.csv")
+    assert len(merged) == 3 and not merged.duplicated(["dataset", "variant", "seed", "fold"]).any()
+    curves = pd.read_csv(tmp_path / "m" / "curves.csv")
+    assert len(curves) == 3 and set(curves["variant"]) == {"gcn-mean", "hap", "hap-aux0"}
+
+
+def test_assignment_sharpness_reads_uniform_and_one_hot_assignments(mutag) -> None:
+    from analysis.hap_diagnostics import level_sharpness
+
+    torch.manual_seed(0)
+    model = build_classifier("hap", mutag.num_features, mutag.num_classes, hidden=16, clusters=(6, 2))
+    loader = DataLoader(mutag[:8], batch_size=4)
+    for level in model.model.levels:  # zero scores: every node spread evenly over the clusters
+        torch.nn.init.zeros_(level.moa.assign.weight)
+        torch.nn.init.zeros_(level.moa.assign.bias)
+    rows = level_sharpness(model, loader)
+    assert [round(r["normalised_entropy"], 6) for r in rows] == [1.0, 1.0]
+    assert rows[0]["max_probability"] == pytest.approx(1 / 6)
+    for level in model.model.levels:  # huge scores: (almost) one cluster per node
+        torch.nn.init.normal_(level.moa.assign.weight, std=100.0)
+    assert all(r["normalised_entropy"] < 0.2 for r in level_sharpness(model, loader))

@@ -5,23 +5,23 @@ A graph batch is dense: node features X [B, N, F], adjacency A [B, N, N] and a n
 level runs
 
 1. a GCN encoder on the level's graph (H = relu(Â H W), Â = D^-1/2 (A + I) D^-1/2);
-2. GCont, the graph content: an attention readout of H into one vector g per graph;
+2. GCont, the graph content (``ContentGuide``): by default a learned matrix C [K, d] shared by all
+   graphs; a graph's content is its attention readout by C (ablations: a per-graph readout vector,
+   or no content);
 3. MOA, the cross-level attention that assigns the level's nodes to the next level's clusters:
-   a node-to-node attention whose logits carry log T, T = sum_k theta_k Â^k (k = 0..hops), so a
-   node only attends within ``hops`` hops and, with the decaying prior on theta, mostly to its near
-   neighbourhood, while the attention term and the higher powers of Â carry higher-order
-   dependency; the resulting node context is matched against cluster queries (learned
-   prototypes shared by all graphs, shifted by the graph's content g) to give a soft assignment
-   S [B, N, K], softmax over clusters;
-4. coarsening X' = S^T H, A' = S^T A S, with a content-stability loss 1 - cos(g, g') between the
-   graph content before and after coarsening (g' is the same GCont readout of X').
+   node-to-node attention with a learned bias per hop distance (near nodes first), restricted to
+   ``hops`` hops or (``masked=False``) over the whole graph; the node context is matched against
+   GCont's cluster queries (C itself for ``global``) to give a soft assignment S [B, N, K];
+4. coarsening X' = S^T H, A' = S^T A S, with a content-stability loss 1 - cos(c, c') between the
+   graph content before and after coarsening (c' is the same GCont readout of X').
 
 A readout level (GCN, mean | max over nodes, MLP) gives the class logits.
 
-This is an interpretation from the paper's abstract and design notes (see docs/hap.md): the paper's
-exact MOA and GCont equations are not reproduced; the structure above keeps its three ideas
-(cross-level attention focused on near neighbourhoods with higher-order reach; a learned graph
-content that guides the coarsening and is kept stable across levels; hierarchical coarsening).
+The paper's equations are not in the public record this project could read (the arXiv abstract
+and TKDE extended abstract only; docs/hap.md says what was searched), so this follows the abstract's
+wording: "a global graph content GCont" learned across graphs that "provides global guidance in
+graph coarsening" and keeps "pre- and post-coarsening graph content stable", and a cross-level
+attention MOA that "focuses more on close neighborhood while capturing higher-order dependency".
 
 For pipelining, ``pack_graph`` packs one dense batch into a single tensor [B, N, F + N + 1]
 (features | adjacency | mask), and ``PackedLevel`` / ``PackedReadout`` map one packed tensor to the
@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from traces.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class HAPConfig:
@@ -45,7 +47,9 @@ class HAPConfig:
     hidden: int = 64
     clusters: tuple[int, ...] = (16, 4)  # cluster count of each coarsened level, coarsest last
     gcn_layers: int = 2  # GCN layers in each level's encoder
-    hops: int = 3  # MOA reach: attention restricted to nodes within this many hops
+    hops: int = 3  # MOA: hop distances 0..hops get their own learned bias
+    masked: bool = True  # MOA: attend only within ``hops`` hops (False: whole graph, one "far" bias)
+    content: str = "global"  # GCont form, one of CONTENT_MODES (ablation: per-graph, none)
     dropout: float = 0.0  # before the classifier's hidden layer (train mode only)
 
     @property
@@ -98,79 +102,101 @@ class DenseGCN(nn.Module):
 # --- HAP's parts ---------------------------------------------------------------------------------
 
 
-class GraphContent(nn.Module):
-    """GCont: the graph's content as an attention-weighted sum of its node embeddings.
+CONTENT_MODES = ("global", "per-graph", "none")
 
-    The scoring weights are learned over all training graphs, so the same notion of "what matters in
-    a graph" is applied at every graph and (through the stability loss) before and after coarsening.
+
+class ContentGuide(nn.Module):
+    """GCont: the graph content that guides the coarsening, in one of three forms (``CONTENT_MODES``).
+
+    - ``global`` (the paper's wording: "a global graph content GCont that extracts the graph pattern
+      properties", learned once and shared by all graphs): a learned matrix C [K, d] of K content
+      patterns. C is the cluster query set of MOA, the same for every graph, and a graph's content
+      is its attention readout by C, softmax_nodes(C H^T / sqrt d) H -> [K, d].
+    - ``per-graph`` (this project's first interpretation): a learned attention readout gives one
+      content vector g per graph; the cluster queries are learned prototypes shifted by a projection
+      of g.
+    - ``none``: the cluster queries are the learned prototypes alone, and there is no content to
+      keep stable (the ablation without GCont).
+
+    ``summarize`` gives the content of a graph (None for ``none``); ``queries`` the cluster queries
+    [B or 1, K, d] built from it.
     """
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, clusters: int, mode: str) -> None:
         super().__init__()
-        self.score = nn.Sequential(nn.Linear(dim, dim), nn.Tanh(), nn.Linear(dim, 1, bias=False))
+        if mode not in CONTENT_MODES:
+            raise ConfigError("content", f"unknown GCont mode {mode!r}", f"choose from {', '.join(CONTENT_MODES)}")
+        self.mode = mode
+        self.patterns = nn.Parameter(torch.randn(clusters, dim) / math.sqrt(dim))  # C or the prototypes
+        if mode == "per-graph":
+            self.score = nn.Sequential(nn.Linear(dim, dim), nn.Tanh(), nn.Linear(dim, 1, bias=False))
+            self.condition = nn.Linear(dim, dim)  # g -> shift of every cluster query
 
-    def forward(self, h: Tensor, mask: Tensor) -> Tensor:
+    def summarize(self, h: Tensor, mask: Tensor) -> Tensor | None:
+        if self.mode == "none":
+            return None
+        if self.mode == "global":
+            logits = self.patterns.to(h.dtype) @ h.transpose(1, 2) / math.sqrt(h.shape[-1])  # [B, K, N]
+            return masked_softmax(logits, mask.unsqueeze(1), dim=-1) @ h  # [B, K, d]
         weights = masked_softmax(self.score(h).squeeze(-1), mask, dim=-1)  # [B, N]
-        return (weights.unsqueeze(-1) * h).sum(1)
+        return (weights.unsqueeze(-1) * h).sum(1)  # [B, d]
+
+    def queries(self, content: Tensor | None) -> Tensor:
+        patterns = self.patterns.unsqueeze(0)
+        if self.mode == "per-graph":
+            return patterns.to(content.dtype) + self.condition(content).unsqueeze(1)
+        return patterns
+
+
+def hop_distances(adj: Tensor, hops: int) -> Tensor:
+    """Shortest-path hop count between nodes, capped at ``hops + 1`` (= "farther", or unreachable).
+
+    An edge is any positive entry, so on a coarsened (dense, soft) adjacency every pair is one hop.
+    """
+    linked = (adj > 0).to(adj.dtype)
+    n = adj.shape[-1]
+    eye = torch.eye(n, dtype=adj.dtype, device=adj.device).expand_as(adj)
+    dist = torch.full(adj.shape, hops + 1, dtype=torch.long, device=adj.device)
+    dist = dist.masked_fill(eye > 0, 0)
+    reached = eye
+    for k in range(1, hops + 1):
+        grown = ((reached @ linked + reached) > 0).to(adj.dtype)
+        dist = dist.masked_fill((grown > 0) & (reached == 0), k)
+        reached = grown
+    return dist
 
 
 class MOA(nn.Module):
-    """Cross-level attention: assigns the nodes of one level to the clusters of the next."""
+    """Cross-level attention: assigns the nodes of one level to the clusters of the next.
 
-    def __init__(self, dim: int, clusters: int, hops: int) -> None:
+    Node-to-node attention whose logits carry a learned bias per hop distance b[d(i, j)] (starting
+    at -d, so near nodes weigh more at first). With ``masked`` a node attends only within ``hops``
+    hops; unmasked, every node of the graph is reachable and the nodes beyond ``hops`` share one
+    learned "far" bias, so the attention can reach the high-order dependency the paper is about
+    while still favouring the close neighbourhood. The node context is matched against the
+    cluster queries of GCont to give a soft assignment S [B, N, K], softmax over the clusters.
+    """
+
+    def __init__(self, dim: int, hops: int, masked: bool) -> None:
         super().__init__()
-        self.hops = hops
-        # Prior theta_k ~ exp(-k): nearer hops weigh more at the start; learned afterwards.
-        self.hop_logits = nn.Parameter(-torch.arange(hops + 1, dtype=torch.float32))
+        self.hops, self.masked = hops, masked
+        self.hop_bias = nn.Parameter(-torch.arange(hops + 2, dtype=torch.float32))  # d = 0..hops, far
         self.query = nn.Linear(dim, dim)
         self.key = nn.Linear(dim, dim)
         self.value = nn.Linear(dim, dim)
-        self.prototypes = nn.Parameter(torch.randn(clusters, dim) / math.sqrt(dim))
-        self.condition = nn.Linear(dim, dim)  # GCont -> shift of every cluster query
         self.assign = nn.Linear(dim, dim)
 
-    def diffusion(self, a_hat: Tensor, mask: Tensor) -> Tensor:
-        """T = sum_k theta_k Â^k, k = 0..hops: positive exactly on pairs within ``hops`` hops.
-
-        The powers cost N^3 per graph, so a padded batch is done graph by graph on its real nodes
-        (a batch padded to its largest graph would pay that graph's N^3 for every graph).
-        """
-        theta = torch.softmax(self.hop_logits, dim=0).to(a_hat.dtype)
-        if a_hat.device.type == "meta":  # shapes only: no data to branch on
-            return self._kernel(a_hat, theta)
-        counts = mask.sum(1)
-        n = a_hat.shape[-1]
-        if bool((counts == n).all()):
-            return self._kernel(a_hat, theta)
-        if bool((mask == (torch.arange(n, device=mask.device) < counts.unsqueeze(1))).all()):
-            # real nodes first (as to_dense_batch lays them out): slice, compute, pad back
-            kernels = [self._kernel(a_hat[b, :c, :c], theta) for b, c in enumerate(counts.tolist())]
-            return torch.stack([F.pad(k, (0, n - k.shape[-1], 0, n - k.shape[-1])) for k in kernels])
-        kernel = torch.zeros_like(a_hat)
-        for b in range(a_hat.shape[0]):
-            idx = mask[b].nonzero().squeeze(1)
-            kernel[b, idx.unsqueeze(1), idx.unsqueeze(0)] = self._kernel(a_hat[b][idx][:, idx], theta)
-        return kernel
-
-    def _kernel(self, a_hat: Tensor, theta: Tensor) -> Tensor:
-        kernel = theta[0] * torch.eye(a_hat.shape[-1], dtype=a_hat.dtype, device=a_hat.device)
-        power = a_hat
-        for k in range(1, self.hops + 1):
-            power = a_hat if k == 1 else power @ a_hat
-            kernel = kernel + theta[k] * power
-        return kernel
-
-    def forward(self, h: Tensor, a_hat: Tensor, mask: Tensor, content: Tensor) -> Tensor:
+    def forward(self, h: Tensor, adj: Tensor, mask: Tensor, queries: Tensor) -> Tensor:
         dim = h.shape[-1]
-        kernel = self.diffusion(a_hat, mask)
-        eye = torch.eye(kernel.shape[-1], dtype=torch.bool, device=kernel.device)
-        reach = (kernel > 0) | eye  # the diagonal keeps every row (padding included) non-empty
-        bias = torch.where(reach, kernel.clamp(min=1e-30).log(), torch.zeros_like(kernel))
-        logits = self.query(h) @ self.key(h).transpose(1, 2) / math.sqrt(dim) + bias
-        attention = masked_softmax(logits, reach, dim=-1)  # [B, N, N]
+        dist = hop_distances(adj.to(h.dtype), self.hops)
+        pair = mask.unsqueeze(-1) & mask.unsqueeze(-2)
+        keep = pair & (dist <= self.hops) if self.masked else pair
+        eye = torch.eye(dist.shape[-1], dtype=torch.bool, device=dist.device)
+        keep = keep | eye  # the diagonal keeps every row (padding included) non-empty
+        logits = self.query(h) @ self.key(h).transpose(1, 2) / math.sqrt(dim) + self.hop_bias.to(h.dtype)[dist]
+        attention = masked_softmax(logits, keep, dim=-1)  # [B, N, N]
         context = h + attention @ self.value(h)
-        queries = self.prototypes.to(h.dtype) + self.condition(content).unsqueeze(1)  # [B, K, d]
-        scores = self.assign(context) @ queries.transpose(1, 2) / math.sqrt(dim)  # [B, N, K]
+        scores = self.assign(context) @ queries.to(h.dtype).transpose(1, 2) / math.sqrt(dim)  # [B, N, K]
         return torch.softmax(scores, dim=-1) * mask.unsqueeze(-1).to(h.dtype)
 
 
@@ -181,13 +207,13 @@ class HAPLevel(nn.Module):
     kept in ``self.content_loss`` (a tensor attached to the graph, or None before the first call).
     """
 
-    def __init__(self, in_features: int, hidden: int, clusters: int, gcn_layers: int, hops: int) -> None:
+    def __init__(self, in_features: int, hidden: int, clusters: int, config: HAPConfig) -> None:
         super().__init__()
         self.convs = nn.ModuleList(
-            [DenseGCN(in_features if i == 0 else hidden, hidden) for i in range(gcn_layers)]
+            [DenseGCN(in_features if i == 0 else hidden, hidden) for i in range(config.gcn_layers)]
         )
-        self.content = GraphContent(hidden)
-        self.moa = MOA(hidden, clusters, hops)
+        self.content = ContentGuide(hidden, clusters, config.content)
+        self.moa = MOA(hidden, config.hops, config.masked)
         self.content_loss: Tensor | None = None
 
     def forward(self, x: Tensor, adj: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -195,13 +221,17 @@ class HAPLevel(nn.Module):
         h = x
         for conv in self.convs:
             h = conv(h, a_hat, mask)
-        content = self.content(h, mask)
-        s = self.moa(h, a_hat, mask, content)  # [B, N, K]
+        content = self.content.summarize(h, mask)
+        s = self.moa(h, adj, mask, self.content.queries(content))  # [B, N, K]
         x_next = s.transpose(1, 2) @ h
         adj_next = s.transpose(1, 2) @ adj.to(h.dtype) @ s
         mask_next = torch.ones(x_next.shape[:2], dtype=torch.bool, device=x.device)
-        content_next = self.content(x_next, mask_next)
-        self.content_loss = (1 - F.cosine_similarity(content, content_next, dim=-1, eps=1e-8)).mean()
+        if content is None:
+            self.content_loss = h.new_zeros(())
+        else:
+            content_next = self.content.summarize(x_next, mask_next)
+            similarity = F.cosine_similarity(content.flatten(1), content_next.flatten(1), dim=-1, eps=1e-8)
+            self.content_loss = (1 - similarity).mean()
         return x_next, adj_next, mask_next
 
 
@@ -228,7 +258,7 @@ class HAPReadout(nn.Module):
 
 def build_level(config: HAPConfig, index: int) -> HAPLevel:
     width = config.in_features if index == 0 else config.hidden
-    return HAPLevel(width, config.hidden, config.clusters[index], config.gcn_layers, config.hops)
+    return HAPLevel(width, config.hidden, config.clusters[index], config)
 
 
 def build_readout(config: HAPConfig) -> HAPReadout:
@@ -242,6 +272,9 @@ class HAP(nn.Module):
         super().__init__()
         if not config.clusters or min(config.clusters) < 1:
             raise ValueError(f"HAPConfig.clusters must be non-empty positive ints, got {config.clusters}")
+        if config.hops < 1:
+            raise ConfigError("hops", f"MOA needs at least 1 hop, got {config.hops}",
+                              "pass hops >= 1 (masked=False for attention over the whole graph)")
         self.config = config
         self.levels = nn.ModuleList([build_level(config, i) for i in range(config.num_levels)])
         self.readout = build_readout(config)

@@ -2,7 +2,12 @@
 
 Model selection is honest: the epoch whose weights are evaluated on the test graphs is the one with
 the best accuracy on a validation split carved out of the training graphs (ties: lower validation
-loss); the test graphs are never looked at during training or selection.
+loss); the test graphs are never looked at during training or selection. ``fit_tuned`` trains every
+candidate of a hyper-parameter grid the same way and tests only the candidate with the best
+validation accuracy. Training stops early after ``patience`` epochs with neither a better validation
+epoch nor a lower validation loss (accuracy on a few dozen validation graphs jumps by chance early
+on, the loss is smoother, so a chance peak does not end training while the model still improves);
+the per-epoch curve (training loss, validation accuracy and loss) is returned.
 """
 
 from __future__ import annotations
@@ -29,7 +34,17 @@ class TrainConfig:
     hidden: int = 64
     clusters: tuple[int, ...] = (16, 4)
     dropout: float = 0.5
-    aux_weight: float = 1.0  # weight of the method's own regulariser (DiffPool, HAP); not tuned
+    aux_weight: float = 1.0  # weight of the method's own regulariser (HAP's content loss, DiffPool, ...)
+    patience: int = 0  # stop after this many epochs without a better val epoch or val loss (0: never)
+    hap: tuple[tuple[str, object], ...] = ()  # HAPConfig options (hops, masked, content) for "hap"
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    epoch: int
+    train_loss: float  # mean cross-entropy + aux over the epoch's batches (train mode)
+    val_accuracy: float
+    val_loss: float  # cross-entropy
 
 
 @dataclass(frozen=True)
@@ -38,6 +53,9 @@ class FitResult:
     val_accuracy: float
     best_epoch: int
     seconds: float
+    epochs_run: int = 0
+    curve: tuple[EpochRecord, ...] = ()
+    config: TrainConfig | None = None  # the candidate that was tested (fit_tuned)
 
 
 class SizeBucketedBatches:
@@ -76,7 +94,7 @@ class SizeBucketedBatches:
             yield batches[i]
 
 
-def _loader(dataset, index: Tensor, batch_size: int, shuffle: bool, seed: int):
+def graph_loader(dataset, index: Tensor, batch_size: int, shuffle: bool, seed: int):
     from torch_geometric.loader import DataLoader
 
     subset = dataset[index]
@@ -99,6 +117,45 @@ def evaluate(model: nn.Module, loader) -> tuple[float, float]:
     return correct / count, loss / count
 
 
+def train_model(
+    method: str, dataset, train_idx: Tensor, val_idx: Tensor, config: TrainConfig, seed: int
+) -> tuple[nn.Module, tuple[float, float], int, list[EpochRecord]]:
+    """Train with early stopping; return the model at its best validation epoch and the curve."""
+    torch.manual_seed(seed)
+    model = build_classifier(
+        method, dataset.num_features, dataset.num_classes, config.hidden, config.clusters, config.dropout,
+        hap=dict(config.hap),
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    train = graph_loader(dataset, train_idx, config.batch_size, True, seed)
+    val = graph_loader(dataset, val_idx, config.batch_size, False, seed)
+    best = (-1.0, float("inf"))
+    best_state, best_epoch = copy.deepcopy(model.state_dict()), 0
+    curve: list[EpochRecord] = []
+    lowest_loss, last_progress = float("inf"), 0
+    for epoch in range(1, config.epochs + 1):
+        model.train()
+        total, steps = 0.0, 0
+        for batch in train:
+            logits, aux = model(batch)
+            loss = F.cross_entropy(logits, batch.y) + config.aux_weight * aux
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total, steps = total + float(loss.detach()), steps + 1
+        val_acc, val_loss = evaluate(model, val)
+        curve.append(EpochRecord(epoch, total / max(steps, 1), val_acc, val_loss))
+        if val_loss < lowest_loss:  # still learning: a new lowest validation loss resets the patience
+            lowest_loss, last_progress = val_loss, epoch
+        if (val_acc, -val_loss) > (best[0], -best[1]):
+            best, best_epoch, last_progress = (val_acc, val_loss), epoch, epoch
+            best_state = copy.deepcopy(model.state_dict())
+        elif config.patience and epoch - last_progress >= config.patience:
+            break
+    model.load_state_dict(best_state)
+    return model, best, best_epoch, curve
+
+
 def fit(
     method: str,
     dataset,
@@ -109,28 +166,31 @@ def fit(
     seed: int = 0,
 ) -> FitResult:
     """Train ``method`` on ``train_idx``, pick the epoch on ``val_idx``, report accuracy on ``test_idx``."""
+    return fit_tuned(method, dataset, train_idx, val_idx, test_idx, [config], seed)
+
+
+def fit_tuned(
+    method: str,
+    dataset,
+    train_idx: Tensor,
+    val_idx: Tensor,
+    test_idx: Tensor,
+    candidates: list[TrainConfig],
+    seed: int = 0,
+) -> FitResult:
+    """Train every candidate config; test only the one with the best validation accuracy (ties: loss).
+
+    Every candidate starts from the same seed. The returned curve and epoch count are the chosen
+    candidate's; ``seconds`` covers all candidates (the cost of the tuning budget).
+    """
     start = time.perf_counter()
-    torch.manual_seed(seed)
-    model = build_classifier(
-        method, dataset.num_features, dataset.num_classes, config.hidden, config.clusters, config.dropout
-    )
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    train = _loader(dataset, train_idx, config.batch_size, True, seed)
-    val = _loader(dataset, val_idx, config.batch_size, False, seed)
-    best = (-1.0, float("inf"))
-    best_state, best_epoch = copy.deepcopy(model.state_dict()), 0
-    for epoch in range(1, config.epochs + 1):
-        model.train()
-        for batch in train:
-            logits, aux = model(batch)
-            loss = F.cross_entropy(logits, batch.y) + config.aux_weight * aux
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        val_acc, val_loss = evaluate(model, val)
-        if (val_acc, -val_loss) > (best[0], -best[1]):
-            best, best_epoch = (val_acc, val_loss), epoch
-            best_state = copy.deepcopy(model.state_dict())
-    model.load_state_dict(best_state)
-    test_acc, _ = evaluate(model, _loader(dataset, test_idx, config.batch_size, False, seed))
-    return FitResult(test_acc, best[0], best_epoch, time.perf_counter() - start)
+    chosen = None
+    for config in candidates:
+        model, best, best_epoch, curve = train_model(method, dataset, train_idx, val_idx, config, seed)
+        if chosen is None or (best[0], -best[1]) > (chosen[1][0], -chosen[1][1]):
+            chosen = (model, best, best_epoch, curve, config)
+    if chosen is None:
+        raise ValueError("fit_tuned needs at least one candidate config")
+    model, best, best_epoch, curve, config = chosen
+    test_acc, _ = evaluate(model, graph_loader(dataset, test_idx, config.batch_size, False, seed))
+    return FitResult(test_acc, best[0], best_epoch, time.perf_counter() - start, len(curve), tuple(curve), config)

@@ -39,12 +39,15 @@ class HAPWorkloadConfig:
     data: str  # "synthetic" or "mutag"
     gcn_layers: int = 2
     hops: int = 3
+    masked: bool = True
+    content: str = "global"
     data_root: str = ""  # TU root for "mutag" ("" = the package's copy, see traces.paths)
     source: str = ""
 
     def model_config(self) -> HAPConfig:
+        # no dropout: runs agree bit for bit
         return HAPConfig(self.in_features, self.classes, self.hidden, tuple(self.clusters),
-                         self.gcn_layers, self.hops, dropout=0.0)  # no dropout: runs agree bit for bit
+                         self.gcn_layers, self.hops, self.masked, self.content, dropout=0.0)
 
 
 HAP_PRESETS: dict[str, HAPWorkloadConfig] = {
@@ -136,5 +139,6 @@ def from_preset(name: str, **overrides: object) -> HAPWorkload:
                           "give one positive count per coarsened level, e.g. (9, 3)")
     if cfg.data == "mutag" and ((cfg.in_features, cfg.classes) != (7, 2) or cfg.max_nodes < 28):
         raise ConfigError("workload", "MUTAG graphs have 7 node features, 2 classes and up to 28 nodes",
-                          "change only hidden, clusters, hops, gcn_layers or max_nodes (>= 28) for hap-mutag")
+                          "change only hidden, clusters, hops, masked, content, gcn_layers or max_nodes (>= 28) "
+                          "for hap-mutag")
     return HAPWorkload(name, cfg)

@@ -1,0 +1,271 @@
+"""The HAP evaluation protocol as a resumable runner: datasets x seeds x folds x variants.
+
+A *variant* is a method plus fixed options plus its tuning grid (``VARIANTS``): the eleven methods of
+``exec.hap.baselines.METHODS`` and the HAP ablations (hops 1 / unmasked, GCont per-graph / none,
+content loss 0 / tuned). Every (dataset, seed, fold) trains every variant on the same training
+graphs, picks epoch and grid candidate on the same validation graphs and tests on the same fold,
+so the comparison is paired over (seed, fold).
+
+For seed s the folds are ``StratifiedKFold(k, shuffle=True, random_state=s)``; 10% of the training
+folds (stratified) is the validation split; the model seed is ``s * 1000 + fold``. A plan can run
+only the first ``folds`` of the k folds and any list of seeds, so a short run is a prefix of the
+full protocol and the rest can be added later by running the full plan in the same directory.
+
+Resumable: one row per finished (dataset, variant, seed, fold) is appended to ``folds.csv`` (and
+its validation curve to ``curves.csv``) as soon as it is done; a restart skips the keys already
+there. A row records the protocol knobs (k, epochs, patience, grid), and a restart with other knobs
+in the same directory is refused rather than mixed.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from exec.hap.baselines import METHODS
+from exec.hap.data import TU_NAMES, graph_labels, load_tu
+from exec.hap.train import FitResult, TrainConfig, fit_tuned
+from traces.errors import ConfigError
+
+# The grid every variant is tuned over on the validation split (same budget for every method).
+# 1e-3 and 1e-2 are the two learning rates compared in the first HAP run (docs/hap.md).
+DEFAULT_LRS = (1e-3, 1e-2)
+# Candidate content-loss weights of the "content loss tuned" ablation (a larger budget than the
+# others: 3 weights x the lr grid; docs/hap.md says so beside its numbers).
+AUX_GRID = (0.1, 1.0, 10.0)
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    method: str
+    hap: tuple[tuple[str, object], ...] = ()  # HAPConfig options
+    fixed: tuple[tuple[str, object], ...] = ()  # TrainConfig fields set for this variant
+    extra_grid: tuple[tuple[str, tuple[object, ...]], ...] = ()  # tuned besides the lr grid
+
+
+VARIANTS: dict[str, Variant] = {m: Variant(m, m) for m in METHODS}
+ABLATIONS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("hap-hops1", "hap", hap=(("hops", 1),)),
+        Variant("hap-unmasked", "hap", hap=(("masked", False),)),
+        Variant("hap-pergraph", "hap", hap=(("content", "per-graph"),)),
+        Variant("hap-nogcont", "hap", hap=(("content", "none"),)),
+        Variant("hap-aux0", "hap", fixed=(("aux_weight", 0.0),)),
+        Variant("hap-auxtuned", "hap", extra_grid=(("aux_weight", AUX_GRID),)),
+    )
+}
+VARIANTS.update(ABLATIONS)
+
+
+@dataclass(frozen=True)
+class DatasetPlan:
+    """Run seeds ``seeds`` x the first ``folds`` of a ``k``-fold CV on ``name``."""
+
+    name: str
+    seeds: tuple[int, ...] = (0, 1, 2)
+    folds: int = 10
+    k: int = 10
+    epochs: int = 100
+    variants: tuple[str, ...] = tuple(METHODS)
+
+
+@dataclass(frozen=True)
+class Protocol:
+    datasets: tuple[DatasetPlan, ...]
+    lrs: tuple[float, ...] = DEFAULT_LRS
+    patience: int = 20
+    base: TrainConfig = field(default_factory=TrainConfig)
+
+
+def parse_plan(text: str, epochs: int, variants: Sequence[str]) -> DatasetPlan:
+    """``NAME[:SEEDSxFOLDS[:EPOCHS]]``, e.g. ``MUTAG:3x10`` or ``NCI1:1x2:60`` (seeds 0..S-1)."""
+    parts = text.split(":")
+    name, seeds, folds = parts[0], 3, 10
+    try:
+        if len(parts) > 1:
+            s, f = parts[1].lower().split("x")
+            seeds, folds = int(s), int(f)
+        if len(parts) > 2:
+            epochs = int(parts[2])
+    except ValueError:
+        raise ConfigError("plan", f"cannot read {text!r}",
+                          "write NAME, NAME:SEEDSxFOLDS or NAME:SEEDSxFOLDS:EPOCHS, e.g. MUTAG:3x10") from None
+    return DatasetPlan(name, tuple(range(seeds)), folds, 10, epochs, tuple(variants))
+
+
+def validate(protocol: Protocol) -> None:
+    if not protocol.datasets:
+        raise ConfigError("datasets", "no dataset given", f"name at least one of {', '.join(TU_NAMES)}")
+    for plan in protocol.datasets:
+        unknown = [v for v in plan.variants if v not in VARIANTS]
+        if unknown:
+            raise ConfigError("methods", f"unknown method(s) {', '.join(unknown)}",
+                              f"choose from {', '.join(VARIANTS)}")
+        if plan.k < 2:
+            raise ConfigError("folds", f"need at least 2 folds, got {plan.k}", "pass folds >= 2 (10 is usual)")
+        if not 1 <= plan.folds <= plan.k:
+            raise ConfigError("folds", f"{plan.name}: runs {plan.folds} of {plan.k} folds",
+                              f"run between 1 and {plan.k} folds")
+        if plan.epochs < 1:
+            raise ConfigError("epochs", f"need at least 1 epoch, got {plan.epochs}", "pass epochs >= 1")
+        if not plan.seeds:
+            raise ConfigError("seeds", f"{plan.name}: no seed", "run at least one seed")
+    if not protocol.lrs or min(protocol.lrs) <= 0:
+        raise ConfigError("lrs", f"learning-rate grid {protocol.lrs} is empty or not positive",
+                          "pass positive learning rates, e.g. --lr 0.001 0.01")
+
+
+def clusters_for(dataset) -> tuple[int, int]:
+    """Cluster counts of the two coarsened levels (HAP, DiffPool, MinCut): 1/2 then 1/8 of the mean size."""
+    mean_nodes = float(np.mean([graph.num_nodes for graph in dataset]))
+    return max(2, math.ceil(mean_nodes / 2)), max(2, math.ceil(mean_nodes / 8))
+
+
+def splits(labels: np.ndarray, k: int, seed: int):
+    """(fold, train, val, test) index arrays: stratified k folds, then a stratified 10% val split."""
+    from sklearn.model_selection import StratifiedKFold, train_test_split
+
+    outer = StratifiedKFold(n_splits=k, shuffle=True, random_state=seed)
+    for fold, (rest, test) in enumerate(outer.split(np.zeros(len(labels)), labels)):
+        train, val = train_test_split(
+            rest, test_size=0.1, stratify=labels[rest], random_state=seed * 1000 + fold
+        )
+        yield fold, np.sort(train), np.sort(val), test
+
+
+def candidates(variant: Variant, base: TrainConfig, lrs: Iterable[float]) -> list[TrainConfig]:
+    """The variant's grid: lr x its extra grid, on top of ``base`` with the variant's fixed fields."""
+    config = replace(base, hap=variant.hap, **dict(variant.fixed))
+    names = ["lr", *(name for name, _ in variant.extra_grid)]
+    values = [tuple(lrs), *(vals for _, vals in variant.extra_grid)]
+    return [replace(config, **dict(zip(names, combo, strict=True))) for combo in itertools.product(*values)]
+
+
+FOLD_FIELDS = (
+    "dataset", "variant", "method", "seed", "fold", "k", "test_accuracy", "val_accuracy", "best_epoch",
+    "epochs_run", "max_epochs", "patience", "grid_size", "lr", "aux_weight", "seconds",
+)
+CURVE_FIELDS = ("dataset", "variant", "seed", "fold", "epoch", "train_loss", "val_accuracy", "val_loss")
+FOLD_KEY = ["dataset", "variant", "seed", "fold"]
+KNOBS = ("k", "max_epochs", "patience", "grid_size")
+
+
+def _append(path: Path, fields: Sequence[str], rows: list[dict]) -> None:
+    new = not path.exists()
+    with path.open("a", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)
+        handle.flush()
+
+
+def _done(path: Path) -> dict[tuple[str, str, int, int], dict[str, str]]:
+    if not path.exists():
+        return {}
+    with path.open(newline="") as handle:
+        return {(r["dataset"], r["variant"], int(r["seed"]), int(r["fold"])): r for r in csv.DictReader(handle)}
+
+
+def run_protocol(
+    protocol: Protocol,
+    out_dir: Path,
+    data_root: Path | None = None,
+    cache_dir: Path | None = None,
+    verbose: bool = True,
+) -> Path:
+    """Run every missing (dataset, seed, fold, variant) of ``protocol``; return ``out_dir/folds.csv``."""
+    validate(protocol)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    folds_csv, curves_csv = out_dir / "folds.csv", out_dir / "curves.csv"
+    done = _done(folds_csv)
+    for plan in protocol.datasets:
+        dataset = load_tu(plan.name, data_root=data_root, cache_dir=cache_dir)
+        labels = graph_labels(dataset).numpy()
+        _describe(out_dir / "datasets.csv", plan.name, dataset, labels)
+        base = replace(protocol.base, epochs=plan.epochs, patience=protocol.patience,
+                       clusters=clusters_for(dataset))
+        for seed in plan.seeds:
+            for fold, train, val, test in splits(labels, plan.k, seed):
+                if fold >= plan.folds:
+                    break
+                for name in plan.variants:
+                    variant = VARIANTS[name]
+                    grid = candidates(variant, base, protocol.lrs)
+                    knobs = {"k": plan.k, "max_epochs": plan.epochs, "patience": protocol.patience,
+                             "grid_size": len(grid)}
+                    key = (plan.name, name, seed, fold)
+                    if key in done:
+                        _check_knobs(done[key], knobs, folds_csv)
+                        continue
+                    result = fit_tuned(variant.method, dataset, torch.as_tensor(train), torch.as_tensor(val),
+                                       torch.as_tensor(test), grid, seed=seed * 1000 + fold)
+                    _record(folds_csv, curves_csv, key, variant, knobs, result)
+                    done[key] = {**{k: str(v) for k, v in knobs.items()}, "dataset": plan.name, "variant": name}
+                    if verbose:
+                        print(f"{plan.name:8s} s{seed} f{fold} {name:13s} test {result.test_accuracy:.3f} "
+                              f"val {result.val_accuracy:.3f} best ep {result.best_epoch:3d}/"
+                              f"{result.epochs_run:3d} {result.seconds:6.1f}s", flush=True)
+    return folds_csv
+
+
+def _describe(path: Path, name: str, dataset, labels: np.ndarray) -> None:
+    """One row per dataset (graphs, mean nodes, majority-class accuracy, cluster counts), for the report."""
+    known = {r["dataset"] for r in csv.DictReader(path.open())} if path.exists() else set()
+    if name in known:
+        return
+    row = {"dataset": name, "graphs": len(dataset), "classes": int(labels.max()) + 1,
+           "mean_nodes": round(float(np.mean([g.num_nodes for g in dataset])), 2),
+           "majority_accuracy": round(float(np.bincount(labels).max() / len(labels)), 5),
+           "clusters": "/".join(map(str, clusters_for(dataset)))}
+    _append(path, list(row), [row])
+
+
+def _check_knobs(row: dict[str, str], knobs: dict[str, int], path: Path) -> None:
+    old = {k: int(float(row[k])) for k in KNOBS}
+    if old != knobs:
+        raise ConfigError("protocol", f"{path} holds {row['dataset']}/{row['variant']} run with {old}, "
+                          f"this run asks {knobs}", "use another --out directory, or the same knobs")
+
+
+def _record(folds_csv: Path, curves_csv: Path, key, variant: Variant, knobs: dict[str, int],
+            result: FitResult) -> None:
+    dataset, name, seed, fold = key
+    chosen = result.config or TrainConfig()
+    row = {"dataset": dataset, "variant": name, "method": variant.method, "seed": seed, "fold": fold,
+           "test_accuracy": result.test_accuracy, "val_accuracy": result.val_accuracy,
+           "best_epoch": result.best_epoch, "epochs_run": result.epochs_run, "lr": chosen.lr,
+           "aux_weight": chosen.aux_weight, "seconds": round(result.seconds, 2), **knobs}
+    curve = [{"dataset": dataset, "variant": name, "seed": seed, "fold": fold, "epoch": e.epoch,
+              "train_loss": round(e.train_loss, 5), "val_accuracy": round(e.val_accuracy, 5),
+              "val_loss": round(e.val_loss, 5)} for e in result.curve]
+    _append(curves_csv, CURVE_FIELDS, curve)  # curve first: a fold row always has its curve
+    _append(folds_csv, FOLD_FIELDS, [row])
+
+
+def measure_one_fold(
+    name: str, variants: Sequence[str], epochs: int, data_root: Path | None = None
+) -> dict[str, float]:
+    """Seconds of one fold (seed 0, fold 0, lr 1e-3 only) per variant: for sizing a run."""
+    dataset = load_tu(name, data_root=data_root)
+    labels = graph_labels(dataset).numpy()
+    _, train, val, test = next(splits(labels, 10, 0))
+    base = replace(TrainConfig(), epochs=epochs, clusters=clusters_for(dataset))
+    seconds = {}
+    for v in variants:
+        start = time.perf_counter()
+        fit_tuned(VARIANTS[v].method, dataset, torch.as_tensor(train), torch.as_tensor(val), torch.as_tensor(test),
+                  candidates(VARIANTS[v], base, (1e-3,))[:1], seed=0)
+        seconds[v] = time.perf_counter() - start
+    return seconds
