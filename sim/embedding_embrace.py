@@ -91,6 +91,11 @@ def _check(plan: Plan) -> None:
     if plan.dp < 2:
         raise ConfigError("embedding.method", "embrace shards tables over the data-parallel ranks; this plan "
                           "has dp 1", "use dp >= 2, or method: dense")
+    if plan.tp > 1:
+        # Tensor parallelism already splits a transformer's token table over the TP ranks; sharding
+        # that split again over dp is neither priced (the table's bytes are counted whole) nor run.
+        raise ConfigError("embedding.method", f"embrace with tensor parallelism (tp {plan.tp}) is not supported",
+                          "use tp 1, or method: dense")
     if isinstance(config.shard, list) and len(config.shard) != len(tables):
         raise ConfigError("embedding.shard", f"has {len(config.shard)} entries for {len(tables)} table(s) of "
                           f"{plan.workload}", f"give one of rows | columns | auto per table ({len(tables)})")

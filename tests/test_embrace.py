@@ -122,6 +122,11 @@ def test_plans_that_cannot_shard_are_refused_in_one_line(fields: dict, where: st
     assert where in str(error.value) and "\n" not in str(error.value)
 
 
+def test_embrace_with_tensor_parallelism_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"embedding.method: embrace with tensor parallelism \(tp 2\)"):
+        compile_plan(plan({**GPU, "parallelism": {"dp": 8, "tp": 2}}, row_stats=ROWS))
+
+
 def _structure(fields: dict) -> UniformCosts:  # the LSTM has no closed form; the check needs none
     return UniformCosts(num_layers=4)
 
