@@ -56,6 +56,7 @@ from traces.errors import ConfigError
 
 DOES_NOT_FIT = "does not fit in memory (estimate)"
 SAME_SPLIT = "parallelism.partition (same stages as an earlier partition)"
+SAME_PLAN = "memory.policy (an optimising policy that chose what an enumerated one does)"
 
 Progress = Callable[[str, int, int | None], None]  # (phase, done, total or None)
 
@@ -426,6 +427,9 @@ class _Enumerator:
                     embedding=None if isinstance(terms, str) else terms)
                 if not estimate.fits:
                     out.pruned[DOES_NOT_FIT] += 1
+                    continue
+                if (estimate.iteration_s, estimate.peak_bytes) == (r.estimate.iteration_s, r.estimate.peak_bytes):
+                    out.pruned[SAME_PLAN] += 1  # e.g. memory to spare: the optimum keeps everything
                     continue
                 out.survivors.append(Ranked(candidate, estimate))
         return out
