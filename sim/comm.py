@@ -58,8 +58,10 @@ class ClusterComm:
     def host_copy(self) -> tuple[float, float]:
         link = self.cluster.host_link
         if link is None:
-            # A CPU rank's "host" memory is its own memory: swapping costs a memory copy.
-            return 0.0, self.cluster.device.memory_bandwidth_Bps
+            # A CPU rank's "host" memory is its own memory: swapping costs a memory copy, which reads
+            # and writes every byte; the catalog's memory bandwidth counts both (sim/data/hardware.yaml:
+            # "counting read + write"), so a copy of B bytes takes 2 B / bandwidth.
+            return 0.0, self.cluster.device.memory_bandwidth_Bps / 2
         return link.latency_s, link.effective_bandwidth_Bps
 
 
