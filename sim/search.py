@@ -399,6 +399,11 @@ class _Enumerator:
         each shape and estimated with its gradient sync, embedding method and TP overlap."""
         out = _ShapePlans()
         seen: set[Candidate] = set()
+        # what every enumerated policy of a shape predicts: an optimiser's plan equal to one is a duplicate
+        predicted: dict[Candidate, set[tuple]] = {}
+        for r in ranked:
+            predicted.setdefault(replace(r.candidate, memory=()), set()).add(
+                (r.estimate.iteration_s, r.estimate.peak_bytes))
         for r in ranked:
             c = r.candidate
             shape_of = replace(c, memory=())
@@ -428,7 +433,7 @@ class _Enumerator:
                 if not estimate.fits:
                     out.pruned[DOES_NOT_FIT] += 1
                     continue
-                if (estimate.iteration_s, estimate.peak_bytes) == (r.estimate.iteration_s, r.estimate.peak_bytes):
+                if (estimate.iteration_s, estimate.peak_bytes) in predicted[shape_of]:
                     out.pruned[SAME_PLAN] += 1  # e.g. memory to spare: the optimum keeps everything
                     continue
                 out.survivors.append(Ranked(candidate, estimate))
