@@ -15,7 +15,6 @@ taken on (the device name of the plan's cluster) and to roughly the sizes it was
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import statistics
 import time
@@ -30,6 +29,7 @@ from exec.workloads.base import run_layers
 from sim.cluster import load_cluster
 from sim.gradient_sync import CODEC_FILE, GRADIENT_SYNC, GradTensor, SyncContext
 from sim.plan import Plan
+from traces.commented_csv import read_rows, write_rows
 
 HEADER = ("device", "method", "rate_Bps", "median_s", "memory_bytes", "workload", "measured")
 
@@ -93,18 +93,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     rows = measure(Plan.load(args.plan), args.repeats)
     device = rows[0]["device"] if rows else None
-    kept = []
-    if args.out.is_file():
-        with args.out.open(encoding="utf-8") as handle:
-            kept = [r for r in csv.DictReader(line for line in handle if not line.startswith("#"))
-                    if r["device"] != device]
-    with args.out.open("w", encoding="utf-8", newline="") as handle:
-        handle.write("# Effective rate of each method's encode + decode (modelled memory bytes / measured seconds),\n"
-                     "# one torch thread, collectives excluded; written by analysis/compression_codec.py.\n"
-                     "# local-cpu: the paratwin development machine (2-core VM shared with other work: loaded).\n")
-        writer = csv.DictWriter(handle, fieldnames=HEADER)
-        writer.writeheader()
-        writer.writerows([*kept, *rows])
+    kept = [r for r in read_rows(args.out) if r["device"] != device]
+    write_rows(args.out, ["Effective rate of each method's encode + decode (modelled memory bytes / measured seconds),",
+                          "one torch thread, collectives excluded; written by analysis/compression_codec.py.",
+                          "local-cpu: the paratwin development machine (2-core VM shared with other work: loaded)."],
+               HEADER, [*kept, *rows])
 
 
 if __name__ == "__main__":

@@ -12,12 +12,12 @@ backward writes), and average over seeds. The simulator interpolates these count
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 from pathlib import Path
 
 from exec.workloads.data import WIKITEXT_DEFAULT_SPLIT, token_windows
 from sim.gradient_sync_rows import ROWS_FILE
+from traces.commented_csv import read_rows, write_rows
 
 WINDOWS = tuple(2**i for i in range(0, 12))  # 1 .. 2048 windows per iteration
 HEADER = ("data", "split", "vocab", "seq", "windows", "mean_rows", "stdev_rows", "samples")
@@ -40,11 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if len(args.vocab) != len(args.seq):
         parser.error("give --vocab and --seq in pairs")
-    rows = []
-    if args.out.is_file():
-        with args.out.open(encoding="utf-8") as handle:
-            rows = [r for r in csv.DictReader(line for line in handle if not line.startswith("#"))
-                    if (int(r["vocab"]), int(r["seq"])) not in set(zip(args.vocab, args.seq, strict=True))]
+    remeasured = set(zip(args.vocab, args.seq, strict=True))
+    rows: list[dict] = [r for r in read_rows(args.out) if (int(r["vocab"]), int(r["seq"])) not in remeasured]
     for vocab, seq in zip(args.vocab, args.seq, strict=True):
         for windows in WINDOWS:
             mean, stdev = measure(vocab, seq, windows, args.samples)
@@ -52,14 +49,9 @@ def main(argv: list[str] | None = None) -> None:
                          "windows": windows, "mean_rows": f"{mean:.2f}", "stdev_rows": f"{stdev:.2f}",
                          "samples": args.samples})
             print(f"vocab {vocab} seq {seq} windows {windows}: {mean:.1f} rows ({100 * mean / vocab:.2f}%)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", encoding="utf-8", newline="") as handle:
-        handle.write("# Distinct input tokens (embedding rows touched) of `windows` seeded WikiText-2 windows of\n"
-                     "# `seq` tokens, mean and stdev over `samples` seeds;\n"
-                     "# written by analysis/compression_sparsity.py\n")
-        writer = csv.DictWriter(handle, fieldnames=HEADER)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(args.out, ["Distinct input tokens (embedding rows touched) of `windows` seeded WikiText-2 windows of",
+                          "`seq` tokens, mean and stdev over `samples` seeds;",
+                          "written by analysis/compression_sparsity.py"], HEADER, rows)
 
 
 if __name__ == "__main__":

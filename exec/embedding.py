@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from exec.contract import batch_seed, make_optimizer
+from exec.parallel.dp import Works
 from sim.embedding import Table, embedding_tables
 from sim.embedding_embrace import shard_of
 from sim.program import Instruction, Kind
@@ -153,7 +154,7 @@ class EmbraceExchange:
                 works.append(pending.work)
                 nbytes += pending.nbytes
                 thens.append(pending.wait)
-        work = _AllWorks(works) if works else None
+        work = Works(works) if works else None  # one per table of the layer
         return work, nbytes, (lambda: [t() for t in thens])
 
     # -- the three phases --------------------------------------------------------------------------
@@ -257,21 +258,6 @@ class _InFlight:
     def wait(self) -> None:
         self.work.wait()
         self.then()
-
-
-class _AllWorks:
-    """Several collectives in flight, waited for together (one per table of a layer)."""
-
-    def __init__(self, works: list[Any]) -> None:
-        self.works = works
-
-    def wait(self) -> bool:
-        for work in self.works:
-            work.wait()
-        return True
-
-    def is_completed(self) -> bool:
-        return all(w.is_completed() for w in self.works)
 
 
 def _tag(ins: Instruction) -> tuple[str, int, int]:

@@ -26,7 +26,8 @@ the measured iteration; the parts add up to the total.
 
 It also times every point-to-point message (from the later of the send's start and the receive's
 post to the receive's end) in the run and in the prediction, and, with ``--p2p-what-if``, re-simulates
-each pipeline plan with every message priced at its mean in-run time instead of the profile's fit:
+each pipeline plan with every message lengthened by the in-run mean minus the predicted mean (every
+message at its in-run mean where, as in the suite, they are all one size):
 a diagnostic that says how much of the error the message times carry. It uses the run's own
 measurements, so its errors are not predictions and must not be reported as accuracy.
 """
@@ -92,27 +93,11 @@ def plan_parts(folder: Path) -> dict[str, float] | None:
     return out
 
 
-class _MessagesAt:
-    """A communication model whose point-to-point messages all take ``seconds`` (the diagnostic)."""
-
-    def __init__(self, base: object, seconds: float) -> None:
-        self.base, self.seconds = base, seconds
-        self.capacity_bytes, self.cluster = base.capacity_bytes, base.cluster  # type: ignore[attr-defined]
-
-    def p2p_route(self, src: int, dst: int, concurrent: int = 1) -> tuple[str, float, float]:
-        return "measured", self.seconds, float("inf")
-
-    def collective_s(self, *args: object, **kwargs: object) -> float:
-        return self.base.collective_s(*args, **kwargs)  # type: ignore[attr-defined]
-
-    def host_copy(self) -> tuple[float, float]:
-        return self.base.host_copy()  # type: ignore[attr-defined]
-
-
-def p2p_what_if(suite: Path, plan_dir: Path) -> tuple[float, float, float, float] | None:
-    """(in-run mean message ms, predicted message ms, error as validated, error with in-run messages)."""
+def p2p_what_if(plan_dir: Path) -> tuple[float, float, float, float] | None:
+    """(in-run mean message ms, predicted message ms, error as validated, error with every message
+    lengthened by the in-run mean minus the predicted mean)."""
     import json
-    from dataclasses import replace
+    from dataclasses import fields, replace
 
     from analysis.validation.calibration import ValidationCalibration, with_calibration
     from sim.compile import resolve_plan
@@ -121,20 +106,19 @@ def p2p_what_if(suite: Path, plan_dir: Path) -> tuple[float, float, float, float
     from sim.simulate import simulate
 
     measured = pd.read_parquet(plan_dir / "run" / "record" / "instructions.parquet")
-    predicted = pd.read_parquet(plan_dir / "prediction" / "instructions.parquet")
+    predicted = message_times(pd.read_parquet(plan_dir / "prediction" / "instructions.parquet"))
     in_run = message_times(measured)
     if not len(in_run):
         return None
     report = json.loads((plan_dir / "report.json").read_text())
     plan = Plan.load(plan_dir / "plan.yaml")
-    calibration = ValidationCalibration(**{k: v for k, v in report["settings"]["calibration"].items()
-                                           if k in ("compute_scale", "allreduce_overhead_s", "source")})
-    resolved = with_calibration(resolve_plan(plan), calibration)
-    resolved = replace(resolved, comm=_MessagesAt(resolved.comm, float(in_run.mean())))
-    again = simulate(plan, full=True, options=EngineOptions(layer_rows=False), resolved=resolved).iteration_s
+    known = {f.name for f in fields(ValidationCalibration)}
+    calibration = ValidationCalibration(**{k: v for k, v in report["settings"]["calibration"].items() if k in known})
+    calibration = replace(calibration, p2p_overhead_s=calibration.p2p_overhead_s + in_run.mean() - predicted.mean())
+    again = simulate(plan, full=True, options=calibration.engine_options(EngineOptions(layer_rows=False)),
+                     resolved=with_calibration(resolve_plan(plan), calibration)).iteration_s
     measured_s = report["iteration"]["measured"]["median_s"]
-    return (in_run.mean() * 1e3, message_times(predicted).mean() * 1e3, report["iteration"]["error"],
-            again / measured_s - 1)
+    return in_run.mean() * 1e3, predicted.mean() * 1e3, report["iteration"]["error"], again / measured_s - 1
 
 
 def main(folders: list[str]) -> None:
@@ -147,7 +131,7 @@ def main(folders: list[str]) -> None:
             for plan_dir in sorted((Path(folder) / "plans").iterdir()):
                 if not (plan_dir / "report.json").is_file():
                     continue
-                found = p2p_what_if(Path(folder), plan_dir)
+                found = p2p_what_if(plan_dir)
                 if found:
                     mean_ms, predicted_ms, before, after = found
                     print(f"| {Path(folder).name} | {plan_dir.name} | {mean_ms:.2f} | {predicted_ms:.2f} | "

@@ -36,9 +36,7 @@ def repredict(suite: Path, runtime_costs: bool) -> tuple[ValidationCalibration, 
             attempts.setdefault(report.plan, []).append(report)
     # the attempt the suite kept: the steadiest (analysis.validation_suite), not every retry
     reports = [min(tries, key=unsteadiness) for tries in attempts.values()]
-    calibration = fit_calibration(reports)
-    if not runtime_costs:
-        calibration = fit_calibration_without_runtime_costs(reports)
+    calibration = fit_calibration(reports) if runtime_costs else fit_calibration_without_runtime_costs(reports)
     table = pd.read_csv(suite / "suite.csv")
     rows = []
     for _, row in table.iterrows():

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from sim.costs import LayerCosts
+from sim.workloads import ADDED_CONFIG_FIELDS
 from traces.bundle import ProfileBundle, read_bundle
 from traces.errors import ConfigError
 
@@ -62,9 +63,10 @@ class BundleCostModel:
             raise ConfigError("profile", f"{self.source} does not record its workload configuration", redo)
         expected = {k: v for k, v in (config or options).items() if k != "source"}
         for key, value in expected.items():
-            if _plain(recorded.get(key)) != _plain(value):
+            profiled = recorded.get(key, ADDED_CONFIG_FIELDS.get(key))
+            if _plain(profiled) != _plain(value):
                 raise ConfigError(f"profile: workload.config.{key}", f"{self.source} was profiled with {key}="
-                                  f"{recorded.get(key)!r}, the plan has {value!r}", redo)
+                                  f"{profiled!r}, the plan has {value!r}", redo)
         span = settings.get("layers")
         if num_layers is None:
             num_layers = described.get("num_layers")

@@ -14,7 +14,6 @@ of a method (the reducer that really sends tensors) is registered under the same
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from sim.hardware import DeviceSpec
+from traces.commented_csv import read_rows
 
 if TYPE_CHECKING:
     from sim.plan import Plan
@@ -158,11 +158,7 @@ CODEC_FILE = Path(__file__).parent / "data" / "codec_rates.csv"
 def measured_codec_rates() -> dict[tuple[str, str], float]:
     """(device name, method) -> bytes per second of the method's memory phase, as profiled on that
     device (``analysis.compression_codec``)."""
-    if not CODEC_FILE.is_file():
-        return {}
-    with CODEC_FILE.open(encoding="utf-8") as handle:
-        rows = csv.DictReader(line for line in handle if not line.startswith("#"))
-        return {(r["device"], r["method"]): float(r["rate_Bps"]) for r in rows}
+    return {(r["device"], r["method"]): float(r["rate_Bps"]) for r in read_rows(CODEC_FILE)}
 
 
 def codec_Bps(device: DeviceSpec, method: str) -> float:

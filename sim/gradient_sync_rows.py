@@ -12,11 +12,11 @@ drawn independently, as the runtime's seeds draw them). Imports neither torch no
 
 from __future__ import annotations
 
-import csv
 import math
 from functools import lru_cache
 from pathlib import Path
 
+from traces.commented_csv import read_rows
 from traces.errors import ConfigError
 
 ROWS_FILE = Path(__file__).parent / "data" / "row_sparsity.csv"
@@ -27,12 +27,9 @@ MEASURE = "python -m analysis.compression_sparsity --vocab {vocab} --seq {seq}"
 def measured() -> dict[tuple[str, int, int], list[tuple[int, float]]]:
     """(data, vocab, seq) -> [(windows, mean distinct rows)] ascending in windows."""
     table: dict[tuple[str, int, int], list[tuple[int, float]]] = {}
-    if not ROWS_FILE.is_file():
-        return table
-    with ROWS_FILE.open(encoding="utf-8") as handle:
-        for row in csv.DictReader(line for line in handle if not line.startswith("#")):
-            key = (row["data"], int(row["vocab"]), int(row["seq"]))
-            table.setdefault(key, []).append((int(row["windows"]), float(row["mean_rows"])))
+    for row in read_rows(ROWS_FILE):
+        key = (row["data"], int(row["vocab"]), int(row["seq"]))
+        table.setdefault(key, []).append((int(row["windows"]), float(row["mean_rows"])))
     return {k: sorted(v) for k, v in table.items()}
 
 

@@ -199,6 +199,10 @@ def _positive_ints(value: object) -> bool:
 
 ATTENTION_IMPLEMENTATIONS = ("flash", "unfused")
 
+# Configuration fields added after bundles were first written, with the value every bundle written
+# before them ran: a bundle that does not record such a field describes a plan that has that value.
+ADDED_CONFIG_FIELDS: dict[str, object] = {"attention": "flash"}  # torch SDPA, before the option existed
+
 
 def transformer_config(name: str, **overrides: object) -> TransformerConfig:
     sizes = [f for f in asdict(TRANSFORMER_PRESETS["gpt-tiny"]) if f != "family"]  # the family is the preset's

@@ -28,7 +28,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 _STATE: dict[tuple[int, ...], dict[str, Any]] = {}
 
 
-class _Works:
+class Works:
     """Several asynchronous collectives waited for as one."""
 
     def __init__(self, works: Sequence[Any]) -> None:
@@ -124,8 +124,8 @@ class BucketReduce:
 
     # -- what the runtime sees ------------------------------------------------------------------------
     @property
-    def work(self) -> _Works | None:
-        return _Works(self.works) if self.works else None
+    def work(self) -> Works | None:
+        return Works(self.works) if self.works else None
 
     @property
     def nbytes(self) -> int:
