@@ -22,7 +22,7 @@ from sim.cluster import load_cluster
 from sim.compile import MAX_INSTRUCTIONS, check_size, estimate_instructions
 from sim.plan import Plan, migrate_flat
 from sim.simulate import simulate
-from traces.bundle import MANIFEST_NAME, write_bundle
+from traces.bundle import MANIFEST_NAME, _json_sha256, write_bundle
 from traces.errors import BundleError, ConfigError, ParatwinError
 from traces.schema import LAYER_TABLE
 from traces.tables import _schema_stamp, _write_parquet, read_table
@@ -101,6 +101,20 @@ def test_bundle_of_another_plan_is_refused(bundle_dir: Path, fields: dict, fragm
     with pytest.raises(ConfigError) as error:
         simulate(tiny_plan(bundle_dir, **fields))
     one_line(error, *fragments)
+
+
+def test_a_bundle_written_before_a_config_field_existed_describes_its_old_value(bundle_copy: Path) -> None:
+    # Bundles profiled before `attention` was a configuration field do not record it; they ran torch
+    # SDPA (flash), so they describe flash plans and no others.
+    def drop_attention(manifest: dict) -> None:
+        del manifest["meta"]["workload"]["config"]["attention"]
+        manifest["extra_sha256"]["meta"] = _json_sha256(manifest["meta"])
+
+    edit_manifest(bundle_copy, drop_attention)
+    assert simulate(tiny_plan(bundle_copy)).iteration_s > 0
+    with pytest.raises(ConfigError) as error:
+        simulate(tiny_plan(bundle_copy, workload_options={"attention": "unfused"}))
+    one_line(error, "workload.config.attention", "attention='flash'", "'unfused'")
 
 
 def test_bundle_with_a_layer_row_missing_is_refused(bundle_copy: Path) -> None:
