@@ -41,6 +41,7 @@ from pydantic import Field
 
 from sim.comm import concurrent_groups
 from sim.embedding import EmbeddingConfig, Table, embedding_tables, register_embedding_method
+from sim.hardware import ELEMENT_BYTES
 from sim.program import Kind
 from traces.errors import ConfigError
 
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
     from sim.plan import Plan
 
 ID_BYTES = 8  # ids travel as int64, torch's index dtype
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 Shard = Literal["auto", "rows", "columns"]
 
 
@@ -177,7 +177,7 @@ def _entry(path: str, plan: Plan, table: Table, tokens: int) -> dict[str, Any]:
 
 def exchange_bytes(plan: Plan, tables: list[Table]) -> dict[str, int]:
     """Bytes of one rank's send buffer per phase of one micro-batch's exchange, over ``tables``."""
-    b = DTYPE_BYTES[plan.dtype]
+    b = ELEMENT_BYTES[plan.dtype]
     config = plan.embedding
     assert isinstance(config, Embrace)
     all_tables = embedding_tables(plan.workload, plan.workload_options)
@@ -223,7 +223,7 @@ def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, c
     def a2a(phase: str) -> float:
         return comm.collective_s("all_to_all", round(sizes[phase] * imbalance), group, sharing)
 
-    full = sum(t.rows * t.dim * DTYPE_BYTES[plan.dtype] for t in tables)
+    full = sum(t.rows * t.dim * ELEMENT_BYTES[plan.dtype] for t in tables)
     shard = sum(_shard_bytes(plan, t, 0) for t in tables)
     layer = costs.layer_costs(tables[0].layer, plan.micro_batch, plan.tp)
     static = layer.param_bytes + layer.grad_bytes + layer.optimizer_bytes
@@ -238,7 +238,7 @@ def _shard_bytes(plan: Plan, table: Table, rank: int) -> int:
     assert isinstance(plan.embedding, Embrace)
     tables = embedding_tables(plan.workload, plan.workload_options)
     rows, width = shard_rows(table, shard_of(plan.embedding, tables, tables.index(table), plan.dp), plan.dp, rank)
-    return rows * width * DTYPE_BYTES[plan.dtype]
+    return rows * width * ELEMENT_BYTES[plan.dtype]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,7 +272,7 @@ def _lower(draft: Any, stages: tuple[int, ...]) -> None:
     stage, tables = _local_tables(draft, stages)
     if not tables:
         return
-    b = DTYPE_BYTES[draft.plan.dtype]
+    b = ELEMENT_BYTES[draft.plan.dtype]
     draft.program.alltoall_imbalance = alltoall_imbalance(draft.plan)
     for table in tables:
         draft.excluded_grad_bytes[table.layer] = draft.excluded_grad_bytes.get(table.layer, 0) \
@@ -295,7 +295,7 @@ def _finish(draft: Any, stages: tuple[int, ...]) -> None:
     stage, tables = _local_tables(draft, stages)
     if not tables:
         return
-    plan, b = draft.plan, DTYPE_BYTES[draft.plan.dtype]
+    plan, b = draft.plan, ELEMENT_BYTES[draft.plan.dtype]
     config = plan.embedding
     shard_bytes = sum(_shard_bytes(plan, table, draft.coords.dp) for table in tables)
     full_bytes = sum(t.rows * t.dim * b for t in tables)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sim.hardware import DeviceSpec
+from sim.hardware import ELEMENT_BYTES, DeviceSpec
 from traces.commented_csv import read_rows
 
 if TYPE_CHECKING:
@@ -130,9 +130,6 @@ class CommPricer(Protocol):
 def wire_bytes(phases: Sequence[Phase]) -> int:
     """Bytes the bucket's collectives carry (and the buffers they hold)."""
     return sum(p.nbytes for p in phases if p.kind != "memory")
-
-
-ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
 def vector_bucket(settings: GradientSyncConfig, dense: int, dp: int, dtype: str) -> SyncContext:

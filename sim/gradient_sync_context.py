@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from sim.gradient_sync import ELEMENT_BYTES, GradTensor, SyncContext
+from sim.gradient_sync import GradTensor, SyncContext
 from sim.gradient_sync_rows import rows_touched
+from sim.hardware import ELEMENT_BYTES
 from sim.workloads import WORKLOAD_FAMILIES, workload_config
 
 if TYPE_CHECKING:

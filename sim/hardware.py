@@ -30,6 +30,8 @@ _DTYPE_ALIASES = {
     "bfloat16": "bf16", "torch.bfloat16": "bf16",
     "float8": "fp8", "e4m3": "fp8", "float8_e4m3fn": "fp8",
 }
+# Bytes of one element of a plan's parameters and gradients (plans train in fp32, fp16 or bf16).
+ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 GB = 1e9
 GiB = 2**30
 
