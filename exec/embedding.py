@@ -27,7 +27,7 @@ from torch import nn
 from exec.contract import batch_seed, make_optimizer
 from exec.parallel.dp import Works
 from sim.embedding import Table, embedding_tables
-from sim.embedding_embrace import shard_of
+from sim.embedding_embrace import table_shard
 from sim.program import Instruction, Kind
 
 if TYPE_CHECKING:
@@ -92,13 +92,14 @@ class EmbraceExchange:
         self.tables: dict[int, ShardedTable] = {}  # layer -> shard (one table per layer in every workload)
         for index, table in enumerate(all_tables):
             if table.layer in runtime.layer_modules:
-                self.tables[table.layer] = self._replace(table, shard_of(plan.embedding, all_tables, index, plan.dp))
+                self.tables[table.layer] = self._replace(table, table_shard(plan, all_tables, index))
         self.states: dict[tuple[int, int, int], ExchangeState] = {}  # (layer, iteration, mb)
         self.current: tuple[int, int] = (-1, -1)
         self.optimizer = make_optimizer([t.weight for t in self.tables.values()]) if self.tables else None
         steps = [i for i in runtime.program.instructions if i.kind is Kind.OPTIMIZER_STEP]
         self.own_step = any(i.method for i in steps)
-        self.prefetches = any(i.kind is Kind.ALLTOALL and _tag(i)[2] == 1 for i in runtime.program.instructions)
+        self.prefetches = any(i.kind is Kind.ALLTOALL and exchange_tag(i)[2] == 1
+                              for i in runtime.program.instructions)
 
     def _replace(self, table: Table, shard: str) -> ShardedTable:
         layer = self.rt.layer_modules[table.layer]
@@ -138,7 +139,7 @@ class EmbraceExchange:
 
     def execute(self, ins: Instruction) -> tuple[Any, int, Any]:
         """Run one ALLTOALL: (work in flight or None, bytes sent, what to do on completion)."""
-        phase, mb, offset = _tag(ins)
+        phase, mb, offset = exchange_tag(ins)
         iteration = self.rt.iteration + offset
         works, nbytes, thens = [], 0, []
         for layer in ins.layers:
@@ -160,9 +161,17 @@ class EmbraceExchange:
     # -- the three phases --------------------------------------------------------------------------
     def _ids(self, layer: int, iteration: int, mb: int) -> int:
         """Send this micro-batch's unique ids to their owners (by rows: id mod dp; by columns: all)."""
-        table = self.tables[layer]
+        state, nbytes = self._request(self.tables[layer], self.batch_ids(iteration, mb))
+        self.states[(layer, iteration, mb)] = state
+        return nbytes
+
+    def batch_ids(self, iteration: int, mb: int) -> torch.Tensor:
+        """The ids micro-batch ``mb`` of ``iteration`` looks up on this rank (the runtime's own batch)."""
         seed = batch_seed(iteration, self.rank, mb, self.dp, self.rt.plan.microbatches)
-        ids = self.rt.workload.make_batch(self.rt.plan.micro_batch, seed=seed, device=self.rt.device).inputs
+        return self.rt.workload.make_batch(self.rt.plan.micro_batch, seed=seed, device=self.rt.device).inputs
+
+    def _request(self, table: ShardedTable, ids: torch.Tensor) -> tuple[ExchangeState, int]:
+        """Send the unique ``ids`` to their owners (synchronous: counts, then ids); (state, bytes sent)."""
         uniq, inverse = torch.unique(ids, return_inverse=True)
         if table.shard == "rows":
             owner = uniq % self.dp
@@ -177,17 +186,18 @@ class EmbraceExchange:
         dist.all_to_all_single(recv_counts, send_counts, group=self.group)
         requested = torch.empty(int(recv_counts.sum()), dtype=torch.int64, device=uniq.device)
         dist.all_to_all_single(requested, send, recv_counts.tolist(), send_counts.tolist(), group=self.group)
-        self.states[(layer, iteration, mb)] = ExchangeState(
-            ids=ids, uniq=uniq, inverse=inverse, order=order, send_counts=send_counts.tolist(),
-            recv_counts=recv_counts.tolist(), requested=requested)
-        return (send.numel() + send_counts.numel()) * 8
+        state = ExchangeState(ids=ids, uniq=uniq, inverse=inverse, order=order, send_counts=send_counts.tolist(),
+                              recv_counts=recv_counts.tolist(), requested=requested)
+        return state, (send.numel() + send_counts.numel()) * 8
 
     def _width(self, table: ShardedTable) -> int:
         return table.weight.shape[1]
 
-    def _rows(self, layer: int, iteration: int, mb: int) -> _InFlight:
+    def _rows(self, layer: int, iteration: int, mb: int) -> InFlight:
+        return self._reply(self.tables[layer], self.states[(layer, iteration, mb)])
+
+    def _reply(self, table: ShardedTable, state: ExchangeState) -> InFlight:
         """Owners send the requested rows (of their shard) back; on arrival they become ``gathered``."""
-        table, state = self.tables[layer], self.states[(layer, iteration, mb)]
         width = self._width(table)
         with torch.no_grad():
             reply = table.weight[table.local_index(state.requested)].contiguous()
@@ -209,9 +219,9 @@ class EmbraceExchange:
                 rows = received.permute(1, 0, 2).reshape(unique, self.dp * width)
             state.gathered = rows.requires_grad_(True)
 
-        return _InFlight(work, reply.numel() * reply.element_size(), arrived)
+        return InFlight(work, reply.numel() * reply.element_size(), arrived)
 
-    def _grads(self, layer: int, iteration: int, mb: int) -> _InFlight:
+    def _grads(self, layer: int, iteration: int, mb: int) -> InFlight:
         """The gradients of the gathered rows to their owners, who add them / dp into their shard."""
         table, state = self.tables[layer], self.states.pop((layer, iteration, mb))
         width = self._width(table)
@@ -235,7 +245,7 @@ class EmbraceExchange:
             # parallelism's all-reduce-then-divide gives it.
             table.weight.grad.index_add_(0, table.local_index(state.requested), received.div_(self.dp))
 
-        return _InFlight(work, send.numel() * send.element_size(), arrived)
+        return InFlight(work, send.numel() * send.element_size(), arrived)
 
     def rows_for(self, table: ShardedTable, ids: torch.Tensor) -> torch.Tensor:
         layer = next(layer for layer, t in self.tables.items() if t is table)
@@ -250,7 +260,7 @@ class EmbraceExchange:
 
 
 @dataclass
-class _InFlight:
+class InFlight:
     work: Any
     nbytes: int
     then: Any
@@ -260,11 +270,14 @@ class _InFlight:
         self.then()
 
 
-def _tag(ins: Instruction) -> tuple[str, int, int]:
+def exchange_tag(ins: Instruction) -> tuple[str, int, int]:
     """(phase, micro-batch, iteration offset) of an ``emb:<phase>:<mb>:<offset>:<pp>:<tp>`` tag."""
     _, phase, mb, offset, *_ = ins.tag.split(":")
     return phase, int(mb), int(offset)
 
 
-# The runtime of each embedding method with sharded tables; ``dense`` needs none.
+# The runtime of each embedding method with sharded tables; ``dense`` needs none. Other methods'
+# modules add themselves on import (below).
 EMBEDDING_RUNTIMES: dict[str, type[EmbraceExchange]] = {"embrace": EmbraceExchange}
+
+from exec import embedding_ps  # noqa: E402, F401

@@ -9,6 +9,8 @@ registered under the same name in ``exec.embedding``.
   through the plan's gradient-sync method, whichever is registered (``allreduce``, ``fp16``, and
   any added later), so every gradient-sync method is a baseline for the sharded methods.
 - ``embrace`` (``sim.embedding_embrace``): EmbRace's hybrid communication.
+- ``ps`` (``sim.embedding_ps``): a Parallax-like parameter server colocated with the workers, the
+  baseline EmbRace compares itself with.
 
 The tables of a workload (which module of which layer, rows x width) come from its configuration
 (``embedding_tables``), so the simulator and the runtime shard the same tensors. Imports neither
@@ -51,6 +53,24 @@ class Table:
     dim: int
 
 
+@dataclass(frozen=True)
+class EmbeddingTerms:
+    """What ``sim.estimate`` needs of a sharded embedding: where the tables are (pipeline rank and
+    the index of their stage among that rank's stages), the gradient bytes they take out of the
+    buckets, and the seconds of their exchanges on the collective stream."""
+
+    rank: int
+    index: int
+    bucket_bytes_removed: int
+    lookups_s: float  # every lookup of the iteration (ids + rows)
+    last_grads_s: float  # the gradient exchange after the last backward (earlier ones overlap the backward)
+    prefetch: bool  # lookups after the buckets, beside the dense optimizer step (else before the forwards)
+    static_bytes_saved: int  # parameters, gradients and optimizer state of the other ranks' shards
+
+
+# terms(plan, stage_layers, comm, costs, rank_of_stage, stages_of_rank): the estimate's terms.
+TermsHook = Callable[[Any, list[tuple[int, ...]], Any, Any, list[int], list[tuple[int, ...]]], EmbeddingTerms | None]
+
 # lower(draft, stages) runs before the gradient-sync buckets are formed, finish(draft, stages) after
 # the optimizer step is placed (sim.lower); both may be None.
 LowerHook = Callable[[Any, tuple[int, ...]], None]
@@ -65,6 +85,7 @@ class EmbeddingMethod:
     check: Callable[[Plan], None] | None = None  # raise ConfigError when the plan cannot use it
     lower: LowerHook | None = None
     finish: LowerHook | None = None
+    terms: TermsHook | None = None  # how sim.estimate prices it (None: nothing beyond dense)
 
 
 EMBEDDING_METHODS: dict[str, EmbeddingMethod] = {}
@@ -72,11 +93,12 @@ EMBEDDING_METHODS: dict[str, EmbeddingMethod] = {}
 
 def register_embedding_method(name: str, config: type[EmbeddingConfig], *, sharded: bool,
                               check: Callable[[Plan], None] | None = None, lower: LowerHook | None = None,
-                              finish: LowerHook | None = None) -> EmbeddingMethod:
+                              finish: LowerHook | None = None, terms: TermsHook | None = None) -> EmbeddingMethod:
     if name in EMBEDDING_METHODS:
         raise ValueError(f"embedding method {name!r} is registered twice")
     doc = " ".join((config.__doc__ or "").split("\n\n")[0].split())
-    EMBEDDING_METHODS[name] = method = EmbeddingMethod(name, config, doc, sharded, check, lower, finish)
+    EMBEDDING_METHODS[name] = method = EmbeddingMethod(name, config, doc, sharded, check, lower, finish,
+                                                             terms)
     return method
 
 
@@ -92,7 +114,14 @@ def embedding_tables(workload: str, options: dict[str, Any]) -> list[Table]:
     return []
 
 
+def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, costs: Any, rank_of_stage: list[int],
+                   stages_of_rank: list[tuple[int, ...]]) -> EmbeddingTerms | None:
+    """The fast estimate's terms of ``plan``'s embedding method (None when its tables are dense)."""
+    hook = EMBEDDING_METHODS[plan.embedding.method].terms
+    return None if hook is None else hook(plan, stage_layers, comm, costs, rank_of_stage, stages_of_rank)
+
+
 register_embedding_method("dense", DenseEmbedding, sharded=False)
 
 # Every other method lives in a module of its own and registers itself on import.
-from sim import embedding_embrace  # noqa: E402, F401
+from sim import embedding_embrace, embedding_ps  # noqa: E402, F401

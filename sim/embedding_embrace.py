@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from sim.comm import concurrent_groups
-from sim.embedding import EmbeddingConfig, Table, embedding_tables, register_embedding_method
+from sim.embedding import EmbeddingConfig, EmbeddingTerms, Table, embedding_tables, register_embedding_method
 from sim.hardware import ELEMENT_BYTES
 from sim.program import Kind
 from traces.errors import ConfigError
@@ -52,7 +52,14 @@ ID_BYTES = 8  # ids travel as int64, torch's index dtype
 Shard = Literal["auto", "rows", "columns"]
 
 
-class Embrace(EmbeddingConfig):
+class ShardedEmbedding(EmbeddingConfig):
+    """Settings every method with sharded tables has (``embrace``, ``ps``)."""
+
+    row_stats: str | None = Field(None, description="JSON of unique rows per micro-batch measured on real "
+                                  "batches (python -m exec.embedding_rows); without it, uniform ids")
+
+
+class Embrace(ShardedEmbedding):
     """EmbRace: tables sharded over the data-parallel ranks; lookups and gradients exchanged by
     all-to-all, only the rows a batch touches."""
 
@@ -61,8 +68,6 @@ class Embrace(EmbeddingConfig):
                                        "divides by dp), for every table or one per table")
     schedule: Literal["2d", "sequential"] = Field("2d", description="2d: per-micro-batch exchanges, the "
                                                   "next iteration's lookups prefetched; sequential: none")
-    row_stats: str | None = Field(None, description="JSON of unique rows per micro-batch measured on real "
-                                  "batches (python -m exec.embedding_rows); without it, uniform ids")
 
 
 def shard_of(config: Embrace, tables: list[Table], index: int, dp: int) -> str:
@@ -74,6 +79,12 @@ def shard_of(config: Embrace, tables: list[Table], index: int, dp: int) -> str:
     return chosen
 
 
+def table_shard(plan: Plan, tables: list[Table], index: int) -> str:
+    """How ``plan``'s method shards table ``index``: EmbRace as configured, a parameter server by rows."""
+    config = plan.embedding
+    return shard_of(config, tables, index, plan.dp) if isinstance(config, Embrace) else "rows"
+
+
 def shard_rows(table: Table, shard: str, dp: int, rank: int) -> tuple[int, int]:
     """(rows, width) of ``rank``'s shard: rows v with v mod dp == rank, or the rank's column slice."""
     if shard == "rows":
@@ -81,21 +92,28 @@ def shard_rows(table: Table, shard: str, dp: int, rank: int) -> tuple[int, int]:
     return table.rows, table.dim // dp
 
 
-def _check(plan: Plan) -> None:
-    config = plan.embedding
-    assert isinstance(config, Embrace)
+def check_sharded(plan: Plan) -> list[Table]:
+    """What every method with sharded tables refuses; returns the workload's tables."""
+    name = plan.embedding.method
     tables = embedding_tables(plan.workload, plan.workload_options)
     if not tables:
         raise ConfigError("embedding.method", f"workload {plan.workload} has no embedding table to shard",
                           "use method: dense")
     if plan.dp < 2:
-        raise ConfigError("embedding.method", "embrace shards tables over the data-parallel ranks; this plan "
+        raise ConfigError("embedding.method", f"{name} shards tables over the data-parallel ranks; this plan "
                           "has dp 1", "use dp >= 2, or method: dense")
     if plan.tp > 1:
         # Tensor parallelism already splits a transformer's token table over the TP ranks; sharding
         # that split again over dp is neither priced (the table's bytes are counted whole) nor run.
-        raise ConfigError("embedding.method", f"embrace with tensor parallelism (tp {plan.tp}) is not supported",
+        raise ConfigError("embedding.method", f"{name} with tensor parallelism (tp {plan.tp}) is not supported",
                           "use tp 1, or method: dense")
+    return tables
+
+
+def _check(plan: Plan) -> None:
+    config = plan.embedding
+    assert isinstance(config, Embrace)
+    tables = check_sharded(plan)
     if isinstance(config.shard, list) and len(config.shard) != len(tables):
         raise ConfigError("embedding.shard", f"has {len(config.shard)} entries for {len(tables)} table(s) of "
                           f"{plan.workload}", f"give one of rows | columns | auto per table ({len(tables)})")
@@ -107,43 +125,46 @@ def _check(plan: Plan) -> None:
     alltoall_imbalance(plan)  # and row sharding without the owners' shares at this dp
 
 
-def unique_rows(plan: Plan, table: Table) -> float:
-    """Mean unique ids in one micro-batch of one rank: measured, or closed form for uniform ids."""
+def unique_rows(plan: Plan, table: Table, tokens: int | None = None) -> float:
+    """Mean unique ids among ``tokens`` ids of one rank (default: one micro-batch): measured, or
+    closed form for uniform ids."""
     config = plan.embedding
-    assert isinstance(config, Embrace)
-    seq = _seq(plan)
-    tokens = plan.micro_batch * seq
+    assert isinstance(config, ShardedEmbedding)
+    seq = seq_len(plan)
+    tokens = tokens or plan.micro_batch * seq
     if config.row_stats is not None:
         return _measured(config.row_stats, plan, table, tokens)
     if plan.workload_options.get("data", "synthetic") != "synthetic":
         raise ConfigError("embedding.row_stats", f"the rows a batch of {plan.workload_options['data']} touches "
                           "are not uniform", f"measure them: python -m exec.embedding_rows --workload "
-                          f"{plan.workload} --micro-batch {plan.micro_batch} --out rows.json, then set "
+                          f"{plan.workload} --micro-batch {tokens // seq} --out rows.json, then set "
                           "embedding.row_stats: rows.json (workload_options too)")
     # n uniform draws from V ids: each id is missed by all with probability (1 - 1/V)^n.
     return table.rows * (1.0 - (1.0 - 1.0 / table.rows) ** tokens)
 
 
-def alltoall_imbalance(plan: Plan) -> float:
+def alltoall_imbalance(plan: Plan, tokens: int | None = None) -> float:
     """Largest destination's share of an exchange over the even 1/dp: by rows, the measured largest
-    share of a micro-batch's unique ids owned by one rank (id mod dp), times dp; by columns every owner
-    serves every id (1). Uniform synthetic ids without statistics: 1 (their skew is not modelled)."""
+    share of the unique ids among ``tokens`` ids (default: a micro-batch's) owned by one rank (id mod
+    dp), times dp; by columns every owner serves every id (1). Uniform synthetic ids without
+    statistics: 1 (their skew is not modelled)."""
     config = plan.embedding
-    assert isinstance(config, Embrace)
+    assert isinstance(config, ShardedEmbedding)
     tables = embedding_tables(plan.workload, plan.workload_options)
-    rows = [t for i, t in enumerate(tables) if shard_of(config, tables, i, plan.dp) == "rows"]
+    rows = [t for i, t in enumerate(tables) if table_shard(plan, tables, i) == "rows"]
     if not rows or config.row_stats is None:
         return 1.0
-    entry = _entry(config.row_stats, plan, rows[0], plan.micro_batch * _seq(plan))
+    tokens = tokens or plan.micro_batch * seq_len(plan)
+    entry = _entry(config.row_stats, plan, rows[0], tokens)
     share = entry.get("owner_share_max_mean", {}).get(str(plan.dp))
     if share is None:
         raise ConfigError("embedding.row_stats", f"{config.row_stats} has no owner shares for dp {plan.dp}",
                           f"measure them: python -m exec.embedding_rows --workload {plan.workload} --micro-batch "
-                          f"{plan.micro_batch} --dp {plan.dp} --out {config.row_stats}")
+                          f"{tokens // seq_len(plan)} --dp {plan.dp} --out {config.row_stats}")
     return max(1.0, float(share) * plan.dp)
 
 
-def _seq(plan: Plan) -> int:
+def seq_len(plan: Plan) -> int:
     from sim.workloads import workload_config
 
     return int((workload_config(plan.workload, plan.workload_options) or {}).get("seq", 1))
@@ -172,7 +193,7 @@ def _entry(path: str, plan: Plan, table: Table, tokens: int) -> dict[str, Any]:
     raise ConfigError("embedding.row_stats", f"{path} has no entry for {tokens} tokens per micro-batch, vocabulary "
                       f"{table.rows}, data {plan.workload_options.get('data', 'synthetic')} (has {have[:4]})",
                       f"measure this micro-batch: python -m exec.embedding_rows --workload {plan.workload} "
-                      f"--micro-batch {plan.micro_batch} --out {path}")
+                      f"--micro-batch {tokens // seq_len(plan)} --out {path}")
 
 
 def exchange_bytes(plan: Plan, tables: list[Table]) -> dict[str, int]:
@@ -191,53 +212,47 @@ def exchange_bytes(plan: Plan, tables: list[Table]) -> dict[str, int]:
     return {"ids": ids, "rows": rows, "grads": rows}
 
 
-@dataclass(frozen=True)
-class EmbeddingTerms:
-    """What ``sim.estimate`` needs of a sharded embedding: where the tables are (pipeline rank and
-    the index of their stage among that rank's stages), the gradient bytes they take out of the
-    buckets, and the seconds of their exchanges on the collective stream."""
-
-    rank: int
-    index: int
-    bucket_bytes_removed: int
-    lookups_s: float  # ids + rows of every micro-batch
-    last_grads_s: float  # the last micro-batch's gradient exchange (the earlier ones overlap the backward)
-    prefetch: bool  # 2D: lookups after the buckets, beside the dense optimizer step
-    static_bytes_saved: int  # parameters, gradients and optimizer state of the other ranks' shards
-
-
-def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, costs: Any, rank_of_stage: list[int],
-                   stages_of_rank: list[tuple[int, ...]]) -> EmbeddingTerms | None:
-    """The estimate's terms for ``plan`` (None unless its tables are sharded)."""
-    if not isinstance(plan.embedding, Embrace):
-        return None
+def sharded_terms(plan: Plan, stage_layers: list[tuple[int, ...]], costs: Any, rank_of_stage: list[int],
+                  stages_of_rank: list[tuple[int, ...]], lookups_s: float, last_grads_s: float,
+                  prefetch: bool) -> EmbeddingTerms:
+    """The estimate's terms of a method with sharded tables, given the seconds of its exchanges."""
     tables = embedding_tables(plan.workload, plan.workload_options)
     stage = next(s for s, layers in enumerate(stage_layers) if tables[0].layer in layers)
     rank = rank_of_stage[stage]
-    group = tuple(d * plan.tp for d in range(plan.dp))  # pipeline rank 0's replicas (sim.program.rank_of)
-    sizes = exchange_bytes(plan, tables)
-
-    imbalance = alltoall_imbalance(plan)
-    sharing = concurrent_groups(comm.cluster, plan.dp * plan.tp, group)  # one exchange per TP rank at once
-
-    def a2a(phase: str) -> float:
-        return comm.collective_s("all_to_all", round(sizes[phase] * imbalance), group, sharing)
-
     full = sum(t.rows * t.dim * ELEMENT_BYTES[plan.dtype] for t in tables)
     shard = sum(_shard_bytes(plan, t, 0) for t in tables)
     layer = costs.layer_costs(tables[0].layer, plan.micro_batch, plan.tp)
     static = layer.param_bytes + layer.grad_bytes + layer.optimizer_bytes
     return EmbeddingTerms(rank=rank, index=stages_of_rank[rank].index(stage), bucket_bytes_removed=full,
-                          lookups_s=plan.microbatches * (a2a("ids") + a2a("rows")), last_grads_s=a2a("grads"),
-                          prefetch=plan.embedding.schedule == "2d",
+                          lookups_s=lookups_s, last_grads_s=last_grads_s, prefetch=prefetch,
                           static_bytes_saved=round((full - shard) / layer.param_bytes * static))
+
+
+def alltoall_s(plan: Plan, comm: Any, nbytes: float, imbalance: float) -> float:
+    """Seconds of one exchange of ``nbytes`` (one rank's send buffer) among pipeline rank 0's replicas,
+    every TP rank's group exchanging at once, as slow as its most loaded destination."""
+    group = tuple(d * plan.tp for d in range(plan.dp))  # pipeline rank 0's replicas (sim.program.rank_of)
+    sharing = concurrent_groups(comm.cluster, plan.dp * plan.tp, group)
+    return comm.collective_s("all_to_all", round(nbytes * imbalance), group, sharing)
+
+
+def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, costs: Any, rank_of_stage: list[int],
+                   stages_of_rank: list[tuple[int, ...]]) -> EmbeddingTerms:
+    """EmbRace's estimate terms: every micro-batch's lookup, the last micro-batch's gradient exchange."""
+    assert isinstance(plan.embedding, Embrace)
+    sizes, imbalance = exchange_bytes(plan, embedding_tables(plan.workload, plan.workload_options)), \
+        alltoall_imbalance(plan)
+    return sharded_terms(plan, stage_layers, costs, rank_of_stage, stages_of_rank,
+                         lookups_s=plan.microbatches * sum(alltoall_s(plan, comm, sizes[p], imbalance)
+                                                           for p in ("ids", "rows")),
+                         last_grads_s=alltoall_s(plan, comm, sizes["grads"], imbalance),
+                         prefetch=plan.embedding.schedule == "2d")
 
 
 def _shard_bytes(plan: Plan, table: Table, rank: int) -> int:
     """Bytes of ``rank``'s shard of ``table``."""
-    assert isinstance(plan.embedding, Embrace)
     tables = embedding_tables(plan.workload, plan.workload_options)
-    rows, width = shard_rows(table, shard_of(plan.embedding, tables, tables.index(table), plan.dp), plan.dp, rank)
+    rows, width = shard_rows(table, table_shard(plan, tables, tables.index(table)), plan.dp, rank)
     return rows * width * ELEMENT_BYTES[plan.dtype]
 
 
@@ -245,7 +260,7 @@ def _shard_bytes(plan: Plan, table: Table, rank: int) -> int:
 # Lowering (sim.lower calls these on each rank's draft; see its _Draft and Node).
 
 
-def _local_tables(draft: Any, stages: tuple[int, ...]) -> tuple[int, list[Table]]:
+def local_tables(draft: Any, stages: tuple[int, ...]) -> tuple[int, list[Table]]:
     layers = {layer: s for s in stages for layer in draft.program.stage_layers[s]}
     tables = [t for t in embedding_tables(draft.plan.workload, draft.plan.workload_options) if t.layer in layers]
     return (layers[tables[0].layer] if tables else -1), tables
@@ -256,27 +271,50 @@ def _group(draft: Any) -> tuple[int, ...]:
     return tuple(draft.program.rank_of(d, c.pp, c.tp) for d in range(draft.plan.dp))
 
 
-def _exchange(draft: Any, phase: str, mb: int, offset: int, tables: list[Table], stage: int, deps: list) -> Any:
+def exchange(draft: Any, phase: str, mb: int, offset: int, tables: list[Table], stage: int, deps: list,
+             nbytes: int) -> Any:
+    """One ``ALLTOALL`` of the plan's method among this rank's replicas."""
     from sim.lower import Node
 
     c = draft.coords
     return Node(Kind.ALLTOALL, stage, mb, deps=deps, group=_group(draft),
-                tag=f"emb:{phase}:{mb}:{offset}:{c.pp}:{c.tp}",
-                bytes=exchange_bytes(draft.plan, tables)[phase], layers=tuple(sorted({t.layer for t in tables})),
-                method="embrace")
+                tag=f"emb:{phase}:{mb}:{offset}:{c.pp}:{c.tp}", bytes=nbytes,
+                layers=tuple(sorted({t.layer for t in tables})), method=draft.plan.embedding.method)
+
+
+def _exchange(draft: Any, phase: str, mb: int, offset: int, tables: list[Table], stage: int, deps: list) -> Any:
+    return exchange(draft, phase, mb, offset, tables, stage, deps, exchange_bytes(draft.plan, tables)[phase])
+
+
+def exclude_tables(draft: Any, tables: list[Table], imbalance: float) -> None:
+    """The tables' gradients leave the data-parallel buckets; the exchanges wait for the most loaded owner."""
+    b = ELEMENT_BYTES[draft.plan.dtype]
+    draft.program.alltoall_imbalance = imbalance
+    for table in tables:
+        draft.excluded_grad_bytes[table.layer] = draft.excluded_grad_bytes.get(table.layer, 0) \
+            + table.rows * table.dim * b
+
+
+def step_bytes(draft: Any, stages: tuple[int, ...], tables: list[Table]) -> tuple[int, int]:
+    """(dense parameter bytes, own shard bytes) an optimizer step of this rank updates; records the
+    other ranks' shards as parameter bytes this rank does not hold."""
+    plan, b = draft.plan, ELEMENT_BYTES[draft.plan.dtype]
+    shard_bytes = sum(_shard_bytes(plan, table, draft.coords.dp) for table in tables)
+    full_bytes = sum(t.rows * t.dim * b for t in tables)
+    dense_bytes = sum(draft.cost(layer).param_bytes for s in stages for layer in draft.program.stage_layers[s]) \
+        - full_bytes
+    for table in tables:
+        draft.program.unheld_param_bytes[table.layer] = full_bytes - shard_bytes
+    return dense_bytes, shard_bytes
 
 
 def _lower(draft: Any, stages: tuple[int, ...]) -> None:
     """The tables leave gradient sync; each micro-batch's gradient rows go to their owners right
     after its backward; under ``sequential`` each lookup sits right before its forward."""
-    stage, tables = _local_tables(draft, stages)
+    stage, tables = local_tables(draft, stages)
     if not tables:
         return
-    b = ELEMENT_BYTES[draft.plan.dtype]
-    draft.program.alltoall_imbalance = alltoall_imbalance(draft.plan)
-    for table in tables:
-        draft.excluded_grad_bytes[table.layer] = draft.excluded_grad_bytes.get(table.layer, 0) \
-            + table.rows * table.dim * b
+    exclude_tables(draft, tables, alltoall_imbalance(draft.plan))
     sequential = draft.plan.embedding.schedule == "sequential"
     for node in [n for n in draft.nodes if n.stage == stage and n.kind in (Kind.FWD, Kind.BWD, Kind.BWD_W)]:
         if node.kind is Kind.FWD and sequential:
@@ -292,17 +330,11 @@ def _finish(draft: Any, stages: tuple[int, ...]) -> None:
     and the next iteration's lookups follow, before the dense step."""
     from sim.lower import Node
 
-    stage, tables = _local_tables(draft, stages)
+    stage, tables = local_tables(draft, stages)
     if not tables:
         return
-    plan, b = draft.plan, ELEMENT_BYTES[draft.plan.dtype]
-    config = plan.embedding
-    shard_bytes = sum(_shard_bytes(plan, table, draft.coords.dp) for table in tables)
-    full_bytes = sum(t.rows * t.dim * b for t in tables)
-    dense_bytes = sum(draft.cost(layer).param_bytes for s in stages for layer in draft.program.stage_layers[s]) \
-        - full_bytes
-    for table in tables:
-        draft.program.unheld_param_bytes[table.layer] = full_bytes - shard_bytes
+    config = draft.plan.embedding
+    dense_bytes, shard_bytes = step_bytes(draft, stages, tables)
     step = next(n for n in draft.nodes if n.kind is Kind.OPTIMIZER_STEP)
     grads = [n for n in draft.nodes if n.kind is Kind.ALLTOALL and n.tag.startswith("emb:grads:")]
     if config.schedule == "sequential":
@@ -318,4 +350,5 @@ def _finish(draft: Any, stages: tuple[int, ...]) -> None:
         draft.insert_before(step, _exchange(draft, "rows", mb, 1, tables, stage, [ids]))
 
 
-register_embedding_method("embrace", Embrace, sharded=True, check=_check, lower=_lower, finish=_finish)
+register_embedding_method("embrace", Embrace, sharded=True, check=_check, lower=_lower, finish=_finish,
+                          terms=estimate_terms)

@@ -17,7 +17,7 @@ Closed form over the same inputs as the engine, with no event simulation:
 - **Data parallelism**: the rank's gradient buckets (the gradient-sync method's wire bytes and codec
   time), each stage's issued when its last backward ends in the unit run, overlapped with the rest
   of the rank's compute; the optimizer step after; the rank that ends last sets the iteration.
-- **Sharded embeddings** (``embedding=``, ``sim.embedding_embrace.estimate_terms``): the tables' bytes
+- **Sharded embeddings** (``embedding=``, ``sim.embedding.estimate_terms``): the tables' bytes
   leave their stage's buckets; their all-to-alls go on the same collective stream: the last
   micro-batch's gradient exchange before the buckets, the lookups before the forwards (sequential)
   or after the buckets, beside the dense optimizer step (2D).
@@ -40,7 +40,7 @@ from functools import lru_cache
 
 from sim.comm import ClusterComm, concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts
-from sim.embedding_embrace import EmbeddingTerms
+from sim.embedding import EmbeddingTerms
 from sim.gradient_sync import GRADIENT_SYNC, SyncContext, phases_s, vector_bucket, wire_bytes
 from sim.memory import MemoryPolicy, checkpoint_bytes
 from sim.schedules import (

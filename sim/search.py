@@ -10,7 +10,7 @@ such as ``optimal``, is built only for the estimate's best ``refine_shapes`` pla
 optimisation each), gradient-sync methods from
 ``sim.gradient_sync.GRADIENT_SYNC`` (each with a few bucket sizes, kept when its ``check`` accepts
 the plan), embedding methods from ``sim.embedding.EMBEDDING_METHODS`` (sharded ones with dp > 1 on a
-workload with embedding tables, priced by ``sim.embedding_embrace.estimate_terms``). A policy
+workload with embedding tables, priced by ``sim.embedding.estimate_terms``). A policy
 whose settings have a required field with no default (``per-stage``'s explicit
 list) cannot be spelled without a guess and is listed as not enumerated.
 
@@ -44,8 +44,7 @@ from sim.compile import (
     instructions_upper_bound,
     resolve_plan,
 )
-from sim.embedding import EMBEDDING_METHODS, embedding_tables
-from sim.embedding_embrace import EmbeddingTerms, estimate_terms
+from sim.embedding import EMBEDDING_METHODS, EmbeddingTerms, embedding_tables, estimate_terms
 from sim.estimate import Estimate, Estimator, _layout, spearman
 from sim.gradient_sync import GRADIENT_SYNC
 from sim.memory import MEMORY_POLICIES

@@ -175,28 +175,36 @@ PIPELINE = {"parallelism": {"dp": 2, "pp": 2}, "cluster": {"preset": "local-cpu-
             "schedule": {"name": "zb-h1", "micro_batch": 2, "microbatches": 4}}
 
 
+WORDLM = {"vocab": 3000, "hidden": 32, "heads": 2, "seq": 16, "data": "wikitext-2"}
+EMBRACE = {"method": "embrace"}
+PS = {"method": "ps"}  # the parameter-server baseline (sim.embedding_ps): always by rows, no schedule
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("workload, options, shard, schedule, layout", [
-    ("lstm-tiny", {}, "rows", "2d", {}),
-    ("gpt-wordlm", {"vocab": 3000, "hidden": 32, "heads": 2, "seq": 16, "data": "wikitext-2"}, "columns", "sequential",
-     {}),
-    ("gpt-tiny", {}, "rows", "2d", PIPELINE),  # 4 ranks: ranks 0 and 1 hold stage 0 and the shards
-], ids=["lstm-rows-2d", "transformer-wikitext-columns-sequential", "pp2-zbh1-rows-2d"])
+@pytest.mark.parametrize("workload, options, embedding, layout", [
+    ("lstm-tiny", {}, {**EMBRACE, "shard": "rows", "schedule": "2d"}, {}),
+    ("gpt-wordlm", WORDLM, {**EMBRACE, "shard": "columns", "schedule": "sequential"}, {}),
+    ("gpt-tiny", {}, {**EMBRACE, "shard": "rows", "schedule": "2d"}, PIPELINE),  # 4 ranks: 0 and 1 hold the shards
+    ("gpt-wordlm", WORDLM, PS, {}),
+    ("gpt-tiny", {}, PS, PIPELINE),
+], ids=["lstm-rows-2d", "transformer-wikitext-columns-sequential", "pp2-zbh1-rows-2d", "ps-transformer-wikitext",
+        "ps-pp2-zbh1"])
 def test_sharded_training_ends_where_dense_data_parallel_training_does(
-        tmp_path: Path, workload: str, options: dict, shard: str, schedule: str, layout: dict) -> None:
+        tmp_path: Path, workload: str, options: dict, embedding: dict, layout: dict) -> None:
     base = {**BASE, "workload": workload, "workload_options": options, **layout}
     stats = tmp_path / "rows.json"
     if options.get("data") == "wikitext-2":
         from exec.embedding_rows import main as measure_rows
 
-        measure_rows(["--workload", workload, "--micro-batch", "2", "--batches", "20", "--out", str(stats),
-                      *[f"--option={k}={v}" for k, v in options.items() if k != "data"]])
+        for micro_batch in ("2", "4"):  # EmbRace looks up micro-batches of 2, the server an iteration's 2 x 2
+            measure_rows(["--workload", workload, "--micro-batch", micro_batch, "--batches", "20", "--out",
+                          str(stats), *[f"--option={k}={v}" for k, v in options.items() if k != "data"]])
     extra = {"row_stats": str(stats)} if stats.exists() else {}
     params, tables = {}, {}
-    for name, embedding in (("dense", {"method": "dense"}),
-                            ("embrace", {"shard": shard, "schedule": schedule, **extra})):
+    shard = embedding.get("shard", "rows")
+    for name, section in (("dense", {"method": "dense"}), ("embrace", {**embedding, **extra})):
         out = tmp_path / name
-        result = run_plan(plan(base, **embedding), iterations=STEPS - 1, warmup=1, out_dir=out, save_params=True)
+        result = run_plan(plan(base, **section), iterations=STEPS - 1, warmup=1, out_dir=out, save_params=True)
         params[name] = [torch.load(out / "params" / f"rank{r}.pt") for r in (0, 1)]
         tables[name] = read_run_record(out / "record").instructions
         assert len(result.losses) == STEPS
@@ -222,13 +230,13 @@ def test_sharded_training_ends_where_dense_data_parallel_training_does(
     assert (per_iteration < dense[0][key].numel() * 4).all()
 
 
-def _gradient_worker(rank: int, store: str, out: str) -> None:
+def _gradient_worker(rank: int, store: str, out: str, embedding: dict) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     torch.set_num_threads(1)
     try:
         from exec.interpreter import RankRuntime
 
-        run = compile_for_run(plan(schedule="sequential", shard="rows"))
+        run = compile_for_run(plan(**embedding))
         runtime = RankRuntime(run, rank, torch.device("cpu"), None, dist.group.WORLD)
         runtime.optimizer.step = lambda: None  # keep the gradients of iteration 0 as they were reduced
         runtime.embedding.step = lambda: None
@@ -239,10 +247,11 @@ def _gradient_worker(rank: int, store: str, out: str) -> None:
 
 
 @pytest.mark.slow
-def test_each_owner_assembles_the_dense_mean_gradient_of_its_rows(tmp_path: Path) -> None:
+@pytest.mark.parametrize("embedding", [{"schedule": "sequential", "shard": "rows"}, PS], ids=["embrace", "ps"])
+def test_each_owner_assembles_the_dense_mean_gradient_of_its_rows(tmp_path: Path, embedding: dict) -> None:
     import torch.multiprocessing as mp
 
-    mp.start_processes(_gradient_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2,
+    mp.start_processes(_gradient_worker, args=(str(tmp_path / "store"), str(tmp_path), embedding), nprocs=2,
                        start_method="spawn")
     shards = [torch.load(tmp_path / f"grad{r}.pt") for r in (0, 1)]
     # The dense reference: one process, the whole model, both replicas' micro-batches, the mean.
@@ -265,7 +274,7 @@ def test_each_owner_assembles_the_dense_mean_gradient_of_its_rows(tmp_path: Path
 
 
 def _estimate(p: Plan) -> Estimate:
-    from sim.embedding_embrace import estimate_terms
+    from sim.embedding import estimate_terms
     from sim.estimate import Estimator, _layout
     from sim.schedules import SCHEDULES
 
