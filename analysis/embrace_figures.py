@@ -6,6 +6,8 @@ GPU unless told otherwise, fp32) of an embedding-dominated Transformer LM (``gpt
 vocabulary) on a catalog cluster, with the embedding communicated by each method:
 
 - ``allreduce`` / ``fp16``: dense tables, the whole gradient in the gradient-sync buckets (DDP);
+- ``ps``: a Parallax-like parameter server colocated with the workers (sim.embedding_ps): the
+  iteration's rows pulled before its forwards, their gradients pushed after its backwards;
 - ``embrace-seq`` / ``embrace-2d``: tables sharded, touched rows by all-to-all (sim.embedding_embrace),
   lookups before each forward, or the 2D schedule; ``embrace-2d+fp16``: the same with the dense
   layers' buckets in fp16 (any gradient-sync method composes with a sharded embedding).
@@ -30,13 +32,14 @@ ROW_STATS = "sim/data/embrace_rows_wikitext2.json"
 METHODS: dict[str, dict[str, Any]] = {
     "allreduce": {"gradient_sync": {"method": "allreduce"}, "embedding": {"method": "dense"}},
     "fp16": {"gradient_sync": {"method": "fp16"}, "embedding": {"method": "dense"}},
+    "ps": {"embedding": {"method": "ps", "row_stats": ROW_STATS}},
     "embrace-seq": {"embedding": {"method": "embrace", "schedule": "sequential", "row_stats": ROW_STATS}},
     "embrace-2d": {"embedding": {"method": "embrace", "schedule": "2d", "row_stats": ROW_STATS}},
     # The methods compose: the dense layers' buckets in fp16, the tables sharded.
     "embrace-2d+fp16": {"gradient_sync": {"method": "fp16"},
                         "embedding": {"method": "embrace", "schedule": "2d", "row_stats": ROW_STATS}},
 }
-BASELINES = ("allreduce", "fp16")
+BASELINES = ("allreduce", "fp16", "ps")
 # Clusters of the catalog (sim/data/hardware.yaml, examples/clusters): GPUs per node, their source.
 CLUSTERS = {"a100-64": ({"preset": "a100-64"}, 8),
             "rtx3090-ethernet": ("examples/clusters/rtx3090-ethernet.yaml", 2)}
@@ -99,6 +102,7 @@ def speedups(table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     wide = table.pivot_table(index=keys, columns="method", values="samples_per_s")
     best = wide[list(BASELINES)].max(axis=1)
     return pd.DataFrame({"over_allreduce": wide["embrace-2d"] / wide["allreduce"],
+                         "over_ps": wide["embrace-2d"] / wide["ps"],
                          "over_best_baseline": wide["embrace-2d"] / best,
                          "2d_over_sequential": wide["embrace-2d"] / wide["embrace-seq"],
                          "2d_fp16_over_allreduce": wide["embrace-2d+fp16"] / wide["allreduce"],

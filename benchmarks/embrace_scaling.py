@@ -50,7 +50,8 @@ def main() -> None:
     print(band.round(3).to_string(index=False))
     print(table.round(3).to_string(index=False))
     print(f"EmbRace-2D over dense all-reduce: {table['over_allreduce'].min():.2f}x to "
-          f"{table['over_allreduce'].max():.2f}x; over the best baseline (allreduce or fp16): "
+          f"{table['over_allreduce'].max():.2f}x; over the parameter server: {table['over_ps'].min():.2f}x to "
+          f"{table['over_ps'].max():.2f}x; over the best baseline (allreduce, fp16 or ps): "
           f"{table['over_best_baseline'].min():.2f}x to {table['over_best_baseline'].max():.2f}x; "
           f"with fp16 buckets: up to {table['2d_fp16_over_allreduce'].max():.2f}x over all-reduce, "
           f"{table['2d_fp16_over_best_baseline'].max():.2f}x over the best (paper: up to {PAPER_SPEEDUP}x)")

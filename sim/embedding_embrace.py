@@ -33,7 +33,6 @@ loaded destination: the measured largest owner share over the even 1/dp scales i
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 

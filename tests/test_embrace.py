@@ -79,6 +79,32 @@ def test_2d_prefetches_the_next_iterations_rows_after_the_tables_own_step() -> N
     assert all(own.index < i.index < dense.index for i in lookups)
 
 
+def test_a_parameter_server_pulls_before_every_forward_and_pushes_after_the_last_backward() -> None:
+    from sim.embedding_ps import exchange_bytes as ps_bytes
+
+    p = plan(method="ps")
+    program = instructions(p)
+    by_label = {i.label: i for i in program}
+    ids, rows = by_label["ALLTOALL s0 mb0 emb:ids:0:0:0:0"], by_label["ALLTOALL s0 mb0 emb:rows:0:0:0:0"]
+    push = by_label["ALLTOALL s0 mb1 emb:push:1:0:0:0"]
+    assert [i.kind for i in program].count(Kind.ALLTOALL) == 3  # one pull (two messages), one push
+    assert ids.index < rows.index and ids.index in rows.deps
+    for mb in (0, 1):
+        assert rows.index in by_label[f"FWD s0 mb{mb}"].deps
+        assert by_label[f"BWD s0 mb{mb}"].index in push.deps
+    (step,) = [i for i in program if i.kind is Kind.OPTIMIZER_STEP]
+    assert push.index in step.deps and not step.method  # the servers step with the dense layers
+    # An iteration's 2 micro-batches x 2 sequences x 16 uniform ids over 1,000 rows: their union, once;
+    # the push adds its indices.
+    table = embedding_tables(p.workload, p.workload_options)[0]
+    unique = unique_rows(p, table, 2 * 2 * 16)
+    assert unique == pytest.approx(1000 * (1 - (1 - 1 / 1000) ** 64))
+    sizes = ps_bytes(p, [table])
+    assert (ids.bytes, rows.bytes, push.bytes) == (sizes["ids"], sizes["rows"], sizes["push"])
+    assert sizes == {"ids": round(unique * 8), "rows": round(unique * table.dim * 4),
+                     "push": round(unique * 8) + round(unique * table.dim * 4)}
+
+
 def test_tables_leave_the_gradient_buckets_and_nothing_else_does() -> None:
     dense = compile_for_run(plan(method="dense"))
     sharded = compile_for_run(plan())
@@ -289,7 +315,7 @@ def _estimate(p: Plan) -> Estimate:
 
 
 @pytest.mark.parametrize("embedding", [{"method": "dense"}, {"schedule": "sequential", "row_stats": ROWS},
-                                       {"schedule": "2d", "row_stats": ROWS}])
+                                       {"schedule": "2d", "row_stats": ROWS}, {"method": "ps", "row_stats": ROWS}])
 def test_the_estimate_prices_sharded_embeddings_like_the_engine(embedding: dict) -> None:
     for nodes, microbatches in ((1, 1), (2, 2), (8, 1)):
         base = {**GPU, "cluster": {"preset": "a100-64", "nodes": nodes}, "parallelism": {"dp": 8 * nodes},

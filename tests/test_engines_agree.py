@@ -16,6 +16,7 @@ PLANS = [  # between them, every kind
     {"parallelism": {"pp": 2, "dp": 2}, "cluster": {"preset": "local-cpu-2", "devices_per_node": 4},
      "schedule": {"name": "1f1b", "microbatches": 4}, "memory": {"policy": "full"}},
     {"parallelism": {"dp": 2}, "schedule": {"microbatches": 2}, "embedding": {"method": "embrace"}},
+    {"parallelism": {"dp": 2}, "schedule": {"microbatches": 2}, "embedding": {"method": "ps"}},
 ]
 
 
