@@ -26,6 +26,7 @@ from torch import nn
 
 from exec.contract import batch_seed, make_optimizer
 from exec.parallel.dp import Works
+from exec.parallel.tp import gather_columns_from_tp
 from sim.embedding import Table, embedding_tables
 from sim.embedding_embrace import table_shard
 from sim.program import Instruction, Kind
@@ -36,10 +37,19 @@ if TYPE_CHECKING:
 
 class ShardedTable(nn.Module):
     """This rank's shard of one embedding table; its forward returns the rows the micro-batch's
-    lookup brought, arranged like the ids."""
+    lookup brought, arranged like the ids.
 
-    def __init__(self, full: torch.Tensor, shard: str, dp: int, rank: int, exchange: EmbraceExchange) -> None:
+    Under tensor parallelism each TP rank first takes its column slice of the table (dim / tp:
+    sim.embedding_embrace.tp_width) and shards that over dp; the exchanges run in its own dp group
+    (the replicas of its TP rank), and the forward all-gathers the slices' columns over the TP group
+    (the gradient of the gathered rows is the same on every TP rank, so each keeps its columns)."""
+
+    def __init__(self, full: torch.Tensor, shard: str, dp: int, rank: int, exchange: EmbraceExchange,
+                 tp: tuple[int, int, object] = (0, 1, None)) -> None:
         super().__init__()
+        self.tp_rank, self.tp, self.tp_group = tp
+        width = full.shape[1] // self.tp
+        full = full[:, self.tp_rank * width:(self.tp_rank + 1) * width]
         self.shard, self.dp, self.rank, self.rows, self.dim = shard, dp, rank, full.shape[0], full.shape[1]
         part = full[rank::dp] if shard == "rows" else full[:, rank * (self.dim // dp):(rank + 1) * (self.dim // dp)]
         self.weight = nn.Parameter(part.detach().clone())
@@ -51,7 +61,7 @@ class ShardedTable(nn.Module):
         return ids // self.dp if self.shard == "rows" else ids
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.exchange[0].rows_for(self, ids)
+        return gather_columns_from_tp(self.exchange[0].rows_for(self, ids), self.tp_rank, self.tp, self.tp_group)
 
 
 def is_sharded(p: nn.Parameter) -> bool:
@@ -104,7 +114,8 @@ class EmbraceExchange:
     def _replace(self, table: Table, shard: str) -> ShardedTable:
         layer = self.rt.layer_modules[table.layer]
         module = layer.get_submodule(table.module) if table.module else layer
-        sharded = ShardedTable(module.weight, shard, self.dp, self.rank, self)
+        sharded = ShardedTable(module.weight, shard, self.dp, self.rank, self,
+                               (self.rt.coords.tp, self.rt.plan.tp, self.rt.tp_group))
         if table.module:
             parent, _, name = table.module.rpartition(".")
             setattr(layer.get_submodule(parent) if parent else layer, name, sharded)

@@ -69,26 +69,34 @@ class Embrace(ShardedEmbedding):
                                                   "next iteration's lookups prefetched; sequential: none")
 
 
-def shard_of(config: Embrace, tables: list[Table], index: int, dp: int) -> str:
-    """How table ``index`` is sharded: as configured, or (auto) by columns when its width divides by
-    dp (every owner then serves every row, so no skew of the ids can unbalance the owners)."""
+def tp_width(plan: Plan, table: Table) -> int:
+    """Columns of ``table`` one tensor-parallel rank holds: under TP every TP rank of a replica takes
+    its column slice of the table (dim / tp), which is then sharded over the dp ranks as without
+    TP; a forward all-gathers the slices' rows over the TP group (exec.embedding.ShardedTable)."""
+    return table.dim // plan.tp
+
+
+def shard_of(config: Embrace, tables: list[Table], index: int, dp: int, tp: int = 1) -> str:
+    """How table ``index`` is sharded: as configured, or (auto) by columns when its TP slice's width
+    divides by dp (every owner then serves every row, so no skew of the ids can unbalance the owners)."""
     chosen = config.shard[index] if isinstance(config.shard, list) else config.shard
     if chosen == "auto":
-        return "columns" if tables[index].dim % dp == 0 else "rows"
+        return "columns" if (tables[index].dim // tp) % dp == 0 else "rows"
     return chosen
 
 
 def table_shard(plan: Plan, tables: list[Table], index: int) -> str:
     """How ``plan``'s method shards table ``index``: EmbRace as configured, a parameter server by rows."""
     config = plan.embedding
-    return shard_of(config, tables, index, plan.dp) if isinstance(config, Embrace) else "rows"
+    return shard_of(config, tables, index, plan.dp, plan.tp) if isinstance(config, Embrace) else "rows"
 
 
-def shard_rows(table: Table, shard: str, dp: int, rank: int) -> tuple[int, int]:
-    """(rows, width) of ``rank``'s shard: rows v with v mod dp == rank, or the rank's column slice."""
+def shard_rows(rows: int, width: int, shard: str, dp: int, rank: int) -> tuple[int, int]:
+    """(rows, width) of ``rank``'s shard of a table (or TP slice) of ``rows`` x ``width``: rows v with
+    v mod dp == rank, or the rank's column slice."""
     if shard == "rows":
-        return len(range(rank, table.rows, dp)), table.dim
-    return table.rows, table.dim // dp
+        return len(range(rank, rows, dp)), width
+    return rows, width // dp
 
 
 def check_sharded(plan: Plan) -> list[Table]:
@@ -101,11 +109,10 @@ def check_sharded(plan: Plan) -> list[Table]:
     if plan.dp < 2:
         raise ConfigError("embedding.method", f"{name} shards tables over the data-parallel ranks; this plan "
                           "has dp 1", "use dp >= 2, or method: dense")
-    if plan.tp > 1:
-        # Tensor parallelism already splits a transformer's token table over the TP ranks; sharding
-        # that split again over dp is neither priced (the table's bytes are counted whole) nor run.
-        raise ConfigError("embedding.method", f"{name} with tensor parallelism (tp {plan.tp}) is not supported",
-                          "use tp 1, or method: dense")
+    for index, table in enumerate(tables):
+        if table.dim % plan.tp:  # each TP rank holds a column slice of the table (tp_width)
+            raise ConfigError("parallelism.tp", f"{name}: width {table.dim} of table {index} does not divide by "
+                              f"tp {plan.tp}", "use a tp that divides the embedding width, or method: dense")
     return tables
 
 
@@ -117,9 +124,10 @@ def _check(plan: Plan) -> None:
         raise ConfigError("embedding.shard", f"has {len(config.shard)} entries for {len(tables)} table(s) of "
                           f"{plan.workload}", f"give one of rows | columns | auto per table ({len(tables)})")
     for index, table in enumerate(tables):
-        if shard_of(config, tables, index, plan.dp) == "columns" and table.dim % plan.dp:
-            raise ConfigError("embedding.shard", f"columns: width {table.dim} of table {index} does not divide "
-                              f"by dp {plan.dp}", "shard it by rows")
+        width = tp_width(plan, table)
+        if shard_of(config, tables, index, plan.dp, plan.tp) == "columns" and width % plan.dp:
+            raise ConfigError("embedding.shard", f"columns: width {width} of table {index} (per TP rank) does not "
+                              f"divide by dp {plan.dp}", "shard it by rows")
     unique_rows(plan, tables[0])  # refuses real text without measured statistics
     alltoall_imbalance(plan)  # and row sharding without the owners' shares at this dp
 
@@ -204,10 +212,10 @@ def exchange_bytes(plan: Plan, tables: list[Table]) -> dict[str, int]:
     ids = rows = 0
     for table in tables:
         unique = unique_rows(plan, table)
-        columns = shard_of(config, all_tables, all_tables.index(table), plan.dp) == "columns"
+        columns = table_shard(plan, all_tables, all_tables.index(table)) == "columns"
         # By rows each id goes to its one owner; by columns every owner needs every id.
         ids += round(unique * ID_BYTES * (plan.dp if columns else 1))
-        rows += round(unique * table.dim * b)
+        rows += round(unique * tp_width(plan, table) * b)
     return {"ids": ids, "rows": rows, "grads": rows}
 
 
@@ -218,7 +226,7 @@ def sharded_terms(plan: Plan, stage_layers: list[tuple[int, ...]], costs: Any, r
     tables = embedding_tables(plan.workload, plan.workload_options)
     stage = next(s for s, layers in enumerate(stage_layers) if tables[0].layer in layers)
     rank = rank_of_stage[stage]
-    full = sum(t.rows * t.dim * ELEMENT_BYTES[plan.dtype] for t in tables)
+    full = sum(table_bytes(plan, t) for t in tables)
     shard = sum(_shard_bytes(plan, t, 0) for t in tables)
     layer = costs.layer_costs(tables[0].layer, plan.micro_batch, plan.tp)
     static = layer.param_bytes + layer.grad_bytes + layer.optimizer_bytes
@@ -248,10 +256,17 @@ def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, c
                          prefetch=plan.embedding.schedule == "2d")
 
 
+def table_bytes(plan: Plan, table: Table) -> int:
+    """Bytes of the table one rank of a dense run holds (its TP slice: exec keeps the columns
+    dim / tp; the analytic cost model pads Megatron's vocabulary, whose remainder stays dense)."""
+    return table.rows * tp_width(plan, table) * ELEMENT_BYTES[plan.dtype]
+
+
 def _shard_bytes(plan: Plan, table: Table, rank: int) -> int:
     """Bytes of ``rank``'s shard of ``table``."""
     tables = embedding_tables(plan.workload, plan.workload_options)
-    rows, width = shard_rows(table, table_shard(plan, tables, tables.index(table)), plan.dp, rank)
+    rows, width = shard_rows(table.rows, tp_width(plan, table), table_shard(plan, tables, tables.index(table)),
+                             plan.dp, rank)
     return rows * width * ELEMENT_BYTES[plan.dtype]
 
 
@@ -287,19 +302,18 @@ def _exchange(draft: Any, phase: str, mb: int, offset: int, tables: list[Table],
 
 def exclude_tables(draft: Any, tables: list[Table], imbalance: float) -> None:
     """The tables' gradients leave the data-parallel buckets; the exchanges wait for the most loaded owner."""
-    b = ELEMENT_BYTES[draft.plan.dtype]
     draft.program.alltoall_imbalance = imbalance
     for table in tables:
         draft.excluded_grad_bytes[table.layer] = draft.excluded_grad_bytes.get(table.layer, 0) \
-            + table.rows * table.dim * b
+            + table_bytes(draft.plan, table)
 
 
 def step_bytes(draft: Any, stages: tuple[int, ...], tables: list[Table]) -> tuple[int, int]:
     """(dense parameter bytes, own shard bytes) an optimizer step of this rank updates; records the
     other ranks' shards as parameter bytes this rank does not hold."""
-    plan, b = draft.plan, ELEMENT_BYTES[draft.plan.dtype]
+    plan = draft.plan
     shard_bytes = sum(_shard_bytes(plan, table, draft.coords.dp) for table in tables)
-    full_bytes = sum(t.rows * t.dim * b for t in tables)
+    full_bytes = sum(table_bytes(plan, t) for t in tables)
     dense_bytes = sum(draft.cost(layer).param_bytes for s in stages for layer in draft.program.stage_layers[s]) \
         - full_bytes
     for table in tables:

@@ -39,6 +39,7 @@ from sim.embedding_embrace import (
     seq_len,
     sharded_terms,
     step_bytes,
+    tp_width,
     unique_rows,
 )
 from sim.hardware import ELEMENT_BYTES
@@ -69,7 +70,7 @@ def exchange_bytes(plan: Plan, tables: list[Table]) -> dict[str, int]:
     for table in tables:
         unique = unique_rows(plan, table, iteration_tokens(plan))
         ids += round(unique * ID_BYTES)
-        rows += round(unique * table.dim * b)
+        rows += round(unique * tp_width(plan, table) * b)
     return {"ids": ids, "rows": rows, "push": ids + rows}
 
 

@@ -9,7 +9,8 @@ A block's attention is sharded by heads and its MLP by hidden units over ``tp`` 
 the partial outputs forward and is the identity backward (Shoeybi et al. 2019, Megatron-LM, Sec. 3).
 Shards are cut from the full, seeded weights, so a TP run computes what one process computes.
 Row-parallel biases are kept whole on every rank and added after the all-reduce (once, not tp
-times). Embedding and head layers stay replicated, as the simulator's cost models assume.
+times). Embedding and head layers stay replicated, as the simulator's cost models assume (a table
+sharded by an embedding method takes its TP rank's columns instead, ``gather_columns_from_tp``).
 
 Modules are found by attribute, not by class: an attention module has ``qkv``, ``proj`` (nn.Linear)
 and ``heads``; an MLP has ``fc1`` and ``fc2`` (nn.Linear). With ``group=None`` no communication
@@ -54,6 +55,28 @@ class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
         return grad, None
+
+
+class _GatherColumnsFromTP(torch.autograd.Function):
+    """All-gather of each TP rank's columns forward (rank order), this rank's columns of the gradient
+    backward: exact when the gradient is the same on every TP rank, as it is for a layer feeding the
+    blocks (their ``f`` all-reduces the input gradient). A sharded embedding table's rows under TP
+    (exec.embedding) use it."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, tp_rank: int, tp: int, group: object) -> torch.Tensor:  # type: ignore[override]
+        ctx.tp_rank, ctx.width = tp_rank, x.shape[-1]
+        parts = [torch.empty_like(x) for _ in range(tp)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:  # type: ignore[override]
+        return grad[..., ctx.tp_rank * ctx.width:(ctx.tp_rank + 1) * ctx.width].contiguous(), None, None, None
+
+
+def gather_columns_from_tp(x: torch.Tensor, tp_rank: int, tp: int, group: object) -> torch.Tensor:
+    return x if tp == 1 else _GatherColumnsFromTP.apply(x, tp_rank, tp, group)
 
 
 def copy_to_tp(x: torch.Tensor, group: object) -> torch.Tensor:
