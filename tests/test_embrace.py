@@ -148,9 +148,28 @@ def test_plans_that_cannot_shard_are_refused_in_one_line(fields: dict, where: st
     assert where in str(error.value) and "\n" not in str(error.value)
 
 
-def test_embrace_with_tensor_parallelism_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"embedding.method: embrace with tensor parallelism \(tp 2\)"):
-        compile_plan(plan({**GPU, "parallelism": {"dp": 8, "tp": 2}}, row_stats=ROWS))
+@pytest.mark.parametrize("method", ["embrace", "ps"])
+def test_under_tensor_parallelism_each_tp_rank_shards_its_column_slice(method: str) -> None:
+    tp = {**GPU, "parallelism": {"dp": 8, "tp": 2}}
+    p = plan(tp, method=method, row_stats=ROWS)
+    program = compile_for_run(p).program
+    for rank in (0, 1):  # TP ranks 0 and 1 of replica 0: each exchanges with its own TP rank's replicas
+        a2a = [i for i in program.ranks[rank].instructions if i.kind is Kind.ALLTOALL]
+        assert a2a and all(i.group == tuple(program.rank_of(d, 0, rank) for d in range(8)) for i in a2a)
+    # Rows of width 256 / 2 travel; each rank holds 1/16 of the table (by columns: 33,278 x 16).
+    table = embedding_tables(p.workload, p.workload_options)[0]
+    wide = plan(GPU, method=method, row_stats=ROWS)  # dp 16, tp 1
+    assert _rows_bytes(p) == pytest.approx(_rows_bytes(wide) / 2, abs=1)
+    assert program.unheld_param_bytes[0] == pytest.approx(table.rows * 128 * 4 * 7 / 8, rel=1e-4)
+    # A width TP cannot split is refused in one line.
+    fields = {"workload_options": {"embed": 33}, "parallelism": {"dp": 2, "tp": 2},
+              "cluster": {"preset": "local-cpu-2", "devices_per_node": 4}}
+    with pytest.raises(ConfigError, match=r"parallelism.tp: .*width 33 of table 0 does not divide by tp 2"):
+        compile_plan(Plan.from_dict({**BASE, **fields, "embedding": {"method": method}}), costs=_structure(fields))
+
+
+def _rows_bytes(p: Plan) -> int:
+    return next(i.bytes for i in instructions(p) if i.tag.startswith("emb:rows:"))
 
 
 def _structure(fields: dict) -> UniformCosts:  # the LSTM has no closed form; the check needs none
@@ -325,12 +344,13 @@ def _estimate(p: Plan) -> Estimate:
 @pytest.mark.parametrize("embedding", [{"method": "dense"}, {"schedule": "sequential", "row_stats": ROWS},
                                        {"schedule": "2d", "row_stats": ROWS}, {"method": "ps", "row_stats": ROWS}])
 def test_the_estimate_prices_sharded_embeddings_like_the_engine(embedding: dict) -> None:
-    for nodes, microbatches in ((1, 1), (2, 2), (8, 1)):
-        base = {**GPU, "cluster": {"preset": "a100-64", "nodes": nodes}, "parallelism": {"dp": 8 * nodes},
+    for nodes, microbatches, tp in ((1, 1, 1), (2, 2, 1), (8, 1, 1), (2, 2, 2), (8, 1, 4)):
+        base = {**GPU, "cluster": {"preset": "a100-64", "nodes": nodes},
+                "parallelism": {"dp": 8 * nodes // tp, "tp": tp},
                 "schedule": {"micro_batch": 8, "microbatches": microbatches}}
         p = plan(base, **embedding)
         engine, estimate = simulate(p), _estimate(p)
-        assert estimate.iteration_s == pytest.approx(engine.iteration_s, rel=0.03), (nodes, microbatches)
+        assert estimate.iteration_s == pytest.approx(engine.iteration_s, rel=0.03), (nodes, microbatches, tp)
 
 
 
