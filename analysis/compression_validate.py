@@ -46,18 +46,27 @@ def dense_twin(base: Path, out: Path) -> Path:
     return out
 
 
-def write_plans(base: Path, rate: str, out: Path, methods: list[str], profile: Path) -> list[Path]:
-    plan = Plan.load(base).replace(profile=str(profile.resolve()))
+# A veth pair's latency when the base plan names none: the estimate of the netns plans
+# (examples/validation/netns/*.yaml: kernel TCP over veth, as hardware.yaml's ethernet links).
+VETH_LATENCY_S = 3.0e-5
+
+
+def at_rate(plan: Plan, rate: str, **fields: object) -> Plan:
+    """``plan`` (with ``fields`` replaced) whose two ranks talk over the veth pair shaped to ``rate``."""
     data = plan.model_dump(mode="json", exclude_none=True)
-    link = dict(data["cluster"]["intra_node_link"])
+    link = dict(data["cluster"].get("intra_node_link") or {"kind": "ethernet", "latency_s": VETH_LATENCY_S})
     link.update(name=f"veth-tbf-{rate}", bandwidth_Bps=rate_Bps(rate),
                 source=f"tc tbf rate {rate} on both ends of the veth pair (scripts/netns_lib.sh)")
+    return Plan.from_dict({**data, **fields, "cluster": {**data["cluster"], "intra_node_link": link}})
+
+
+def write_plans(base: Path, rate: str, out: Path, methods: list[str], profile: Path) -> list[Path]:
+    plan = Plan.load(base).replace(profile=str(profile.resolve()))
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for method in methods:
         sync = {"method": method, "bucket_mb": plan.gradient_sync.bucket_mb}
-        one = Plan.from_dict({**data, "name": f"{plan.name}-{method}-{rate}", "gradient_sync": sync,
-                              "cluster": {**data["cluster"], "intra_node_link": link}})
+        one = at_rate(plan, rate, name=f"{plan.name}-{method}-{rate}", gradient_sync=sync)
         path = out / f"{method}.yaml"
         one.dump(path)
         paths.append(path)

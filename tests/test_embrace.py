@@ -365,3 +365,21 @@ def test_the_estimate_and_the_ledger_count_only_the_ranks_own_shard() -> None:
     assert engine["dense"].breakdown["parameters"] - engine["embrace"].breakdown["parameters"] == saved // 4
     assert static["dense"] - static["embrace"] == pytest.approx(saved, abs=16)
     assert estimate["dense"] - estimate["embrace"] == pytest.approx(saved, abs=16)
+
+
+# -- the validation plans ----------------------------------------------------------------------------
+
+
+def test_the_netns_plans_put_every_embedding_plan_on_the_shaped_link(tmp_path: Path) -> None:
+    from analysis.embedding_validate import write_plans
+    from sim.cluster import load_cluster
+
+    sources = sorted(Path("examples/validation/embedding").glob("*.yaml"))
+    written = write_plans(sources, "100mbit", tmp_path / "100mbit", tmp_path / "profile")
+    assert sorted(p.stem for p in written) == ["dense", "embrace-2d", "embrace-seq", "ps"]
+    for source, path in zip(sources, written, strict=True):
+        original, shaped = Plan.load(source), Plan.load(path)
+        link = load_cluster(shaped.cluster).intra_node_link
+        assert link is not None and link.bandwidth_Bps == 100e6 / 8 and link.kind == "ethernet" and link.latency_s > 0
+        assert shaped.embedding == original.embedding and shaped.profile == str((tmp_path / "profile").resolve())
+        compile_plan(original, costs=UniformCosts(num_layers=4))  # every plan's row statistics are there
