@@ -2,7 +2,7 @@
 
     python benchmarks/embrace_validate.py [--iterations 20] [--out runs/embrace-validate]
 
-For each method (dense all-reduce, dense fp16, EmbRace sequential, EmbRace 2D) one
+For each method (dense all-reduce, dense fp16, the parameter server, EmbRace sequential, EmbRace 2D) one
 ``paratwin validate``: profile the workload here, benchmark all-reduce, all-to-all and send/recv on
 2 gloo ranks (alpha-beta fits the simulator then uses), simulate, run, compare. The workload is
 ``gpt-wordlm`` on real WikiText-2 (vocabulary 33,278) made small enough for a CPU (width 64, seq
@@ -25,6 +25,7 @@ MICRO_BATCH = 4
 METHODS = {
     "allreduce": {"embedding": {"method": "dense"}},
     "fp16": {"gradient_sync": {"method": "fp16"}, "embedding": {"method": "dense"}},
+    "ps": {"embedding": {"method": "ps"}},  # one micro-batch: the pull's rows are a micro-batch's
     "embrace-seq": {"embedding": {"method": "embrace", "schedule": "sequential"}},
     "embrace-2d": {"embedding": {"method": "embrace", "schedule": "2d"}},
 }
@@ -47,7 +48,7 @@ def main() -> None:
     profile = None
     for name, fields in METHODS.items():
         embedding = dict(fields["embedding"])
-        if embedding["method"] == "embrace":
+        if embedding["method"] != "dense":
             embedding["row_stats"] = str(rows_file.resolve())
         plan = Plan.from_dict({"name": f"embrace-val-{name}", "workload": "gpt-wordlm", "workload_options": OPTIONS,
                                "cluster": {"preset": "local-cpu-2"}, "parallelism": {"dp": 2},
