@@ -21,8 +21,8 @@ from sim.hardware import DeviceSpec, LinkSpec, _validated, get_device, get_link,
 from traces.errors import ConfigError
 
 _LINK_FIELDS = ("intra_node_link", "inter_node_link")
-_KNOWN_KEYS = {"name", "nodes", "devices_per_node", "device", *_LINK_FIELDS, "nics_per_node", "overrides",
-               "source"}
+_KNOWN_KEYS = {"name", "nodes", "devices_per_node", "device", *_LINK_FIELDS, "nics_per_node", "p2p_channels",
+               "overrides", "source"}
 
 
 class ClusterSpec(BaseModel):
@@ -37,6 +37,13 @@ class ClusterSpec(BaseModel):
     # Network adapters per node; inter_node_link is one adapter, so the node's network bandwidth is
     # nics_per_node x inter_node_link.bandwidth (e.g. 4 x HDR = 800 Gbit/s per DGX A100 node).
     nics_per_node: int = 1
+    # Peers one rank's all-to-all exchanges with at once. NCCL runs the grouped sends and receives
+    # of an all-to-all in one kernel, one channel per peer operation over its p2p channels
+    # (NVIDIA/nccl src/enqueue.cc scheduleP2pTasksToPlan: "Try to use all channels, but one channel
+    # per operation"; p2pnChannels = pow2Up(min(nChannels, NCCL_MAX_P2P_NCHANNELS)),
+    # src/graph/paths.cc ncclTopoComputeP2pChannels), so n - 1 peers cost ceil((n - 1) / p2p_channels)
+    # latencies, not n - 1 (sim.collectives). 1: one peer at a time (a pairwise exchange).
+    p2p_channels: int = 1
     source: str = ""
 
     @model_validator(mode="before")
@@ -56,6 +63,7 @@ class ClusterSpec(BaseModel):
                 raise ConfigError(f"cluster.{key}", "missing", f"set {key} to a positive integer")
             _positive_int(data, key)
         _positive_int(data, "nics_per_node", default=1)
+        _positive_int(data, "p2p_channels", default=1)
         if "device" not in data:
             raise ConfigError("cluster.device", "missing", "name a catalog device, e.g. A100-80GB")
 
@@ -198,9 +206,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # measure on 8 x A100 (sim/data/hardware.yaml), a measurement, where vTrain's 150 is a simulator
     # input. Ranks of a node share its 4 adapters (sim.comm.concurrent_groups).
     "a100-64": dict(nodes=8, devices_per_node=8, device="A100-80GB", intra_node_link="nvlink3",
-                    inter_node_link="ib-hdr", nics_per_node=4,
+                    inter_node_link="ib-hdr", nics_per_node=4, p2p_channels=8,
                     source="vTrain configurations (Bang et al., MICRO 2024): 8-GPU A100 nodes, 800 Gbit/s per "
-                           "node (4 x HDR); NVLink at the nccl-tests all-reduce bus bandwidth (~200 GB/s)"),
+                           "node (4 x HDR); NVLink at the nccl-tests all-reduce bus bandwidth (~200 GB/s); "
+                           "p2p_channels: NCCL 2.9.9 on 8 x A100 nodes (EC2 p4d) logs '6 coll channels, 8 p2p "
+                           "channels, 2 p2p channels per peer' (github NVIDIA/nccl issue 527)"),
     # 128 DGX H100 nodes with 8 x ConnectX-7 NDR 400 Gbit/s adapters each.
     "h100-1024": dict(nodes=128, devices_per_node=8, device="H100-SXM", intra_node_link="nvlink4",
                       inter_node_link="ib-ndr", nics_per_node=8,

@@ -19,7 +19,10 @@ and Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
                         formula ignores the pipeline fill of about log2(n) chunk times)
   hierarchical all-red. intra-node reduce-scatter + inter-node all-reduce of S/L (L local ranks, each
                         on its own shard, concurrently) + intra-node all-gather
-  all-to-all            pairwise exchange: n-1 steps of S/n each (Thakur et al. 2005, section 4.5)
+  all-to-all            n-1 peers, S/n each (pairwise exchange, Thakur et al. 2005, section 4.5), the
+                        peers of a link class ``p2p_channels`` at a time (NCCL's grouped send/recv:
+                        sim.cluster.ClusterSpec.p2p_channels): ceil((L-1)/c) intra-node latencies and
+                        ceil((n-L)/c) inter-node ones; the bytes are the same
   broadcast             pipelined chain: (n-1) alpha + S/B
   p2p send              alpha + S/B
 
@@ -174,11 +177,13 @@ def _all_to_all(S: float, g: _Group, cluster: ClusterSpec) -> list[Transfer]:
     plan = []
     if L > 1:
         a_i, b_i = _intra(cluster)
-        plan.append(Transfer("all-to-all intra-node steps", "intra", (L - 1) * S / n, (L - 1) * a_i, b_i))
+        steps = math.ceil((L - 1) / cluster.p2p_channels)
+        plan.append(Transfer("all-to-all intra-node steps", "intra", (L - 1) * S / n, steps * a_i, b_i))
     if g.nodes > 1:
         # All L local ranks exchange with off-node peers at the same time: they share the adapters.
         a_x, b_x = _inter(cluster, flows_per_node=L * g.concurrent)
-        plan.append(Transfer("all-to-all inter-node steps", "inter", (n - L) * S / n, (n - L) * a_x, b_x,
+        steps = math.ceil((n - L) / cluster.p2p_channels)
+        plan.append(Transfer("all-to-all inter-node steps", "inter", (n - L) * S / n, steps * a_x, b_x,
                              flows_per_node=L * g.concurrent))
     return plan
 

@@ -361,3 +361,21 @@ def test_adapter_sharing_counts_the_stage_peers_of_a_node() -> None:
     shared, own = (collective_time("all_reduce", nbytes, [0, 8], c, "ring", k) for k in (8, 1))
     assert shared > own
 
+
+
+def test_an_all_to_all_pays_one_latency_per_round_of_concurrent_peers():
+    # a100-64: NCCL's grouped sends and receives progress 8 peers at a time (p2p_channels, logged by
+    # NCCL on 8 x A100 nodes); 64 ranks = 7 local + 56 remote peers: 1 + 7 latencies, not 7 + 56.
+    c = load_cluster("a100-64")
+    assert c.p2p_channels == 8
+    S = 1 << 20
+    intra, inter = collective_transfers("all_to_all", S, range(64), c)
+    assert intra.alpha_s == pytest.approx(1 * c.intra_node_link.latency_s)
+    assert inter.alpha_s == pytest.approx(7 * c.inter_node_link.latency_s)
+    assert (intra.nbytes, inter.nbytes) == (7 * S / 64, 56 * S / 64)  # the bytes do not change
+    pairwise = load_cluster({"preset": "a100-64", "p2p_channels": 1})
+    intra1, inter1 = collective_transfers("all_to_all", S, range(64), pairwise)
+    assert (intra1.alpha_s, inter1.alpha_s) == pytest.approx((7 * intra.alpha_s, 8 * inter.alpha_s))
+    with pytest.raises(ConfigError) as err:
+        load_cluster({"preset": "a100-64", "p2p_channels": 0})
+    assert err.value.field == "cluster.p2p_channels"
