@@ -72,14 +72,21 @@ def kind_comparison(predicted: pd.DataFrame, measured: pd.DataFrame) -> pd.DataF
 
 
 def memory_comparison(sim: SimResult, measured: pd.DataFrame, measured_peak: dict[int, int],
-                      resolved: ResolvedPlan, stage_ranks: dict[int, tuple[int, ...]]) -> pd.DataFrame:
+                      resolved: ResolvedPlan, stage_ranks: dict[int, tuple[int, ...]],
+                      unheld_param_bytes: dict[int, int] | None = None) -> pd.DataFrame:
     """Per rank: the ledger's peak and the runtime's tracked peak as each side reports them, and
     both made comparable (see MEMORY_NOTE): the ledger sampled at instruction ends without the
-    flattened data-parallel buckets in flight, the runtime with gradients counted from the start."""
+    flattened data-parallel buckets in flight, the runtime with gradients counted from the start
+    (of the parameters the rank holds: ``unheld_param_bytes``, the Program's, leaves out the other
+    ranks' shards of a sharded embedding table)."""
     plan = resolved.plan
-    grad_bytes = {s: sum(resolved.costs.layer_costs(layer, plan.micro_batch, plan.tp).grad_bytes
-                         for layer in layers)
-                  for s, layers in enumerate(resolved.stage_layers)}
+    unheld = unheld_param_bytes or {}
+
+    def held_grad_bytes(layer: int) -> float:
+        c = resolved.costs.layer_costs(layer, plan.micro_batch, plan.tp)
+        return c.grad_bytes * (1.0 - unheld.get(layer, 0) / c.param_bytes) if c.param_bytes else c.grad_bytes
+
+    grad_bytes = {s: sum(held_grad_bytes(layer) for layer in layers) for s, layers in enumerate(resolved.stage_layers)}
     rows = []
     for rank in sorted(sim.memory):
         mine = measured[(measured["rank"] == rank) & (measured["parent"] == -1)]

@@ -168,7 +168,7 @@ def _predict_and_compare(plan: Plan, measured_plan: Plan, run: MeasuredRun, out:
         warmup=run.warmup,
         predicted_s=float(sim.iteration_s), measured=iteration_stats(times),
         per_kind=kind_comparison(sim.table, measured),
-        memory=memory_comparison(sim, measured, run.peak_memory, resolved, stage_ranks),
+        memory=memory_comparison(sim, measured, run.peak_memory, resolved, stage_ranks, program.unheld_param_bytes),
         profile=bundle_dir, comm_fits=bundle.comm_fits, paths=paths, notes=notes + list(sim.notes),
         settings={**extra_settings, "colocated_profile": int(settings.get("colocated_processes", 1)),
                   "timeline_iteration": chosen, "engine_options": asdict(options),
