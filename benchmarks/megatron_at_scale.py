@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 import sim.compile
+from analysis.iteration_decompose import KINDS, decompose_rank
 from sim.analytic import EfficiencyCurve, default_for, uncalibrated_curve
 from sim.analytic_costs import AnalyticCosts
 from sim.calibration import MEGATRON_ATTENTION
@@ -106,7 +107,8 @@ def curve_of(name: str) -> EfficiencyCurve:
 
 
 def simulate_row(row: dict[str, Any], schedule: str, micro_batch: int, curve: str = "default",
-                 attention: str = MEGATRON_ATTENTION, kernels: bool = True) -> dict[str, Any]:
+                 attention: str = MEGATRON_ATTENTION, kernels: bool = True,
+                 decompose: bool = False) -> dict[str, Any]:
     plan = plan_for(row, schedule, micro_batch)
     started = time.perf_counter()
     cluster = load_cluster(plan.cluster)
@@ -121,11 +123,16 @@ def simulate_row(row: dict[str, Any], schedule: str, micro_batch: int, curve: st
     peak = max(ledger.peak for ledger in engine.ledgers.values())
     oom = any(ledger.oom_at_s is not None for ledger in engine.ledgers.values())
     predicted = paper_flops(row) / (iteration * row["gpus"]) / 1e12
+    parts = {}
+    if decompose:  # the first and the last pipeline rank (dp 0, tp 0)
+        for where, pp_rank in (("first", 0), ("last", plan.pp - 1)):
+            rank = compiled.program.rank_of(0, pp_rank, 0)
+            parts[where] = decompose_rank(engine, costs, rank)
     return {"params_b": row["params_b"], "gpus": int(row["gpus"]), "tp": int(row["tp"]), "pp": int(row["pp"]),
             "dp": plan.dp, "chunks": plan.chunks, "microbatches": plan.schedule.microbatches,
             "iteration_s": iteration, "reported_tflops": float(row["tflops_per_gpu"]),
             "predicted_tflops": predicted, "error": predicted / float(row["tflops_per_gpu"]) - 1,
-            "peak_GiB": peak / 2**30, "oom": oom, "wall_s": time.perf_counter() - started}
+            "peak_GiB": peak / 2**30, "oom": oom, "wall_s": time.perf_counter() - started, "decomposition": parts}
 
 
 def summarise(results: list[dict[str, Any]]) -> dict[str, float]:
@@ -140,6 +147,24 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, float]:
             "spearman": float(spearmanr(pred, rep).statistic) if len(results) > 2 else float("nan")}
 
 
+def write_decomposition(results: list[dict[str, Any]], path: Path) -> None:
+    """One CSV line per (row, first or last pipeline rank): seconds by kind, and each kind's share of
+    the iteration; printed as shares."""
+    lines = []
+    for r in results:
+        for where, parts in r["decomposition"].items():
+            lines.append({"params_b": r["params_b"], "tp": r["tp"], "pp": r["pp"], "rank": where,
+                          "iteration_s": r["iteration_s"], **{k: parts[k] for k in KINDS}})
+    frame = pd.DataFrame(lines)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(path, index=False, float_format="%.5g")
+    shares = frame.copy()
+    for k in KINDS:
+        shares[k] = (100 * frame[k] / frame["iteration_s"]).round(1)
+    print("\nIteration by kind, % of the iteration (p2p_transfer: sends' duration, overlapped or not):")
+    print(shares.to_string(index=False))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--schedule", default="interleaved-1f1b", choices=["interleaved-1f1b", "1f1b"])
@@ -150,6 +175,9 @@ def main() -> None:
     parser.add_argument("--layer-roofline", action="store_true",
                         help="the earlier per-layer roofline instead of the kernel-by-kernel model")
     parser.add_argument("--rows", default="", help="comma-separated row indices (default: all)")
+    parser.add_argument("--decompose", type=Path, default=None, metavar="CSV",
+                        help="write each row's iteration split by kind (first and last pipeline rank) here "
+                             "and print it (analysis.iteration_decompose)")
     parser.add_argument("--json", type=Path, default=None, help="write rows and summary here")
     args = parser.parse_args()
     table = load_table()
@@ -160,7 +188,7 @@ def main() -> None:
     results = []
     for i in indices:
         r = simulate_row(records[i], args.schedule, args.micro_batch, args.curve, args.attention,
-                         not args.layer_roofline)
+                         not args.layer_roofline, decompose=args.decompose is not None)
         results.append(r)
         print(f"{r['params_b']:>7.1f}B {r['gpus']:>5} {r['tp']:>3} {r['pp']:>3} {r['dp']:>3} {r['chunks']:>2} "
               f"{r['microbatches']:>4} {r['iteration_s']:>8.2f} {r['reported_tflops']:>8.0f} "
@@ -169,6 +197,8 @@ def main() -> None:
     s = summarise(results)
     print(f"MAPE {s['mape']:.1%}  median |err| {s['median_abs_error']:.1%}  max |err| {s['max_abs_error']:.1%}  "
           f"mean err {s['mean_signed_error']:+.1%}  Spearman {s['spearman']:.3f}  (* = over 80 GiB in the ledger)")
+    if args.decompose:
+        write_decomposition(results, args.decompose)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"schedule": args.schedule, "micro_batch": args.micro_batch,

@@ -168,6 +168,11 @@ class KernelTimes:
     elementwise_bytes_fwd: float
     elementwise_bytes_bwd: float
     attention_saved_bytes: float  # what unfused attention saves beyond LayerSpec's count (probabilities, mask)
+    # Seconds by kind of work, (forward, input gradient, weight gradient) each; they sum to the three
+    # times above. Kinds: "gemm" (the weight GEMMs of a block), "attention" (score and context bmms,
+    # softmax, dropout and the context copy; a flash kernel), "memory" (a block's layernorms,
+    # bias-dropout-adds, GELU, residual sums), "lm_head_loss", "embedding", "per_call" (a fitted cost).
+    parts: tuple[tuple[str, tuple[float, float, float]], ...] = ()
 
 
 def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec, dtype: str,
@@ -217,51 +222,59 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
 
     T = b * s
     X = float(T * h)
-    fwd = bi = bw_ = 0.0
-    mem_f = mem_b = 0.0
+    parts: dict[str, list[float]] = {}
+
+    def add(kind: str, fwd: float = 0.0, bi: float = 0.0, bw_: float = 0.0) -> None:
+        part = parts.setdefault(kind, [0.0, 0.0, 0.0])
+        part[0], part[1], part[2] = part[0] + fwd, part[1] + bi, part[2] + bw_
+
+    mem_f = mem_b = 0.0  # bytes of every memory-bound kernel, for the report
     saved_extra = 0.0
     if layer.kind == "block":
         F = float(T * f / t)
         for m, n, k in ((T, 3 * h / t, h), (T, h, h / t), (T, f / t, h), (T, h, f / t)):
-            g = gemm(m, n, k)
-            fwd, bi, bw_ = fwd + g[0], bi + g[1], bw_ + g[2]
+            add("gemm", *gemm(m, n, k))
         heads, d = b * a / t, h / a
         if attention == "unfused":
             S = float(heads * s * s)
             # scores Q K^T: [s, d] x [d, s] per head; context P V: [s, s] x [s, d]. Each backward GEMM
             # produces the gradient of one operand (both are activations: input gradients).
             for m, n, k in ((s, s, d), (s, d, s)):
-                fwd += gemm_time(m, n, k, heads, peak, eff, bw, e, sms)
-                bi += (gemm_time(m, k, n, heads, peak, eff, bw, e, sms)
-                       + gemm_time(k, n, m, heads, peak, eff, bw, e, sms))
-            mem_f += e * 2 * S + (e * 2 * S + S) + e * 2 * X / t
-            mem_b += e * 3 * S + (e * 2 * S + S) + e * 2 * X / t
+                add("attention", gemm_time(m, n, k, heads, peak, eff, bw, e, sms),
+                    gemm_time(m, k, n, heads, peak, eff, bw, e, sms) + gemm_time(k, n, m, heads, peak, eff, bw, e, sms))
+            att_f = e * 2 * S + (e * 2 * S + S) + e * 2 * X / t
+            att_b = e * 3 * S + (e * 2 * S + S) + e * 2 * X / t
+            add("attention", att_f / bw, att_b / bw)
+            mem_f, mem_b = mem_f + att_f, mem_b + att_b
             saved_extra = e * S + S  # the probabilities (input of the context bmm) and the dropout mask
         else:
             causal = 0.5 if x.get("causal", 1.0) else 1.0
             flops = 4.0 * heads * s * s * d * causal
-            fwd += flops / (FLASH_EFF_FWD * peak)
-            bi += 2.5 * flops / (FLASH_EFF_BWD * peak)
-        mem_f += e * 2 * X + (e * 3 * X + X) + e * 2 * X + e * 2 * F + (e * 3 * X + X)
-        mem_b += e * 3 * X * 2 + 2 * (e * 3 * X + X) + e * 3 * F + 2 * e * 3 * X
+            add("attention", flops / (FLASH_EFF_FWD * peak), 2.5 * flops / (FLASH_EFF_BWD * peak))
+        blk_f = e * 2 * X + (e * 3 * X + X) + e * 2 * X + e * 2 * F + (e * 3 * X + X)
+        blk_b = e * 3 * X * 2 + 2 * (e * 3 * X + X) + e * 3 * F + 2 * e * 3 * X
+        add("memory", blk_f / bw, blk_b / bw)
+        mem_f, mem_b = mem_f + blk_f, mem_b + blk_b
     elif layer.kind == "head":
         v = padded_vocab(int(x["vocab"]), t)
         logits = float(T * v / t)
+        mem_f, mem_b = e * 2 * X + 38 * logits, e * 3 * X + 14 * logits
         g = gemm(T, v / t, h)
-        fwd, bi, bw_ = g
-        mem_f += e * 2 * X + 38 * logits
-        mem_b += e * 3 * X + 14 * logits
+        add("lm_head_loss", g[0] + mem_f / bw, g[1] + mem_b / bw, g[2])
     elif layer.kind == "embedding":
-        mem_f += e * 2 * X + e * 3 * X + (e * 2 * X + X)
-        mem_b += (e * 2 * X + X) + e * 3 * X
+        mem_f = e * 2 * X + e * 3 * X + (e * 2 * X + X)
+        mem_b = (e * 2 * X + X) + e * 3 * X
+        add("embedding", mem_f / bw, mem_b / bw)
     else:
         raise ConfigError("layer", f"no kernel model for a {layer.kind!r} layer", "use a transformer layer")
     overhead = curve.flops_half / (curve.eff_max * peak)  # a fitted per-call cost, if any (0 by default)
+    if overhead:
+        add("per_call", overhead, overhead, overhead if layer.params else 0.0)
+    fwd, bi, bw_ = (sum(part[i] for part in parts.values()) for i in range(3))
     return KernelTimes(
-        fwd_s=fwd + mem_f / bw + overhead,
-        bwd_input_s=bi + mem_b / bw + overhead,
-        bwd_weight_s=bw_ + (overhead if layer.params else 0.0),
+        fwd_s=fwd, bwd_input_s=bi, bwd_weight_s=bw_,
         elementwise_bytes_fwd=mem_f, elementwise_bytes_bwd=mem_b, attention_saved_bytes=saved_extra,
+        parts=tuple((kind, (part[0], part[1], part[2])) for kind, part in parts.items()),
     )
 
 
