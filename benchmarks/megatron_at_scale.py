@@ -73,7 +73,19 @@ def megatron_virtual_partition(num_blocks: int, stages: int) -> list[list[int]]:
     return [[cuts[s], cuts[s + 1]] for s in range(stages)]
 
 
-def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batch: int = 1) -> Plan:
+# What Megatron-LM ran in 2021 (tag v2.5, e269e20, Aug 2021; the paper's code), as plan options:
+# - megatron/p2p_communication.py, _communicate: batch_isend_irecv, req.wait() on every request, then
+#   torch.cuda.synchronize(): blocking exchanges between pipeline stages (schedule.p2p: blocking);
+# - the same function splits each tensor into tp equal chunks (mpu.split_tensor_into_1d_equal_chunks),
+#   sends one per TP rank and all-gathers after (mpu.gather_split_1d_tensor), on by default
+#   (megatron/arguments.py: --no-scatter-gather-tensors-in-pipeline turns it off), and the paper's
+#   runs used it (SC'21 section 4.1): schedule.p2p_scatter_gather.
+MEGATRON_2021_P2P = {"p2p": "blocking", "p2p_scatter_gather": True}
+ASYNC_P2P = {"p2p": "async", "p2p_scatter_gather": False}
+
+
+def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batch: int = 1,
+             p2p: dict[str, Any] | None = None) -> Plan:
     tp, pp, gpus = int(row["tp"]), int(row["pp"]), int(row["gpus"])
     dp = gpus // (tp * pp)
     chunks = chunks_for(row, schedule)
@@ -93,7 +105,8 @@ def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batc
         parallelism={"tp": tp, "pp": pp, "dp": dp, "chunks": chunks if name == "interleaved-1f1b" else 1,
                      "partition": megatron_virtual_partition(int(row["layers"]),
                                                              pp * (chunks if name == "interleaved-1f1b" else 1))},
-        schedule={"name": name, "micro_batch": micro_batch, "microbatches": m},
+        schedule={"name": name, "micro_batch": micro_batch, "microbatches": m,
+                  **(MEGATRON_2021_P2P if p2p is None else p2p)},
         memory={"policy": "full"},
         gradient_sync={"method": "allreduce", "bucket_mb": 1e6},
     ))
@@ -108,8 +121,8 @@ def curve_of(name: str) -> EfficiencyCurve:
 
 def simulate_row(row: dict[str, Any], schedule: str, micro_batch: int, curve: str = "default",
                  attention: str = MEGATRON_ATTENTION, kernels: bool = True,
-                 decompose: bool = False) -> dict[str, Any]:
-    plan = plan_for(row, schedule, micro_batch)
+                 decompose: bool = False, p2p: dict[str, Any] | None = None) -> dict[str, Any]:
+    plan = plan_for(row, schedule, micro_batch, p2p)
     started = time.perf_counter()
     cluster = load_cluster(plan.cluster)
     layers = transformer_layers(transformer_config(plan.workload, **plan.workload_options))
@@ -174,6 +187,9 @@ def main() -> None:
     parser.add_argument("--attention", default=MEGATRON_ATTENTION, choices=["unfused", "flash"])
     parser.add_argument("--layer-roofline", action="store_true",
                         help="the earlier per-layer roofline instead of the kernel-by-kernel model")
+    parser.add_argument("--p2p", default="megatron-2021", choices=["megatron-2021", "async"],
+                        help="megatron-2021: blocking exchanges with scatter/gather, as Megatron-LM v2.5 ran "
+                             "them (the default); async: sends beside compute, whole tensors per TP rank")
     parser.add_argument("--rows", default="", help="comma-separated row indices (default: all)")
     parser.add_argument("--decompose", type=Path, default=None, metavar="CSV",
                         help="write each row's iteration split by kind (first and last pipeline rank) here "
@@ -188,7 +204,8 @@ def main() -> None:
     results = []
     for i in indices:
         r = simulate_row(records[i], args.schedule, args.micro_batch, args.curve, args.attention,
-                         not args.layer_roofline, decompose=args.decompose is not None)
+                         not args.layer_roofline, decompose=args.decompose is not None,
+                         p2p=MEGATRON_2021_P2P if args.p2p == "megatron-2021" else ASYNC_P2P)
         results.append(r)
         print(f"{r['params_b']:>7.1f}B {r['gpus']:>5} {r['tp']:>3} {r['pp']:>3} {r['dp']:>3} {r['chunks']:>2} "
               f"{r['microbatches']:>4} {r['iteration_s']:>8.2f} {r['reported_tflops']:>8.0f} "
@@ -203,7 +220,7 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"schedule": args.schedule, "micro_batch": args.micro_batch,
                                          "curve": curve_of(args.curve).to_dict(), "attention": args.attention,
-                                         "kernels": not args.layer_roofline,
+                                         "kernels": not args.layer_roofline, "p2p": args.p2p,
                                          "rows": results, "summary": s}, indent=1))
 
 

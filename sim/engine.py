@@ -195,9 +195,14 @@ class Engine:
                 if not arrival.processed:
                     yield arrival
                 start = max(start, arrival.value)
+                held = instruction.bytes
+                if self.program.p2p_gather_tp:  # scatter/gather: the TP group all-gathers the pieces
+                    held *= self.program.tp
+                    group = self._tp_group(rank)
+                    yield self.env.timeout(self.comm.collective_s("all_gather", held, group, self._groups(group)))
                 if instruction.kind is Kind.RECV_GRAD:  # held until its backward has used it
-                    self.ledgers[rank].change_buffers(instruction.bytes, self.env.now, instruction.label)
-                    self.grad_buffers[(rank, instruction.stage, instruction.microbatch)] = instruction.bytes
+                    self.ledgers[rank].change_buffers(held, self.env.now, instruction.label)
+                    self.grad_buffers[(rank, instruction.stage, instruction.microbatch)] = held
             elif stream is Stream.COLLECTIVE:
                 yield from self._collective(rank, instruction)
             else:
@@ -315,9 +320,12 @@ class Engine:
     def _tp_allreduce_s(self, c: LayerCosts, rank: int) -> float:
         if c.tp_allreduces == 0:
             return 0.0
-        coords = self.program.coords_of(rank)
-        group = tuple(self.program.rank_of(coords.dp, coords.pp, t) for t in range(self.program.tp))
+        group = self._tp_group(rank)
         return c.tp_allreduces * self.comm.collective_s("allreduce", c.tp_comm_bytes, group, self._groups(group))
+
+    def _tp_group(self, rank: int) -> tuple[int, ...]:
+        coords = self.program.coords_of(rank)
+        return tuple(self.program.rank_of(coords.dp, coords.pp, t) for t in range(self.program.tp))
 
     # A node's adapters are shared by the stage peers that send or reduce at the same time (sim.comm).
     def _senders(self, src: int, dst: int) -> int:
