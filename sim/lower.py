@@ -49,8 +49,6 @@ def lower(
             delta_pass(draft)
         swap_pass(draft)
         p2p_pass(draft)
-        if plan.schedule.p2p == "blocking":
-            blocking_p2p_pass(draft)
         embedding = EMBEDDING_METHODS[plan.embedding.method]
         if embedding.lower is not None:  # e.g. sharded tables leave the gradient sync (sim.embedding)
             embedding.lower(draft, stages)
@@ -58,6 +56,8 @@ def lower(
         optimizer_step_pass(draft, stages)
         if embedding.finish is not None:
             embedding.finish(draft, stages)
+        if plan.schedule.p2p == "blocking":
+            blocking_p2p_pass(draft)
         program.ranks[rank] = RankProgram(rank=rank, coords=coords, stages=stages,
                                           instructions=draft.finalize())
     return program

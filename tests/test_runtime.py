@@ -327,6 +327,13 @@ def saved_bytes_per_iteration(ranks_dir: Path, plan: Plan) -> dict[int, list[int
     return out
 
 
+def with_blocking_p2p(plan: Plan) -> Plan:
+    """Megatron-LM 2021's blocking pipeline sends (schedule.p2p: blocking): the runtime waits for each
+    send before its next compute, as the Program's dependencies say."""
+    return plan.model_copy(update={"name": f"{plan.name}-blocking-p2p",
+                                   "schedule": plan.schedule.model_copy(update={"p2p": "blocking"})})
+
+
 CASES = [
     plan_of(dp=2),
     plan_of(pp=2, schedule="gpipe"),
@@ -343,6 +350,7 @@ CASES = [
     plan_of(pp=2, schedule="dualpipev", chunks=2, microbatches=4, micro_batch=1),
     plan_of(pp=2, schedule="1f1b", recompute="stage-aware").model_copy(
         update={"name": "gpt-tiny-dp1-tp1-pp2-1f1b-stage-aware-recompute"}),
+    with_blocking_p2p(plan_of(dp=2, pp=2, schedule="interleaved-1f1b", chunks=2, recompute="full")),
 ]
 
 

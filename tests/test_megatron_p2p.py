@@ -1,0 +1,84 @@
+"""Megatron-LM 2021's pipeline exchanges as plan options (docs/accuracy.md, section 3): blocking
+sends (the compute after a send waits for its transfer) and scatter/gather (each TP rank sends 1/tp,
+the receivers all-gather it over NVLink)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from exec.contract import compile_for_run
+from sim.comm import concurrent_groups
+from sim.compile import resolve_plan
+from sim.costs import UniformCosts
+from sim.plan import Plan
+from sim.simulate import simulate
+from traces.errors import ConfigError
+
+# Large messages on a slow inter-node link, so that a transfer takes a visible share of a step.
+COSTS = UniformCosts(num_layers=4, fwd_s=1e-3, bwd_input_s=1e-3, bwd_weight_s=1e-3,
+                     saved_bytes=1 << 20, output_bytes=64 << 20, param_bytes=1 << 20)
+TWO_NODES = {"name": "two-nodes", "nodes": 2, "devices_per_node": 2, "device": "A100-80GB",
+             "intra_node_link": "nvlink3", "inter_node_link": "ib-hdr", "nics_per_node": 1}
+
+
+def plan(p2p: str = "async", scatter_gather: bool = False, tp: int = 1) -> Plan:
+    cluster = TWO_NODES if tp > 1 else {**TWO_NODES, "devices_per_node": 1}
+    return Plan.from_dict({"workload": "gpt-tiny", "cluster": cluster, "parallelism": {"pp": 2, "tp": tp},
+                           "schedule": {"name": "1f1b", "microbatches": 4, "p2p": p2p,
+                                        "p2p_scatter_gather": scatter_gather}})
+
+
+def top_rows(p: Plan) -> tuple[float, pd.DataFrame]:
+    result = simulate(p, full=True, costs=COSTS)
+    return result.iteration_s, result.table[result.table["parent"] == -1]
+
+
+def late_computes(table: pd.DataFrame) -> int:
+    """Compute instructions that start before a send issued earlier on their rank has finished."""
+    late = 0
+    for _, rows in table.groupby("rank"):
+        rows = rows.sort_values("index")
+        send_end = 0.0
+        for row in rows.itertuples():
+            if row.kind in ("SEND_ACT", "SEND_GRAD"):
+                send_end = max(send_end, row.end_s)
+            elif row.stream == "compute" and row.start_s < send_end - 1e-12:
+                late += 1
+    return late
+
+
+def test_blocking_sends_hold_the_compute_that_follows() -> None:
+    async_s, async_rows = top_rows(plan("async"))
+    blocking_s, blocking_rows = top_rows(plan("blocking"))
+    assert late_computes(async_rows) > 0  # asynchronous sends overlap the next compute ...
+    assert late_computes(blocking_rows) == 0  # ... blocking ones never do
+    assert blocking_s > async_s
+
+
+def test_scatter_gather_sends_a_tp_share_and_gathers_it() -> None:
+    whole_s, whole = top_rows(plan("blocking", tp=2))
+    split_s, split = top_rows(plan("blocking", scatter_gather=True, tp=2))
+    sends = ["SEND_ACT", "SEND_GRAD"]
+    assert (split[split["kind"].isin(sends)]["bytes"].to_numpy() * 2
+            == whole[whole["kind"].isin(sends)]["bytes"].to_numpy()).all()
+    # A receive ends once the TP group has all-gathered the whole tensor after the piece arrived.
+    p = plan("blocking", scatter_gather=True, tp=2)
+    comm = resolve_plan(p, COSTS).comm
+    group = (2, 3)  # the TP group of pipeline rank 1
+    gather = comm.collective_s("all_gather", 64 << 20, group, concurrent_groups(comm.cluster, 2, group))
+    assert gather > 0
+    for row in split[split["kind"] == "RECV_ACT"].itertuples():
+        send = split[(split["kind"] == "SEND_ACT") & (split["microbatch"] == row.microbatch)
+                     & (split["rank"] == row.rank - 2)]
+        assert row.end_s >= float(send["end_s"].iloc[0]) + gather - 1e-12
+    # Over one shared NIC, an eighth... here a half of the bytes outweighs an NVLink all-gather.
+    assert split_s < whole_s
+
+
+def test_the_runtime_refuses_scatter_gather_it_does_not_run() -> None:
+    p = Plan.from_dict({"workload": "gpt-tiny", "cluster": {"preset": "local-cpu-2", "devices_per_node": 4},
+                        "parallelism": {"pp": 2, "tp": 2},
+                        "schedule": {"microbatches": 2, "p2p_scatter_gather": True}})
+    with pytest.raises(ConfigError, match="p2p_scatter_gather"):
+        compile_for_run(p)
