@@ -230,11 +230,13 @@ class Estimator:
         return c.tp_allreduces * cached
 
     def stage(self, layers: tuple[int, ...], recomputed: tuple[int, ...], micro_batch: int, tp: int, level: int,
-              swap: float | tuple[int, ...], tp_sharing: int = 1) -> StageTimes:
+              swap: float | tuple[int, ...], tp_sharing: int = 1, one_at_a_time: bool = False) -> StageTimes:
         """``recomputed``: the stage's recomputed layers; ``swap``: the fraction of kept bytes swapped,
         or the layers whose saved bytes are swapped (a per-layer memory policy); ``tp_sharing``: TP
-        groups sharing a node's adapters (sim.comm.concurrent_groups; 1 unless a TP group spans nodes)."""
-        key = (layers, recomputed, micro_batch, tp, level, swap, tp_sharing)
+        groups sharing a node's adapters (sim.comm.concurrent_groups; 1 unless a TP group spans nodes);
+        ``one_at_a_time``: the backward re-runs one recomputed layer at a time (its largest layer's
+        activations are held, not all of them; MemoryPolicy.recompute_in_backward)."""
+        key = (layers, recomputed, micro_batch, tp, level, swap, tp_sharing, one_at_a_time)
         cached = self._stages.get(key)
         if cached is not None:
             return cached
@@ -262,7 +264,8 @@ class Estimator:
                    for i in every)
         swapped = (kept * swap if isinstance(swap, (int, float))
                    else sum(costs[i].saved_bytes for i in every if layers[i] in swap))
-        extra = sum(costs[i].saved_bytes - checkpoint_bytes(layers[i], cost) for i in rec)
+        brought_back = [costs[i].saved_bytes - checkpoint_bytes(layers[i], cost) for i in rec]
+        extra = max(brought_back, default=0) if one_at_a_time else sum(brought_back)
         result = StageTimes(
             fwd_s=fwd, bwd_s=bwd, recompute_s=recompute,
             compute_s=sum(c.fwd_s + c.bwd_input_s + c.bwd_weight_s for c in costs),
@@ -347,7 +350,7 @@ class Estimator:
         tp_sharing = concurrent_groups(self.comm.cluster, dp * tp, tuple(range(tp)))
         stages = [self.stage(tuple(stage_layers[s]), tuple(policy.recompute_layers[s]), micro_batch, tp, tp_overlap,
                              policy.swap_fraction[s] if policy.swap_layers is None else policy.swap_layers[s],
-                             tp_sharing)
+                             tp_sharing, policy.recompute_in_backward)
                   for s in range(stages_n)]
         if info.recompute_is_schedule:
             # Merak's eager recomputes move into bubbles: their placement is the schedule's shape.
