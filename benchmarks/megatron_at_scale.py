@@ -85,7 +85,10 @@ ASYNC_P2P = {"p2p": "async", "p2p_scatter_gather": False}
 
 
 def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batch: int = 1,
-             p2p: dict[str, Any] | None = None) -> Plan:
+             megatron_2021: bool = True) -> Plan:
+    """The row's plan; ``megatron_2021``: with what Megatron-LM v2.5 ran (blocking p2p with
+    scatter/gather, per-layer recompute inside the backward, the flat-buffer gradient all-reduce),
+    else with the simulator's defaults for those choices."""
     tp, pp, gpus = int(row["tp"]), int(row["pp"]), int(row["gpus"])
     dp = gpus // (tp * pp)
     chunks = chunks_for(row, schedule)
@@ -106,9 +109,15 @@ def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batc
                      "partition": megatron_virtual_partition(int(row["layers"]),
                                                              pp * (chunks if name == "interleaved-1f1b" else 1))},
         schedule={"name": name, "micro_batch": micro_batch, "microbatches": m,
-                  **(MEGATRON_2021_P2P if p2p is None else p2p)},
-        memory={"policy": "full"},
-        gradient_sync={"method": "allreduce", "bucket_mb": 1e6},
+                  **(MEGATRON_2021_P2P if megatron_2021 else ASYNC_P2P)},
+        # --checkpoint-activations with --checkpoint-num-layers 1 (the default at v2.5, megatron/arguments.py):
+        # one mpu.checkpoint per transformer layer (megatron/model/transformer.py, _checkpointed_forward),
+        # so each layer is re-run inside the backward, one at a time.
+        memory={"policy": "full", "in_backward": megatron_2021},
+        # One fp16 all-reduce after the pipeline flush (fp16 gradients: --accumulate-allreduce-grads-in-fp32
+        # is off by default and in examples/pretrain_gpt3_175B.sh at v2.5), through a flat copy
+        # (megatron/model/distributed.py, allreduce_gradients without contiguous buffers).
+        gradient_sync={"method": "allreduce", "bucket_mb": 1e6, "flat_copies": megatron_2021},
     ))
 
 
@@ -121,13 +130,13 @@ def curve_of(name: str) -> EfficiencyCurve:
 
 def simulate_row(row: dict[str, Any], schedule: str, micro_batch: int, curve: str = "default",
                  attention: str = MEGATRON_ATTENTION, kernels: bool = True,
-                 decompose: bool = False, p2p: dict[str, Any] | None = None) -> dict[str, Any]:
-    plan = plan_for(row, schedule, micro_batch, p2p)
+                 decompose: bool = False, megatron_2021: bool = True) -> dict[str, Any]:
+    plan = plan_for(row, schedule, micro_batch, megatron_2021)
     started = time.perf_counter()
     cluster = load_cluster(plan.cluster)
     layers = transformer_layers(transformer_config(plan.workload, **plan.workload_options))
     costs = AnalyticCosts(layers, cluster.device, plan.dtype, cluster, curve_of(curve), attention=attention,
-                          kernels=kernels)
+                          kernels=kernels, optimizer="megatron-fp16" if megatron_2021 else "adam")
     compiled = compile_plan(plan, costs)
     resolved = compiled.resolved
     engine = Engine(compiled.program, resolved.costs, resolved.comm, resolved.policy, plan.micro_batch,
@@ -187,9 +196,9 @@ def main() -> None:
     parser.add_argument("--attention", default=MEGATRON_ATTENTION, choices=["unfused", "flash"])
     parser.add_argument("--layer-roofline", action="store_true",
                         help="the earlier per-layer roofline instead of the kernel-by-kernel model")
-    parser.add_argument("--p2p", default="megatron-2021", choices=["megatron-2021", "async"],
-                        help="megatron-2021: blocking exchanges with scatter/gather, as Megatron-LM v2.5 ran "
-                             "them (the default); async: sends beside compute, whole tensors per TP rank")
+    parser.add_argument("--as-simulated", action="store_true",
+                        help="the simulator's defaults instead of what Megatron-LM v2.5 ran: asynchronous whole-"
+                             "tensor p2p, a stage's recompute at once, one fused Adam pass, no flat-buffer copies")
     parser.add_argument("--rows", default="", help="comma-separated row indices (default: all)")
     parser.add_argument("--decompose", type=Path, default=None, metavar="CSV",
                         help="write each row's iteration split by kind (first and last pipeline rank) here "
@@ -205,7 +214,7 @@ def main() -> None:
     for i in indices:
         r = simulate_row(records[i], args.schedule, args.micro_batch, args.curve, args.attention,
                          not args.layer_roofline, decompose=args.decompose is not None,
-                         p2p=MEGATRON_2021_P2P if args.p2p == "megatron-2021" else ASYNC_P2P)
+                         megatron_2021=not args.as_simulated)
         results.append(r)
         print(f"{r['params_b']:>7.1f}B {r['gpus']:>5} {r['tp']:>3} {r['pp']:>3} {r['dp']:>3} {r['chunks']:>2} "
               f"{r['microbatches']:>4} {r['iteration_s']:>8.2f} {r['reported_tflops']:>8.0f} "
@@ -214,13 +223,16 @@ def main() -> None:
     s = summarise(results)
     print(f"MAPE {s['mape']:.1%}  median |err| {s['median_abs_error']:.1%}  max |err| {s['max_abs_error']:.1%}  "
           f"mean err {s['mean_signed_error']:+.1%}  Spearman {s['spearman']:.3f}  (* = over 80 GiB in the ledger)")
+    print(f"Peak memory {min(r['peak_GiB'] for r in results):.1f}-{max(r['peak_GiB'] for r in results):.1f} GiB; "
+          f"{sum(not r['oom'] for r in results)} of {len(results)} rows fit in 80 GiB")
     if args.decompose:
         write_decomposition(results, args.decompose)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"schedule": args.schedule, "micro_batch": args.micro_batch,
                                          "curve": curve_of(args.curve).to_dict(), "attention": args.attention,
-                                         "kernels": not args.layer_roofline, "p2p": args.p2p,
+                                         "kernels": not args.layer_roofline,
+                                         "megatron_2021": not args.as_simulated,
                                          "rows": results, "summary": s}, indent=1))
 
 

@@ -74,6 +74,20 @@ FLASH_EFF_BWD = 0.50
 # Guide", sections on tile and wave quantization, which works its example on A100's 108 SMs). A GEMM's
 # output tiles run in waves of one tile per SM; the last, partial wave costs a full one.
 GEMM_TILES = ((256, 128), (128, 256), (128, 128))
+# Bytes an optimizer step moves through device memory per parameter (``AnalyticCostModel(optimizer=...)``):
+# - "adam": one fused pass over fp16/bf16 parameter (read + write), gradient (read) and fp32 master
+#   copy and moments (read + write): 2 x 2 + 2 + 2 x 12 = 30 B in mixed precision (STATE_BYTES).
+# - "megatron-fp16": what Megatron-LM's Float16OptimizerWithFloat16Params.step does (tag v2.5,
+#   megatron/optimizer/optimizer.py; clip_grads.py), kernel by kernel: copy the fp16 gradients to
+#   fp32 main gradients (read 2, write 4), unscale and check for inf/nan
+#   (torch._amp_foreach_non_finite_check_and_unscale_: read 4, write 4), the gradient norm for
+#   --clip-grad (amp_C.multi_tensor_l2norm: read 4; the rescale that follows runs only when the norm
+#   exceeds the clip value and is not counted), apex FusedAdam (read gradient, parameter and two
+#   moments, write parameter and moments: 7 x 4), copy the fp32 parameters back to the fp16 model
+#   (read 4, write 2): 6 + 8 + 4 + 28 + 6 = 52 B. Its two scalar all-reduces over the model-parallel
+#   group (found_inf, the norm) are latency only and not counted.
+OPTIMIZER_TRAFFIC = {"megatron-fp16": 52.0}
+OPTIMIZERS = ("adam", *OPTIMIZER_TRAFFIC)
 # Megatron-LM pads the vocabulary to a multiple of make-vocab-size-divisible-by (128) x tp
 # (megatron/tokenizer/tokenizer.py, _vocab_size_with_padding).
 VOCAB_PAD = 128
@@ -316,7 +330,7 @@ class LayerCosts:
 
 class AnalyticCostModel:
     def __init__(self, device: DeviceSpec, dtype: str, efficiency: EfficiencyCurve | None = None,
-                 attention: str = "flash", kernels: bool = True) -> None:
+                 attention: str = "flash", kernels: bool = True, optimizer: str = "adam") -> None:
         self.device = device
         self.dtype = normalize_dtype(dtype)
         self.peak = device.peak(self.dtype)  # raises a ConfigError for a dtype the device lacks
@@ -325,6 +339,10 @@ class AnalyticCostModel:
             raise ConfigError("attention", f"unknown attention implementation {attention!r}",
                               f"use one of {', '.join(ATTENTION_IMPLEMENTATIONS)}")
         self.attention = attention
+        if optimizer not in OPTIMIZERS:
+            raise ConfigError("optimizer", f"unknown optimizer step {optimizer!r}",
+                              f"use one of {', '.join(OPTIMIZERS)}")
+        self.optimizer = optimizer
         # kernels=False: the earlier per-layer roofline (layer FLOPs over the efficiency curve), kept
         # for comparison (the accuracy report prints both).
         self.kernels = kernels
@@ -397,10 +415,11 @@ class AnalyticCostModel:
         return layer.flops_bwd / 2, layer.flops_bwd / 2
 
     def optimizer_step_s(self, param_bytes: int) -> float:
-        """Adam step: memory-bound, reads and writes parameters, gradients and optimizer state."""
+        """Adam step: memory-bound, reads and writes parameters, gradients and optimizer state
+        (OPTIMIZER_TRAFFIC: as one fused pass, or kernel by kernel as Megatron-LM ran it)."""
         p_b, g_b, o_b = STATE_BYTES[self.dtype]
         params = param_bytes / p_b
-        traffic = params * (2 * p_b + g_b + 2 * o_b)
+        traffic = params * OPTIMIZER_TRAFFIC.get(self.optimizer, 2 * p_b + g_b + 2 * o_b)
         return traffic / (self.device.memory_bandwidth_Bps * self.efficiency.mem_eff)
 
 

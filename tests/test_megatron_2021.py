@@ -1,6 +1,7 @@
-"""Megatron-LM 2021's pipeline exchanges as plan options (docs/accuracy.md, section 3): blocking
-sends (the compute after a send waits for its transfer) and scatter/gather (each TP rank sends 1/tp,
-the receivers all-gather it over NVLink)."""
+"""What Megatron-LM v2.5 ran, as options (docs/accuracy.md, section 3): blocking pipeline sends (the
+compute after a send waits for its transfer), scatter/gather (each TP rank sends 1/tp, the receivers
+all-gather it over NVLink), the fp16 optimizer's kernel-by-kernel step, and the gradient all-reduce
+through a flat buffer. Per-layer recompute inside the backward: tests/test_recompute_in_backward.py."""
 
 from __future__ import annotations
 
@@ -82,3 +83,36 @@ def test_the_runtime_refuses_scatter_gather_it_does_not_run() -> None:
                         "schedule": {"microbatches": 2, "p2p_scatter_gather": True}})
     with pytest.raises(ConfigError, match="p2p_scatter_gather"):
         compile_for_run(p)
+
+
+def test_megatron_optimizer_step_moves_52_bytes_per_parameter() -> None:
+    from sim.analytic import AnalyticCostModel
+    from sim.cluster import load_cluster
+
+    device = load_cluster("dgx-a100-8").device
+    fused = AnalyticCostModel(device, "fp16").optimizer_step_s(2 * 10**9)  # 1e9 fp16 parameters
+    megatron = AnalyticCostModel(device, "fp16", optimizer="megatron-fp16").optimizer_step_s(2 * 10**9)
+    assert megatron / fused == pytest.approx(52 / 30)
+    assert megatron == pytest.approx(52e9 / (device.memory_bandwidth_Bps * 0.9))
+    with pytest.raises(ConfigError, match="optimizer"):
+        AnalyticCostModel(device, "fp16", optimizer="sgd")
+
+
+def test_flat_copies_price_six_bytes_per_gradient_byte_around_the_all_reduce() -> None:
+    from sim.gradient_sync import GRADIENT_SYNC, DenseAllReduce, GradTensor, SyncContext
+
+    bucket = (GradTensor(1, 1000, 2),)
+    plain = GRADIENT_SYNC["allreduce"].plan(SyncContext(bucket, 4, DenseAllReduce()))
+    copied = GRADIENT_SYNC["allreduce"].plan(SyncContext(bucket, 4, DenseAllReduce(flat_copies=True)))
+    assert [(p.kind, p.nbytes) for p in plain] == [("allreduce", 2000)]
+    assert [(p.kind, p.nbytes) for p in copied] == [("memory", 8000), ("allreduce", 2000), ("memory", 4000)]
+    # ... and the simulator charges them: the iteration grows by 6 x the gradient bytes at memory speed.
+    base = {"workload": "gpt2-small", "cluster": {"preset": "dgx-a100-8"}, "dtype": "fp16",
+            "parallelism": {"dp": 8}, "schedule": {"micro_batch": 4, "microbatches": 1}}
+    runs = {flag: simulate(Plan.from_dict({**base, "gradient_sync": {"method": "allreduce", "bucket_mb": 1e6,
+                                                                     "flat_copies": flag}}))
+            for flag in (False, True)}
+    compiled = resolve_plan(Plan.from_dict(base))
+    grad_bytes = sum(compiled.costs.layer_costs(i, 4, 1).grad_bytes for i in range(compiled.costs.num_layers))
+    extra = 6 * grad_bytes / compiled.cluster.device.memory_bandwidth_Bps
+    assert runs[True].iteration_s - runs[False].iteration_s == pytest.approx(extra, rel=1e-6)
