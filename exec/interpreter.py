@@ -372,8 +372,8 @@ class RankRuntime:
         recomputed = set() if ins.save else self.recomputed[(s, mb)]
         flags = [layer in recomputed for layer in self.stage_layers[s]]
         # Recomputed inside the backward, one layer at a time: every checkpointed layer is its own run.
-        runs = [(i, i + 1, True) if flag else (i, i + 1, False) for i, flag in enumerate(flags)] \
-            if self.policy.recompute_in_backward else runs_of(flags)
+        runs = [(i, i + 1, flag) for i, flag in enumerate(flags)] if self.policy.recompute_in_backward \
+            else runs_of(flags)
         h = x
         with slot.store.hooks():
             for start, end, checkpointed in runs:
@@ -419,14 +419,14 @@ class RankRuntime:
             return  # a marker: the backward re-runs each checkpointed layer just before its own backward
         s, mb = ins.stage, ins.microbatch
         slot = self.slots[(s, mb)]
-        for run in slot.checkpointed:
-            self._rerun(slot, s, mb, run)
-        self._track(slot)
-
-    def _rerun(self, slot: Slot, s: int, mb: int, run: Run) -> None:
-        """Re-run a checkpointed run of layers with grad: its segment of the stage's graph."""
         if self.embedding is not None:  # the recomputed tables read this micro-batch's rows again
             self.embedding.enter(self.iteration, mb)
+        for run in slot.checkpointed:
+            self._rerun(slot, s, run)
+        self._track(slot)
+
+    def _rerun(self, slot: Slot, s: int, run: Run) -> None:
+        """Re-run a checkpointed run of layers with grad: its segment of the stage's graph."""
         captures: list = []
         with self._recording(slot, captures), torch.enable_grad():
             out = self._walk(slot, s, run.start, run.end, run.inp)
@@ -453,11 +453,13 @@ class RankRuntime:
         if not in_backward:
             self._check_recomputed(slot, s, mb)
         runs = {run.segment: run for run in slot.checkpointed}
+        if in_backward and runs and self.embedding is not None:  # re-run tables read this micro-batch's rows
+            self.embedding.enter(self.iteration, mb)
         grad = self._grad_in(s, mb)
         for position in reversed(range(len(slot.segments))):
             if slot.segments[position] is None and in_backward:
                 # One layer at a time: its activations live only until its own backward is done.
-                self._rerun(slot, s, mb, runs[position])
+                self._rerun(slot, s, runs[position])
                 self._track(slot)
             seg = slot.segments[position]
             assert seg is not None
