@@ -1,12 +1,16 @@
 """Public at-scale check: Megatron-LM's Table 1 (Narayanan et al., SC'21) against the simulator.
 
     python benchmarks/megatron_at_scale.py [--schedule interleaved-1f1b|1f1b] [--micro-batch 1]
-                                           [--json OUT.json] [--rows 0,1,2]
+                                           [--as-simulated] [--decompose OUT.csv] [--json OUT.json]
+                                           [--rows 0,1,2]
 
 Ten GPT models, 1.7B to 1T parameters, on 32 to 3,072 A100-80GB GPUs of Selene (8 per node,
 NVLink3, 8 x HDR InfiniBand per node), sequence 2,048, vocabulary 51,200, full activation
 recomputation, interleaved 1F1B (data and assumptions: ``sim/data/megatron_sc21_table1.md``).
-Each row's configuration is simulated (symmetric mode) with the project's default cost model;
+Each row's configuration is simulated (symmetric mode) with the project's default cost model and
+with what Megatron-LM v2.5 ran where the simulator offers a choice (blocking p2p with scatter/gather,
+per-layer recompute inside the backward, the flat-buffer gradient all-reduce, the fp16 optimizer's
+step; ``--as-simulated``: the simulator's defaults; sources in the data notes);
 predicted TFLOP/s per GPU = the paper's FLOP count (appendix, eq. 3)
     F = 96 B s l h^2 (1 + s / (6 h) + V / (16 l h))
 divided by (predicted iteration time x GPUs). Error = predicted / reported TFLOP/s - 1: negative
