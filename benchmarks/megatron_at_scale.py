@@ -1,12 +1,16 @@
 """Public at-scale check: Megatron-LM's Table 1 (Narayanan et al., SC'21) against the simulator.
 
     python benchmarks/megatron_at_scale.py [--schedule interleaved-1f1b|1f1b] [--micro-batch 1]
-                                           [--json OUT.json] [--rows 0,1,2]
+                                           [--as-simulated] [--decompose OUT.csv] [--json OUT.json]
+                                           [--rows 0,1,2]
 
 Ten GPT models, 1.7B to 1T parameters, on 32 to 3,072 A100-80GB GPUs of Selene (8 per node,
 NVLink3, 8 x HDR InfiniBand per node), sequence 2,048, vocabulary 51,200, full activation
 recomputation, interleaved 1F1B (data and assumptions: ``sim/data/megatron_sc21_table1.md``).
-Each row's configuration is simulated (symmetric mode) with the project's default cost model;
+Each row's configuration is simulated (symmetric mode) with the project's default cost model and
+with what Megatron-LM v2.5 ran where the simulator offers a choice (blocking p2p with scatter/gather,
+per-layer recompute inside the backward, the flat-buffer gradient all-reduce, the fp16 optimizer's
+step; ``--as-simulated``: the simulator's defaults; sources in the data notes);
 predicted TFLOP/s per GPU = the paper's FLOP count (appendix, eq. 3)
     F = 96 B s l h^2 (1 + s / (6 h) + V / (16 l h))
 divided by (predicted iteration time x GPUs). Error = predicted / reported TFLOP/s - 1: negative
@@ -27,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 import sim.compile
+from analysis.iteration_decompose import KINDS, decompose_rank
 from sim.analytic import EfficiencyCurve, default_for, uncalibrated_curve
 from sim.analytic_costs import AnalyticCosts
 from sim.calibration import MEGATRON_ATTENTION
@@ -72,7 +77,22 @@ def megatron_virtual_partition(num_blocks: int, stages: int) -> list[list[int]]:
     return [[cuts[s], cuts[s + 1]] for s in range(stages)]
 
 
-def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batch: int = 1) -> Plan:
+# What Megatron-LM ran in 2021 (tag v2.5, e269e20, Aug 2021; the paper's code), as plan options:
+# - megatron/p2p_communication.py, _communicate: batch_isend_irecv, req.wait() on every request, then
+#   torch.cuda.synchronize(): blocking exchanges between pipeline stages (schedule.p2p: blocking);
+# - the same function splits each tensor into tp equal chunks (mpu.split_tensor_into_1d_equal_chunks),
+#   sends one per TP rank and all-gathers after (mpu.gather_split_1d_tensor), on by default
+#   (megatron/arguments.py: --no-scatter-gather-tensors-in-pipeline turns it off), and the paper's
+#   runs used it (SC'21 section 4.1): schedule.p2p_scatter_gather.
+MEGATRON_2021_P2P = {"p2p": "blocking", "p2p_scatter_gather": True}
+ASYNC_P2P = {"p2p": "async", "p2p_scatter_gather": False}
+
+
+def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batch: int = 1,
+             megatron_2021: bool = True) -> Plan:
+    """The row's plan; ``megatron_2021``: with what Megatron-LM v2.5 ran (blocking p2p with
+    scatter/gather, per-layer recompute inside the backward, the flat-buffer gradient all-reduce),
+    else with the simulator's defaults for those choices."""
     tp, pp, gpus = int(row["tp"]), int(row["pp"]), int(row["gpus"])
     dp = gpus // (tp * pp)
     chunks = chunks_for(row, schedule)
@@ -92,9 +112,16 @@ def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batc
         parallelism={"tp": tp, "pp": pp, "dp": dp, "chunks": chunks if name == "interleaved-1f1b" else 1,
                      "partition": megatron_virtual_partition(int(row["layers"]),
                                                              pp * (chunks if name == "interleaved-1f1b" else 1))},
-        schedule={"name": name, "micro_batch": micro_batch, "microbatches": m},
-        memory={"policy": "full"},
-        gradient_sync={"method": "allreduce", "bucket_mb": 1e6},
+        schedule={"name": name, "micro_batch": micro_batch, "microbatches": m,
+                  **(MEGATRON_2021_P2P if megatron_2021 else ASYNC_P2P)},
+        # --checkpoint-activations with --checkpoint-num-layers 1 (the default at v2.5, megatron/arguments.py):
+        # one mpu.checkpoint per transformer layer (megatron/model/transformer.py, _checkpointed_forward),
+        # so each layer is re-run inside the backward, one at a time.
+        memory={"policy": "full", "in_backward": megatron_2021},
+        # One fp16 all-reduce after the pipeline flush (fp16 gradients: --accumulate-allreduce-grads-in-fp32
+        # is off by default and in examples/pretrain_gpt3_175B.sh at v2.5), through a flat copy
+        # (megatron/model/distributed.py, allreduce_gradients without contiguous buffers).
+        gradient_sync={"method": "allreduce", "bucket_mb": 1e6, "flat_copies": megatron_2021},
     ))
 
 
@@ -106,13 +133,14 @@ def curve_of(name: str) -> EfficiencyCurve:
 
 
 def simulate_row(row: dict[str, Any], schedule: str, micro_batch: int, curve: str = "default",
-                 attention: str = MEGATRON_ATTENTION, kernels: bool = True) -> dict[str, Any]:
-    plan = plan_for(row, schedule, micro_batch)
+                 attention: str = MEGATRON_ATTENTION, kernels: bool = True,
+                 decompose: bool = False, megatron_2021: bool = True) -> dict[str, Any]:
+    plan = plan_for(row, schedule, micro_batch, megatron_2021)
     started = time.perf_counter()
     cluster = load_cluster(plan.cluster)
     layers = transformer_layers(transformer_config(plan.workload, **plan.workload_options))
     costs = AnalyticCosts(layers, cluster.device, plan.dtype, cluster, curve_of(curve), attention=attention,
-                          kernels=kernels)
+                          kernels=kernels, optimizer="megatron-fp16" if megatron_2021 else "adam")
     compiled = compile_plan(plan, costs)
     resolved = compiled.resolved
     engine = Engine(compiled.program, resolved.costs, resolved.comm, resolved.policy, plan.micro_batch,
@@ -121,11 +149,16 @@ def simulate_row(row: dict[str, Any], schedule: str, micro_batch: int, curve: st
     peak = max(ledger.peak for ledger in engine.ledgers.values())
     oom = any(ledger.oom_at_s is not None for ledger in engine.ledgers.values())
     predicted = paper_flops(row) / (iteration * row["gpus"]) / 1e12
+    parts = {}
+    if decompose:  # the first and the last pipeline rank (dp 0, tp 0)
+        for where, pp_rank in (("first", 0), ("last", plan.pp - 1)):
+            rank = compiled.program.rank_of(0, pp_rank, 0)
+            parts[where] = decompose_rank(engine, costs, rank)
     return {"params_b": row["params_b"], "gpus": int(row["gpus"]), "tp": int(row["tp"]), "pp": int(row["pp"]),
             "dp": plan.dp, "chunks": plan.chunks, "microbatches": plan.schedule.microbatches,
             "iteration_s": iteration, "reported_tflops": float(row["tflops_per_gpu"]),
             "predicted_tflops": predicted, "error": predicted / float(row["tflops_per_gpu"]) - 1,
-            "peak_GiB": peak / 2**30, "oom": oom, "wall_s": time.perf_counter() - started}
+            "peak_GiB": peak / 2**30, "oom": oom, "wall_s": time.perf_counter() - started, "decomposition": parts}
 
 
 def summarise(results: list[dict[str, Any]]) -> dict[str, float]:
@@ -140,6 +173,24 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, float]:
             "spearman": float(spearmanr(pred, rep).statistic) if len(results) > 2 else float("nan")}
 
 
+def write_decomposition(results: list[dict[str, Any]], path: Path) -> None:
+    """One CSV line per (row, first or last pipeline rank): seconds by kind, and each kind's share of
+    the iteration; printed as shares."""
+    lines = []
+    for r in results:
+        for where, parts in r["decomposition"].items():
+            lines.append({"params_b": r["params_b"], "tp": r["tp"], "pp": r["pp"], "rank": where,
+                          "iteration_s": r["iteration_s"], **{k: parts[k] for k in KINDS}})
+    frame = pd.DataFrame(lines)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(path, index=False, float_format="%.5g")
+    shares = frame.copy()
+    for k in KINDS:
+        shares[k] = (100 * frame[k] / frame["iteration_s"]).round(1)
+    print("\nIteration by kind, % of the iteration (p2p_transfer: sends' duration, overlapped or not):")
+    print(shares.to_string(index=False))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--schedule", default="interleaved-1f1b", choices=["interleaved-1f1b", "1f1b"])
@@ -149,7 +200,13 @@ def main() -> None:
     parser.add_argument("--attention", default=MEGATRON_ATTENTION, choices=["unfused", "flash"])
     parser.add_argument("--layer-roofline", action="store_true",
                         help="the earlier per-layer roofline instead of the kernel-by-kernel model")
+    parser.add_argument("--as-simulated", action="store_true",
+                        help="the simulator's defaults instead of what Megatron-LM v2.5 ran: asynchronous whole-"
+                             "tensor p2p, a stage's recompute at once, one fused Adam pass, no flat-buffer copies")
     parser.add_argument("--rows", default="", help="comma-separated row indices (default: all)")
+    parser.add_argument("--decompose", type=Path, default=None, metavar="CSV",
+                        help="write each row's iteration split by kind (first and last pipeline rank) here "
+                             "and print it (analysis.iteration_decompose)")
     parser.add_argument("--json", type=Path, default=None, help="write rows and summary here")
     args = parser.parse_args()
     table = load_table()
@@ -160,7 +217,8 @@ def main() -> None:
     results = []
     for i in indices:
         r = simulate_row(records[i], args.schedule, args.micro_batch, args.curve, args.attention,
-                         not args.layer_roofline)
+                         not args.layer_roofline, decompose=args.decompose is not None,
+                         megatron_2021=not args.as_simulated)
         results.append(r)
         print(f"{r['params_b']:>7.1f}B {r['gpus']:>5} {r['tp']:>3} {r['pp']:>3} {r['dp']:>3} {r['chunks']:>2} "
               f"{r['microbatches']:>4} {r['iteration_s']:>8.2f} {r['reported_tflops']:>8.0f} "
@@ -169,11 +227,16 @@ def main() -> None:
     s = summarise(results)
     print(f"MAPE {s['mape']:.1%}  median |err| {s['median_abs_error']:.1%}  max |err| {s['max_abs_error']:.1%}  "
           f"mean err {s['mean_signed_error']:+.1%}  Spearman {s['spearman']:.3f}  (* = over 80 GiB in the ledger)")
+    print(f"Peak memory {min(r['peak_GiB'] for r in results):.1f}-{max(r['peak_GiB'] for r in results):.1f} GiB; "
+          f"{sum(not r['oom'] for r in results)} of {len(results)} rows fit in 80 GiB")
+    if args.decompose:
+        write_decomposition(results, args.decompose)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"schedule": args.schedule, "micro_batch": args.micro_batch,
                                          "curve": curve_of(args.curve).to_dict(), "attention": args.attention,
                                          "kernels": not args.layer_roofline,
+                                         "megatron_2021": not args.as_simulated,
                                          "rows": results, "summary": s}, indent=1))
 
 

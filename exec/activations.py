@@ -110,6 +110,9 @@ class Slot:
     checkpointed: list[Run] = field(default_factory=list)
     segments: list[Segment | None] = field(default_factory=list)
     resident: int = 0  # bytes counted in the memory tracker
+    # Per segment: how many tensors the store held when its forward began. A backward that recomputes
+    # one layer at a time lets each segment's saved tensors go once its own backward is done.
+    saved_at: list[int] = field(default_factory=list)
 
     def kept_inputs(self) -> list[torch.Tensor]:
         return [self.inp, *(run.inp for run in self.checkpointed)]

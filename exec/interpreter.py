@@ -161,6 +161,7 @@ class RankRuntime:
         now = unique_bytes(tensors)
         self.activation_bytes += now - slot.resident
         slot.resident = now
+        self.peak_activation_bytes = max(self.peak_activation_bytes, self.activation_bytes)
 
     def saved_bytes(self) -> int:
         """Bytes of saved-for-backward tensors (device or host) still held by any live store."""
@@ -188,6 +189,7 @@ class RankRuntime:
         self.static_bytes = self._static_bytes()
         self.activation_bytes = self.buffer_bytes = 0
         self.peak = 0
+        self.peak_activation_bytes = 0  # the most bytes the slots kept at once (inputs and saved tensors)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 
@@ -217,7 +219,8 @@ class RankRuntime:
         return {"rank": self.rank, "iteration": iteration, "t0_wall": t0_wall, "t0_mono": self.clock.t0,
                 "host": socket.gethostname(),
                 "iteration_s": self.clock.seconds(end), "rows": self.rows, "losses": self.losses,
-                "peak_memory": self.peak, "saved_bytes": self.saved_bytes()}
+                "peak_memory": self.peak, "saved_bytes": self.saved_bytes(),
+                "peak_activation_bytes": self.peak_activation_bytes}
 
     def _row(self, instruction: Instruction, start: Any, end: Any, nbytes: int) -> None:
         memory = self._memory()
@@ -367,9 +370,14 @@ class RankRuntime:
         slot = Slot(inp=x, store=SavedStore(self.param_storages))
         self.stores.add(slot.store)
         recomputed = set() if ins.save else self.recomputed[(s, mb)]
+        flags = [layer in recomputed for layer in self.stage_layers[s]]
+        # Recomputed inside the backward, one layer at a time: every checkpointed layer is its own run.
+        runs = [(i, i + 1, flag) for i, flag in enumerate(flags)] if self.policy.recompute_in_backward \
+            else runs_of(flags)
         h = x
         with slot.store.hooks():
-            for start, end, checkpointed in runs_of([layer in recomputed for layer in self.stage_layers[s]]):
+            for start, end, checkpointed in runs:
+                slot.saved_at.append(len(slot.store.tensors))
                 if checkpointed:  # keep only the run's input (a leaf); RECOMPUTE fills its segment
                     inp = h if h is x else h.detach().requires_grad_(h.is_floating_point())
                     with torch.no_grad():
@@ -384,11 +392,13 @@ class RankRuntime:
                     slot.segments.append(Segment(h, out, captures))
                     h = out
             if s == self.num_stages - 1:
+                before_loss = len(slot.store.tensors)
                 loss = self.workload.loss(h, self._batch(mb).targets) / self.plan.microbatches
                 self.loss_tensors.append(loss.detach())
                 last = slot.segments[-1]
                 if last is None:
                     slot.segments.append(Segment(h, loss))
+                    slot.saved_at.append(before_loss)
                 else:
                     last.out = loss
                 h = loss
@@ -405,16 +415,22 @@ class RankRuntime:
         return h
 
     def _recompute(self, ins: Instruction) -> None:
+        if self.policy.recompute_in_backward:
+            return  # a marker: the backward re-runs each checkpointed layer just before its own backward
         s, mb = ins.stage, ins.microbatch
         slot = self.slots[(s, mb)]
         if self.embedding is not None:  # the recomputed tables read this micro-batch's rows again
             self.embedding.enter(self.iteration, mb)
         for run in slot.checkpointed:
-            captures: list = []
-            with self._recording(slot, captures), torch.enable_grad():
-                out = self._walk(slot, s, run.start, run.end, run.inp)
-            slot.segments[run.segment] = Segment(run.inp, out, captures)
+            self._rerun(slot, s, run)
         self._track(slot)
+
+    def _rerun(self, slot: Slot, s: int, run: Run) -> None:
+        """Re-run a checkpointed run of layers with grad: its segment of the stage's graph."""
+        captures: list = []
+        with self._recording(slot, captures), torch.enable_grad():
+            out = self._walk(slot, s, run.start, run.end, run.inp)
+        slot.segments[run.segment] = Segment(run.inp, out, captures)
 
     def _grad_in(self, s: int, mb: int) -> torch.Tensor | None:
         return None if s == self.num_stages - 1 else self.grads.pop((s, mb))
@@ -433,13 +449,27 @@ class RankRuntime:
     def _backward(self, ins: Instruction) -> None:
         s, mb = ins.stage, ins.microbatch
         slot = self.slots[(s, mb)]
-        self._check_recomputed(slot, s, mb)
+        in_backward = self.policy.recompute_in_backward
+        if not in_backward:
+            self._check_recomputed(slot, s, mb)
+        runs = {run.segment: run for run in slot.checkpointed}
+        if in_backward and runs and self.embedding is not None:  # re-run tables read this micro-batch's rows
+            self.embedding.enter(self.iteration, mb)
         grad = self._grad_in(s, mb)
-        for seg in reversed(slot.segments):
+        for position in reversed(range(len(slot.segments))):
+            if slot.segments[position] is None and in_backward:
+                # One layer at a time: its activations live only until its own backward is done.
+                self._rerun(slot, s, runs[position])
+                self._track(slot)
+            seg = slot.segments[position]
+            assert seg is not None
             if seg.identity:
                 continue
             torch.autograd.backward(seg.out, grad)
             grad = seg.inp.grad if seg.inp.requires_grad else None
+            if in_backward:  # this segment's saved tensors (and any re-run's, stored after) are spent
+                del slot.store.tensors[slot.saved_at[position]:], slot.store.layers[slot.saved_at[position]:]
+                self._track(slot)
         self._hand_back(s, mb, grad)
         self._free((s, mb))
 

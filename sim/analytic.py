@@ -74,6 +74,20 @@ FLASH_EFF_BWD = 0.50
 # Guide", sections on tile and wave quantization, which works its example on A100's 108 SMs). A GEMM's
 # output tiles run in waves of one tile per SM; the last, partial wave costs a full one.
 GEMM_TILES = ((256, 128), (128, 256), (128, 128))
+# Bytes an optimizer step moves through device memory per parameter (``AnalyticCostModel(optimizer=...)``):
+# - "adam": one fused pass over fp16/bf16 parameter (read + write), gradient (read) and fp32 master
+#   copy and moments (read + write): 2 x 2 + 2 + 2 x 12 = 30 B in mixed precision (STATE_BYTES).
+# - "megatron-fp16": what Megatron-LM's Float16OptimizerWithFloat16Params.step does (tag v2.5,
+#   megatron/optimizer/optimizer.py; clip_grads.py), kernel by kernel: copy the fp16 gradients to
+#   fp32 main gradients (read 2, write 4), unscale and check for inf/nan
+#   (torch._amp_foreach_non_finite_check_and_unscale_: read 4, write 4), the gradient norm for
+#   --clip-grad (amp_C.multi_tensor_l2norm: read 4; the rescale that follows runs only when the norm
+#   exceeds the clip value and is not counted), apex FusedAdam (read gradient, parameter and two
+#   moments, write parameter and moments: 7 x 4), copy the fp32 parameters back to the fp16 model
+#   (read 4, write 2): 6 + 8 + 4 + 28 + 6 = 52 B. Its two scalar all-reduces over the model-parallel
+#   group (found_inf, the norm) are latency only and not counted.
+OPTIMIZER_TRAFFIC = {"megatron-fp16": 52.0}
+OPTIMIZERS = ("adam", *OPTIMIZER_TRAFFIC)
 # Megatron-LM pads the vocabulary to a multiple of make-vocab-size-divisible-by (128) x tp
 # (megatron/tokenizer/tokenizer.py, _vocab_size_with_padding).
 VOCAB_PAD = 128
@@ -168,6 +182,11 @@ class KernelTimes:
     elementwise_bytes_fwd: float
     elementwise_bytes_bwd: float
     attention_saved_bytes: float  # what unfused attention saves beyond LayerSpec's count (probabilities, mask)
+    # Seconds by kind of work, (forward, input gradient, weight gradient) each; they sum to the three
+    # times above. Kinds: "gemm" (the weight GEMMs of a block), "attention" (score and context bmms,
+    # softmax, dropout and the context copy; a flash kernel), "memory" (a block's layernorms,
+    # bias-dropout-adds, GELU, residual sums), "lm_head_loss", "embedding", "per_call" (a fitted cost).
+    parts: tuple[tuple[str, tuple[float, float, float]], ...] = ()
 
 
 def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec, dtype: str,
@@ -217,51 +236,59 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
 
     T = b * s
     X = float(T * h)
-    fwd = bi = bw_ = 0.0
-    mem_f = mem_b = 0.0
+    parts: dict[str, list[float]] = {}
+
+    def add(kind: str, fwd: float = 0.0, bi: float = 0.0, bw_: float = 0.0) -> None:
+        part = parts.setdefault(kind, [0.0, 0.0, 0.0])
+        part[0], part[1], part[2] = part[0] + fwd, part[1] + bi, part[2] + bw_
+
+    mem_f = mem_b = 0.0  # bytes of every memory-bound kernel, for the report
     saved_extra = 0.0
     if layer.kind == "block":
         F = float(T * f / t)
         for m, n, k in ((T, 3 * h / t, h), (T, h, h / t), (T, f / t, h), (T, h, f / t)):
-            g = gemm(m, n, k)
-            fwd, bi, bw_ = fwd + g[0], bi + g[1], bw_ + g[2]
+            add("gemm", *gemm(m, n, k))
         heads, d = b * a / t, h / a
         if attention == "unfused":
             S = float(heads * s * s)
             # scores Q K^T: [s, d] x [d, s] per head; context P V: [s, s] x [s, d]. Each backward GEMM
             # produces the gradient of one operand (both are activations: input gradients).
             for m, n, k in ((s, s, d), (s, d, s)):
-                fwd += gemm_time(m, n, k, heads, peak, eff, bw, e, sms)
-                bi += (gemm_time(m, k, n, heads, peak, eff, bw, e, sms)
-                       + gemm_time(k, n, m, heads, peak, eff, bw, e, sms))
-            mem_f += e * 2 * S + (e * 2 * S + S) + e * 2 * X / t
-            mem_b += e * 3 * S + (e * 2 * S + S) + e * 2 * X / t
+                add("attention", gemm_time(m, n, k, heads, peak, eff, bw, e, sms),
+                    gemm_time(m, k, n, heads, peak, eff, bw, e, sms) + gemm_time(k, n, m, heads, peak, eff, bw, e, sms))
+            att_f = e * 2 * S + (e * 2 * S + S) + e * 2 * X / t
+            att_b = e * 3 * S + (e * 2 * S + S) + e * 2 * X / t
+            add("attention", att_f / bw, att_b / bw)
+            mem_f, mem_b = mem_f + att_f, mem_b + att_b
             saved_extra = e * S + S  # the probabilities (input of the context bmm) and the dropout mask
         else:
             causal = 0.5 if x.get("causal", 1.0) else 1.0
             flops = 4.0 * heads * s * s * d * causal
-            fwd += flops / (FLASH_EFF_FWD * peak)
-            bi += 2.5 * flops / (FLASH_EFF_BWD * peak)
-        mem_f += e * 2 * X + (e * 3 * X + X) + e * 2 * X + e * 2 * F + (e * 3 * X + X)
-        mem_b += e * 3 * X * 2 + 2 * (e * 3 * X + X) + e * 3 * F + 2 * e * 3 * X
+            add("attention", flops / (FLASH_EFF_FWD * peak), 2.5 * flops / (FLASH_EFF_BWD * peak))
+        blk_f = e * 2 * X + (e * 3 * X + X) + e * 2 * X + e * 2 * F + (e * 3 * X + X)
+        blk_b = e * 3 * X * 2 + 2 * (e * 3 * X + X) + e * 3 * F + 2 * e * 3 * X
+        add("memory", blk_f / bw, blk_b / bw)
+        mem_f, mem_b = mem_f + blk_f, mem_b + blk_b
     elif layer.kind == "head":
         v = padded_vocab(int(x["vocab"]), t)
         logits = float(T * v / t)
+        mem_f, mem_b = e * 2 * X + 38 * logits, e * 3 * X + 14 * logits
         g = gemm(T, v / t, h)
-        fwd, bi, bw_ = g
-        mem_f += e * 2 * X + 38 * logits
-        mem_b += e * 3 * X + 14 * logits
+        add("lm_head_loss", g[0] + mem_f / bw, g[1] + mem_b / bw, g[2])
     elif layer.kind == "embedding":
-        mem_f += e * 2 * X + e * 3 * X + (e * 2 * X + X)
-        mem_b += (e * 2 * X + X) + e * 3 * X
+        mem_f = e * 2 * X + e * 3 * X + (e * 2 * X + X)
+        mem_b = (e * 2 * X + X) + e * 3 * X
+        add("embedding", mem_f / bw, mem_b / bw)
     else:
         raise ConfigError("layer", f"no kernel model for a {layer.kind!r} layer", "use a transformer layer")
     overhead = curve.flops_half / (curve.eff_max * peak)  # a fitted per-call cost, if any (0 by default)
+    if overhead:
+        add("per_call", overhead, overhead, overhead if layer.params else 0.0)
+    fwd, bi, bw_ = (sum(part[i] for part in parts.values()) for i in range(3))
     return KernelTimes(
-        fwd_s=fwd + mem_f / bw + overhead,
-        bwd_input_s=bi + mem_b / bw + overhead,
-        bwd_weight_s=bw_ + (overhead if layer.params else 0.0),
+        fwd_s=fwd, bwd_input_s=bi, bwd_weight_s=bw_,
         elementwise_bytes_fwd=mem_f, elementwise_bytes_bwd=mem_b, attention_saved_bytes=saved_extra,
+        parts=tuple((kind, (part[0], part[1], part[2])) for kind, part in parts.items()),
     )
 
 
@@ -303,7 +330,7 @@ class LayerCosts:
 
 class AnalyticCostModel:
     def __init__(self, device: DeviceSpec, dtype: str, efficiency: EfficiencyCurve | None = None,
-                 attention: str = "flash", kernels: bool = True) -> None:
+                 attention: str = "flash", kernels: bool = True, optimizer: str = "adam") -> None:
         self.device = device
         self.dtype = normalize_dtype(dtype)
         self.peak = device.peak(self.dtype)  # raises a ConfigError for a dtype the device lacks
@@ -312,6 +339,10 @@ class AnalyticCostModel:
             raise ConfigError("attention", f"unknown attention implementation {attention!r}",
                               f"use one of {', '.join(ATTENTION_IMPLEMENTATIONS)}")
         self.attention = attention
+        if optimizer not in OPTIMIZERS:
+            raise ConfigError("optimizer", f"unknown optimizer step {optimizer!r}",
+                              f"use one of {', '.join(OPTIMIZERS)}")
+        self.optimizer = optimizer
         # kernels=False: the earlier per-layer roofline (layer FLOPs over the efficiency curve), kept
         # for comparison (the accuracy report prints both).
         self.kernels = kernels
@@ -384,10 +415,11 @@ class AnalyticCostModel:
         return layer.flops_bwd / 2, layer.flops_bwd / 2
 
     def optimizer_step_s(self, param_bytes: int) -> float:
-        """Adam step: memory-bound, reads and writes parameters, gradients and optimizer state."""
+        """Adam step: memory-bound, reads and writes parameters, gradients and optimizer state
+        (OPTIMIZER_TRAFFIC: as one fused pass, or kernel by kernel as Megatron-LM ran it)."""
         p_b, g_b, o_b = STATE_BYTES[self.dtype]
         params = param_bytes / p_b
-        traffic = params * (2 * p_b + g_b + 2 * o_b)
+        traffic = params * OPTIMIZER_TRAFFIC.get(self.optimizer, 2 * p_b + g_b + 2 * o_b)
         return traffic / (self.device.memory_bandwidth_Bps * self.efficiency.mem_eff)
 
 

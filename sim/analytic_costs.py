@@ -15,10 +15,11 @@ from sim.workloads import LayerSpec
 class AnalyticCosts:
     def __init__(self, layers: Sequence[LayerSpec], device: DeviceSpec, dtype: str,
                  cluster: ClusterSpec | None = None, efficiency: EfficiencyCurve | None = None,
-                 attention: str = "flash", kernels: bool = True) -> None:
+                 attention: str = "flash", kernels: bool = True, optimizer: str = "adam") -> None:
         self.specs = list(layers)
         self.num_layers = len(self.specs)
-        self.model = AnalyticCostModel(device, dtype, efficiency, attention=attention, kernels=kernels)
+        self.model = AnalyticCostModel(device, dtype, efficiency, attention=attention, kernels=kernels,
+                                       optimizer=optimizer)
         self.cluster = cluster
         self.layer_costs = lru_cache(maxsize=None)(self._layer_costs)  # type: ignore[method-assign]
 

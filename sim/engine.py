@@ -84,6 +84,7 @@ class MemoryLedger:
     buffers: int = 0  # communication buffers: received gradients, flattened gradient buckets
     peak: int = 0
     peak_breakdown: dict[str, int] = field(default_factory=dict)
+    peak_activations: int = 0  # the most activation bytes held at once (not necessarily at ``peak``)
     oom_at_s: float | None = None
     oom_instruction: str = ""
 
@@ -93,6 +94,7 @@ class MemoryLedger:
 
     def change_activations(self, delta: int, now: float, label: str) -> None:
         self.activations += delta
+        self.peak_activations = max(self.peak_activations, self.activations)
         self._check(now, label)
 
     def change_buffers(self, delta: int, now: float, label: str) -> None:
@@ -195,9 +197,14 @@ class Engine:
                 if not arrival.processed:
                     yield arrival
                 start = max(start, arrival.value)
+                held = instruction.bytes
+                if self.program.p2p_gather_tp:  # scatter/gather: the TP group all-gathers the pieces
+                    held *= self.program.tp
+                    group = self._tp_group(rank)
+                    yield self.env.timeout(self.comm.collective_s("all_gather", held, group, self._groups(group)))
                 if instruction.kind is Kind.RECV_GRAD:  # held until its backward has used it
-                    self.ledgers[rank].change_buffers(instruction.bytes, self.env.now, instruction.label)
-                    self.grad_buffers[(rank, instruction.stage, instruction.microbatch)] = instruction.bytes
+                    self.ledgers[rank].change_buffers(held, self.env.now, instruction.label)
+                    self.grad_buffers[(rank, instruction.stage, instruction.microbatch)] = held
             elif stream is Stream.COLLECTIVE:
                 yield from self._collective(rank, instruction)
             else:
@@ -271,6 +278,12 @@ class Engine:
             yield self.env.timeout(duration)
             self.compute_busy[rank] += duration
             return
+        # Recompute inside the backward (MemoryPolicy.recompute_in_backward): the RECOMPUTE marks the
+        # point; its layers are re-run by the backward, one at a time, just before their own backward.
+        in_backward = self.policy.recompute_in_backward and (rank, instruction.stage, instruction.microbatch) \
+            in self.recomputed
+        if kind is Kind.RECOMPUTE and in_backward:
+            return
         layers = [self._layer(layer) for layer in instruction.layers]
         # The first stage has no input gradient to send anywhere, so its split backward does all the
         # work in the W step (as exec.runtime runs it) and its I step is empty.
@@ -296,6 +309,16 @@ class Engine:
         start = self.env.now
         if kind is Kind.FWD or kind is Kind.RECOMPUTE:
             ledger.change_activations(self._activation_delta(rank, instruction, layers), start, instruction.label)
+        one_layer = 0  # in-backward recompute: the largest single layer's activations, held at once
+        if kind is Kind.BWD and in_backward:
+            rerun = set(self.recomputed[(rank, instruction.stage, instruction.microbatch)])
+            again = tp_segments_time([(c.recompute_s, self._tp_allreduce_s(c, rank) if self.program.tp > 1 else 0.0,
+                                       max(c.tp_allreduces, 1)) if layer in rerun else (0.0, 0.0, 1)
+                                      for layer, c in zip(instruction.layers, layers, strict=True)],
+                                     self.tp_overlap if self.program.tp > 1 else 0)
+            per_layer = [a + b for a, b in zip(per_layer, again, strict=True)]
+            one_layer = max((self._recompute_bytes(layer) for layer in rerun), default=0)
+            ledger.change_activations(one_layer, start, instruction.label)
         t = start
         for layer_index, layer_time in zip(instruction.layers, per_layer, strict=True):
             if self.options.layer_rows:
@@ -305,7 +328,11 @@ class Engine:
             t += layer_time * slowdown
         yield self.env.timeout(t - start)
         self.compute_busy[rank] += t - start
-        if kind is Kind.BWD or kind is Kind.BWD_W:
+        if kind is Kind.BWD and in_backward:  # what the forward kept, and the one layer re-run last
+            kept = self.policy.forward_kept_bytes(instruction.stage, instruction.layers, False, self._layer,
+                                                  self.recomputed[(rank, instruction.stage, instruction.microbatch)])
+            ledger.change_activations(-(kept + one_layer), self.env.now, instruction.label)
+        elif kind is Kind.BWD or kind is Kind.BWD_W:
             ledger.change_activations(-self._stage_activation_bytes(instruction.stage), self.env.now,
                                       instruction.label)
         if kind is Kind.BWD or kind is Kind.BWD_I:
@@ -315,9 +342,12 @@ class Engine:
     def _tp_allreduce_s(self, c: LayerCosts, rank: int) -> float:
         if c.tp_allreduces == 0:
             return 0.0
-        coords = self.program.coords_of(rank)
-        group = tuple(self.program.rank_of(coords.dp, coords.pp, t) for t in range(self.program.tp))
+        group = self._tp_group(rank)
         return c.tp_allreduces * self.comm.collective_s("allreduce", c.tp_comm_bytes, group, self._groups(group))
+
+    def _tp_group(self, rank: int) -> tuple[int, ...]:
+        coords = self.program.coords_of(rank)
+        return tuple(self.program.rank_of(coords.dp, coords.pp, t) for t in range(self.program.tp))
 
     # A node's adapters are shared by the stage peers that send or reduce at the same time (sim.comm).
     def _senders(self, src: int, dst: int) -> int:
@@ -336,10 +366,13 @@ class Engine:
         swapped-out part was counted back by its SWAP_IN before the backward."""
         return sum(self._layer(layer).saved_bytes for layer in self.program.stage_layers[stage])
 
+    def _recompute_bytes(self, layer: int) -> int:
+        """What re-running a checkpointed layer brings back beyond its kept input."""
+        return self._layer(layer).saved_bytes - checkpoint_bytes(layer, self._layer)
+
     def _activation_delta(self, rank: int, instruction: Instruction, layers: list[LayerCosts]) -> int:
         if instruction.kind is Kind.RECOMPUTE:
             # The checkpointed layers' activations come back (their inputs were kept).
-            return sum(self._layer(layer).saved_bytes - checkpoint_bytes(layer, self._layer)
-                       for layer in instruction.layers)
+            return sum(self._recompute_bytes(layer) for layer in instruction.layers)
         return self.policy.forward_kept_bytes(instruction.stage, instruction.layers, instruction.save, self._layer,
                                               self.recomputed.get((rank, instruction.stage, instruction.microbatch)))

@@ -230,11 +230,13 @@ class Estimator:
         return c.tp_allreduces * cached
 
     def stage(self, layers: tuple[int, ...], recomputed: tuple[int, ...], micro_batch: int, tp: int, level: int,
-              swap: float | tuple[int, ...], tp_sharing: int = 1) -> StageTimes:
+              swap: float | tuple[int, ...], tp_sharing: int = 1, one_at_a_time: bool = False) -> StageTimes:
         """``recomputed``: the stage's recomputed layers; ``swap``: the fraction of kept bytes swapped,
         or the layers whose saved bytes are swapped (a per-layer memory policy); ``tp_sharing``: TP
-        groups sharing a node's adapters (sim.comm.concurrent_groups; 1 unless a TP group spans nodes)."""
-        key = (layers, recomputed, micro_batch, tp, level, swap, tp_sharing)
+        groups sharing a node's adapters (sim.comm.concurrent_groups; 1 unless a TP group spans nodes);
+        ``one_at_a_time``: the backward re-runs one recomputed layer at a time (its largest layer's
+        activations are held, not all of them; MemoryPolicy.recompute_in_backward)."""
+        key = (layers, recomputed, micro_batch, tp, level, swap, tp_sharing, one_at_a_time)
         cached = self._stages.get(key)
         if cached is not None:
             return cached
@@ -262,7 +264,8 @@ class Estimator:
                    for i in every)
         swapped = (kept * swap if isinstance(swap, (int, float))
                    else sum(costs[i].saved_bytes for i in every if layers[i] in swap))
-        extra = sum(costs[i].saved_bytes - checkpoint_bytes(layers[i], cost) for i in rec)
+        brought_back = [costs[i].saved_bytes - checkpoint_bytes(layers[i], cost) for i in rec]
+        extra = max(brought_back, default=0) if one_at_a_time else sum(brought_back)
         result = StageTimes(
             fwd_s=fwd, bwd_s=bwd, recompute_s=recompute,
             compute_s=sum(c.fwd_s + c.bwd_input_s + c.bwd_weight_s for c in costs),
@@ -330,24 +333,26 @@ class Estimator:
     def estimate(self, *, schedule: str, dp: int, tp: int, pp: int, chunks: int, micro_batch: int,
                  microbatches: int, stage_layers: Sequence[tuple[int, ...]], policy: MemoryPolicy,
                  tp_overlap: int, sync_method: str, bucket_mb: float,
-                 embedding: EmbeddingTerms | None = None) -> Estimate:
+                 embedding: EmbeddingTerms | None = None, scatter_gather: bool = False) -> Estimate:
+        """``scatter_gather``: the plan's schedule.p2p_scatter_gather."""
         key = (schedule, dp, tp, pp, chunks, micro_batch, microbatches, tuple(map(tuple, stage_layers)), policy,
-               tp_overlap)
+               tp_overlap, scatter_gather)
         pipe = self._pipes.get(key)
         if pipe is None:
             pipe = self._pipes[key] = self._pipeline(schedule, dp, tp, pp, chunks, micro_batch, microbatches,
-                                                     stage_layers, policy, tp_overlap)
+                                                     stage_layers, policy, tp_overlap, scatter_gather)
         return self._finish(pipe, dp, tp, pp, sync_method, bucket_mb, embedding)
 
     def _pipeline(self, schedule: str, dp: int, tp: int, pp: int, chunks: int, micro_batch: int, microbatches: int,
-                  stage_layers: Sequence[tuple[int, ...]], policy: MemoryPolicy, tp_overlap: int) -> dict:
+                  stage_layers: Sequence[tuple[int, ...]], policy: MemoryPolicy, tp_overlap: int,
+                  scatter_gather: bool = False) -> dict:
         """Everything but the gradient sync: the pipeline's time and the per-rank figures."""
         info = SCHEDULES[schedule]
         stages_n = pp * chunks
         tp_sharing = concurrent_groups(self.comm.cluster, dp * tp, tuple(range(tp)))
         stages = [self.stage(tuple(stage_layers[s]), tuple(policy.recompute_layers[s]), micro_batch, tp, tp_overlap,
                              policy.swap_fraction[s] if policy.swap_layers is None else policy.swap_layers[s],
-                             tp_sharing)
+                             tp_sharing, policy.recompute_in_backward)
                   for s in range(stages_n)]
         if info.recompute_is_schedule:
             # Merak's eager recomputes move into bubbles: their placement is the schedule's shape.
@@ -374,6 +379,12 @@ class Estimator:
             grads[k] += st.grad_bytes
             params[k] += st.param_bytes
             static[k] += st.static_bytes
+        # Scatter/gather: each TP rank sends 1/tp of a message (the receivers' all-gather over NVLink
+        # is left out: the engine runs it on the receive stream, mostly ahead of the consumer).
+        # Blocking sends (p2p: blocking) add no term: a send's transfer overlaps the wait for the
+        # next stage's gradient that 1F1B's dependency cycle already has (the engine, on the plans of
+        # tests/test_megatron_2021.py with hops of 3-14% of a step: +0.2-0.7% of the iteration).
+        wire = (lambda nbytes: nbytes // tp) if scatter_gather and tp > 1 else (lambda nbytes: nbytes)
         m = microbatches
         bottleneck = max(range(pp), key=per_rank.__getitem__)
         unit_per_mb = [b / m for b in unit.busy]
@@ -381,7 +392,8 @@ class Estimator:
         seconds_per_unit = sum(per_rank) / max(sum(unit_per_mb), 1e-30)
         steady = m * per_rank[bottleneck]
         bubble = max(0.0, unit.makespan - max(unit.busy)) * seconds_per_unit
-        hops = 2 * (stages_n - 1) * self.p2p_hop_s(max(st.output_bytes for st in stages), dp, tp) if pp > 1 else 0.0
+        hops = 2 * (stages_n - 1) * self.p2p_hop_s(wire(max(st.output_bytes for st in stages)), dp, tp) \
+            if pp > 1 else 0.0
 
         held = []
         for k in range(pp):

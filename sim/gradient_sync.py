@@ -40,6 +40,19 @@ class DenseAllReduce(GradientSyncConfig):
     """Sum the gradients with an all-reduce in their own dtype, bucket by bucket, and divide by dp."""
 
     method: Literal["allreduce"] = "allreduce"
+    # Megatron-LM 2021's local DDP without contiguous buffers (tag v2.5, megatron/model/distributed.py,
+    # allreduce_gradients; --use-contiguous-buffers-in-ddp is off by default and in its GPT-3 175B
+    # script): _flatten_dense_tensors copies the gradients into a flat buffer (read + write), the buffer
+    # is divided by dp in place (read + write), all-reduced, and copied back (read + write).
+    flat_copies: bool = Field(False, description="price the copies into and out of a flat buffer and the "
+                              "division by dp (Megatron-LM 2021): 6 bytes moved per gradient byte")
+
+
+def _dense_phases(ctx: SyncContext) -> tuple[Phase, ...]:
+    allreduce = Phase("allreduce", ctx.dense_bytes)
+    if not getattr(ctx.settings, "flat_copies", False):
+        return (allreduce,)
+    return Phase("memory", 4 * ctx.dense_bytes), allreduce, Phase("memory", 2 * ctx.dense_bytes)
 
 
 @dataclass(frozen=True)
@@ -187,7 +200,7 @@ def register_gradient_sync(name: str, config: type[GradientSyncConfig],
     return method
 
 
-register_gradient_sync("allreduce", DenseAllReduce, lambda ctx: (Phase("allreduce", ctx.dense_bytes),), exact=True)
+register_gradient_sync("allreduce", DenseAllReduce, _dense_phases, exact=True)
 
 # Every other method lives in a module of its own and registers itself on import (docs/extending.md).
 from sim import gradient_sync_fp16, gradient_sync_lowrank, gradient_sync_sparse  # noqa: E402, F401

@@ -34,7 +34,8 @@ def lower(
     orders = generate_schedule(plan.schedule.name, plan.pp, plan.microbatches, plan.chunks,
                                recompute=[policy.recomputes(s) for s in range(plan.num_stages)])
     program = Program(world_size=plan.world_size, dp=plan.dp, pp=plan.pp, tp=plan.tp,
-                      stage_layers=[tuple(layers) for layers in stage_layers], ranks={}, symmetric=symmetric)
+                      stage_layers=[tuple(layers) for layers in stage_layers], ranks={}, symmetric=symmetric,
+                      p2p_gather_tp=plan.schedule.p2p_scatter_gather and plan.tp > 1)
     stage_rank = [stage_to_rank(s, plan.pp, plan.chunks, info.placement) for s in range(plan.num_stages)]
     ranks = [program.rank_of(0, p, 0) for p in range(plan.pp)] if symmetric else range(plan.world_size)
     for rank in ranks:
@@ -55,6 +56,8 @@ def lower(
         optimizer_step_pass(draft, stages)
         if embedding.finish is not None:
             embedding.finish(draft, stages)
+        if plan.schedule.p2p == "blocking":
+            blocking_p2p_pass(draft)
         program.ranks[rank] = RankProgram(rank=rank, coords=coords, stages=stages,
                                           instructions=draft.finalize())
     return program
@@ -127,8 +130,10 @@ class _Draft:
         return self.cost(layer).grad_bytes - self.excluded_grad_bytes.get(layer, 0)
 
     def message_bytes(self, stage: int) -> int:
-        """Bytes of the activation leaving ``stage`` (and of the gradient coming back to it)."""
-        return self.cost(self.program.stage_layers[stage][-1]).output_bytes
+        """Bytes one rank sends of the activation leaving ``stage`` (and of the gradient coming back
+        to it): all of it, or its 1/tp share under scatter/gather (``Program.p2p_gather_tp``)."""
+        nbytes = self.cost(self.program.stage_layers[stage][-1]).output_bytes
+        return nbytes // self.plan.tp if self.program.p2p_gather_tp else nbytes
 
     def finalize(self) -> list[Instruction]:
         index = {id(node): i for i, node in enumerate(self.nodes)}
@@ -228,6 +233,21 @@ def p2p_pass(draft: _Draft) -> None:
         if node.kind in (Kind.BWD, Kind.BWD_I) and s > 0 and draft.is_remote(s - 1):
             draft.insert_after(node, Node(Kind.SEND_GRAD, s, mb, deps=[node], peer=draft.peer(s - 1),
                                           tag=f"grad:{s - 1}:{mb}", bytes=draft.message_bytes(s - 1)))
+
+
+def blocking_p2p_pass(draft: _Draft) -> None:
+    """Megatron-LM 2021's blocking exchanges (plan ``schedule.p2p: blocking``): the compute after a
+    send waits for its transfer to finish, so the compute stream carries every transfer's time.
+    Not modelled: the rendezvous (a transfer also waits for its receiver to reach the exchange),
+    which Megatron's pairing of each step's sends and receives in one batch makes deadlock-free,
+    but this Program's per-consumer receives would not be (docs/accuracy.md, section 3)."""
+    sends: list[Node] = []
+    for node in draft.nodes:
+        if node.kind in (Kind.SEND_ACT, Kind.SEND_GRAD):
+            sends.append(node)
+        elif node.kind.is_compute:
+            node.deps.extend(sends)
+            sends = []
 
 
 def _last_gradient_writers(draft: _Draft) -> dict[int, Node]:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sim.costs import CostModel, LayerCosts
 from sim.delta import DeltaSettings
@@ -41,6 +41,9 @@ class MemoryPolicy:
     swap_layers: tuple[tuple[int, ...], ...] | None = None
     problem: str = ""
     delta: DeltaSettings | None = None  # DELTA decides per micro-batch at lowering (sim.delta_lowering)
+    # Recompute inside the backward, one checkpointed layer at a time (FullRecompute.in_backward):
+    # the backward holds one layer's activations at once, not the stage's; its RECOMPUTE is a marker.
+    recompute_in_backward: bool = False
 
     def recomputes(self, stage: int) -> bool:
         return bool(self.recompute_layers[stage])
@@ -97,6 +100,19 @@ class FullRecompute(MemoryConfig):
     """Checkpoint every layer of every stage: keep only layer inputs, recompute in the backward."""
 
     policy: Literal["full"] = "full"
+    # Megatron-LM checkpoints each transformer layer (--checkpoint-num-layers 1, the default at tag
+    # v2.5: megatron/arguments.py; megatron/model/transformer.py, _checkpointed_forward, one
+    # mpu.checkpoint per chunk of layers), so autograd re-runs one layer's forward right before that
+    # layer's backward: a backward holds the kept layer inputs plus ONE layer's activations.
+    in_backward: bool = Field(False, description="recompute each layer inside the backward, one at a time "
+                              "(Megatron-LM): the peak holds one layer's activations, not the stage's")
+
+    @model_validator(mode="after")
+    def _no_swap_in_backward(self) -> FullRecompute:
+        if self.in_backward and self.swap is not None:
+            raise ValueError("in_backward recomputes inside the backward and keeps only layer inputs: "
+                             "drop swap (nothing is left to swap)")
+        return self
 
 
 class StageAwareRecompute(MemoryConfig):
@@ -165,7 +181,15 @@ def _from_fractions(fraction: Callable[[Plan], list[float]]) -> Build:
         recompute_layers = tuple(tuple(layers[: math.ceil(round(f * len(layers), 9))])
                                  for f, layers in zip(fractions, stage_layers, strict=True))
         swap = plan.memory.swap
-        return MemoryPolicy(recompute_layers, tuple(swap) if swap is not None else (0.0,) * plan.num_stages)
+        in_backward = bool(getattr(plan.memory, "in_backward", False))
+        info = SCHEDULES[plan.schedule.name]
+        problem = ""
+        if in_backward and (info.split_backward or info.recompute_is_schedule):
+            problem = (f"memory.in_backward recomputes inside a whole backward; schedule {plan.schedule.name} "
+                       f"{'splits its backward' if info.split_backward else 'places its own recomputes'}: "
+                       "use a schedule without split backward (1f1b, interleaved-1f1b, gpipe) or drop in_backward")
+        return MemoryPolicy(recompute_layers, tuple(swap) if swap is not None else (0.0,) * plan.num_stages,
+                            problem=problem, recompute_in_backward=in_backward)
 
     return build
 

@@ -65,6 +65,15 @@ class Schedule(Section):
     name: str = Field("1f1b", description="a registered schedule")
     micro_batch: int = Field(1, ge=1, description="samples per micro-batch")
     microbatches: int = Field(1, ge=1, description="micro-batches per iteration and data-parallel replica")
+    # How pipeline stages exchange activations and gradients (docs/accuracy.md, section 3). "async":
+    # a send runs beside the compute that follows it. "blocking": as Megatron-LM 2021 ran its
+    # schedules (megatron/p2p_communication.py, _communicate at tag v2.5: batch_isend_irecv, wait on
+    # every request, torch.cuda.synchronize()): a rank computes on only once its transfers are done.
+    p2p: Literal["async", "blocking"] = Field(
+        "async", description="pipeline sends: async (beside compute) or blocking (Megatron-LM 2021)")
+    p2p_scatter_gather: bool = Field(
+        False, description="each TP rank sends 1/tp of an activation or gradient and the receivers all-gather "
+        "it over their TP group (Megatron-LM's scatter/gather; simulated only, the runtime sends whole tensors)")
 
     @field_validator("name")
     @classmethod

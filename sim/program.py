@@ -148,6 +148,9 @@ class Program:
     # An all-to-all lasts as long as its most loaded destination: that destination's share over the
     # even 1/n, as measured on real batches (row-sharded tables); scales the bytes' transfer time.
     alltoall_imbalance: float = 1.0
+    # Scatter/gather (schedule.p2p_scatter_gather): a SEND/RECV carries 1/tp of the tensor; the receiver
+    # all-gathers the whole tensor (its bytes x tp) over its TP group before the receive ends.
+    p2p_gather_tp: bool = False
 
     def rank_of(self, dp: int, pp: int, tp: int) -> int:
         return (pp * self.dp + dp) * self.tp + tp

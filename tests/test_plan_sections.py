@@ -95,7 +95,8 @@ def test_replace_merges_a_section_and_switches_a_policy() -> None:
     plan = Plan.from_dict({"workload": "gpt-tiny", "schedule": {"name": "zb-h1", "microbatches": 4},
                            "memory": {"policy": "stage-aware", "ratio": 0.5}})
     assert plan.replace(schedule={"microbatches": 8}).schedule.name == "zb-h1"
-    assert plan.replace(memory={"policy": "full"}).memory.model_dump() == {"policy": "full", "swap": None}
+    assert plan.replace(memory={"policy": "full"}).memory.model_dump() == {"policy": "full", "swap": None,
+                                                                           "in_backward": False}
 
 
 def test_options_lists_every_registered_choice() -> None:

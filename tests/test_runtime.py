@@ -327,6 +327,13 @@ def saved_bytes_per_iteration(ranks_dir: Path, plan: Plan) -> dict[int, list[int
     return out
 
 
+def with_blocking_p2p(plan: Plan) -> Plan:
+    """Megatron-LM 2021's blocking pipeline sends (schedule.p2p: blocking): the runtime waits for each
+    send before its next compute, as the Program's dependencies say."""
+    return plan.model_copy(update={"name": f"{plan.name}-blocking-p2p",
+                                   "schedule": plan.schedule.model_copy(update={"p2p": "blocking"})})
+
+
 CASES = [
     plan_of(dp=2),
     plan_of(pp=2, schedule="gpipe"),
@@ -343,6 +350,7 @@ CASES = [
     plan_of(pp=2, schedule="dualpipev", chunks=2, microbatches=4, micro_batch=1),
     plan_of(pp=2, schedule="1f1b", recompute="stage-aware").model_copy(
         update={"name": "gpt-tiny-dp1-tp1-pp2-1f1b-stage-aware-recompute"}),
+    with_blocking_p2p(plan_of(dp=2, pp=2, schedule="interleaved-1f1b", chunks=2, recompute="full")),
 ]
 
 
@@ -426,3 +434,33 @@ def test_module_entry_under_torchrun(tmp_path: Path) -> None:
     torch.testing.assert_close(torch.tensor(record.summary["losses"]), torch.tensor(reference(plan)[1]),
                                rtol=1e-5, atol=1e-6)
     assert sorted(record.instructions["iteration"].unique()) == [1, 2]
+
+
+def test_recompute_in_backward_holds_one_layer_as_the_ledger_says(tmp_path: Path) -> None:
+    """Megatron-style full recompute (memory.in_backward): each checkpointed layer is re-run right
+    before its own backward. Training is unchanged, and each rank's peak of kept activations (layer
+    inputs plus the saved tensors of the layer being differentiated) is what the simulator's ledger
+    charges: every kept layer input plus ONE layer's activations. The runtime also keeps the first
+    stage's token ids (int64), which the ledger does not count: 1F1B has pp micro-batches in flight there."""
+    from sim.engine import Engine
+
+    def ledger_peaks(plan: Plan) -> dict[int, int]:
+        run = compile_for_run(plan)
+        engine = Engine(run.program, run.resolved.costs, run.resolved.comm, run.resolved.policy, plan.micro_batch)
+        engine.run()
+        return {rank: engine.ledgers[rank].peak_activations for rank in range(plan.world_size)}
+
+    whole = plan_of(pp=2, schedule="1f1b", microbatches=4, recompute="full")
+    plan = whole.model_copy(update={"name": "gpt-tiny-pp2-full-in-backward",
+                                    "memory": whole.memory.model_copy(update={"in_backward": True})})
+    check_against_reference(plan, tmp_path)
+    ranks_dir = tmp_path / plan.name / "ranks"
+    measured = {rank: max(json.loads(line)["peak_activation_bytes"]
+                          for line in (ranks_dir / f"rank{rank}.jsonl").read_text().splitlines() if line.strip())
+                for rank in range(plan.world_size)}
+    ledger = ledger_peaks(plan)
+    token_ids = plan.pp * plan.micro_batch * 32 * 8  # gpt-tiny's sequence of 32 int64 ids per sample
+    assert measured == {0: ledger[0] + token_ids, 1: ledger[1]}
+    # ... far less than the ledger charges for recomputing a whole stage at once.
+    stage_at_once = ledger_peaks(whole)
+    assert all(ledger[rank] < 0.7 * stage_at_once[rank] for rank in range(plan.world_size))

@@ -1,0 +1,69 @@
+"""Full recompute one layer at a time inside the backward (memory: {policy: full, in_backward: true}),
+as Megatron-LM checkpoints each transformer layer: the simulator's ledger and the fast estimate hold
+one layer's activations during a backward, not the stage's; the time is the same, spent in the
+backward. The runtime side (peak kept bytes equal to the ledger's, real gloo run) is in
+tests/test_runtime.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.compile import compile_plan
+from sim.estimate import Estimator
+from sim.plan import Plan
+from sim.simulate import simulate
+from traces.errors import ConfigError
+
+BASE = {"workload": "gpt2-small", "cluster": {"preset": "dgx-a100-8"}, "dtype": "fp16",
+        "parallelism": {"pp": 4, "dp": 2}, "schedule": {"name": "1f1b", "micro_batch": 4, "microbatches": 8}}
+
+
+def plan(in_backward: bool, **memory: object) -> Plan:
+    return Plan.from_dict({**BASE, "memory": {"policy": "full", "in_backward": in_backward, **memory}})
+
+
+def estimate(p: Plan):
+    resolved = compile_plan(p).resolved
+    return Estimator(resolved.costs, resolved.comm, p.dtype).estimate(
+        schedule=p.schedule.name, dp=p.dp, tp=p.tp, pp=p.pp, chunks=p.chunks, micro_batch=p.micro_batch,
+        microbatches=p.microbatches, stage_layers=resolved.stage_layers, policy=resolved.policy, tp_overlap=0,
+        sync_method=p.gradient_sync.method, bucket_mb=p.gradient_sync.bucket_mb)
+
+
+def test_one_layer_at_a_time_holds_one_layer_and_takes_the_same_time() -> None:
+    stage, layer = simulate(plan(False)), simulate(plan(True))
+    assert layer.iteration_s == pytest.approx(stage.iteration_s, rel=1e-9)
+    rows = layer.table[layer.table["parent"] == -1]
+    assert (rows.loc[rows["kind"] == "RECOMPUTE", "end_s"] == rows.loc[rows["kind"] == "RECOMPUTE", "start_s"]).all()
+    compiled = compile_plan(plan(True))
+    costs, program = compiled.resolved.costs, compiled.program
+    for rank, memory in layer.memory.items():
+        stage_layers = [program.stage_layers[s] for s in program.ranks[rank].stages]
+        brought_back = [costs.layer_costs(i, 4, 1).saved_bytes - costs.layer_costs(i - 1, 4, 1).output_bytes
+                        for layers in stage_layers for i in layers if i > 0]
+        # Recomputing the whole stage holds every layer's activations at once; one at a time, the largest.
+        saved = stage.memory[rank].peak_bytes - memory.peak_bytes
+        assert saved == pytest.approx(sum(brought_back) - max(brought_back), rel=0.02), rank
+
+
+def test_the_estimate_charges_one_layer_like_the_ledger() -> None:
+    peaks = {}
+    for in_backward in (False, True):
+        engine, fast = simulate(plan(in_backward)), estimate(plan(in_backward))
+        ledger = [engine.memory[rank].peak_bytes for rank in sorted(engine.memory)]  # by pipeline rank
+        assert fast.peak_bytes == pytest.approx(ledger, rel=0.05), in_backward
+        peaks[in_backward] = fast.peak_bytes, ledger
+    # What one layer at a time saves on each pipeline rank, by the estimate and by the ledger.
+    for k in range(4):
+        saved_fast = peaks[False][0][k] - peaks[True][0][k]
+        saved_ledger = peaks[False][1][k] - peaks[True][1][k]
+        assert saved_fast > 0 and saved_fast == pytest.approx(saved_ledger, rel=0.05), k
+
+
+def test_in_backward_is_refused_where_it_cannot_run() -> None:
+    with pytest.raises(ConfigError, match="swap"):
+        plan(True, swap=[0.5] * 4)
+    split = Plan.from_dict({**BASE, "schedule": {"name": "zb-h1", "micro_batch": 4, "microbatches": 8},
+                            "memory": {"policy": "full", "in_backward": True}})
+    with pytest.raises(ConfigError, match="zb-h1"):
+        compile_plan(split)
