@@ -33,6 +33,7 @@ loaded destination: the measured largest owner share over the even 1/dp scales i
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -199,7 +200,7 @@ class EmbeddingTerms:
 
     rank: int
     index: int
-    bucket_bytes_removed: int
+    removed_by_layer: tuple[tuple[int, int], ...]  # (layer, gradient bytes) the tables take out of the buckets
     lookups_s: float  # ids + rows of every micro-batch
     last_grads_s: float  # the last micro-batch's gradient exchange (the earlier ones overlap the backward)
     prefetch: bool  # 2D: lookups after the buckets, beside the dense optimizer step
@@ -223,14 +224,24 @@ def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, c
     def a2a(phase: str) -> float:
         return comm.collective_s("all_to_all", round(sizes[phase] * imbalance), group, sharing)
 
-    full = sum(t.rows * t.dim * ELEMENT_BYTES[plan.dtype] for t in tables)
+    removed = excluded_bytes(tables, plan.dtype)
+    full = sum(removed.values())
     shard = sum(_shard_bytes(plan, t, 0) for t in tables)
     layer = costs.layer_costs(tables[0].layer, plan.micro_batch, plan.tp)
     static = layer.param_bytes + layer.grad_bytes + layer.optimizer_bytes
-    return EmbeddingTerms(rank=rank, index=stages_of_rank[rank].index(stage), bucket_bytes_removed=full,
+    return EmbeddingTerms(rank=rank, index=stages_of_rank[rank].index(stage),
+                          removed_by_layer=tuple(sorted(removed.items())),
                           lookups_s=plan.microbatches * (a2a("ids") + a2a("rows")), last_grads_s=a2a("grads"),
                           prefetch=plan.embedding.schedule == "2d",
                           static_bytes_saved=round((full - shard) / layer.param_bytes * static))
+
+
+def excluded_bytes(tables: Sequence[Table], dtype: str) -> dict[int, int]:
+    """Layer -> gradient bytes of the sharded tables it holds, which leave the data-parallel buckets."""
+    out: dict[int, int] = {}
+    for table in tables:
+        out[table.layer] = out.get(table.layer, 0) + table.rows * table.dim * ELEMENT_BYTES[dtype]
+    return out
 
 
 def _shard_bytes(plan: Plan, table: Table, rank: int) -> int:
@@ -272,11 +283,9 @@ def _lower(draft: Any, stages: tuple[int, ...]) -> None:
     stage, tables = _local_tables(draft, stages)
     if not tables:
         return
-    b = ELEMENT_BYTES[draft.plan.dtype]
     draft.program.alltoall_imbalance = alltoall_imbalance(draft.plan)
-    for table in tables:
-        draft.excluded_grad_bytes[table.layer] = draft.excluded_grad_bytes.get(table.layer, 0) \
-            + table.rows * table.dim * b
+    for layer, nbytes in excluded_bytes(tables, draft.plan.dtype).items():
+        draft.excluded_grad_bytes[layer] = draft.excluded_grad_bytes.get(layer, 0) + nbytes
     sequential = draft.plan.embedding.schedule == "sequential"
     for node in [n for n in draft.nodes if n.stage == stage and n.kind in (Kind.FWD, Kind.BWD, Kind.BWD_W)]:
         if node.kind is Kind.FWD and sequential:

@@ -8,20 +8,78 @@ LSTM's embedding gradient is row-sparse when the workload says so (``workload_op
 {sparse: true}``, as the runtime then sees a sparse gradient). Rows touched per iteration come
 from ``sim.gradient_sync_rows`` (measured on the workload's real batches, or exact for uniform
 synthetic tokens).
+
+The same functions serve the lowering (a ``Plan``) and the fast estimate (``sim.estimate``, a
+``BucketPlan`` of the fields they read), and both cut buckets with ``bucket_layers``: the estimate
+prices a candidate's real buckets through the method's own phase function, never a second formula.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from sim.gradient_sync import GradTensor, SyncContext
+from sim.gradient_sync import GradientSyncConfig, GradTensor, SyncContext
 from sim.gradient_sync_rows import rows_touched
 from sim.hardware import ELEMENT_BYTES
 from sim.workloads import WORKLOAD_FAMILIES, workload_config
 
-if TYPE_CHECKING:
-    from sim.plan import Plan
+
+class BucketSource(Protocol):
+    """The fields of a plan that a bucket's tensors depend on (a ``sim.plan.Plan`` has them)."""
+
+    @property
+    def workload(self) -> str: ...
+    @property
+    def workload_options(self) -> Mapping[str, Any]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def dp(self) -> int: ...
+    @property
+    def tp(self) -> int: ...
+    @property
+    def micro_batch(self) -> int: ...
+    @property
+    def microbatches(self) -> int: ...
+    @property
+    def gradient_sync(self) -> GradientSyncConfig: ...
+
+
+@dataclass(frozen=True, eq=False)
+class BucketPlan:
+    """A ``BucketSource`` without a whole plan: what the fast estimate knows of a candidate."""
+
+    workload: str
+    workload_options: Mapping[str, Any]
+    dtype: str
+    dp: int
+    tp: int
+    micro_batch: int
+    microbatches: int
+    gradient_sync: GradientSyncConfig
+
+
+def bucket_layers(layers: Sequence[int], grad_bytes: Callable[[int], int], limit_bytes: float) -> list[tuple[int, ...]]:
+    """A rank's layers (in the order their gradients are written: last layers first) cut into
+    buckets as torch DDP fills them: a bucket closes once it holds ``limit_bytes``; layers with no
+    gradient bytes to sync are left out."""
+    buckets: list[tuple[int, ...]] = []
+    current: list[int] = []
+    size = 0
+    for layer in layers:
+        grad = grad_bytes(layer)
+        if grad <= 0:
+            continue
+        current.append(layer)
+        size += grad
+        if size >= limit_bytes:
+            buckets.append(tuple(current))
+            current, size = [], 0
+    if current:
+        buckets.append(tuple(current))
+    return buckets
 
 def _lstm_shapes(cfg: dict, layer: int) -> list[tuple[int, int]]:
     """(rows, cols) of each parameter of an LSTM LM layer, in module order (exec.workloads.lstm)."""
@@ -35,12 +93,12 @@ def _lstm_shapes(cfg: dict, layer: int) -> list[tuple[int, int]]:
     return [(4 * hidden, inputs), (4 * hidden, hidden), (1, 4 * hidden), (1, 4 * hidden)]
 
 
-def row_sparse_workload(plan: Plan) -> bool:
+def row_sparse_workload(plan: BucketSource) -> bool:
     """Whether the plan's workload produces a row-sparse (embedding) gradient."""
     return WORKLOAD_FAMILIES.get(plan.workload) == "lstm" and bool(plan.workload_options.get("sparse", False))
 
 
-def layer_tensors(plan: Plan, layer: int, grad_bytes: int) -> list[GradTensor]:
+def layer_tensors(plan: BucketSource, layer: int, grad_bytes: int) -> list[GradTensor]:
     """The gradient tensors of one layer, as this rank holds them (``grad_bytes`` from the costs)."""
     element = ELEMENT_BYTES[plan.dtype]
     if WORKLOAD_FAMILIES.get(plan.workload) == "lstm" and plan.tp == 1:
@@ -62,7 +120,7 @@ def layer_tensors(plan: Plan, layer: int, grad_bytes: int) -> list[GradTensor]:
     return [GradTensor(1, grad_bytes // element, element)] if grad_bytes else []
 
 
-def bucket_context(plan: Plan, layers: Sequence[int], grad_bytes: Callable[[int], int]) -> SyncContext:
+def bucket_context(plan: BucketSource, layers: Sequence[int], grad_bytes: Callable[[int], int]) -> SyncContext:
     """The context of a bucket holding ``layers`` (``grad_bytes(layer)``: that layer's gradient bytes)."""
     tensors = tuple(t for layer in layers for t in layer_tensors(plan, layer, grad_bytes(layer)))
     return SyncContext(tensors=tensors, world=plan.dp, settings=plan.gradient_sync)
