@@ -150,7 +150,8 @@ def needs_row_sparse(plan: Plan) -> None:
     if not row_sparse_workload(plan):
         raise ConfigError("gradient_sync.method", f"{plan.gradient_sync.method} sends row-sparse (embedding) "
                           f"gradients and workload {plan.workload!r} has none",
-                          "use an lstm workload with workload_options: {sparse: true}, or method: allreduce")
+                          "use an lstm or gpt workload with workload_options: {sparse: true}, or method: "
+                          "allreduce")
 
 
 register_gradient_sync("s2", S2Reducer, _s2, exact=False, check=needs_row_sparse)
