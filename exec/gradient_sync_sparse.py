@@ -54,16 +54,18 @@ class _RowSparse(BucketReduce):
 class S2Reduce(_RowSparse):
     """S2 Reducer (``sim.gradient_sync_sparse.S2Reducer``): per row-sparse gradient, a count sketch
     of its touched rows' elements (r hash rows x c counters; bucket and sign hashes of the flat
-    element index, seeded by ``seed`` on every rank alike) and a float bitmap of its touched rows,
-    summed with the dense gradients in one all-reduce; every union row is decoded by the median
-    over the hash rows of sign x counter, divided by the group size. With error feedback a
-    replica keeps what its own sketch did not recover and adds it next step."""
+    element index, seeded by ``seed`` on every rank alike) summed with the dense gradients in one
+    all-reduce, and a bitmap of its touched rows: packed one bit per row and all-gathered (the
+    replicas OR them), or (``bitmap: float``, the authors' variant) one float per row in the
+    sketch's all-reduce. Every union row is decoded by the median over the hash rows of sign x
+    counter, divided by the group size. With error feedback a replica keeps what its own sketch
+    did not recover and adds it next step."""
 
     def start(self) -> None:
         cfg = self.settings if isinstance(self.settings, S2Reducer) else S2Reducer()
         self.cfg = cfg
         self.split()
-        parts, self.plan = [self.dense_flat()], []
+        parts, self.plan, packed = [self.dense_flat()], [], []
         for t, (grad, rows) in enumerate(self.sparse):
             residual = self.state.get(("residual", t)) if cfg.error_feedback else None
             if residual is not None:
@@ -80,11 +82,36 @@ class S2Reduce(_RowSparse):
                 self.state[("residual", t)] = kept = torch.zeros_like(grad)
                 kept[rows] = values - own
                 self.state[("residual_rows", t)] = rows
-            bitmap = torch.zeros(grad.shape[0])
-            bitmap[rows] = 1.0
             self.plan.append((c, sketch.numel()))
-            parts += [sketch.reshape(-1), bitmap]
+            parts.append(sketch.reshape(-1))
+            if cfg.bitmap == "float":
+                bitmap = torch.zeros(grad.shape[0])
+                bitmap[rows] = 1.0
+                parts.append(bitmap)
+            else:
+                packed.append(pack_rows(rows, grad.shape[0]))
+        # the bitmaps first: every rank issues the same collectives in the same order
+        self.bitmaps = self.all_gather(torch.cat(packed)) if packed else []
         self.wire = self.all_reduce(torch.cat(parts))
+
+    def _unions(self, offset: int) -> list[torch.Tensor]:
+        """Each row-sparse gradient's union of touched rows: the OR of the gathered bit-packed
+        bitmaps, or the non-zero entries of the summed float bitmap after each sketch in ``wire``."""
+        if self.cfg.bitmap != "float":
+            either = self.bitmaps[0].clone()
+            for other in self.bitmaps[1:]:
+                either.bitwise_or_(other)
+            unions, start = [], 0
+            for grad, _rows in self.sparse:
+                size = -(-grad.shape[0] // 8)
+                unions.append(unpack_rows(either[start: start + size], grad.shape[0]))
+                start += size
+            return unions
+        unions = []
+        for (grad, _rows), (_c, counters) in zip(self.sparse, self.plan, strict=True):
+            unions.append(self.wire[offset + counters: offset + counters + grad.shape[0]].nonzero().flatten())
+            offset += counters + grad.shape[0]
+        return unions
 
     def _hashes(self, tensor: int, elements: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(bucket, sign) of every element index for every hash row: ((a j + b) mod p) mod c and
@@ -104,15 +131,31 @@ class S2Reduce(_RowSparse):
     def finish(self) -> None:
         offset = sum(g.numel() for g in self.dense)
         self.write_dense(self.wire[:offset])
-        for t, ((grad, _rows), (c, counters)) in enumerate(zip(self.sparse, self.plan, strict=True)):
+        unions = self._unions(offset)
+        floats = self.cfg.bitmap == "float"
+        for t, ((grad, _rows), (c, counters), union) in enumerate(zip(self.sparse, self.plan, unions, strict=True)):
             sketch = self.wire[offset: offset + counters].view(self.cfg.hash_rows, c)
-            bitmap = self.wire[offset + counters: offset + counters + grad.shape[0]]
-            offset += counters + grad.shape[0]
-            union = bitmap.nonzero().flatten()
+            offset += counters + (grad.shape[0] if floats else 0)
             elements = (union[:, None] * grad.shape[1] + torch.arange(grad.shape[1])).reshape(-1)
             buckets, signs = self._hashes(t, elements, c)
             grad.zero_()
             grad[union] = self._median(sketch, buckets, signs).view(-1, grad.shape[1]) / self.size
+
+
+_BITS = 2 ** torch.arange(8, dtype=torch.int32)  # bit i of a byte is row 8 k + i
+
+
+def pack_rows(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """The rows ``rows`` of ``n`` as a bitmap of ceil(n / 8) uint8 bytes."""
+    bits = torch.zeros(-(-n // 8) * 8, dtype=torch.int32)
+    bits[rows] = 1
+    return (bits.view(-1, 8) * _BITS).sum(dim=1).to(torch.uint8)
+
+
+def unpack_rows(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """The rows set in a ``pack_rows`` bitmap of ``n`` rows, ascending."""
+    bits = (packed.to(torch.int32)[:, None] & _BITS) != 0
+    return bits.reshape(-1)[:n].nonzero().flatten()
 
 
 class AllGatherSparseReduce(_RowSparse):

@@ -39,8 +39,13 @@ def test_sparse_methods_send_what_their_formulas_say() -> None:
     embed_bytes, dense_part = 33278 * 650 * 4, 2600 * 650 * 4
     assert wire_bytes(GRADIENT_SYNC["allreduce"].plan(context("allreduce"))) == embed_bytes + dense_part
     c = int(0.1 * 33278 * 650)  # the default width 0.1, rounded down
-    assert wire_bytes(GRADIENT_SYNC["s2"].plan(context("s2"))) == dense_part + c * 4 + 33278 * 4
-    assert wire_bytes(GRADIENT_SYNC["s2"].plan(context("s2", hash_rows=3))) == dense_part + 3 * c * 4 + 33278 * 4
+    # s2: the bitmap one bit per row, all-gathered (2 ranks x ceil(33,278 / 8) bytes), then one
+    # all-reduce of the dense part and the sketch; the authors' variant sums a float per row with them
+    assert [(p.kind, p.nbytes) for p in GRADIENT_SYNC["s2"].plan(context("s2")) if p.kind != "memory"] == \
+        [("allgather", 2 * 4160), ("allreduce", dense_part + c * 4)]
+    assert wire_bytes(GRADIENT_SYNC["s2"].plan(context("s2", bitmap="float"))) == dense_part + c * 4 + 33278 * 4
+    assert wire_bytes(GRADIENT_SYNC["s2"].plan(context("s2", hash_rows=3, bitmap="float"))) == \
+        dense_part + 3 * c * 4 + 33278 * 4
     # omnireduce: a byte per row, then the dense part and the union rows
     assert [p.nbytes for p in GRADIENT_SYNC["omnireduce"].plan(context("omnireduce")) if p.kind != "memory"] == \
         [33278, dense_part + 1800 * 650 * 4]
@@ -244,8 +249,10 @@ def _two_rank_worker(rank: int, store: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
         results = {}
-        for method, settings in (("agsparse", {}), ("omnireduce", {}), ("s2", {"width": 2.0, "hash_rows": 5}),
-                                 ("topk", {"ratio": 0.1}), ("powersgd", {"rank": 2})):
+        for label, method, settings in (("agsparse", "agsparse", {}), ("omnireduce", "omnireduce", {}),
+                                        ("s2", "s2", {"width": 2.0, "hash_rows": 5}),
+                                        ("s2-float", "s2", {"width": 2.0, "hash_rows": 5, "bitmap": "float"}),
+                                        ("topk", "topk", {"ratio": 0.1}), ("powersgd", "powersgd", {"rank": 2})):
             torch.manual_seed(100 + rank)  # different batches on the two ranks
             emb, head = nn.Embedding(400, 8, sparse=True), nn.Linear(8, 30)
             torch.manual_seed(0)  # the same weights on both
@@ -256,7 +263,7 @@ def _two_rank_worker(rank: int, store: str, out: str) -> None:
             local = [emb.weight.grad.to_dense().clone(), head.weight.grad.clone(), head.bias.grad.clone()]
             config = GRADIENT_SYNC[method].config.model_validate({"method": method, **settings})
             REDUCERS[method]([emb.weight, head.weight, head.bias], dist.group.WORLD, 2, config).wait()
-            results[method] = {"local": local, "reduced": [emb.weight.grad, head.weight.grad, head.bias.grad]}
+            results[label] = {"local": local, "reduced": [emb.weight.grad, head.weight.grad, head.bias.grad]}
         torch.save(results, f"{out}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -282,6 +289,20 @@ def test_two_ranks_reduce_to_the_mean(tmp_path: Path) -> None:
             rows = mean[0].abs().sum(1) > 0
             assert torch.equal(reduced[1], mean[1])  # dense part: the plain mean
             assert torch.isclose(reduced[0][rows], mean[0][rows], atol=1e-7).float().mean() > 0.98
+            # the OR of the bit-packed bitmaps finds the union the float bitmap's sum finds
+            assert all(torch.equal(a, b) for a, b in zip(reduced, ranks[0]["s2-float"]["reduced"], strict=True))
+            assert torch.equal(reduced[0].abs().sum(1) > 0, rows)
+
+
+def test_a_bitmap_packs_one_bit_per_row() -> None:
+    from exec.gradient_sync_sparse import pack_rows, unpack_rows
+
+    rows = torch.tensor([0, 7, 8, 20])
+    packed = pack_rows(rows, 21)
+    assert packed.dtype == torch.uint8 and packed.tolist() == [0b1000_0001, 0b0000_0001, 0b0001_0000]
+    assert torch.equal(unpack_rows(packed, 21), rows)
+    assert torch.equal(unpack_rows(pack_rows(torch.tensor([], dtype=torch.int64), 9), 9), torch.tensor([],
+                                                                                                  dtype=torch.int64))
 
 
 def test_a_gpt_token_table_is_row_sparse_with_the_vocabulary_as_the_costs_count_it() -> None:
