@@ -5,7 +5,9 @@ row-sparse gradients are those whose rows are known (``BucketReduce.rows``: the 
 sparse gradient, or a DDP hook was told the parameter is an embedding); every other gradient of
 the bucket travels in a dense all-reduce, in the same buffer where the method has one.
 Indices travel as int32 bit patterns inside float32 buffers (all-gather copies bytes, so they
-arrive intact), which is why these reducers need fp32 gradients.
+arrive intact), which is why these reducers need fp32 gradients. Every buffer lives on the
+gradients' device; seeded draws (hash coefficients) are made on the CPU and moved, so every device
+hashes alike.
 """
 
 from __future__ import annotations
@@ -39,12 +41,13 @@ class _RowSparse(BucketReduce):
 
     def split(self) -> None:
         _fp32(self.grads, type(self).__name__)
+        self.device = self.grads[0].device
         self.sparse = [(g.view(g.shape[0], -1), r) for g, r in zip(self.grads, self.rows, strict=True)
                        if r is not None]
         self.dense = [g for g, r in zip(self.grads, self.rows, strict=True) if r is None]
 
     def dense_flat(self) -> torch.Tensor:
-        return torch.cat([g.reshape(-1) for g in self.dense]) if self.dense else torch.zeros(0)
+        return torch.cat([g.reshape(-1) for g in self.dense]) if self.dense else torch.zeros(0, device=self.device)
 
     def write_dense(self, summed: torch.Tensor) -> None:
         if self.dense:
@@ -72,9 +75,9 @@ class S2Reduce(_RowSparse):
                 rows = torch.unique(torch.cat([rows, self.state[("residual_rows", t)]]))
             values = grad[rows] + (residual[rows] if residual is not None else 0)
             c = sketch_columns(GradTensor(grad.shape[0], grad.shape[1], 4), cfg.width)
-            elements = (rows[:, None] * grad.shape[1] + torch.arange(grad.shape[1])).reshape(-1)
+            elements = (rows[:, None] * grad.shape[1] + torch.arange(grad.shape[1], device=grad.device)).reshape(-1)
             buckets, signs = self._hashes(t, elements, c)
-            sketch = torch.zeros(cfg.hash_rows, c)
+            sketch = torch.zeros(cfg.hash_rows, c, device=grad.device)
             for h in range(cfg.hash_rows):
                 sketch[h].index_add_(0, buckets[h], signs[h] * values.reshape(-1))
             if cfg.error_feedback:
@@ -85,7 +88,7 @@ class S2Reduce(_RowSparse):
             self.plan.append((c, sketch.numel()))
             parts.append(sketch.reshape(-1))
             if cfg.bitmap == "float":
-                bitmap = torch.zeros(grad.shape[0])
+                bitmap = torch.zeros(grad.shape[0], device=grad.device)
                 bitmap[rows] = 1.0
                 parts.append(bitmap)
             else:
@@ -97,6 +100,8 @@ class S2Reduce(_RowSparse):
     def _unions(self, offset: int) -> list[torch.Tensor]:
         """Each row-sparse gradient's union of touched rows: the OR of the gathered bit-packed
         bitmaps, or the non-zero entries of the summed float bitmap after each sketch in ``wire``."""
+        if not self.sparse:
+            return []
         if self.cfg.bitmap != "float":
             either = self.bitmaps[0].clone()
             for other in self.bitmaps[1:]:
@@ -117,7 +122,8 @@ class S2Reduce(_RowSparse):
         """(bucket, sign) of every element index for every hash row: ((a j + b) mod p) mod c and
         the parity of a second such hash, with (a, b) drawn from the shared seed."""
         generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + tensor)
-        coeff = torch.randint(1, _PRIME, (self.cfg.hash_rows, 4), generator=generator, dtype=torch.int64)
+        coeff = torch.randint(1, _PRIME, (self.cfg.hash_rows, 4), generator=generator,
+                              dtype=torch.int64).to(elements.device)
         j = elements[None, :]
         buckets = ((coeff[:, :1] * j + coeff[:, 1:2]) % _PRIME) % c
         signs = (((coeff[:, 2:3] * j + coeff[:, 3:4]) % _PRIME) % 2).to(torch.float32) * 2 - 1
@@ -136,25 +142,26 @@ class S2Reduce(_RowSparse):
         for t, ((grad, _rows), (c, counters), union) in enumerate(zip(self.sparse, self.plan, unions, strict=True)):
             sketch = self.wire[offset: offset + counters].view(self.cfg.hash_rows, c)
             offset += counters + (grad.shape[0] if floats else 0)
-            elements = (union[:, None] * grad.shape[1] + torch.arange(grad.shape[1])).reshape(-1)
+            elements = (union[:, None] * grad.shape[1] + torch.arange(grad.shape[1], device=grad.device)).reshape(-1)
             buckets, signs = self._hashes(t, elements, c)
             grad.zero_()
             grad[union] = self._median(sketch, buckets, signs).view(-1, grad.shape[1]) / self.size
 
 
-_BITS = 2 ** torch.arange(8, dtype=torch.int32)  # bit i of a byte is row 8 k + i
+def _bits(device: torch.device) -> torch.Tensor:
+    return 2 ** torch.arange(8, dtype=torch.int32, device=device)  # bit i of a byte is row 8 k + i
 
 
 def pack_rows(rows: torch.Tensor, n: int) -> torch.Tensor:
-    """The rows ``rows`` of ``n`` as a bitmap of ceil(n / 8) uint8 bytes."""
-    bits = torch.zeros(-(-n // 8) * 8, dtype=torch.int32)
+    """The rows ``rows`` of ``n`` as a bitmap of ceil(n / 8) uint8 bytes (on ``rows``' device)."""
+    bits = torch.zeros(-(-n // 8) * 8, dtype=torch.int32, device=rows.device)
     bits[rows] = 1
-    return (bits.view(-1, 8) * _BITS).sum(dim=1).to(torch.uint8)
+    return (bits.view(-1, 8) * _bits(rows.device)).sum(dim=1).to(torch.uint8)
 
 
 def unpack_rows(packed: torch.Tensor, n: int) -> torch.Tensor:
     """The rows set in a ``pack_rows`` bitmap of ``n`` rows, ascending."""
-    bits = (packed.to(torch.int32)[:, None] & _BITS) != 0
+    bits = (packed.to(torch.int32)[:, None] & _bits(packed.device)) != 0
     return bits.reshape(-1)[:n].nonzero().flatten()
 
 
@@ -166,13 +173,13 @@ class AllGatherSparseReduce(_RowSparse):
     def start(self) -> None:
         assert self.settings is None or isinstance(self.settings, AllGatherSparse)
         self.split()
-        counts = torch.tensor([len(r) for _g, r in self.sparse], dtype=torch.int64)
+        counts = torch.tensor([len(r) for _g, r in self.sparse], dtype=torch.int64, device=self.device)
         self.widths = [g.shape[1] + 1 for g, _r in self.sparse]
         self.most = torch.stack(self.all_gather(counts, wait=True)).max(dim=0).values.tolist() \
             if self.sparse else []
         packed = []
         for (grad, rows), most in zip(self.sparse, self.most, strict=True):
-            block = torch.zeros(most, grad.shape[1] + 1)  # padding: index 0, zero values (adds nothing)
+            block = torch.zeros(most, grad.shape[1] + 1, device=grad.device)  # padding: index 0, zero values
             block[: len(rows), 0] = rows.to(torch.int32).view(torch.float32)
             block[: len(rows), 1:] = grad[rows]
             packed.append(block.reshape(-1))
@@ -207,7 +214,7 @@ class OmniReduce(_RowSparse):
         self.split()
         parts = [self.dense_flat()]
         if self.sparse:
-            bitmap = torch.zeros(sum(g.shape[0] for g, _r in self.sparse), dtype=torch.uint8)
+            bitmap = torch.zeros(sum(g.shape[0] for g, _r in self.sparse), dtype=torch.uint8, device=self.device)
             offset = 0
             for grad, rows in self.sparse:
                 bitmap[offset + rows] = 1
