@@ -85,6 +85,28 @@ def test_the_estimate_prices_every_method_as_the_engine_does(profile: Path, gbit
             assert saving(engine, method) > 1e-3 and abs(saving(dense_priced, method)) < 1e-6, method
 
 
+@pytest.mark.parametrize(("parallelism", "schedule"), [
+    ({"dp": 16}, {"micro_batch": 8, "microbatches": 1}),
+    ({"dp": 8, "pp": 2}, {"name": "1f1b", "micro_batch": 4, "microbatches": 4}),
+    ({"dp": 8, "pp": 2, "chunks": 2}, {"name": "interleaved-1f1b", "micro_batch": 2, "microbatches": 8})])
+def test_gpt_wordlm_on_gpus_saves_in_the_estimate_what_it_saves_in_the_engine(parallelism: dict,
+                                                                              schedule: dict) -> None:
+    """gpt-wordlm with a sparse token table on two 8-A100 nodes (closed-form costs, no profile),
+    with and without a pipeline: what each method saves against dense all-reduce, and so the
+    methods' order, are the engine's (the pipeline's own approximation moves every method alike)."""
+    engine, estimate = {}, {}
+    for method in GRADIENT_SYNC:
+        p = Plan.from_dict({"name": f"est-{method}", "workload": "gpt-wordlm", "dtype": "fp32",
+                            "workload_options": {"sparse": True, "data": "wikitext-2"},
+                            "cluster": {"preset": "a100-64", "nodes": 2}, "parallelism": parallelism,
+                            "schedule": schedule, "gradient_sync": {"method": method}})
+        engine[method], estimate[method] = simulate(p).iteration_s, estimate_s(p)
+    for method in GRADIENT_SYNC:
+        assert estimate["allreduce"] - estimate[method] == pytest.approx(
+            engine["allreduce"] - engine[method], rel=SAVING_TOLERANCE, abs=1e-7), method
+    assert sorted(engine, key=engine.__getitem__) == sorted(estimate, key=estimate.__getitem__)
+
+
 def test_a_search_with_lossy_methods_ranks_them_by_what_they_send(profile: Path) -> None:
     """On the slow link every compressing method's best plan beats dense all-reduce's, in the
     engine's order (the old dense pricing tied s2, agsparse, omnireduce and powersgd with it)."""
