@@ -214,11 +214,13 @@ def validate_suite(
                                                      "examples/validation/*.yaml")] = None,
     iterations: Annotated[int, typer.Option(help="measured iterations per plan")] = 20,
     warmup: Annotated[int, typer.Option(help="untimed iterations first")] = 3,
+    section: Annotated[str | None, typer.Option(help="run examples/validation/<SECTION>/*.yaml instead of the "
+                                                "default plans (e.g. compression)")] = None,
 ) -> None:
     """Validate the simulator on >= 8 plans on 2 gloo ranks; one table of errors."""
     from analysis.validation_suite import format_suite, run_suite
 
-    table = run_suite(out, plans, iterations, warmup)
+    table = run_suite(out, plans, iterations, warmup, section=section)
     plain(format_suite(table))
     plain(f"wrote {out}")
 

@@ -10,6 +10,10 @@ bucket divided by the median time. Like a compute profile, it belongs to the mac
 taken on (the device name of the plan's cluster) and to roughly the sizes it was taken at.
 
     python -m analysis.compression_codec examples/validation/netns/lstm-compression-dp2.yaml
+    python scripts/gpu_codec.py --out runs/gpu_codec        # the same on a CUDA GPU (scripts/gpu_codec.py)
+
+On a GPU (``--torch-device cuda --device-name H200``) the model, its gradients and every reducer's
+buffers live on the GPU and each timing ends with a synchronize.
 """
 
 from __future__ import annotations
@@ -47,11 +51,14 @@ def _local(cls: type[BucketReduce]) -> type[BucketReduce]:
     return Local
 
 
-def measure(plan: Plan, repeats: int) -> list[dict]:
+def measure(plan: Plan, repeats: int, torch_device: str = "cpu", device_name: str | None = None) -> list[dict]:
+    """One row per method with a memory phase; ``device_name``: the hardware catalog's name of the
+    device the rates belong to (default: the plan's cluster's device)."""
     torch.set_num_threads(1)
+    device = torch.device(torch_device)
     workload = load_workload(plan)
-    layers = workload.build_layers()
-    batch = workload.make_batch(plan.micro_batch * plan.microbatches, seed=0)
+    layers = workload.build_layers().to(device)
+    batch = workload.make_batch(plan.micro_batch * plan.microbatches, seed=0, device=device)
     workload.loss(run_layers(layers, batch.inputs), batch.targets).backward()
     params = [p for p in layers.parameters() if p.requires_grad]
     grads = [p.grad.clone() for p in params]
@@ -61,7 +68,12 @@ def measure(plan: Plan, repeats: int) -> list[dict]:
         shape = (g.shape[0], g[0].numel()) if g.dim() >= 2 else (1, g.numel())
         tensors.append(GradTensor(*shape, g.element_size() if not g.is_sparse else 4,
                                   touched_rows=rows, union_rows=rows))
-    device = load_cluster(plan.cluster).device.name
+    name = device_name or load_cluster(plan.cluster).device.name
+
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     out = []
     for method, sync in GRADIENT_SYNC.items():
         settings = plan.gradient_sync if plan.gradient_sync.method == method else sync.config()
@@ -72,11 +84,13 @@ def measure(plan: Plan, repeats: int) -> list[dict]:
         for _ in range(repeats + 1):  # the first fills error-feedback state; not timed
             for p, g in zip(params, grads, strict=True):
                 p.grad = g.clone()
+            synchronize()
             start = time.perf_counter()
             reducer(params, None, 1, settings).wait()
+            synchronize()
             times.append(time.perf_counter() - start)
         median = statistics.median(times[1:])
-        out.append({"device": device, "method": method, "rate_Bps": f"{memory / median:.4g}",
+        out.append({"device": name, "method": method, "rate_Bps": f"{memory / median:.4g}",
                     "median_s": f"{median:.5f}", "memory_bytes": memory,
                     "workload": f"{plan.workload} {plan.workload_options} x{plan.micro_batch * plan.microbatches}",
                     "measured": datetime.date.today().isoformat()})
@@ -85,19 +99,27 @@ def measure(plan: Plan, repeats: int) -> list[dict]:
     return out
 
 
+def write_rates(rows: list[dict], out: Path) -> None:
+    """Replace ``out``'s rows of the measured device with ``rows`` (the codec_rates.csv format)."""
+    devices = {r["device"] for r in rows}
+    kept = [r for r in read_rows(out) if r["device"] not in devices]
+    write_rows(out, ["Effective rate of each method's encode + decode (modelled memory bytes / measured seconds),",
+                     "one torch thread, collectives excluded; written by analysis/compression_codec.py.",
+                     "local-cpu: the paratwin development machine (2-core VM shared with other work: loaded);",
+                     "GPU rows: scripts/gpu_codec.py on that GPU."],
+               HEADER, [*kept, *rows])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("plan", type=Path)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=CODEC_FILE)
+    parser.add_argument("--torch-device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--device-name", default=None,
+                        help="the hardware catalog's device the rates are for (default: the plan's cluster's)")
     args = parser.parse_args(argv)
-    rows = measure(Plan.load(args.plan), args.repeats)
-    device = rows[0]["device"] if rows else None
-    kept = [r for r in read_rows(args.out) if r["device"] != device]
-    write_rows(args.out, ["Effective rate of each method's encode + decode (modelled memory bytes / measured seconds),",
-                          "one torch thread, collectives excluded; written by analysis/compression_codec.py.",
-                          "local-cpu: the paratwin development machine (2-core VM shared with other work: loaded)."],
-               HEADER, [*kept, *rows])
+    write_rates(measure(Plan.load(args.plan), args.repeats, args.torch_device, args.device_name), args.out)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 summary of its runs (predicted vs measured iteration time per method and bandwidth, and whether
 the simulator ranks the methods as the runs do).
 
-    python -m analysis.compression_validate dense-twin BASE.yaml OUT.yaml             # for the profiler
     python -m analysis.compression_validate plans BASE.yaml --rate 100mbit --profile BUNDLE --out DIR
     python -m analysis.compression_validate summary OUT                               # OUT/summary.{csv,md}
 
@@ -33,17 +32,6 @@ def rate_Bps(rate: str) -> float:
     if not match:
         raise ConfigError("--rate", f"{rate!r} is not a tc rate", "write it as tc does: 100mbit, 1gbit, 10gbit")
     return float(match[1]) * _UNITS[match[2]] / 8
-
-
-def dense_twin(base: Path, out: Path) -> Path:
-    """The base plan with a dense embedding gradient, for the profiler (which cannot take a sparse
-    gradient's storage): the same layers and compute but the embedding backward, which then writes
-    the whole table's gradient instead of its touched rows (an overestimate of that one layer)."""
-    plan = Plan.load(base)
-    twin = plan.replace(workload_options={**plan.workload_options, "sparse": False})
-    out.parent.mkdir(parents=True, exist_ok=True)
-    twin.dump(out)
-    return out
 
 
 # A veth pair's latency when the base plan names none: the estimate of the netns plans
@@ -115,17 +103,12 @@ def main(argv: list[str] | None = None) -> None:
     plans.add_argument("--out", type=Path, required=True)
     plans.add_argument("--profile", type=Path, required=True)
     plans.add_argument("--methods", nargs="*", default=list(GRADIENT_SYNC))
-    twin = sub.add_parser("dense-twin")
-    twin.add_argument("base", type=Path)
-    twin.add_argument("out", type=Path)
     summ = sub.add_parser("summary")
     summ.add_argument("out", type=Path)
     args = parser.parse_args(argv)
     if args.command == "plans":
         for path in write_plans(args.base, args.rate, args.out, args.methods, args.profile):
             print(path)
-    elif args.command == "dense-twin":
-        print(dense_twin(args.base, args.out))
     else:
         summary(args.out)
 

@@ -12,6 +12,10 @@ and measured times.
 The default plans are ``examples/validation/*.yaml``; ``examples/validation/calibration/`` holds
 plans that are *not* in the suite, reserved for calibrating a constant the simulator may need
 (used by default; ``--calibration`` with no plans turns it off).
+
+Sections: every other subfolder ``examples/validation/<section>/`` is a named suite of its own
+(``--section compression``), run and summarised like the default one; ``netns/`` is not one (its
+plans need root and network namespaces: scripts/netns_*.sh run them).
 """
 
 from __future__ import annotations
@@ -46,8 +50,24 @@ COLUMNS = ["plan", "predicted_s", "measured_median_s", "measured_p10_s", "measur
            "steady", "timeline"]
 
 
-def default_plans() -> list[Path]:
-    return sorted(SUITE_DIR.glob("*.yaml"))
+# Subfolders of SUITE_DIR that are not sections: plans kept out of every suite on purpose.
+NOT_SECTIONS = ("calibration", "netns")
+
+
+def sections() -> list[str]:
+    """The named sections: subfolders of examples/validation/ with plans, but calibration/ and netns/."""
+    return sorted(d.name for d in SUITE_DIR.iterdir()
+                  if d.is_dir() and d.name not in NOT_SECTIONS and any(d.glob("*.yaml")))
+
+
+def default_plans(section: str | None = None) -> list[Path]:
+    """The plans of ``section`` (``examples/validation/<section>/*.yaml``); None: the top-level plans."""
+    if section is None:
+        return sorted(SUITE_DIR.glob("*.yaml"))
+    if section not in sections():
+        raise ConfigError("--section", f"no validation section {section!r}",
+                          f"use one of {', '.join(sections()) or '(none)'}, or leave it out for the default plans")
+    return sorted((SUITE_DIR / section).glob("*.yaml"))
 
 
 def default_calibration() -> list[Path]:
@@ -67,8 +87,9 @@ def unsteadiness(report: ValidationReport) -> float:
 
 def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 20, warmup: int = 3,
               calibration: list[Path] | None = None, verbose: bool = True,
-              profile_repeats: int = PROFILE_REPEATS, retries: int = 1) -> pd.DataFrame:
-    """Validate every plan (default: ``examples/validation/*.yaml``); write ``suite.csv``,
+              profile_repeats: int = PROFILE_REPEATS, retries: int = 1, section: str | None = None) -> pd.DataFrame:
+    """Validate every plan (default: ``examples/validation/*.yaml``, or the plans of ``section``
+    when it is given: ``examples/validation/<section>/*.yaml``); write ``suite.csv``,
     ``suite.json`` and ``suite.md`` to ``out_dir`` and return the per-plan table (its
     ``attrs["summary"]`` holds the suite's summary).
 
@@ -92,7 +113,9 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
     one is steady, and the summary gives the errors over all plans and over the steady ones."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [Path(p) for p in (plans if plans is not None else default_plans())]
+    if plans is not None and section is not None:
+        raise ConfigError("--section", "both plans and a section given", "give one of them")
+    paths = [Path(p) for p in (plans if plans is not None else default_plans(section))]
     if not paths:
         raise ConfigError("plans", "no plans to validate", f"put plan files in {SUITE_DIR} or pass some")
     calibration_paths = [Path(p) for p in (calibration if calibration is not None else default_calibration())]
@@ -164,7 +187,8 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
     table = pd.DataFrame(rows, columns=COLUMNS)
     table.attrs["summary"] = summarise(table) | {
         "wall_s": time.perf_counter() - started, "iterations": iterations, "warmup": warmup,
-        "calibration": asdict(fitted), "calibration_plans": [loaded[p].name for p in calibration_paths]}
+        "calibration": asdict(fitted), "calibration_plans": [loaded[p].name for p in calibration_paths],
+        "section": section or "default"}
     write_suite(table, out)
     return table
 
@@ -194,9 +218,10 @@ def summarise(table: pd.DataFrame) -> dict:
 
 def format_suite(table: pd.DataFrame) -> str:
     s = table.attrs.get("summary") or summarise(table)
-    lines = ["| plan | predicted (ms) | measured median (ms) | spread | error | peak memory error "
-             "(max over ranks) | profile drift | attempts | steady |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [f"Section: {s['section']}.", ""] if s.get("section", "default") != "default" else []
+    lines += ["| plan | predicted (ms) | measured median (ms) | spread | error | peak memory error "
+              "(max over ranks) | profile drift | attempts | steady |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in table.itertuples(index=False):
         drift = f"{row.profile_drift:.2f}" if row.profile_drift is not None and math.isfinite(row.profile_drift) \
             else "-"
@@ -238,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis.validation_suite", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/validation"))
     parser.add_argument("--plans", type=Path, nargs="*", default=None, help="default: examples/validation/*.yaml")
+    parser.add_argument("--section", default=None,
+                        help="run examples/validation/<SECTION>/*.yaml instead (e.g. compression)")
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--retries", type=int, default=1, help="re-validations of an unsteady plan")
@@ -245,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="plans outside the suite to fit the all-reduce overhead on (default: "
                              "examples/validation/calibration/*.yaml; the option without plans: none)")
     args = parser.parse_args(argv)
-    table = run_suite(args.out, args.plans, args.iterations, args.warmup, args.calibration, retries=args.retries)
+    table = run_suite(args.out, args.plans, args.iterations, args.warmup, args.calibration, retries=args.retries,
+                      section=args.section)
     print()
     print(format_suite(table))
     return 0

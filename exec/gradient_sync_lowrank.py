@@ -33,7 +33,8 @@ class PowerSGDReduce(BucketReduce):
             q = self.state.get(("q", t))
             if q is None:  # the same random start on every rank: seeded by the shared seed
                 generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + t)
-                q = torch.linalg.qr(torch.randn(matrix.shape[1], r, generator=generator)).Q
+                # drawn on the CPU, so every device starts from the same Q
+                q = torch.linalg.qr(torch.randn(matrix.shape[1], r, generator=generator)).Q.to(matrix.device)
             self.matrices.append((t, grad, matrix, matrix @ q))
         self.plain = plain
         first = torch.cat([p.reshape(-1) for _t, _g, _m, p in self.matrices] + [g.reshape(-1) for g in plain])

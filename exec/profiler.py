@@ -663,11 +663,10 @@ class _StorageTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's protocol
         out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
-                  if isinstance(t, torch.Tensor)}
+        inputs = {s.data_ptr() for t in tree_flatten((args, kwargs))[0] for s in _storages(t)}
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self._track(t.untyped_storage(), inputs)
+            for storage in _storages(t):
+                self._track(storage, inputs)
         return out
 
     def _track(self, storage: torch.UntypedStorage, inputs: set[int]) -> None:
@@ -682,6 +681,18 @@ class _StorageTracker(TorchDispatchMode):
     def _free(self, ptr: int, size: int) -> None:
         self._tracked.discard(ptr)
         self.live -= size
+
+
+def _storages(t: object) -> list[torch.UntypedStorage]:
+    """The storages a tensor's bytes live in: its own, or a sparse COO tensor's indices and values
+    (a sparse embedding's gradient has no storage of its own)."""
+    if not isinstance(t, torch.Tensor):
+        return []
+    if t.layout == torch.sparse_coo:
+        return [t._indices().untyped_storage(), t._values().untyped_storage()]
+    if t.layout != torch.strided:
+        return []
+    return [t.untyped_storage()]
 
 
 def _peak_transient(probe: _LayerProbe, dev: torch.device) -> int:

@@ -28,9 +28,7 @@ methods=()
 if [[ -n ${METHODS:-} ]]; then read -r -a methods <<< "$METHODS"; fi
 
 mkdir -p "$OUT"
-# The profiler takes the plan's dense-embedding twin (it cannot read a sparse gradient's storage).
-"$PYTHON" -m analysis.compression_validate dense-twin "$BASE" "$OUT/base-dense.yaml"
-"$PYTHON" -m analysis.validate profile "$OUT/base-dense.yaml" --out "$OUT/base"
+"$PYTHON" -m analysis.validate profile "$BASE" --out "$OUT/base"
 for rate in $RATES; do
     netns_up "$rate"
     "$PYTHON" -m analysis.compression_validate plans "$BASE" --rate "$rate" --profile "$OUT/base/profile" \

@@ -61,7 +61,7 @@ class EmbeddingTerms:
 
     rank: int
     index: int
-    bucket_bytes_removed: int
+    removed_by_layer: tuple[tuple[int, int], ...]  # (layer, gradient bytes) the tables take out of the buckets
     lookups_s: float  # every lookup of the iteration (ids + rows)
     last_grads_s: float  # the gradient exchange after the last backward (earlier ones overlap the backward)
     prefetch: bool  # lookups after the buckets, beside the dense optimizer step (else before the forwards)

@@ -33,6 +33,7 @@ loaded destination: the measured largest owner share over the even 1/dp scales i
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -226,11 +227,13 @@ def sharded_terms(plan: Plan, stage_layers: list[tuple[int, ...]], costs: Any, r
     tables = embedding_tables(plan.workload, plan.workload_options)
     stage = next(s for s, layers in enumerate(stage_layers) if tables[0].layer in layers)
     rank = rank_of_stage[stage]
-    full = sum(table_bytes(plan, t) for t in tables)
+    removed = excluded_bytes(plan, tables)
+    full = sum(removed.values())
     shard = sum(_shard_bytes(plan, t, 0) for t in tables)
     layer = costs.layer_costs(tables[0].layer, plan.micro_batch, plan.tp)
     static = layer.param_bytes + layer.grad_bytes + layer.optimizer_bytes
-    return EmbeddingTerms(rank=rank, index=stages_of_rank[rank].index(stage), bucket_bytes_removed=full,
+    return EmbeddingTerms(rank=rank, index=stages_of_rank[rank].index(stage),
+                          removed_by_layer=tuple(sorted(removed.items())),
                           lookups_s=lookups_s, last_grads_s=last_grads_s, prefetch=prefetch,
                           static_bytes_saved=round((full - shard) / layer.param_bytes * static))
 
@@ -260,6 +263,15 @@ def table_bytes(plan: Plan, table: Table) -> int:
     """Bytes of the table one rank of a dense run holds (its TP slice: exec keeps the columns
     dim / tp; the analytic cost model pads Megatron's vocabulary, whose remainder stays dense)."""
     return table.rows * tp_width(plan, table) * ELEMENT_BYTES[plan.dtype]
+
+
+def excluded_bytes(plan: Plan, tables: Sequence[Table]) -> dict[int, int]:
+    """Layer -> gradient bytes of the sharded tables it holds (their TP slices), which leave the
+    data-parallel buckets."""
+    out: dict[int, int] = {}
+    for table in tables:
+        out[table.layer] = out.get(table.layer, 0) + table_bytes(plan, table)
+    return out
 
 
 def _shard_bytes(plan: Plan, table: Table, rank: int) -> int:
@@ -303,9 +315,8 @@ def _exchange(draft: Any, phase: str, mb: int, offset: int, tables: list[Table],
 def exclude_tables(draft: Any, tables: list[Table], imbalance: float) -> None:
     """The tables' gradients leave the data-parallel buckets; the exchanges wait for the most loaded owner."""
     draft.program.alltoall_imbalance = imbalance
-    for table in tables:
-        draft.excluded_grad_bytes[table.layer] = draft.excluded_grad_bytes.get(table.layer, 0) \
-            + table_bytes(draft.plan, table)
+    for layer, nbytes in excluded_bytes(draft.plan, tables).items():
+        draft.excluded_grad_bytes[layer] = draft.excluded_grad_bytes.get(layer, 0) + nbytes
 
 
 def step_bytes(draft: Any, stages: tuple[int, ...], tables: list[Table]) -> tuple[int, int]:

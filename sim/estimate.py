@@ -14,9 +14,11 @@ Closed form over the same inputs as the engine, with no event simulation:
   A newly registered schedule is estimated without a new formula. The unit run is cached per
   (schedule, pp, micro-batches, chunks) and, past 2 x pp micro-batches, run at a
   smaller count and extended linearly (the steady state adds the same work per micro-batch).
-- **Data parallelism**: the rank's gradient buckets (the gradient-sync method's wire bytes and codec
-  time), each stage's issued when its last backward ends in the unit run, overlapped with the rest
-  of the rank's compute; the optimizer step after; the rank that ends last sets the iteration.
+- **Data parallelism**: the rank's gradient buckets, cut and priced as lowering and the engine do
+  (``sim.gradient_sync_context``: the real tensors' shapes and row sparsity through the method's
+  own phase function, so compressed and row-sparse methods are ranked by what they send), each
+  issued when the last backward of the stages it holds ends in the unit run, overlapped with the
+  rest of the rank's compute; the optimizer step after; the rank that ends last sets the iteration.
 - **Sharded embeddings** (``embedding=``, ``sim.embedding.estimate_terms``): the tables' bytes
   leave their stage's buckets; their all-to-alls go on the same collective stream: the last
   micro-batch's gradient exchange before the buckets, the lookups before the forwards (sequential)
@@ -34,14 +36,16 @@ Imports neither torch nor simpy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from sim.comm import ClusterComm, concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts
 from sim.embedding import EmbeddingTerms
-from sim.gradient_sync import GRADIENT_SYNC, SyncContext, phases_s, vector_bucket, wire_bytes
+from sim.gradient_sync import GRADIENT_SYNC, GradientSyncConfig, phases_s, vector_wire_bytes
+from sim.gradient_sync_context import BucketPlan, bucket_context, bucket_layers
 from sim.memory import MemoryPolicy, checkpoint_bytes
 from sim.schedules import (
     SCHEDULES,
@@ -191,6 +195,18 @@ class StageTimes:
     output_bytes: int
 
 
+Removed = tuple[tuple[int, int], ...]  # (layer, gradient bytes) that leave the buckets
+
+
+@dataclass(frozen=True)
+class BucketPrice:
+    """One gradient bucket of a pipeline rank: the local stages whose gradients it holds and the
+    seconds of its phases on the collective stream."""
+
+    stages: tuple[int, ...]
+    seconds: float
+
+
 @dataclass(slots=True)
 class Estimate:
     iteration_s: float
@@ -212,10 +228,16 @@ class Estimate:
 class Estimator:
     """Estimates for plans of one workload on one cluster (one cost model, one communication model)."""
 
-    def __init__(self, costs: CostModel, comm: ClusterComm, dtype: str) -> None:
+    def __init__(self, costs: CostModel, comm: ClusterComm, dtype: str, workload: str = "",
+                 workload_options: Mapping[str, Any] | None = None) -> None:
+        """``workload`` and its options give the gradient buckets their tensors' shapes and row
+        sparsity (``sim.gradient_sync_context``); without them every layer is one gradient vector,
+        which prices row-sparse methods and PowerSGD as if they compressed nothing."""
         self.costs, self.comm, self.dtype = costs, comm, dtype
+        self.workload, self.workload_options = workload, dict(workload_options or {})
         self._stages: dict[tuple, StageTimes] = {}
-        self._dp: dict[tuple, tuple[float, float]] = {}
+        self._configs: dict[tuple[str, float], GradientSyncConfig] = {}
+        self._buckets: dict[tuple, list[BucketPrice]] = {}
         self._tp_ar: dict[tuple, float] = {}
         self._pipes: dict[tuple, dict] = {}
 
@@ -280,45 +302,56 @@ class Estimator:
         self._stages[key] = result
         return result
 
-    def gradient_sync(self, method: str, bucket_mb: float, grad_bytes: int, dp: int, tp: int) -> tuple[float, float]:
-        """(all buckets, the last bucket) in seconds for one rank's gradients."""
-        if dp == 1 or grad_bytes == 0:
-            return 0.0, 0.0
-        key = (method, bucket_mb, grad_bytes, dp, tp)
-        cached = self._dp.get(key)
-        if cached is None:
-            sync = GRADIENT_SYNC[method]
-            bucket = int(bucket_mb * 2**20)
-            full, rest = divmod(grad_bytes, bucket)
-            group = tuple(d * tp for d in range(dp))  # pipeline rank 0's replicas (sim.program.rank_of)
+    def sync_config(self, method: str, bucket_mb: float) -> GradientSyncConfig:
+        """The method's settings as the search enumerates them: its defaults and a bucket size."""
+        key = (method, bucket_mb)
+        config = self._configs.get(key)
+        if config is None:
+            config = self._configs[key] = GRADIENT_SYNC[method].config.model_validate(
+                {"method": method, "bucket_mb": bucket_mb})
+        return config
 
-            sharing = concurrent_groups(self.comm.cluster, dp * tp, group)
+    def rank_buckets(self, sync: GradientSyncConfig, stage_layers: Sequence[tuple[int, ...]], removed: Removed,
+                     dp: int, tp: int, micro_batch: int, microbatches: int) -> list[BucketPrice]:
+        """One pipeline rank's gradient buckets, cut as lowering cuts them (``bucket_layers`` over the
+        rank's layers, last first) and priced through the method's own phases on each bucket's real
+        tensors (``bucket_context``: shapes, row sparsity measured on the workload's batches), as the
+        engine prices the lowered Program. ``removed``: (layer, bytes) a sharded embedding takes out."""
+        if dp == 1:
+            return []
+        key = (sync, tuple(stage_layers), removed, dp, tp, micro_batch, microbatches)
+        cached = self._buckets.get(key)
+        if cached is not None:
+            return cached
+        taken = dict(removed)
 
-            def one(dense: int) -> float:
-                return phases_s(sync.plan(self._vector_bucket(method, dense, dp)), group, self.comm,
-                                self.comm.cluster.device, method, sharing)
+        def grad_bytes(layer: int) -> int:
+            return self.costs.layer_costs(layer, micro_batch, tp).grad_bytes - taken.get(layer, 0)
 
-            total = full * (one(bucket) if full else 0.0) + (one(rest) if rest else 0.0)
-            last = one(rest) if rest else one(bucket)
-            cached = self._dp[key] = (total, last)
+        source = BucketPlan(self.workload, self.workload_options, self.dtype, dp, tp, micro_batch, microbatches, sync)
+        method = GRADIENT_SYNC[sync.method]
+        group = tuple(d * tp for d in range(dp))  # pipeline rank 0's replicas (sim.program.rank_of)
+        sharing = concurrent_groups(self.comm.cluster, dp * tp, group)
+        ordered = sorted((layer for layers in stage_layers for layer in layers), reverse=True)
+        cached = []
+        for layers in bucket_layers(ordered, grad_bytes, sync.bucket_mb * 2**20):
+            phases = method.plan(bucket_context(source, layers, grad_bytes))
+            stages = tuple(i for i, st in enumerate(stage_layers) if set(layers) & set(st))
+            cached.append(BucketPrice(stages, phases_s(phases, group, self.comm, self.comm.cluster.device,
+                                                       sync.method, sharing)))
+        self._buckets[key] = cached
         return cached
 
-    def _vector_bucket(self, method: str, dense: int, dp: int) -> SyncContext:
-        """A bucket as one gradient vector under the method's default settings (sim.gradient_sync)."""
-        return vector_bucket(GRADIENT_SYNC[method].config(), dense, dp, self.dtype)
-
-    def _dp_exposed(self, method: str, bucket_mb: float, dp: int, tp: int,
-                    stages: list[tuple[int, float]]) -> float:
-        """Gradient sync left after a rank's last compute. ``stages``: (gradient bytes, seconds from
-        that stage's last backward to the rank's last compute). A stage's buckets are ready when its
-        last backward ends (the engine's granularity); the collective stream takes them in order."""
-        if dp == 1:
-            return 0.0
+    @staticmethod
+    def _dp_exposed(buckets: Sequence[BucketPrice], slacks: Sequence[float]) -> float:
+        """Gradient sync left after a rank's last compute. ``slacks``: per local stage, seconds from
+        its last backward to the rank's last compute. A bucket is ready when the last backward of
+        the stages it holds ends (the engine's granularity); the collective stream takes them in
+        the order they become ready."""
         free = None
-        for grad_bytes, slack_s in sorted(stages, key=lambda st: -st[1]):
-            total, _ = self.gradient_sync(method, bucket_mb, grad_bytes, dp, tp)
-            ready = -slack_s
-            free = (ready if free is None else max(free, ready)) + total
+        ready = [(-min(slacks[i] for i in b.stages), b.seconds) for b in buckets]
+        for at, seconds in sorted(ready, key=lambda r: r[0]):
+            free = (at if free is None else max(free, at)) + seconds
         return max(0.0, free or 0.0)
 
     def p2p_hop_s(self, nbytes: int, dp: int, tp: int) -> float:
@@ -421,8 +454,9 @@ class Estimator:
                 "earlier": [unit.idle_after[k] * seconds_per_unit for k in range(pp)],
                 "tp_exposed": tp_exposed, "m": m,
                 "compute": compute[bottleneck] * m, "recompute": recompute_compute[bottleneck] * m,
-                "sync_stages": [[(stages[s].grad_bytes, slack * seconds_per_unit)
-                                 for s, slack in zip(stages_of[k], unit.slack[k], strict=True)] for k in range(pp)]}
+                "micro_batch": micro_batch,
+                "sync_layers": [tuple(tuple(stage_layers[s]) for s in stages_of[k]) for k in range(pp)],
+                "sync_slack": [tuple(slack * seconds_per_unit for slack in unit.slack[k]) for k in range(pp)]}
 
     def _finish(self, pipe: dict, dp: int, tp: int, pp: int, sync_method: str, bucket_mb: float,
                 embedding: EmbeddingTerms | None = None) -> Estimate:
@@ -433,13 +467,12 @@ class Estimator:
         dp_exposed = 0.0
         opt_bottleneck = 0.0
         lookups = 0.0
+        sync = self.sync_config(sync_method, bucket_mb)
         for k in range(pp):
-            stages = pipe["sync_stages"][k]
             mine = embedding is not None and k == embedding.rank
-            if mine:  # the tables' gradients leave the buckets; their exchanges share the stream
-                stages = [(max(g - embedding.bucket_bytes_removed, 0) if i == embedding.index else g, slack)
-                          for i, (g, slack) in enumerate(stages)]
-            exposed = self._dp_exposed(sync_method, bucket_mb, dp, tp, stages)
+            removed = embedding.removed_by_layer if mine else ()
+            buckets = self.rank_buckets(sync, pipe["sync_layers"][k], removed, dp, tp, pipe["micro_batch"], pipe["m"])
+            exposed = self._dp_exposed(buckets, pipe["sync_slack"][k])
             opt = self.costs.optimizer_step_s(params[k])
             if mine:
                 exposed += embedding.last_grads_s
@@ -451,8 +484,9 @@ class Estimator:
             if exposed + opt - earlier > tail:
                 tail, dp_exposed, opt_bottleneck = exposed + opt - earlier, exposed, opt
         iteration = pipe["steady"] + pipe["bubble"] + pipe["hops"] + tail + lookups
-        bucket = self._vector_bucket(sync_method, int(bucket_mb * 2**20), dp)
-        buffer = wire_bytes(GRADIENT_SYNC[sync_method].plan(bucket)) if dp > 1 else 0
+        # one flattened bucket of bucket_mb in flight (the memory planners count the same buffer): the
+        # engine's peak rarely falls while the largest real bucket travels
+        buffer = vector_wire_bytes(sync, int(bucket_mb * 2**20), dp, self.dtype) if dp > 1 else 0
         return Estimate(
             iteration_s=iteration,
             compute_s=pipe["compute"],

@@ -147,9 +147,9 @@ def wire_bytes(phases: Sequence[Phase]) -> int:
 
 def vector_bucket(settings: GradientSyncConfig, dense: int, dp: int, dtype: str) -> SyncContext:
     """A bucket of ``dense`` gradient bytes as one gradient vector: what a caller that knows bytes
-    per stage, not tensor shapes or row sparsity (the fast estimate, the memory planners), prices.
-    Row-sparse methods and PowerSGD are then priced as their dense part (the engine prices the real
-    buckets)."""
+    per stage, not tensor shapes or row sparsity (the memory planners' one bucket buffer), prices.
+    Row-sparse methods and PowerSGD are then priced as their dense part (the engine and the fast
+    estimate price the real buckets, ``sim.gradient_sync_context``)."""
     element = ELEMENT_BYTES.get(dtype, 1)
     if dense % element:
         element = 1

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from sim.gradient_sync import GradientSyncConfig, GradTensor, Phase, SyncContext, register_gradient_sync
+from sim.gradient_sync_context import SHAPES
 from sim.workloads import WORKLOAD_FAMILIES
 from traces.errors import ConfigError
 
@@ -59,10 +60,11 @@ def _powersgd(ctx: SyncContext) -> tuple[Phase, ...]:
 
 
 def needs_shapes(plan: Plan) -> None:
-    if WORKLOAD_FAMILIES.get(plan.workload) != "lstm" or plan.tp != 1:
+    if WORKLOAD_FAMILIES.get(plan.workload) not in SHAPES or plan.tp != 1:
         raise ConfigError("gradient_sync.method", f"powersgd factors gradient matrices; the simulator knows "
-                          f"their shapes for lstm workloads at tp 1 only, not {plan.workload!r} (tp {plan.tp})",
-                          "use an lstm workload, or method: allreduce / fp16 / topk")
+                          f"their shapes for {' and '.join(SHAPES)} workloads at tp 1 only, not {plan.workload!r} "
+                          f"(tp {plan.tp})", f"use an {' or '.join(SHAPES)} workload at tp 1, or method: allreduce / "
+                          "fp16 / topk")
 
 
 register_gradient_sync("powersgd", PowerSGD, _powersgd, exact=False, check=needs_shapes)

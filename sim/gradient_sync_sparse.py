@@ -5,9 +5,16 @@ replica touches k rows (the group u; ``sim.gradient_sync_context``), and P the b
 bucket's other (dense) gradients, which the row-sparse methods all-reduce as dense all-reduce
 does:
 
-- ``s2`` (S2 Reducer, Ge et al.): one all-reduce of P + r x c sketch counters + an R-entry bitmap
-  (one float per row, as the authors' csvec.py keeps it), then every union row decoded from the
-  summed sketch by the median over the r hash rows. Lossy where rows collide in the sketch.
+- ``s2`` (S2 Reducer, Ge et al.): an all-gather of the touched-row bitmap packed one bit per row
+  (n x ceil(R / 8) bytes), one all-reduce of P + r x c sketch counters, then every union row
+  decoded from the summed sketch by the median over the r hash rows. Lossy where rows collide in
+  the sketch. ``bitmap: float`` is the authors' variant (csvec.py): one float per row, summed in
+  the same all-reduce as the sketch (one collective, 32 x the bitmap's bytes).
+  Why an all-gather: the union of bitmaps is a bitwise OR. A MAX all-reduce over packed words is
+  not one (max(01b, 10b) = 10b); a BOR all-reduce is, and gloo has it, but NCCL has no bitwise
+  reduction. With B = ceil(R / 8), a ring all-gather moves (n - 1) B per rank and a ring
+  all-reduce 2 (n - 1) / n B: the same on 2 ranks, more past that, and below the float bitmap's
+  all-reduce (2 (n - 1) / n x 4 R) up to n = 64.
 - ``agsparse``: all-gather the touched rows' (index, values), k x (D e + 4) bytes per replica;
   lossless. (The runtime first all-gathers each replica's row count, 8 bytes, to size the buffers.)
 - ``omnireduce`` (OmniReduce-style, Fei et al., SIGCOMM'21): all-reduce an R-byte bitmap, then
@@ -54,6 +61,9 @@ class S2Reducer(GradientSyncConfig):
                          "gradient's elements")
     error_feedback: bool = Field(False, description="keep what the sketch lost locally and add it next step")
     seed: int = Field(0, ge=0, description="hash seed, the same on every rank")
+    bitmap: Literal["bits", "float"] = Field("bits", description="touched rows as one bit per row, all-gathered "
+                                             "(bits), or one float per row summed with the sketch (float, as the "
+                                             "authors' code)")
 
 
 class AllGatherSparse(GradientSyncConfig):
@@ -89,19 +99,29 @@ def _dense_phase(ctx: SyncContext, extra: int = 0) -> tuple[Phase, ...]:
     return (Phase("allreduce", total),) if total else ()
 
 
+def packed_bitmap_bytes(tensor: GradTensor) -> int:
+    """One bit per row, each tensor's bitmap padded to whole bytes."""
+    return -(-tensor.rows // 8)
+
+
 def _s2(ctx: SyncContext) -> tuple[Phase, ...]:
     cfg = ctx.settings
     assert isinstance(cfg, S2Reducer)
     r = cfg.hash_rows
-    sketch = moved = 0
+    sketch = moved = bits = 0
     for t in ctx.sparse:
         c, e, k, u = sketch_columns(t, cfg.width), t.element_bytes, t.touched_rows or 0, t.union_rows or 0
-        sketch += r * c * e + t.rows * e  # counters and the float bitmap, one buffer
+        sketch += r * c * e  # counters
+        if cfg.bitmap == "float":
+            sketch += t.rows * e  # the float bitmap, in the sketch's buffer
+        else:
+            bits += packed_bitmap_bytes(t)
         encode = r * c * e + k * t.cols * e * (1 + 2 * r)  # zero the sketch; read rows, r scatter-adds
         decode = u * t.cols * e * (r + 1) + t.rows * t.cols * e  # r gathers, write; densify the gradient
         feedback = 3 * k * t.cols * e if cfg.error_feedback else 0
         moved += int(encode + decode + feedback)
-    return (*_dense_phase(ctx, sketch), Phase("memory", moved))
+    gather = (Phase("allgather", ctx.world * bits),) if bits else ()
+    return (*gather, *_dense_phase(ctx, sketch), Phase("memory", moved))
 
 
 def _agsparse(ctx: SyncContext) -> tuple[Phase, ...]:
@@ -150,7 +170,8 @@ def needs_row_sparse(plan: Plan) -> None:
     if not row_sparse_workload(plan):
         raise ConfigError("gradient_sync.method", f"{plan.gradient_sync.method} sends row-sparse (embedding) "
                           f"gradients and workload {plan.workload!r} has none",
-                          "use an lstm workload with workload_options: {sparse: true}, or method: allreduce")
+                          "use an lstm or gpt workload with workload_options: {sparse: true}, or method: "
+                          "allreduce")
 
 
 register_gradient_sync("s2", S2Reducer, _s2, exact=False, check=needs_row_sparse)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from sim.costs import CostModel, LayerCosts
 from sim.embedding import EMBEDDING_METHODS
 from sim.gradient_sync import GRADIENT_SYNC, wire_bytes
-from sim.gradient_sync_context import bucket_context
+from sim.gradient_sync_context import bucket_context, bucket_layers
 from sim.memory import MemoryPolicy
 from sim.plan import Plan
 from sim.program import Coords, Instruction, Kind, Program, RankProgram
@@ -268,7 +268,7 @@ def gradient_sync_pass(draft: _Draft, stages: Sequence[int]) -> None:
     writers = _last_gradient_writers(draft)
     coords = draft.coords
     group = tuple(draft.program.rank_of(d, coords.pp, coords.tp) for d in range(draft.plan.dp))
-    for number, (layers, _dense_bytes) in enumerate(_buckets(draft, stages)):
+    for number, layers in enumerate(_buckets(draft, stages)):
         touched = [s for s in stages if set(layers) & set(draft.program.stage_layers[s])]
         phases = method.plan(bucket_context(draft.plan, layers, draft.synced_grad_bytes))
         draft.append(Node(Kind.ALLREDUCE, deps=[writers[s] for s in touched], group=group,
@@ -282,24 +282,9 @@ def optimizer_step_pass(draft: _Draft, stages: Sequence[int]) -> None:
                             layers=tuple(layer for s in stages for layer in draft.program.stage_layers[s])))
 
 
-def _buckets(draft: _Draft, stages: Sequence[int]) -> list[tuple[tuple[int, ...], int]]:
-    limit = draft.plan.gradient_sync.bucket_mb * 2**20
+def _buckets(draft: _Draft, stages: Sequence[int]) -> list[tuple[int, ...]]:
     layers = sorted((layer for s in stages for layer in draft.program.stage_layers[s]), reverse=True)
-    buckets: list[tuple[tuple[int, ...], int]] = []
-    current: list[int] = []
-    size = 0
-    for layer in layers:
-        grad = draft.synced_grad_bytes(layer)
-        if grad <= 0:
-            continue
-        current.append(layer)
-        size += grad
-        if size >= limit:
-            buckets.append((tuple(current), size))
-            current, size = [], 0
-    if current:
-        buckets.append((tuple(current), size))
-    return buckets
+    return bucket_layers(layers, draft.synced_grad_bytes, draft.plan.gradient_sync.bucket_mb * 2**20)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -304,7 +304,7 @@ class _Enumerator:
     def __init__(self, space: SearchSpace, base: dict[str, Any], global_batch: int, probe: ResolvedPlan) -> None:
         self.space, self.base, self.global_batch = space, base, global_batch
         self.costs, self.comm, self.transformer = probe.costs, probe.comm, probe.transformer
-        self.estimator = Estimator(probe.costs, probe.comm, space.dtype)
+        self.estimator = Estimator(probe.costs, probe.comm, space.dtype, space.workload, space.workload_options)
         self.layers = probe.costs.num_layers
         self.syncs, self.skipped = sync_variants(space)
         self.embeddings, skipped_embeddings = embedding_variants(space)
@@ -379,11 +379,15 @@ class _Enumerator:
                                     out.pruned[terms] += len(overlaps)
                                     continue
                                 for level in overlaps:
-                                    estimate = self.estimator.estimate(
-                                        schedule=schedule, dp=dp, tp=tp, pp=pp, chunks=chunks,
-                                        micro_batch=micro_batch, microbatches=m, stage_layers=split, policy=policy,
-                                        tp_overlap=level, sync_method=sync["method"],
-                                        bucket_mb=sync.get("bucket_mb", 25.0), embedding=terms)
+                                    try:  # e.g. row sparsity not measured for this many windows
+                                        estimate = self.estimator.estimate(
+                                            schedule=schedule, dp=dp, tp=tp, pp=pp, chunks=chunks,
+                                            micro_batch=micro_batch, microbatches=m, stage_layers=split,
+                                            policy=policy, tp_overlap=level, sync_method=sync["method"],
+                                            bucket_mb=sync.get("bucket_mb", 25.0), embedding=terms)
+                                    except ConfigError as exc:
+                                        out.pruned[exc.field] += 1
+                                        continue
                                     if not estimate.fits:
                                         out.pruned[DOES_NOT_FIT] += 1
                                         continue

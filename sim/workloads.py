@@ -219,7 +219,7 @@ def transformer_config(name: str, **overrides: object) -> TransformerConfig:
 # Options that exec.workloads consumes itself (data source, kernel choices): they change no cost
 # the simulator models, so the simulator sets them aside before resolving the configuration.
 EXEC_ONLY_OPTIONS: dict[str, tuple[str, ...]] = {
-    "gpt": ("data",), "bert": ("data",), "lstm": ("sparse", "data"), "resnet": ("definition", "data"),
+    "gpt": ("data", "sparse"), "bert": ("data",), "lstm": ("sparse", "data"), "resnet": ("definition", "data"),
 }
 
 

@@ -22,9 +22,9 @@ from sim.simulate import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "tests" / "golden" / "simulate.json"
+# examples/validation/*/: its sections (analysis.validation_suite), calibration/ and netns/
 PLANS = sorted(str(p.relative_to(ROOT)) for pattern in ("examples/plans/*.yaml", "examples/validation/*.yaml",
-                                                         "examples/validation/netns/*.yaml",
-                                                         "examples/validation/calibration/*.yaml")
+                                                         "examples/validation/*/*.yaml")
                for p in ROOT.glob(pattern))
 CPU_COSTS = UniformCosts(num_layers=6, fwd_s=1e-3, bwd_input_s=1e-3, bwd_weight_s=1e-3, saved_bytes=1 << 20,
                          output_bytes=1 << 16, param_bytes=1 << 22)

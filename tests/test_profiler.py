@@ -182,6 +182,16 @@ def test_lstm_and_resnet_profile() -> None:
     assert lstm0.loc[0, "flops_fwd"] == 2 * 2 * cfg.seq * 4 * cfg.hidden * (cfg.embed + cfg.hidden)
 
 
+def test_a_sparse_embedding_gradient_profiles() -> None:
+    """A sparse COO gradient has no storage of its own: the tracker counts its indices and values
+    (torch raised 'Cannot access storage of SparseTensorImpl' before)."""
+    workload = get_workload("lstm-tiny", sparse=True)
+    layers = profile_workload(workload, 2, warmup=0, repeats=1, with_ops=False, layers=range(0, 2)).layers
+    cfg = workload.cfg
+    assert layers.loc[0, "grad_bytes"] == cfg.vocab * cfg.embed * 4
+    assert (layers["bwd_weight_s"] > 0).all()
+
+
 def test_bad_settings_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="dtype"):
         profile_workload("gpt-tiny", 1, dtype="float8")

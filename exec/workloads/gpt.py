@@ -30,9 +30,10 @@ MASK_FRACTION = 0.15
 class Embedding(nn.Module):
     """Token plus learned position embedding: ids [b, s] int64 -> [b, s, h]."""
 
-    def __init__(self, vocab: int, hidden: int, seq: int) -> None:
+    def __init__(self, vocab: int, hidden: int, seq: int, sparse: bool = False) -> None:
         super().__init__()
-        self.tok = nn.Embedding(vocab, hidden)
+        # sparse: the token table's gradient is its touched rows (row-sparse gradient sync, issue 11)
+        self.tok = nn.Embedding(vocab, hidden, sparse=sparse)
         self.pos = nn.Embedding(seq, hidden)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -133,12 +134,16 @@ class TransformerWorkload(Workload):
     position, masked or not (no 80/10/10 rule, no next-sentence task).
     """
 
-    def __init__(self, name: str, cfg: TransformerConfig, data: str = "synthetic") -> None:
+    def __init__(self, name: str, cfg: TransformerConfig, data: str = "synthetic", sparse: bool = False) -> None:
         if cfg.family not in ("gpt", "bert"):
             raise ConfigError("family", f"unknown transformer family {cfg.family!r}", "use 'gpt' or 'bert'")
+        if sparse and cfg.family != "gpt":  # the simulator's row counts assume GPT's unmasked inputs
+            raise ConfigError("workload_options.sparse", f"a sparse token table is for gpt workloads, not {name}",
+                              "leave sparse out")
         self.name = name
         self.cfg = cfg
         self.data = check_data_source(data)
+        self.sparse = bool(sparse)
         self.seq = cfg.seq
 
     def layer_names(self) -> list[str]:
@@ -150,7 +155,7 @@ class TransformerWorkload(Workload):
     def build_layer(self, index: int) -> nn.Module:
         cfg = self.cfg
         if index == 0:
-            return Embedding(cfg.vocab, cfg.hidden, cfg.seq)
+            return Embedding(cfg.vocab, cfg.hidden, cfg.seq, sparse=self.sparse)
         if index == self.num_layers - 1:
             return Head(cfg.hidden, cfg.vocab)
         return Block(cfg)
@@ -181,10 +186,13 @@ class TransformerWorkload(Workload):
             "target": "next token" if self.cfg.family == "gpt" else
                       f"masked-LM style: {MASK_FRACTION:.0%} of inputs masked, loss on all positions",
             "definition": "paratwin exec.workloads.gpt (pre-LN, fused QKV, torch SDPA, no dropout)",
+            **({"sparse_embedding": True} if self.sparse else {}),  # absent: dense, as every older bundle
         }
 
 
 def from_preset(name: str, **overrides: object) -> TransformerWorkload:
-    """``gpt-tiny`` ... ``gpt-175b`` and ``bert-*``; overrides are TransformerConfig fields and ``data``."""
+    """``gpt-tiny`` ... ``gpt-175b`` and ``bert-*``; overrides are TransformerConfig fields, ``data``
+    and (gpt) ``sparse``."""
     data = str(overrides.pop("data", "synthetic"))
-    return TransformerWorkload(name, transformer_config(name, **overrides), data=data)
+    sparse = bool(overrides.pop("sparse", False))
+    return TransformerWorkload(name, transformer_config(name, **overrides), data=data, sparse=sparse)
