@@ -161,10 +161,11 @@ class RankRuntime:
         now = unique_bytes(tensors)
         self.activation_bytes += now - slot.resident
         slot.resident = now
+        self.activation_peak = max(self.activation_peak, self.activation_bytes)
 
     def saved_bytes(self) -> int:
         """Bytes of saved-for-backward tensors (device or host) still held by any live store."""
-        return unique_bytes([t for store in list(self.stores) for t in store.tensors])
+        return unique_bytes([t for store in list(self.stores) for t in store.all_tensors()])
 
     def _free(self, key: tuple[int, int]) -> None:
         slot = self.slots.pop(key)
@@ -187,6 +188,7 @@ class RankRuntime:
             self.embedding.start_iteration(iteration)
         self.static_bytes = self._static_bytes()
         self.activation_bytes = self.buffer_bytes = 0
+        self.activation_peak = 0  # the most bytes the slots held at once (compare: MemoryLedger.activation_peak)
         self.peak = 0
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -217,7 +219,7 @@ class RankRuntime:
         return {"rank": self.rank, "iteration": iteration, "t0_wall": t0_wall, "t0_mono": self.clock.t0,
                 "host": socket.gethostname(),
                 "iteration_s": self.clock.seconds(end), "rows": self.rows, "losses": self.losses,
-                "peak_memory": self.peak, "saved_bytes": self.saved_bytes()}
+                "peak_memory": self.peak, "saved_bytes": self.saved_bytes(), "activation_peak": self.activation_peak}
 
     def _row(self, instruction: Instruction, start: Any, end: Any, nbytes: int) -> None:
         memory = self._memory()
@@ -398,10 +400,13 @@ class RankRuntime:
         self._track(slot)
 
     def _walk(self, slot: Slot, s: int, start: int, end: int, h: torch.Tensor) -> torch.Tensor:
-        """Layers ``start:end`` of stage ``s``, tagging what each saves with its layer index."""
+        """Layers ``start:end`` of stage ``s``, tagging what each saves with its layer index; under
+        the selective policy each layer runs in torch's selective checkpointing (exec.selective)."""
+        selective = self.policy.selective and torch.is_grad_enabled()
         for position in range(start, end):
             slot.store.layer = self.stage_layers[s][position]
-            h = self.stages[s][position](h)
+            layer = self.stages[s][position]
+            h = slot.store.selective.run(layer, h) if selective else layer(h)
         return h
 
     def _recompute(self, ins: Instruction) -> None:

@@ -73,6 +73,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from exec.selective import COMPUTE_INTENSIVE, selective_saved_bytes
+from exec.selective import storage_key as _selective_key
 from exec.workloads import Workload, get_workload
 from traces.bundle import ProfileBundle, environment_info
 from traces.errors import ConfigError
@@ -83,6 +85,8 @@ from traces.tables import conform, empty_table
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ADAM_STATE_BYTES_PER_PARAM = 2 * 4  # exp_avg and exp_avg_sq, kept in fp32
 OP_GAP_US = 10.0  # space between layers on the op table's common time axis
+# Profiled forwards whose pointwise share (``_pointwise_share``) is taken, median.
+SHARE_RUNS = 5
 TIME_KEYS = ("fwd", "bwd", "recompute", "bwd_input", "bwd_weight")
 
 
@@ -188,10 +192,15 @@ def profile_workload(
             inputs[index] = x.detach().to("cpu") if dev.type == "cuda" else x.detach()
             attempts[index] = _measure_steady(probe, timer, warmup, repeats, policy, budget)
             rows.append({"layer": index, "name": names[index], "kind": _kind(wl, index),
-                         **_measure_bytes(probe, dev), **_measure_flops(probe)})
+                         **_measure_bytes(probe, dev), **_measure_flops(probe),
+                         "selective_saved_bytes": _selective_bytes(probe), "pointwise_share": -1.0})
             optimizer_s += _measure_optimizer_step(layer, timer, warmup, repeats)
             if with_ops:
                 ops = _op_table(probe, dev, op_offset)
+                # One profiled forward's share is noisy on a shared machine: the median of a few.
+                shares = [_pointwise_share(ops, index),
+                          *(_pointwise_share(_op_table(probe, dev, 0.0), index) for _ in range(SHARE_RUNS - 1))]
+                rows[-1]["pointwise_share"] = statistics.median(shares) if min(shares) >= 0 else -1.0
                 if len(ops):
                     op_offset = float((ops["start_us"] + ops["dur_us"]).max()) + OP_GAP_US
                 op_tables.append(ops)
@@ -214,6 +223,8 @@ def profile_workload(
         row["warmup_rounds"] = chosen.warmup_rounds  # extra columns: how the times were obtained
         row["attempts"] = len(attempts[row["layer"]])
         row["steadiness"] = notes.get(row["layer"], "")
+        share = row["pointwise_share"]
+        row["selective_recompute_s"] = row["recompute_s"] * share if share >= 0 else -1.0
 
     layer_table = conform(pd.DataFrame(rows), LAYER_TABLE, "profiler")
     ops_table = conform(pd.concat(op_tables, ignore_index=True), OP_TABLE, "profiler") if op_tables \
@@ -236,6 +247,10 @@ def profile_workload(
         "peak_transient": "torch.cuda max_memory_allocated" if dev.type == "cuda" else
                           "dispatch-level storage tracker (kernel-private scratch not seen)",
         "last_layer": "profiled with workload.loss; output is the scalar loss",
+        "selective": "selective_saved_bytes: one forward under torch's selective checkpointing "
+                     "(exec.selective), saved and kept storages once; selective_recompute_s: recompute_s x "
+                     "pointwise_share, the share of the profiled forward (op table) outside the kept "
+                     "operators (-1 without the op table)",
         # Adam (torch.optim defaults) stepped over each layer's own parameters, medians summed;
         # the simulator charges an optimizer step this many seconds per parameter byte.
         "optimizer_s_per_param_byte": optimizer_s / max(int(layer_table["param_bytes"].sum()), 1),
@@ -613,6 +628,25 @@ def _measure_optimizer_step(layer: nn.Module, timer: _Timer, warmup: int, repeat
 
 
 # --- bytes ---------------------------------------------------------------------------------------
+
+
+def _selective_bytes(probe: _LayerProbe) -> int:
+    """What the layer keeps under torch's selective checkpointing (exec.selective); the last
+    layer's loss runs outside the checkpointed layer, as on the last pipeline stage."""
+    loss = None if probe.targets is None else (lambda y: probe.loss(y, probe.targets))
+    return selective_saved_bytes(probe.layer, probe.x, {_selective_key(p) for p in probe.params}, loss)
+
+
+def _pointwise_share(ops: pd.DataFrame, index: int) -> float:
+    """Share of the layer's profiled forward (its ``layer{i}.fwd`` range) spent outside the operators
+    selective checkpointing keeps (exec.selective.COMPUTE_INTENSIVE): what its backward recomputes.
+    -1 when the table has no such range."""
+    span = ops[ops["name"] == f"layer{index}.fwd"]
+    if not len(span) or float(span["dur_us"].iloc[0]) <= 0:
+        return -1.0
+    kept_names = {f"aten::{op.name().split('::')[-1].split('.')[0]}" for op in COMPUTE_INTENSIVE}
+    forward = ops[(ops["phase"] == "fwd") & ops["name"].isin(kept_names)]
+    return max(0.0, 1.0 - float(forward["dur_us"].sum()) / float(span["dur_us"].iloc[0]))
 
 
 def _storage_key(t: torch.Tensor) -> tuple[str, int]:

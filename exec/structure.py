@@ -29,6 +29,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from exec.parallel.tp import apply_tensor_parallel, sharded_layer
+from exec.selective import selective_saved_bytes
 from exec.workloads.base import Workload
 from sim.costs import LayerCosts
 from traces.errors import ConfigError
@@ -57,6 +58,7 @@ class LayerFacts:
     output_dtype: torch.dtype
     flops_fwd: float
     tp_allreduces: int  # all-reduces of the output per forward (sharded blocks: 2)
+    selective_saved_bytes: int = -1  # under torch's selective checkpointing (exec.selective); -1 unknown
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, int]:
@@ -95,7 +97,12 @@ def measure_layers(workload: Workload, micro_batch: int, dtype: torch.dtype, tp:
             if index == workload.num_layers - 1:
                 # The last stage also computes the loss, which saves (e.g.) the log-probabilities.
                 workload.loss(out, batch.targets.to(device))
+        loss = None
+        if index == workload.num_layers - 1:
+            targets = batch.targets.to(device)
+            loss = lambda y, targets=targets: workload.loss(y, targets)  # noqa: E731
         facts.append(LayerFacts(
+            selective_saved_bytes=_selective_bytes(layer, x, param_keys, loss),
             param_bytes=sum(p.numel() * p.element_size() for p in params),
             saved_bytes=sum(saved.values()),
             output_bytes=out.numel() * out.element_size(),
@@ -106,6 +113,15 @@ def measure_layers(workload: Workload, micro_batch: int, dtype: torch.dtype, tp:
         ))
         x = out.detach()
     return facts
+
+
+def _selective_bytes(layer: nn.Module, x: torch.Tensor, param_keys: set, loss: object) -> int:
+    """What the layer keeps under torch's selective checkpointing, or -1 where torch cannot run it
+    (an operator without a meta kernel inside the checkpoint)."""
+    try:
+        return selective_saved_bytes(layer, x, param_keys, loss)  # type: ignore[arg-type]
+    except (NotImplementedError, RuntimeError):
+        return -1
 
 
 class StructuralCosts:
@@ -148,6 +164,8 @@ class StructuralCosts:
             tp_allreduces=f.tp_allreduces,
             tp_comm_bytes=f.output_bytes if f.tp_allreduces else 0,
             flops_fwd=f.flops_fwd,
+            selective_saved_bytes=f.selective_saved_bytes,
+            selective_recompute_s=0.0,
         )
 
     def optimizer_step_s(self, param_bytes: int) -> float:

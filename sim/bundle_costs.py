@@ -103,6 +103,10 @@ class BundleCostModel:
             tp_allreduces=2 if sharded else 0,
             tp_comm_bytes=int(row["output_bytes"] * scale) if sharded else 0,
             flops_fwd=float(row["flops_fwd"]) * scale * compute_share,
+            selective_saved_bytes=int(row["selective_saved_bytes"] * scale * saved_share)
+            if row["selective_saved_bytes"] >= 0 else -1,
+            selective_recompute_s=row["selective_recompute_s"] * scale * compute_share
+            if row["selective_recompute_s"] >= 0 else -1.0,
         )
 
     def optimizer_step_s(self, param_bytes: int) -> float:

@@ -26,10 +26,20 @@ class LayerCosts:
     tp_allreduces: int = 0  # all-reduces of tp_comm_bytes per forward, and as many per backward
     tp_comm_bytes: int = 0
     flops_fwd: float = 0.0
+    # Under PyTorch's selective checkpointing (``memory: {policy: selective}``, exec.selective): the
+    # bytes the layer keeps (its input plus the outputs of its matmul / attention / convolution
+    # operators) and the seconds its backward spends recomputing the rest. -1: the cost model does
+    # not know (a profile taken before these were measured, or a layer with no per-operator model).
+    selective_saved_bytes: int = -1
+    selective_recompute_s: float = -1.0
 
     @property
     def bwd_s(self) -> float:
         return self.bwd_input_s + self.bwd_weight_s
+
+    @property
+    def knows_selective(self) -> bool:
+        return self.selective_saved_bytes >= 0 and self.selective_recompute_s >= 0
 
 
 class CostModel(Protocol):

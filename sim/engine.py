@@ -83,6 +83,7 @@ class MemoryLedger:
     activations: int = 0
     buffers: int = 0  # communication buffers: received gradients, flattened gradient buckets
     peak: int = 0
+    activation_peak: int = 0  # the most activation bytes held at once (not necessarily at ``peak``)
     peak_breakdown: dict[str, int] = field(default_factory=dict)
     oom_at_s: float | None = None
     oom_instruction: str = ""
@@ -93,6 +94,7 @@ class MemoryLedger:
 
     def change_activations(self, delta: int, now: float, label: str) -> None:
         self.activations += delta
+        self.activation_peak = max(self.activation_peak, self.activations)
         self._check(now, label)
 
     def change_buffers(self, delta: int, now: float, label: str) -> None:
@@ -137,7 +139,8 @@ class Engine:
     def _layer(self, layer: int) -> LayerCosts:
         cached = self._layer_cache.get(layer)
         if cached is None:
-            cached = self._layer_cache[layer] = self.costs.layer_costs(layer, self.micro_batch, self.program.tp)
+            cached = self._layer_cache[layer] = self.policy.layer_view(
+                self.costs.layer_costs(layer, self.micro_batch, self.program.tp))
         return cached
 
     def _ledger_for(self, rank: int) -> MemoryLedger:

@@ -42,7 +42,7 @@ from sim.comm import ClusterComm, concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts
 from sim.embedding_embrace import EmbeddingTerms
 from sim.gradient_sync import GRADIENT_SYNC, SyncContext, phases_s, vector_bucket, wire_bytes
-from sim.memory import MemoryPolicy, checkpoint_bytes
+from sim.memory import MemoryPolicy, checkpoint_bytes, selective_view
 from sim.schedules import (
     SCHEDULES,
     check_preconditions,
@@ -230,17 +230,20 @@ class Estimator:
         return c.tp_allreduces * cached
 
     def stage(self, layers: tuple[int, ...], recomputed: tuple[int, ...], micro_batch: int, tp: int, level: int,
-              swap: float | tuple[int, ...], tp_sharing: int = 1) -> StageTimes:
+              swap: float | tuple[int, ...], tp_sharing: int = 1, selective: bool = False) -> StageTimes:
         """``recomputed``: the stage's recomputed layers; ``swap``: the fraction of kept bytes swapped,
         or the layers whose saved bytes are swapped (a per-layer memory policy); ``tp_sharing``: TP
-        groups sharing a node's adapters (sim.comm.concurrent_groups; 1 unless a TP group spans nodes)."""
-        key = (layers, recomputed, micro_batch, tp, level, swap, tp_sharing)
+        groups sharing a node's adapters (sim.comm.concurrent_groups; 1 unless a TP group spans nodes);
+        ``selective``: every layer under torch's selective checkpointing (sim.memory.selective_view)."""
+        key = (layers, recomputed, micro_batch, tp, level, swap, tp_sharing, selective)
         cached = self._stages.get(key)
         if cached is not None:
             return cached
         from sim.tp_overlap import tp_segments_time
 
         costs = [self.costs.layer_costs(layer, micro_batch, tp) for layer in layers]
+        if selective:
+            costs = [selective_view(c) for c in costs]
         ar = [self._tp_allreduce_s(c, tp, tp_sharing) for c in costs]
         level = level if tp > 1 else 0
 
@@ -347,7 +350,7 @@ class Estimator:
         tp_sharing = concurrent_groups(self.comm.cluster, dp * tp, tuple(range(tp)))
         stages = [self.stage(tuple(stage_layers[s]), tuple(policy.recompute_layers[s]), micro_batch, tp, tp_overlap,
                              policy.swap_fraction[s] if policy.swap_layers is None else policy.swap_layers[s],
-                             tp_sharing)
+                             tp_sharing, policy.selective)
                   for s in range(stages_n)]
         if info.recompute_is_schedule:
             # Merak's eager recomputes move into bubbles: their placement is the schedule's shape.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,6 +41,15 @@ class MemoryPolicy:
     swap_layers: tuple[tuple[int, ...], ...] | None = None
     problem: str = ""
     delta: DeltaSettings | None = None  # DELTA decides per micro-batch at lowering (sim.delta_lowering)
+    # Every layer runs under torch's selective checkpointing (sim.memory_selective): it keeps fewer
+    # bytes and its backward recomputes the rest; ``layer_view`` says so to whoever prices a layer.
+    selective: bool = False
+
+    def layer_view(self, c: LayerCosts) -> LayerCosts:
+        """A layer's costs as this policy runs it: under selective checkpointing its saved bytes are
+        what it keeps and its input-gradient step also recomputes its memory-bound operators."""
+        return selective_view(c) if self.selective else c
+
 
     def recomputes(self, stage: int) -> bool:
         return bool(self.recompute_layers[stage])
@@ -68,6 +77,13 @@ class MemoryPolicy:
         recomputed = set() if save else set(recomputed_layers)
         return sum(checkpoint_bytes(layer, cost) if layer in recomputed else cost(layer).saved_bytes
                    for layer in layers)
+
+
+def selective_view(c: LayerCosts) -> LayerCosts:
+    """A layer's costs under torch's selective checkpointing (unchanged where the model does not know)."""
+    if not c.knows_selective:
+        return c
+    return replace(c, saved_bytes=c.selective_saved_bytes, bwd_input_s=c.bwd_input_s + c.selective_recompute_s)
 
 
 def checkpoint_bytes(layer: int, cost: Callable[[int], LayerCosts]) -> int:
@@ -192,4 +208,4 @@ register_memory_policy("per-stage", PerStageRecompute,
                        _from_fractions(lambda plan: [float(f) for f in plan.memory.recompute]))
 
 # Policies in their own modules register themselves on import (after the registry exists).
-from sim import delta_lowering, memory_optimal  # noqa: E402, F401
+from sim import delta_lowering, memory_optimal, memory_selective  # noqa: E402, F401
