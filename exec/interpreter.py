@@ -306,50 +306,69 @@ class RankRuntime:
         self._launch(ins, start, work, nbytes, then=then)
 
     def _swap_out(self, ins: Instruction) -> None:
+        """Move the chosen saved tensors to host memory, one copy per storage: views sharing a
+        storage (q, k and v of one QKV output; a tensor two operators save) are rebuilt on the host
+        copy, so the bytes moved are the storages' (what the cost model counts) and the swap-in
+        restores one storage, not a copy per view."""
         slot = self.slots[(ins.stage, ins.microbatch)]
         store = slot.store
         start = self.clock.mark()
         moved = 0
-        for position in self._to_swap(slot, ins):
-            t = store.tensors[position]
-            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda).copy_(t, non_blocking=t.is_cuda)
-            store.host[position] = host
-            moved += t.numel() * t.element_size()
-        if self.device.type == "cuda":
+        cuda = self.device.type == "cuda"
+        for positions in self._to_swap(slot, ins):
+            source = store.tensors[positions[0]].untyped_storage()
+            host = torch.empty(source.nbytes(), dtype=torch.uint8, pin_memory=cuda).untyped_storage()
+            host.copy_(source, non_blocking=cuda)
+            for position in positions:
+                store.host[position] = _on_storage(host, store.tensors[position])
+            moved += source.nbytes()
+        if cuda:
             torch.cuda.current_stream(self.device).synchronize()
         for position in store.host:
             store.tensors[position] = store.host[position]  # the device copy is released
         self._track(slot)
         self._launch(ins, start, None, moved)
 
-    def _to_swap(self, slot: Slot, ins: Instruction) -> list[int]:
-        """Positions in the store to move to host: the tensors saved by the instruction's layers (a
-        per-layer policy names them), or the first ones up to the policy's fraction of the saved
-        bytes; never a kept input (it stays on the device anyway)."""
+    def _to_swap(self, slot: Slot, ins: Instruction) -> list[list[int]]:
+        """Positions in the store to move to host, grouped by the storage they share: the storages
+        saved by the instruction's layers (a per-layer policy names them), or the first ones up to
+        the policy's fraction of the swappable bytes; never a kept input (the slot holds it on the
+        device for the backward, so the lowering does not count it either)."""
         store = slot.store
         keep = {storage_key(t) for t in slot.kept_inputs()}
-        candidates = [p for p, t in enumerate(store.tensors) if p not in store.host and storage_key(t) not in keep]
+        groups: dict[int, list[int]] = {}
+        for p, t in enumerate(store.tensors):
+            if p not in store.host and storage_key(t) not in keep:
+                groups.setdefault(storage_key(t), []).append(p)
         if ins.layers:
             chosen = set(ins.layers)
-            return [p for p in candidates if store.layers[p] in chosen]
-        target = self.policy.swap_fraction[ins.stage] * unique_bytes(store.device_tensors())
-        positions, moved = [], 0
-        for p in candidates:
+            return [g for g in groups.values() if any(store.layers[p] in chosen for p in g)]
+        size = {key: store.tensors[g[0]].untyped_storage().nbytes() for key, g in groups.items()}
+        target = self.policy.swap_fraction[ins.stage] * sum(size.values())
+        picked, moved = [], 0
+        for key, g in groups.items():
             if moved >= target:
                 break
-            positions.append(p)
-            moved += store.tensors[p].numel() * store.tensors[p].element_size()
-        return positions
+            picked.append(g)
+            moved += size[key]
+        return picked
 
     def _swap_in(self, ins: Instruction) -> None:
         slot = self.slots[(ins.stage, ins.microbatch)]
         store = slot.store
         start = self.clock.mark()
         moved = 0
+        cuda = self.device.type == "cuda"
+        groups: dict[int, list[int]] = {}
         for position, host in store.host.items():
-            store.tensors[position] = host.to(self.device, non_blocking=True) if self.device.type == "cuda" \
-                else host.clone()
-            moved += host.numel() * host.element_size()
+            groups.setdefault(storage_key(host), []).append(position)
+        for positions in groups.values():
+            source = store.host[positions[0]].untyped_storage()
+            device = torch.empty(source.nbytes(), dtype=torch.uint8, device=self.device).untyped_storage()
+            device.copy_(source, non_blocking=cuda)
+            for position in positions:
+                store.tensors[position] = _on_storage(device, store.host[position])
+            moved += source.nbytes()
         store.host.clear()
         self._track(slot)
         self._launch(ins, start, None, moved)
@@ -521,6 +540,12 @@ class RankRuntime:
         return {f"{layer}.{name}": p.detach().cpu().clone()
                 for layer, module in sorted(self.layer_modules.items())
                 for name, p in module.named_parameters()}
+
+
+def _on_storage(storage: torch.UntypedStorage, like: torch.Tensor) -> torch.Tensor:
+    """A tensor viewing ``storage`` exactly as ``like`` views its own (offset, shape, strides)."""
+    return torch.empty(0, dtype=like.dtype, device=storage.device).set_(
+        storage, like.storage_offset(), like.size(), like.stride())
 
 
 def _accumulate(params: list[nn.Parameter], grads: tuple[torch.Tensor | None, ...]) -> None:

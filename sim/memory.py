@@ -11,7 +11,7 @@ and both engines only read the resulting ``MemoryPolicy``. Imports neither torch
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
@@ -61,11 +61,13 @@ class MemoryPolicy:
 
     def swap_bytes(self, stage: int, layers: Sequence[int], save: bool,
                    cost: Callable[[int], LayerCosts]) -> int:
-        """Bytes a forward of ``layers`` of ``stage`` moves to host (and its backward brings back)."""
+        """Bytes a forward of ``layers`` of ``stage`` moves to host (and its backward brings back):
+        a fraction of what it keeps beyond its kept inputs, or the swapped layers' saved bytes."""
         if self.swap_layers is None:
-            return int(self.forward_kept_bytes(stage, layers, save, cost) * self.swap_fraction[stage])
-        swapped = set(self.swap_layers[stage])
-        return sum(cost(layer).saved_bytes for layer in layers if layer in swapped)
+            recomputed = set() if save else set(self.recompute_layers[stage])
+            kept = [layer for layer in layers if layer not in recomputed]
+            return int(movable_bytes(layers, kept, cost) * self.swap_fraction[stage])
+        return movable_bytes(layers, self.swap_layers[stage], cost)
 
     def forward_kept_bytes(self, stage: int, layers: Sequence[int], save: bool,
                            cost: Callable[[int], LayerCosts], recomputed_layers: Sequence[int] | None = None) -> int:
@@ -84,6 +86,18 @@ def selective_view(c: LayerCosts) -> LayerCosts:
     if not c.knows_selective:
         return c
     return replace(c, saved_bytes=c.selective_saved_bytes, bwd_input_s=c.bwd_input_s + c.selective_recompute_s)
+
+
+def movable_bytes(layers: Sequence[int], chosen: Collection[int], cost: Callable[[int], LayerCosts]) -> int:
+    """Bytes a swap of the ``chosen`` layers of one forward of ``layers`` (a stage, in order) moves:
+    their saved bytes, less the stage's input when the first layer saves it (a layer's saved bytes
+    count its input): the runtime keeps the stage input on the device, the backward reads its
+    gradient (exec.interpreter ``_to_swap``). Recomputed layers' inputs are kept the same way and
+    are never chosen."""
+    total = sum(cost(layer).saved_bytes for layer in layers if layer in chosen)
+    if layers and layers[0] in chosen:
+        total -= min(checkpoint_bytes(layers[0], cost), cost(layers[0]).saved_bytes)
+    return total
 
 
 def checkpoint_bytes(layer: int, cost: Callable[[int], LayerCosts]) -> int:
