@@ -59,6 +59,7 @@ class LayerFacts:
     flops_fwd: float
     tp_allreduces: int  # all-reduces of the output per forward (sharded blocks: 2)
     selective_saved_bytes: int = -1  # under torch's selective checkpointing (exec.selective); -1 unknown
+    shared_input_bytes: int = 0  # its saved input that the previous layer saves too (sim.costs.LayerCosts)
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, int]:
@@ -74,6 +75,7 @@ def measure_layers(workload: Workload, micro_batch: int, dtype: torch.dtype, tp:
     batch = workload.make_batch(micro_batch, seed=0)
     x = batch.inputs.to(device)
     facts = []
+    previous: dict[tuple[int, int], int] = {}
     for index in range(workload.num_layers):
         layer = workload.build_layers(index, index + 1, device=device, dtype=dtype)[0]
         sharded = tp > 1 and sharded_layer(layer)
@@ -101,7 +103,10 @@ def measure_layers(workload: Workload, micro_batch: int, dtype: torch.dtype, tp:
         if index == workload.num_layers - 1:
             targets = batch.targets.to(device)
             loss = lambda y, targets=targets: workload.loss(y, targets)  # noqa: E731
+        x_key = _storage_key(x)
+        shared = x_key[1] if x_key in saved and x_key in previous else 0
         facts.append(LayerFacts(
+            shared_input_bytes=shared,
             selective_saved_bytes=_selective_bytes(layer, x, param_keys, loss),
             param_bytes=sum(p.numel() * p.element_size() for p in params),
             saved_bytes=sum(saved.values()),
@@ -112,6 +117,7 @@ def measure_layers(workload: Workload, micro_batch: int, dtype: torch.dtype, tp:
             tp_allreduces=2 if sharded else 0,
         ))
         x = out.detach()
+        previous = saved  # what this layer saved, its output among it if it saves it
     return facts
 
 
@@ -166,6 +172,7 @@ class StructuralCosts:
             flops_fwd=f.flops_fwd,
             selective_saved_bytes=f.selective_saved_bytes,
             selective_recompute_s=0.0,
+            shared_input_bytes=f.shared_input_bytes,
         )
 
     def optimizer_step_s(self, param_bytes: int) -> float:

@@ -32,6 +32,10 @@ class LayerCosts:
     # not know (a profile taken before these were measured, or a layer with no per-operator model).
     selective_saved_bytes: int = -1
     selective_recompute_s: float = -1.0
+    # Bytes of this layer's saved input that the previous layer also saves (as its output, e.g. a
+    # ReLU's result that the next convolution saves as its input): one storage, counted in both
+    # layers' saved_bytes, that a forward keeping both holds once (sim.memory.kept_saved_bytes).
+    shared_input_bytes: int = 0
 
     @property
     def bwd_s(self) -> float:

@@ -24,7 +24,7 @@ from sim.cluster import ClusterSpec
 from sim.comm import concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts
 from sim.gradient_sync import Phase, phases_s
-from sim.memory import MemoryPolicy, checkpoint_bytes
+from sim.memory import MemoryPolicy, kept_saved_bytes
 from sim.program import Instruction, Kind, Program, Stream
 from sim.tp_overlap import tp_segments_time
 
@@ -337,12 +337,15 @@ class Engine:
     def _stage_activation_bytes(self, stage: int) -> int:
         """Activations of one micro-batch of ``stage`` at their largest (all layers saved); a
         swapped-out part was counted back by its SWAP_IN before the backward."""
-        return sum(self._layer(layer).saved_bytes for layer in self.program.stage_layers[stage])
+        layers = self.program.stage_layers[stage]
+        return kept_saved_bytes(layers, layers, self._layer)
 
     def _activation_delta(self, rank: int, instruction: Instruction, layers: list[LayerCosts]) -> int:
         if instruction.kind is Kind.RECOMPUTE:
             # The checkpointed layers' activations come back (their inputs were kept).
-            return sum(self._layer(layer).saved_bytes - checkpoint_bytes(layer, self._layer)
-                       for layer in instruction.layers)
+            # What the stage holds with every layer saved, less what the checkpointed forward kept.
+            stage = instruction.stage
+            return self._stage_activation_bytes(stage) - self.policy.forward_kept_bytes(
+                stage, self.program.stage_layers[stage], False, self._layer, instruction.layers)
         return self.policy.forward_kept_bytes(instruction.stage, instruction.layers, instruction.save, self._layer,
                                               self.recomputed.get((rank, instruction.stage, instruction.microbatch)))

@@ -77,8 +77,8 @@ class MemoryPolicy:
         if recomputed_layers is None:
             recomputed_layers = self.recompute_layers[stage]
         recomputed = set() if save else set(recomputed_layers)
-        return sum(checkpoint_bytes(layer, cost) if layer in recomputed else cost(layer).saved_bytes
-                   for layer in layers)
+        return (kept_saved_bytes(layers, [layer for layer in layers if layer not in recomputed], cost)
+                + sum(checkpoint_bytes(layer, cost) for layer in layers if layer in recomputed))
 
 
 def selective_view(c: LayerCosts) -> LayerCosts:
@@ -88,13 +88,28 @@ def selective_view(c: LayerCosts) -> LayerCosts:
     return replace(c, saved_bytes=c.selective_saved_bytes, bwd_input_s=c.bwd_input_s + c.selective_recompute_s)
 
 
+def kept_saved_bytes(layers: Sequence[int], kept: Collection[int], cost: Callable[[int], LayerCosts]) -> int:
+    """Saved bytes of the ``kept`` layers of one forward of ``layers`` (consecutive, in order), each
+    storage once: a layer's input that the previous layer, kept too, saves as its output counts once
+    (``LayerCosts.shared_input_bytes``; per-layer measurements count it on both sides)."""
+    chosen = set(kept)
+    total = 0
+    for position, layer in enumerate(layers):
+        if layer in chosen:
+            c = cost(layer)
+            total += c.saved_bytes
+            if position > 0 and layers[position - 1] in chosen:
+                total -= c.shared_input_bytes
+    return total
+
+
 def movable_bytes(layers: Sequence[int], chosen: Collection[int], cost: Callable[[int], LayerCosts]) -> int:
     """Bytes a swap of the ``chosen`` layers of one forward of ``layers`` (a stage, in order) moves:
     their saved bytes, less the stage's input when the first layer saves it (a layer's saved bytes
     count its input): the runtime keeps the stage input on the device, the backward reads its
     gradient (exec.interpreter ``_to_swap``). Recomputed layers' inputs are kept the same way and
     are never chosen."""
-    total = sum(cost(layer).saved_bytes for layer in layers if layer in chosen)
+    total = kept_saved_bytes(layers, chosen, cost)
     if layers and layers[0] in chosen:
         total -= min(checkpoint_bytes(layers[0], cost), cost(layers[0]).saved_bytes)
     return total

@@ -19,9 +19,9 @@ def memory_of(workload: str, **memory: object) -> object:
 
 def check_swap_bytes(plan: Plan, tmp_path: Path) -> int:
     """Run ``plan`` against the single-process reference and compare every swap row's bytes with
-    its lowered instruction. The first stage's input (int64 token ids, which the cost model does
-    not size: ``checkpoint_bytes`` of layer 0 is 0) stays on the device and is the one difference
-    allowed. Returns how many swap rows were compared."""
+    its lowered instruction. The first stage's input (the batch's token ids or images, which the
+    cost model does not size: ``checkpoint_bytes`` of layer 0 is 0) stays on the device and is the
+    one difference allowed. Returns how many swap rows were compared."""
     from exec.contract import compile_for_run
     from tests.test_runtime import check_against_reference
     from traces.runrecord import read_run_record
@@ -29,7 +29,10 @@ def check_swap_bytes(plan: Plan, tmp_path: Path) -> int:
     check_against_reference(plan, tmp_path)
     table = read_run_record(tmp_path / plan.name / "record").instructions
     program = compile_for_run(plan).program
-    ids = plan.micro_batch * 32 * 8 if plan.workload == "gpt-tiny" else 0  # gpt-tiny: seq 32, int64
+    from exec.workloads import get_workload
+
+    inputs = get_workload(plan.workload).make_batch(plan.micro_batch).inputs
+    batch_input = inputs.numel() * inputs.element_size()
     compared = 0
     for rank, rp in program.ranks.items():
         for ins in rp.instructions:
@@ -37,7 +40,7 @@ def check_swap_bytes(plan: Plan, tmp_path: Path) -> int:
                 continue
             rows = table[(table["rank"] == rank) & (table["index"] == ins.index)]
             assert len(rows), f"rank {rank} {ins.label}: not executed"
-            first_stage_input = ids if ins.stage == 0 and (not ins.layers or program.stage_layers[0][0] in ins.layers) \
+            first_stage_input = batch_input if ins.stage == 0 and (not ins.layers or program.stage_layers[0][0] in ins.layers) \
                 else 0
             for measured in rows["bytes"]:
                 assert measured == ins.bytes - first_stage_input, \
