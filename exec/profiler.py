@@ -54,6 +54,7 @@ periods; a fixed two-round warm-up let a 50x outlier through as a median. So:
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import tempfile
@@ -193,14 +194,11 @@ def profile_workload(
             attempts[index] = _measure_steady(probe, timer, warmup, repeats, policy, budget)
             rows.append({"layer": index, "name": names[index], "kind": _kind(wl, index),
                          **_measure_bytes(probe, dev), **_measure_flops(probe),
-                         "selective_saved_bytes": _selective_bytes(probe), "pointwise_share": -1.0})
+                         "selective_saved_bytes": _selective_bytes(probe),
+                         "pointwise_share": _measure_pointwise_share(probe, dev)})
             optimizer_s += _measure_optimizer_step(layer, timer, warmup, repeats)
             if with_ops:
                 ops = _op_table(probe, dev, op_offset)
-                # One profiled forward's share is noisy on a shared machine: the median of a few.
-                shares = [_pointwise_share(ops, index),
-                          *(_pointwise_share(_op_table(probe, dev, 0.0), index) for _ in range(SHARE_RUNS - 1))]
-                rows[-1]["pointwise_share"] = statistics.median(shares) if min(shares) >= 0 else -1.0
                 if len(ops):
                     op_offset = float((ops["start_us"] + ops["dur_us"]).max()) + OP_GAP_US
                 op_tables.append(ops)
@@ -249,8 +247,8 @@ def profile_workload(
         "last_layer": "profiled with workload.loss; output is the scalar loss",
         "selective": "selective_saved_bytes: one forward under torch's selective checkpointing "
                      "(exec.selective), saved and kept storages once; selective_recompute_s: recompute_s x "
-                     "pointwise_share, the share of the profiled forward (op table) outside the kept "
-                     "operators (-1 without the op table)",
+                     "pointwise_share, the share of a forward under torch.profiler outside the kept "
+                     "operators (median of SHARE_RUNS forwards)",
         # Adam (torch.optim defaults) stepped over each layer's own parameters, medians summed;
         # the simulator charges an optimizer step this many seconds per parameter byte.
         "optimizer_s_per_param_byte": optimizer_s / max(int(layer_table["param_bytes"].sum()), 1),
@@ -637,16 +635,47 @@ def _selective_bytes(probe: _LayerProbe) -> int:
     return selective_saved_bytes(probe.layer, probe.x, {_selective_key(p) for p in probe.params}, loss)
 
 
+def _measure_pointwise_share(probe: _LayerProbe, dev: torch.device) -> float:
+    """``_pointwise_share`` of the fastest of ``SHARE_RUNS`` profiled forwards (contention only
+    ever adds time, and one forward on a shared machine is easily interrupted); -1 if the profiler
+    saw no forward range."""
+    runs = []
+    for _ in range(SHARE_RUNS):
+        activities = [torch.profiler.ProfilerActivity.CPU] + (
+            [torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        with torch.profiler.profile(activities=activities) as prof:
+            probe.forward()  # the profiler's first operators pay its start-up: not the measured ones
+            with torch.profiler.record_function(f"layer{probe.index}.fwd"):
+                probe.forward()
+                _sync(dev)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(path))
+            ops = import_chrome_trace(path)
+        span = ops[ops["name"] == f"layer{probe.index}.fwd"]["dur_us"]
+        runs.append((float(span.iloc[0]) if len(span) else float("inf"), _pointwise_share(ops, probe.index)))
+    return min(runs)[1]
+
+
 def _pointwise_share(ops: pd.DataFrame, index: int) -> float:
-    """Share of the layer's profiled forward (its ``layer{i}.fwd`` range) spent outside the operators
-    selective checkpointing keeps (exec.selective.COMPUTE_INTENSIVE): what its backward recomputes.
-    -1 when the table has no such range."""
+    """Share of the layer's profiled forward (the operators directly inside its ``layer{i}.fwd``
+    range, so the profiler's own start-up inside the range does not count) spent outside the
+    operators selective checkpointing keeps (exec.selective.COMPUTE_INTENSIVE): what its backward
+    recomputes. -1 when the table has no such range or no operator in it."""
     span = ops[ops["name"] == f"layer{index}.fwd"]
-    if not len(span) or float(span["dur_us"].iloc[0]) <= 0:
+    if not len(span):
         return -1.0
+    start, end = float(span["start_us"].iloc[0]), float(span["start_us"].iloc[0] + span["dur_us"].iloc[0])
+    inside = ops[(ops["start_us"] >= start) & (ops["start_us"] < end) & ops["name"].str.startswith("aten::")]
     kept_names = {f"aten::{op.name().split('::')[-1].split('.')[0]}" for op in COMPUTE_INTENSIVE}
-    forward = ops[(ops["phase"] == "fwd") & ops["name"].isin(kept_names)]
-    return max(0.0, 1.0 - float(forward["dur_us"].sum()) / float(span["dur_us"].iloc[0]))
+    top, kept, last_end = 0.0, 0.0, -math.inf
+    for row in inside.sort_values("start_us").itertuples():
+        if row.start_us >= last_end:  # not nested in the previous top-level operator
+            top += row.dur_us
+            last_end = row.start_us + row.dur_us
+        if row.name in kept_names:
+            kept += row.dur_us
+    return max(0.0, 1.0 - kept / top) if top > 0 else -1.0
 
 
 def _storage_key(t: torch.Tensor) -> tuple[str, int]:

@@ -76,6 +76,9 @@ class UniformCosts:
     saved_bytes: int = 0
     output_bytes: int = 0
     param_bytes: int = 0
+    # Under selective checkpointing (per micro-batch of one; -1: unknown, the policy is refused).
+    selective_saved_bytes: int = -1
+    selective_recompute_s: float = -1.0
 
     def layer_costs(self, layer: int, micro_batch: int, tp: int) -> LayerCosts:
         recompute = self.fwd_s if self.recompute_s is None else self.recompute_s
@@ -83,6 +86,8 @@ class UniformCosts:
             fwd_s=self.fwd_s, bwd_input_s=self.bwd_input_s, bwd_weight_s=self.bwd_weight_s, recompute_s=recompute,
             param_bytes=self.param_bytes, grad_bytes=self.param_bytes, optimizer_bytes=2 * self.param_bytes,
             saved_bytes=self.saved_bytes * micro_batch, output_bytes=self.output_bytes * micro_batch,
+            selective_saved_bytes=self.selective_saved_bytes * micro_batch if self.selective_saved_bytes >= 0 else -1,
+            selective_recompute_s=self.selective_recompute_s,
         )
 
     def optimizer_step_s(self, param_bytes: int) -> float:

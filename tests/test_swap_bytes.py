@@ -40,8 +40,8 @@ def check_swap_bytes(plan: Plan, tmp_path: Path) -> int:
                 continue
             rows = table[(table["rank"] == rank) & (table["index"] == ins.index)]
             assert len(rows), f"rank {rank} {ins.label}: not executed"
-            first_stage_input = batch_input if ins.stage == 0 and (not ins.layers or program.stage_layers[0][0] in ins.layers) \
-                else 0
+            moves_first = not ins.layers or program.stage_layers[0][0] in ins.layers
+            first_stage_input = batch_input if ins.stage == 0 and moves_first else 0
             for measured in rows["bytes"]:
                 assert measured == ins.bytes - first_stage_input, \
                     f"rank {rank} {ins.label}: runtime moved {measured} B, the Program says {ins.bytes} B"
