@@ -85,7 +85,10 @@ def selective_view(c: LayerCosts) -> LayerCosts:
     """A layer's costs under torch's selective checkpointing (unchanged where the model does not know)."""
     if not c.knows_selective:
         return c
-    return replace(c, saved_bytes=c.selective_saved_bytes, bwd_input_s=c.bwd_input_s + c.selective_recompute_s)
+    # A layer under SAC keeps its output only when its last operator is a kept one; the layers here
+    # end in an add or a ReLU, so no storage is shared across a boundary (tests/test_memory_selective.py).
+    return replace(c, saved_bytes=c.selective_saved_bytes, bwd_input_s=c.bwd_input_s + c.selective_recompute_s,
+                   shared_input_bytes=0)
 
 
 def kept_saved_bytes(layers: Sequence[int], kept: Collection[int], cost: Callable[[int], LayerCosts]) -> int:
