@@ -32,6 +32,7 @@ from exec.parallel.tp import apply_tensor_parallel, sharded_layer
 from exec.selective import selective_saved_bytes
 from exec.workloads.base import Workload
 from sim.costs import LayerCosts
+from sim.workloads import LayerSpec
 from traces.errors import ConfigError
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -192,3 +193,19 @@ class StructuralCosts:
         """Shape and dtype of layer ``layer``'s output for the configured micro-batch."""
         f = self.facts(self.micro_batch, 1)[layer]
         return f.output_shape, f.output_dtype
+
+
+def measured_layer_specs(workload: Workload) -> list[LayerSpec]:
+    """Per-sample ``LayerSpec``s of a workload the simulator has no closed form for (a ResNet), from
+    one real fp32 measurement (``measure_layers`` at micro-batch 1, FLOPs counted): parameters,
+    forward FLOPs, output, saved, selectively-kept and boundary-shared activation elements. Bytes
+    do not depend on the device, so ``sim.analytic_costs.AnalyticCosts`` can price these layers on
+    any GPU of the catalog by its roofline. Elements are fp32 bytes / 4 (small integer and
+    statistics tensors count as elements of the model's dtype, as the transformer closed forms do)."""
+    facts = StructuralCosts(workload, 1, "fp32", flops=True).facts(1, 1)
+    names = workload.layer_names()
+    return [LayerSpec(names[i], workload.layer_kind(i), params=f.param_bytes // 4, flops_fwd=int(f.flops_fwd),
+                      output_elems=f.output_bytes // 4, saved_elems=f.saved_bytes // 4,
+                      selective_elems=f.selective_saved_bytes // 4 if f.selective_saved_bytes >= 0 else -1,
+                      shared_input_elems=f.shared_input_bytes // 4)
+            for i, f in enumerate(facts)]

@@ -299,6 +299,7 @@ class LayerCosts:
     flops_fwd: float = 0.0
     selective_saved_bytes: int = -1  # sim.costs.LayerCosts: -1 where not modelled
     selective_recompute_s: float = -1.0
+    shared_input_bytes: int = 0
 
     @property
     def bwd_s(self) -> float:
@@ -356,6 +357,13 @@ class AnalyticCostModel:
         bwd_w = self._time(b * f_bw / t, bytes_bw) if layer.params else 0.0
         saved_bytes = b * saved * act
         selective_bytes, selective_s = -1.0, -1.0
+        if layer.selective_elems >= 0:
+            # Roofline of what selective checkpointing recomputes, for layers without a kernel model
+            # (e.g. a ResNet's BatchNorms and ReLUs): memory-bound operators that write, once more,
+            # every saved byte the policy does not keep and read it once in the backward.
+            selective_bytes = b * layer.selective_elems * act
+            selective_s = 2 * max(saved_bytes - selective_bytes, 0.0) / (
+                self.device.memory_bandwidth_Bps * self.efficiency.mem_eff)
         if self.kernels and has_kernel_shape(layer) and self.device.kind == "gpu":
             k = transformer_layer_times(layer, b, t, self.device, self.dtype, self.efficiency, self.attention)
             fwd, bwd_i, bwd_w = k.fwd_s, k.bwd_input_s, k.bwd_weight_s
@@ -388,6 +396,7 @@ class AnalyticCostModel:
             flops_fwd=flops_fwd,
             selective_saved_bytes=int(round(selective_bytes)),
             selective_recompute_s=selective_s,
+            shared_input_bytes=b * layer.shared_input_elems * act,
         )
 
     @staticmethod

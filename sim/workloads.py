@@ -86,6 +86,9 @@ class LayerSpec:
     # and convolution outputs plus the layer input); -1: not modelled for this layer.
     selective_elems: int = -1
     selective_elems_sharded: int = 0
+    # Of saved_elems, the layer's input that the previous layer also saves as its output (counted
+    # once by a forward keeping both: sim.costs.LayerCosts.shared_input_bytes).
+    shared_input_elems: int = 0
     extra: dict[str, float] = field(default_factory=dict)
 
     @property
