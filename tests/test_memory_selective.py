@@ -89,13 +89,22 @@ def test_refusals() -> None:
 
 
 def test_old_profile_without_selective_columns_is_refused(tmp_path: Path) -> None:
-    """A bundle taken before the profiler measured selective checkpointing reads as unknown (-1)
-    and the policy asks for a new profile instead of pricing it as no policy."""
+    """The profiler measures what each layer keeps under selective checkpointing; a bundle taken
+    before it did reads as unknown (-1) and the policy asks for a new profile instead of pricing it
+    as no policy."""
     from exec.profiler import profile_workload
+    from exec.structure import StructuralCosts
+    from exec.workloads import get_workload
     from tests.test_runtime import plan_of
     from traces.bundle import write_bundle
 
     bundle = profile_workload("gpt-tiny", micro_batch=1, warmup=0, repeats=1, with_ops=False, device="cpu")
+    # A fresh profile measures both (the bytes exactly as the structural model does).
+    structural = StructuralCosts(get_workload("gpt-tiny"), 1)
+    assert list(bundle.layers["selective_saved_bytes"]) == [
+        structural.layer_costs(i, 1, 1).selective_saved_bytes for i in range(structural.num_layers)]
+    assert (bundle.layers["selective_recompute_s"] >= 0).all()
+    assert (bundle.layers["selective_recompute_s"] <= bundle.layers["recompute_s"]).all()
     bundle.layers["selective_saved_bytes"] = -1
     path = write_bundle(bundle, tmp_path / "old")
     plan = selective(plan_of(microbatches=2, micro_batch=1), "old-profile").model_copy(update={"profile": str(path)})
@@ -108,22 +117,26 @@ def test_old_profile_without_selective_columns_is_refused(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("workload", "pp"), [("gpt-tiny", 2), ("gpt-tiny", 1), ("resnet-tiny", 2)])
-def test_selective_run_equals_one_process_and_ledger(workload: str, pp: int, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("workload", "pp", "policy"), [("gpt-tiny", 2, "selective"), ("gpt-tiny", 1, "selective"),
+                                                        ("resnet-tiny", 2, "selective"), ("resnet-tiny", 2, "none")])
+def test_selective_run_equals_one_process_and_ledger(workload: str, pp: int, policy: str, tmp_path: Path) -> None:
     """fp32, GPipe, four micro-batches of two: the parameters after three Adam steps equal the
     single-process reference's (tests.test_runtime's bounds); every rank's measured activation
     bytes at their peak equal the engine ledger's (the runtime's exact structural costs: same
-    bytes, torch's own SAC)."""
+    bytes, torch's own SAC). The ResNet without a policy guards the ledger's count of a storage
+    two layers save (a ReLU output and the next convolution's input: LayerCosts.shared_input_bytes)."""
     from exec.contract import compile_for_run
     from sim.engine import Engine
     from tests.test_runtime import check_against_reference, plan_of
     from traces.runrecord import read_run_record
 
-    plan = selective(plan_of(workload=workload, pp=pp, schedule="gpipe", microbatches=4, micro_batch=2),
-                     f"{workload}-pp{pp}-selective")
+    plan = plan_of(workload=workload, pp=pp, schedule="gpipe", microbatches=4, micro_batch=2).model_copy(
+        update={"name": f"{workload}-pp{pp}-{policy}"})
+    if policy == "selective":
+        plan = selective(plan, plan.name)
     check_against_reference(plan, tmp_path)
     run = compile_for_run(plan)
-    assert run.resolved.policy.selective
+    assert run.resolved.policy.selective == (policy == "selective")
     engine = Engine(run.program, run.resolved.costs, run.resolved.comm, run.resolved.policy, plan.micro_batch)
     engine.run()
     measured = read_run_record(tmp_path / plan.name / "record").summary["activation_peak"]
