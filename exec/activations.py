@@ -97,13 +97,19 @@ class Run:
     end: int
     inp: torch.Tensor
     segment: int
+    # The last stage's last run: the loss is part of it (the profiled last layer includes the loss),
+    # so the forward computes it without grad and the RECOMPUTE computes it again with grad.
+    loss: bool = False
 
 
 def runs_of(flags: list[bool]) -> list[tuple[int, int, bool]]:
-    """Maximal runs of equal flags: (start, end, flag)."""
+    """Maximal runs of unflagged layers, and every flagged (checkpointed) layer a run of its own:
+    (start, end, flag). A checkpointed layer keeps its own input, as Megatron-LM's per-layer
+    checkpointing does and as the simulator's ledger counts it (``sim.memory.checkpoint_bytes`` per
+    recomputed layer); one checkpoint over several layers would keep less than the ledger says."""
     runs: list[tuple[int, int, bool]] = []
     for i, flag in enumerate(flags):
-        if runs and runs[-1][2] == flag:
+        if runs and runs[-1][2] == flag and not flag:
             runs[-1] = (runs[-1][0], i + 1, flag)
         else:
             runs.append((i, i + 1, flag))

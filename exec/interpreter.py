@@ -405,11 +405,13 @@ class RankRuntime:
                     slot.segments.append(Segment(h, out, captures))
                     h = out
             if s == self.num_stages - 1:
-                loss = self.workload.loss(h, self._batch(mb).targets) / self.plan.microbatches
-                self.loss_tensors.append(loss.detach())
                 last = slot.segments[-1]
+                # A checkpointed last layer keeps only its input: its loss, too, waits for the RECOMPUTE.
+                with torch.no_grad() if last is None else contextlib.nullcontext():
+                    loss = self._loss(h, mb)
+                self.loss_tensors.append(loss.detach())
                 if last is None:
-                    slot.segments.append(Segment(h, loss))
+                    slot.checkpointed[-1].loss = True
                 else:
                     last.out = loss
                 h = loss
@@ -417,6 +419,9 @@ class RankRuntime:
             self.acts[(s + 1, mb)] = h.detach()
         self.slots[(s, mb)] = slot
         self._track(slot)
+
+    def _loss(self, h: torch.Tensor, mb: int) -> torch.Tensor:
+        return self.workload.loss(h, self._batch(mb).targets) / self.plan.microbatches
 
     def _walk(self, slot: Slot, s: int, start: int, end: int, h: torch.Tensor) -> torch.Tensor:
         """Layers ``start:end`` of stage ``s``, tagging what each saves with its layer index; under
@@ -437,6 +442,8 @@ class RankRuntime:
             captures: list = []
             with self._recording(slot, captures), torch.enable_grad():
                 out = self._walk(slot, s, run.start, run.end, run.inp)
+                if run.loss:
+                    out = self._loss(out, mb)
             slot.segments[run.segment] = Segment(run.inp, out, captures)
         self._track(slot)
 

@@ -24,7 +24,7 @@ from sim.cluster import ClusterSpec
 from sim.comm import concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts
 from sim.gradient_sync import Phase, phases_s
-from sim.memory import MemoryPolicy, kept_saved_bytes
+from sim.memory import MemoryPolicy, held_bytes
 from sim.program import Instruction, Kind, Program, Stream
 from sim.tp_overlap import tp_segments_time
 
@@ -309,8 +309,8 @@ class Engine:
         yield self.env.timeout(t - start)
         self.compute_busy[rank] += t - start
         if kind is Kind.BWD or kind is Kind.BWD_W:
-            ledger.change_activations(-self._stage_activation_bytes(instruction.stage), self.env.now,
-                                      instruction.label)
+            ledger.change_activations(-self._stage_activation_bytes(rank, instruction.stage, instruction.microbatch),
+                                      self.env.now, instruction.label)
         if kind is Kind.BWD or kind is Kind.BWD_I:
             received = self.grad_buffers.pop((rank, instruction.stage, instruction.microbatch), 0)
             ledger.change_buffers(-received, self.env.now, instruction.label)
@@ -334,18 +334,18 @@ class Engine:
             self._groups_of[group] = concurrent_groups(self.comm.cluster, self.stage_ranks, group)
         return self._groups_of[group]
 
-    def _stage_activation_bytes(self, stage: int) -> int:
-        """Activations of one micro-batch of ``stage`` at their largest (all layers saved); a
-        swapped-out part was counted back by its SWAP_IN before the backward."""
+    def _stage_activation_bytes(self, rank: int, stage: int, microbatch: int) -> int:
+        """Activations of one micro-batch of ``stage`` at their largest (every layer's saved tensors
+        back: sim.memory.held_bytes); a swapped-out part was counted back by its SWAP_IN."""
         layers = self.program.stage_layers[stage]
-        return kept_saved_bytes(layers, layers, self._layer)
+        return held_bytes(layers, self.recomputed.get((rank, stage, microbatch), ()), self._layer)
 
     def _activation_delta(self, rank: int, instruction: Instruction, layers: list[LayerCosts]) -> int:
         if instruction.kind is Kind.RECOMPUTE:
             # The checkpointed layers' activations come back (their inputs were kept).
             # What the stage holds with every layer saved, less what the checkpointed forward kept.
             stage = instruction.stage
-            return self._stage_activation_bytes(stage) - self.policy.forward_kept_bytes(
+            return self._stage_activation_bytes(rank, stage, instruction.microbatch) - self.policy.forward_kept_bytes(
                 stage, self.program.stage_layers[stage], False, self._layer, instruction.layers)
         return self.policy.forward_kept_bytes(instruction.stage, instruction.layers, instruction.save, self._layer,
                                               self.recomputed.get((rank, instruction.stage, instruction.microbatch)))

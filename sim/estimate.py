@@ -42,7 +42,7 @@ from sim.comm import ClusterComm, concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts
 from sim.embedding_embrace import EmbeddingTerms
 from sim.gradient_sync import GRADIENT_SYNC, SyncContext, phases_s, vector_bucket, wire_bytes
-from sim.memory import MemoryPolicy, checkpoint_bytes, kept_saved_bytes, movable_bytes, selective_view
+from sim.memory import MemoryPolicy, forward_bytes, held_bytes, movable_bytes, selective_view
 from sim.schedules import (
     SCHEDULES,
     check_preconditions,
@@ -262,11 +262,12 @@ class Estimator:
             return cost_of.get(layer) or self.costs.layer_costs(layer, micro_batch, tp)
 
         kept_layers = [layer for layer in layers if layer not in recomputed]
-        kept = kept_saved_bytes(layers, kept_layers, cost) + sum(checkpoint_bytes(layers[i], cost) for i in rec)
+        rec_layers = [layers[i] for i in rec]
+        kept = forward_bytes(layers, rec_layers, cost)
         # What a swap moves: the swapped saved bytes less the stage input (sim.memory.movable_bytes).
         swapped = (movable_bytes(layers, kept_layers, cost) * swap
                    if isinstance(swap, (int, float)) else movable_bytes(layers, swap, cost))
-        extra = kept_saved_bytes(layers, layers, cost) - kept
+        extra = held_bytes(layers, rec_layers, cost) - kept
         result = StageTimes(
             fwd_s=fwd, bwd_s=bwd, recompute_s=recompute,
             compute_s=sum(c.fwd_s + c.bwd_input_s + c.bwd_weight_s for c in costs),

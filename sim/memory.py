@@ -76,9 +76,7 @@ class MemoryPolicy:
         ``recomputed_layers``: what this micro-batch's RECOMPUTE re-runs, when the program says."""
         if recomputed_layers is None:
             recomputed_layers = self.recompute_layers[stage]
-        recomputed = set() if save else set(recomputed_layers)
-        return (kept_saved_bytes(layers, [layer for layer in layers if layer not in recomputed], cost)
-                + sum(checkpoint_bytes(layer, cost) for layer in layers if layer in recomputed))
+        return forward_bytes(layers, () if save else recomputed_layers, cost)
 
 
 def selective_view(c: LayerCosts) -> LayerCosts:
@@ -103,6 +101,35 @@ def kept_saved_bytes(layers: Sequence[int], kept: Collection[int], cost: Callabl
             total += c.saved_bytes
             if position > 0 and layers[position - 1] in chosen:
                 total -= c.shared_input_bytes
+    return total
+
+
+def forward_bytes(layers: Sequence[int], recomputed: Collection[int], cost: Callable[[int], LayerCosts]) -> int:
+    """What a forward of ``layers`` (a stage, in order) leaves on the device when ``recomputed`` run
+    checkpointed: the other layers' saved bytes (sim.memory.kept_saved_bytes) and each checkpointed
+    layer's input, unless the previous layer, kept, saves that storage already."""
+    rec = set(recomputed)
+    kept = [layer for layer in layers if layer not in rec]
+    total = kept_saved_bytes(layers, kept, cost)
+    for position, layer in enumerate(layers):
+        if layer in rec:
+            shared = cost(layer).shared_input_bytes if position > 0 and layers[position - 1] not in rec else 0
+            total += checkpoint_bytes(layer, cost) - shared
+    return total
+
+
+def held_bytes(layers: Sequence[int], recomputed: Collection[int], cost: Callable[[int], LayerCosts]) -> int:
+    """What one (stage, micro-batch) holds once every layer's saved tensors are back (after its
+    RECOMPUTE, before its backward). A storage two layers save counts once unless the earlier layer
+    was recomputed: its recomputed output is a new storage, while the later layer still holds the
+    one it kept from the forward (as torch's checkpointing does)."""
+    fresh = set(recomputed)
+    total = 0
+    for position, layer in enumerate(layers):
+        c = cost(layer)
+        total += c.saved_bytes
+        if position > 0 and layers[position - 1] not in fresh:
+            total -= c.shared_input_bytes
     return total
 
 
