@@ -6,9 +6,9 @@ partition holds the whole model's weights), shards transformer blocks over its T
 simulator interprets) instruction by instruction, in program order, one handler per kind:
 
 - FWD: a forward with ``save=False`` runs the stage's recompute layers (any subset of the stage,
-  ``policy.recompute_layers``) under ``no_grad``, each run of consecutive ones keeping only its
-  input, the rest with grad. RECOMPUTE re-runs those runs with grad. The last stage adds the
-  loss / micro-batches.
+  ``policy.recompute_layers``) under ``no_grad``, each one keeping its input (per-layer
+  checkpointing), the rest with grad. RECOMPUTE re-runs them with grad. The last stage adds the
+  loss / micro-batches (recomputed with its last layer when that one is checkpointed).
 - BWD: full backward. BWD_I: input gradient only (``autograd.grad`` with ``retain_graph``),
   capturing the gradients of the outputs of every parameter-holding module; BWD_W: the weight
   gradients from those captured gradients (each module's own small backward).
