@@ -8,7 +8,8 @@ every policy (analytic costs, nothing fitted here). A policy's largest batch is 
 micro-batch size whose simulated peak fits the budget on every rank; its throughput is samples
 per second at that size. Policies: ``none``; ``full`` (recompute everything); ``stage-aware``
 (Merak's rule at the best ratio that fits); ``delta`` (DELTA's rule under the budget) and
-``delta-swap`` (its filter, always swapping: "swap everything"); ``optimal`` (the per-layer MILP).
+``delta-swap`` (its filter, always swapping: "swap everything"); ``optimal`` (the per-layer MILP);
+``selective`` (PyTorch's selective checkpointing: keep matmul and attention outputs).
 
 Beside it, DELTA's headline (arXiv 2203.15980, abstract; ``/work/shared/DESIGN.md``): 40-70% GPU
 memory saved, maximum batch 2.04x (ResNet-50) and 2.25x (ResNet-101) over no policy, on one GPU.
@@ -39,6 +40,7 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     "delta": [{"policy": "delta"}],
     "delta-swap": [{"policy": "delta", "director": "swap"}],
     "optimal": [{"policy": "optimal"}],
+    "selective": [{"policy": "selective"}],
 }
 
 

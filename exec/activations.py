@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from exec.selective import SelectiveRecord
+
 
 def storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
@@ -25,7 +27,9 @@ def unique_bytes(tensors: list[torch.Tensor]) -> int:
 class SavedStore:
     """The tensors autograd saves for one (stage, micro-batch), reachable for swapping. Each is
     tagged with the model layer that saved it (``layer``, set by the forward as it walks its
-    layers), so a per-layer memory policy can swap exactly the tensors of its swapped layers."""
+    layers), so a per-layer memory policy can swap exactly the tensors of its swapped layers.
+    Under selective checkpointing torch keeps the kept operator outputs in its own cache, out of
+    these hooks' reach; ``selective`` records them so they are counted (never swapped)."""
 
     def __init__(self, param_storages: set[int]) -> None:
         self.param_storages = param_storages
@@ -33,6 +37,7 @@ class SavedStore:
         self.layers: list[int] = []  # position -> the layer that saved it
         self.host: dict[int, torch.Tensor] = {}  # position -> host copy while swapped out
         self.layer = -1
+        self.selective = SelectiveRecord()
 
     def pack(self, t: torch.Tensor) -> Any:
         if storage_key(t) in self.param_storages:
@@ -48,7 +53,11 @@ class SavedStore:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
     def device_tensors(self) -> list[torch.Tensor]:
-        return [t for i, t in enumerate(self.tensors) if i not in self.host]
+        return [*(t for i, t in enumerate(self.tensors) if i not in self.host), *self.selective.kept]
+
+    def all_tensors(self) -> list[torch.Tensor]:
+        """Every tensor held for the backward, on the device or on the host."""
+        return [*self.tensors, *self.selective.kept]
 
     def release(self) -> None:
         """Drop the saved tensors. The graph's unpack hooks reference this store and the store
@@ -59,6 +68,7 @@ class SavedStore:
         self.tensors.clear()
         self.layers.clear()
         self.host.clear()
+        self.selective.clear()
 
 
 @dataclass
@@ -87,13 +97,19 @@ class Run:
     end: int
     inp: torch.Tensor
     segment: int
+    # The last stage's last run: the loss is part of it (the profiled last layer includes the loss),
+    # so the forward computes it without grad and the RECOMPUTE computes it again with grad.
+    loss: bool = False
 
 
 def runs_of(flags: list[bool]) -> list[tuple[int, int, bool]]:
-    """Maximal runs of equal flags: (start, end, flag)."""
+    """Maximal runs of unflagged layers, and every flagged (checkpointed) layer a run of its own:
+    (start, end, flag). A checkpointed layer keeps its own input, as Megatron-LM's per-layer
+    checkpointing does and as the simulator's ledger counts it (``sim.memory.checkpoint_bytes`` per
+    recomputed layer); one checkpoint over several layers would keep less than the ledger says."""
     runs: list[tuple[int, int, bool]] = []
     for i, flag in enumerate(flags):
-        if runs and runs[-1][2] == flag:
+        if runs and runs[-1][2] == flag and not flag:
             runs[-1] = (runs[-1][0], i + 1, flag)
         else:
             runs.append((i, i + 1, flag))

@@ -6,9 +6,9 @@ partition holds the whole model's weights), shards transformer blocks over its T
 simulator interprets) instruction by instruction, in program order, one handler per kind:
 
 - FWD: a forward with ``save=False`` runs the stage's recompute layers (any subset of the stage,
-  ``policy.recompute_layers``) under ``no_grad``, each run of consecutive ones keeping only its
-  input, the rest with grad. RECOMPUTE re-runs those runs with grad. The last stage adds the
-  loss / micro-batches.
+  ``policy.recompute_layers``) under ``no_grad``, each one keeping its input (per-layer
+  checkpointing), the rest with grad. RECOMPUTE re-runs them with grad. The last stage adds the
+  loss / micro-batches (recomputed with its last layer when that one is checkpointed).
 - BWD: full backward. BWD_I: input gradient only (``autograd.grad`` with ``retain_graph``),
   capturing the gradients of the outputs of every parameter-holding module; BWD_W: the weight
   gradients from those captured gradients (each module's own small backward).
@@ -161,11 +161,11 @@ class RankRuntime:
         now = unique_bytes(tensors)
         self.activation_bytes += now - slot.resident
         slot.resident = now
-        self.peak_activation_bytes = max(self.peak_activation_bytes, self.activation_bytes)
+        self.activation_peak = max(self.activation_peak, self.activation_bytes)
 
     def saved_bytes(self) -> int:
         """Bytes of saved-for-backward tensors (device or host) still held by any live store."""
-        return unique_bytes([t for store in list(self.stores) for t in store.tensors])
+        return unique_bytes([t for store in list(self.stores) for t in store.all_tensors()])
 
     def _free(self, key: tuple[int, int]) -> None:
         slot = self.slots.pop(key)
@@ -188,6 +188,7 @@ class RankRuntime:
             self.embedding.start_iteration(iteration)
         self.static_bytes = self._static_bytes()
         self.activation_bytes = self.buffer_bytes = 0
+        self.activation_peak = 0  # the most bytes the slots held at once (compare: MemoryLedger.activation_peak)
         self.peak = 0
         self.peak_activation_bytes = 0  # the most bytes the slots kept at once (inputs and saved tensors)
         if self.device.type == "cuda":
@@ -219,8 +220,7 @@ class RankRuntime:
         return {"rank": self.rank, "iteration": iteration, "t0_wall": t0_wall, "t0_mono": self.clock.t0,
                 "host": socket.gethostname(),
                 "iteration_s": self.clock.seconds(end), "rows": self.rows, "losses": self.losses,
-                "peak_memory": self.peak, "saved_bytes": self.saved_bytes(),
-                "peak_activation_bytes": self.peak_activation_bytes}
+                "peak_memory": self.peak, "saved_bytes": self.saved_bytes(), "activation_peak": self.activation_peak}
 
     def _row(self, instruction: Instruction, start: Any, end: Any, nbytes: int) -> None:
         memory = self._memory()
@@ -307,50 +307,69 @@ class RankRuntime:
         self._launch(ins, start, work, nbytes, then=then)
 
     def _swap_out(self, ins: Instruction) -> None:
+        """Move the chosen saved tensors to host memory, one copy per storage: views sharing a
+        storage (q, k and v of one QKV output; a tensor two operators save) are rebuilt on the host
+        copy, so the bytes moved are the storages' (what the cost model counts) and the swap-in
+        restores one storage, not a copy per view."""
         slot = self.slots[(ins.stage, ins.microbatch)]
         store = slot.store
         start = self.clock.mark()
         moved = 0
-        for position in self._to_swap(slot, ins):
-            t = store.tensors[position]
-            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda).copy_(t, non_blocking=t.is_cuda)
-            store.host[position] = host
-            moved += t.numel() * t.element_size()
-        if self.device.type == "cuda":
+        cuda = self.device.type == "cuda"
+        for positions in self._to_swap(slot, ins):
+            source = store.tensors[positions[0]].untyped_storage()
+            host = torch.empty(source.nbytes(), dtype=torch.uint8, pin_memory=cuda).untyped_storage()
+            host.copy_(source, non_blocking=cuda)
+            for position in positions:
+                store.host[position] = _on_storage(host, store.tensors[position])
+            moved += source.nbytes()
+        if cuda:
             torch.cuda.current_stream(self.device).synchronize()
         for position in store.host:
             store.tensors[position] = store.host[position]  # the device copy is released
         self._track(slot)
         self._launch(ins, start, None, moved)
 
-    def _to_swap(self, slot: Slot, ins: Instruction) -> list[int]:
-        """Positions in the store to move to host: the tensors saved by the instruction's layers (a
-        per-layer policy names them), or the first ones up to the policy's fraction of the saved
-        bytes; never a kept input (it stays on the device anyway)."""
+    def _to_swap(self, slot: Slot, ins: Instruction) -> list[list[int]]:
+        """Positions in the store to move to host, grouped by the storage they share: the storages
+        saved by the instruction's layers (a per-layer policy names them), or the first ones up to
+        the policy's fraction of the swappable bytes; never a kept input (the slot holds it on the
+        device for the backward, so the lowering does not count it either)."""
         store = slot.store
         keep = {storage_key(t) for t in slot.kept_inputs()}
-        candidates = [p for p, t in enumerate(store.tensors) if p not in store.host and storage_key(t) not in keep]
+        groups: dict[int, list[int]] = {}
+        for p, t in enumerate(store.tensors):
+            if p not in store.host and storage_key(t) not in keep:
+                groups.setdefault(storage_key(t), []).append(p)
         if ins.layers:
             chosen = set(ins.layers)
-            return [p for p in candidates if store.layers[p] in chosen]
-        target = self.policy.swap_fraction[ins.stage] * unique_bytes(store.device_tensors())
-        positions, moved = [], 0
-        for p in candidates:
+            return [g for g in groups.values() if any(store.layers[p] in chosen for p in g)]
+        size = {key: store.tensors[g[0]].untyped_storage().nbytes() for key, g in groups.items()}
+        target = self.policy.swap_fraction[ins.stage] * sum(size.values())
+        picked, moved = [], 0
+        for key, g in groups.items():
             if moved >= target:
                 break
-            positions.append(p)
-            moved += store.tensors[p].numel() * store.tensors[p].element_size()
-        return positions
+            picked.append(g)
+            moved += size[key]
+        return picked
 
     def _swap_in(self, ins: Instruction) -> None:
         slot = self.slots[(ins.stage, ins.microbatch)]
         store = slot.store
         start = self.clock.mark()
         moved = 0
+        cuda = self.device.type == "cuda"
+        groups: dict[int, list[int]] = {}
         for position, host in store.host.items():
-            store.tensors[position] = host.to(self.device, non_blocking=True) if self.device.type == "cuda" \
-                else host.clone()
-            moved += host.numel() * host.element_size()
+            groups.setdefault(storage_key(host), []).append(position)
+        for positions in groups.values():
+            source = store.host[positions[0]].untyped_storage()
+            device = torch.empty(source.nbytes(), dtype=torch.uint8, device=self.device).untyped_storage()
+            device.copy_(source, non_blocking=cuda)
+            for position in positions:
+                store.tensors[position] = _on_storage(device, store.host[position])
+            moved += source.nbytes()
         store.host.clear()
         self._track(slot)
         self._launch(ins, start, None, moved)
@@ -370,13 +389,9 @@ class RankRuntime:
         slot = Slot(inp=x, store=SavedStore(self.param_storages))
         self.stores.add(slot.store)
         recomputed = set() if ins.save else self.recomputed[(s, mb)]
-        flags = [layer in recomputed for layer in self.stage_layers[s]]
-        # Recomputed inside the backward, one layer at a time: every checkpointed layer is its own run.
-        runs = [(i, i + 1, flag) for i, flag in enumerate(flags)] if self.policy.recompute_in_backward \
-            else runs_of(flags)
         h = x
         with slot.store.hooks():
-            for start, end, checkpointed in runs:
+            for start, end, checkpointed in runs_of([layer in recomputed for layer in self.stage_layers[s]]):
                 slot.saved_at.append(len(slot.store.tensors))
                 if checkpointed:  # keep only the run's input (a leaf); RECOMPUTE fills its segment
                     inp = h if h is x else h.detach().requires_grad_(h.is_floating_point())
@@ -392,13 +407,13 @@ class RankRuntime:
                     slot.segments.append(Segment(h, out, captures))
                     h = out
             if s == self.num_stages - 1:
-                before_loss = len(slot.store.tensors)
-                loss = self.workload.loss(h, self._batch(mb).targets) / self.plan.microbatches
-                self.loss_tensors.append(loss.detach())
                 last = slot.segments[-1]
+                # A checkpointed last layer keeps only its input: its loss, too, waits for the RECOMPUTE.
+                with torch.no_grad() if last is None else contextlib.nullcontext():
+                    loss = self._loss(h, mb)
+                self.loss_tensors.append(loss.detach())
                 if last is None:
-                    slot.segments.append(Segment(h, loss))
-                    slot.saved_at.append(before_loss)
+                    slot.checkpointed[-1].loss = True
                 else:
                     last.out = loss
                 h = loss
@@ -407,11 +422,17 @@ class RankRuntime:
         self.slots[(s, mb)] = slot
         self._track(slot)
 
+    def _loss(self, h: torch.Tensor, mb: int) -> torch.Tensor:
+        return self.workload.loss(h, self._batch(mb).targets) / self.plan.microbatches
+
     def _walk(self, slot: Slot, s: int, start: int, end: int, h: torch.Tensor) -> torch.Tensor:
-        """Layers ``start:end`` of stage ``s``, tagging what each saves with its layer index."""
+        """Layers ``start:end`` of stage ``s``, tagging what each saves with its layer index; under
+        the selective policy each layer runs in torch's selective checkpointing (exec.selective)."""
+        selective = self.policy.selective and torch.is_grad_enabled()
         for position in range(start, end):
             slot.store.layer = self.stage_layers[s][position]
-            h = self.stages[s][position](h)
+            layer = self.stages[s][position]
+            h = slot.store.selective.run(layer, h) if selective else layer(h)
         return h
 
     def _recompute(self, ins: Instruction) -> None:
@@ -422,14 +443,17 @@ class RankRuntime:
         if self.embedding is not None:  # the recomputed tables read this micro-batch's rows again
             self.embedding.enter(self.iteration, mb)
         for run in slot.checkpointed:
-            self._rerun(slot, s, run)
+            self._rerun(slot, s, run, mb)
         self._track(slot)
 
-    def _rerun(self, slot: Slot, s: int, run: Run) -> None:
-        """Re-run a checkpointed run of layers with grad: its segment of the stage's graph."""
+    def _rerun(self, slot: Slot, s: int, run: Run, mb: int) -> None:
+        """Re-run a checkpointed layer with grad (and the loss after it, where it is the last stage's
+        last layer): its segment of the stage's graph."""
         captures: list = []
         with self._recording(slot, captures), torch.enable_grad():
             out = self._walk(slot, s, run.start, run.end, run.inp)
+            if run.loss:
+                out = self._loss(out, mb)
         slot.segments[run.segment] = Segment(run.inp, out, captures)
 
     def _grad_in(self, s: int, mb: int) -> torch.Tensor | None:
@@ -459,7 +483,7 @@ class RankRuntime:
         for position in reversed(range(len(slot.segments))):
             if slot.segments[position] is None and in_backward:
                 # One layer at a time: its activations live only until its own backward is done.
-                self._rerun(slot, s, runs[position])
+                self._rerun(slot, s, runs[position], mb)
                 self._track(slot)
             seg = slot.segments[position]
             assert seg is not None
@@ -546,6 +570,12 @@ class RankRuntime:
         return {f"{layer}.{name}": p.detach().cpu().clone()
                 for layer, module in sorted(self.layer_modules.items())
                 for name, p in module.named_parameters()}
+
+
+def _on_storage(storage: torch.UntypedStorage, like: torch.Tensor) -> torch.Tensor:
+    """A tensor viewing ``storage`` exactly as ``like`` views its own (offset, shape, strides)."""
+    return torch.empty(0, dtype=like.dtype, device=storage.device).set_(
+        storage, like.storage_offset(), like.size(), like.stride())
 
 
 def _accumulate(params: list[nn.Parameter], grads: tuple[torch.Tensor | None, ...]) -> None:

@@ -54,6 +54,7 @@ periods; a fixed two-round warm-up let a 50x outlier through as a median. So:
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import tempfile
@@ -73,6 +74,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from exec.selective import COMPUTE_INTENSIVE, selective_saved_bytes
+from exec.selective import storage_key as _selective_key
 from exec.workloads import Workload, get_workload
 from traces.bundle import ProfileBundle, environment_info
 from traces.errors import ConfigError
@@ -83,6 +86,8 @@ from traces.tables import conform, empty_table
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ADAM_STATE_BYTES_PER_PARAM = 2 * 4  # exp_avg and exp_avg_sq, kept in fp32
 OP_GAP_US = 10.0  # space between layers on the op table's common time axis
+# Profiled forwards whose pointwise share (``_pointwise_share``) is taken, median.
+SHARE_RUNS = 5
 TIME_KEYS = ("fwd", "bwd", "recompute", "bwd_input", "bwd_weight")
 
 
@@ -188,7 +193,9 @@ def profile_workload(
             inputs[index] = x.detach().to("cpu") if dev.type == "cuda" else x.detach()
             attempts[index] = _measure_steady(probe, timer, warmup, repeats, policy, budget)
             rows.append({"layer": index, "name": names[index], "kind": _kind(wl, index),
-                         **_measure_bytes(probe, dev), **_measure_flops(probe)})
+                         **_measure_bytes(probe, dev), **_measure_flops(probe),
+                         "selective_saved_bytes": _selective_bytes(probe),
+                         "pointwise_share": _measure_pointwise_share(probe, dev)})
             optimizer_s += _measure_optimizer_step(layer, timer, warmup, repeats)
             if with_ops:
                 ops = _op_table(probe, dev, op_offset)
@@ -214,6 +221,8 @@ def profile_workload(
         row["warmup_rounds"] = chosen.warmup_rounds  # extra columns: how the times were obtained
         row["attempts"] = len(attempts[row["layer"]])
         row["steadiness"] = notes.get(row["layer"], "")
+        share = row["pointwise_share"]
+        row["selective_recompute_s"] = row["recompute_s"] * share if share >= 0 else -1.0
 
     layer_table = conform(pd.DataFrame(rows), LAYER_TABLE, "profiler")
     ops_table = conform(pd.concat(op_tables, ignore_index=True), OP_TABLE, "profiler") if op_tables \
@@ -236,6 +245,10 @@ def profile_workload(
         "peak_transient": "torch.cuda max_memory_allocated" if dev.type == "cuda" else
                           "dispatch-level storage tracker (kernel-private scratch not seen)",
         "last_layer": "profiled with workload.loss; output is the scalar loss",
+        "selective": "selective_saved_bytes: one forward under torch's selective checkpointing "
+                     "(exec.selective), saved and kept storages once; selective_recompute_s: recompute_s x "
+                     "pointwise_share, the share of a forward under torch.profiler outside the kept "
+                     "operators (median of SHARE_RUNS forwards)",
         # Adam (torch.optim defaults) stepped over each layer's own parameters, medians summed;
         # the simulator charges an optimizer step this many seconds per parameter byte.
         "optimizer_s_per_param_byte": optimizer_s / max(int(layer_table["param_bytes"].sum()), 1),
@@ -613,6 +626,56 @@ def _measure_optimizer_step(layer: nn.Module, timer: _Timer, warmup: int, repeat
 
 
 # --- bytes ---------------------------------------------------------------------------------------
+
+
+def _selective_bytes(probe: _LayerProbe) -> int:
+    """What the layer keeps under torch's selective checkpointing (exec.selective); the last
+    layer's loss runs outside the checkpointed layer, as on the last pipeline stage."""
+    loss = None if probe.targets is None else (lambda y: probe.loss(y, probe.targets))
+    return selective_saved_bytes(probe.layer, probe.x, {_selective_key(p) for p in probe.params}, loss)
+
+
+def _measure_pointwise_share(probe: _LayerProbe, dev: torch.device) -> float:
+    """``_pointwise_share`` of the fastest of ``SHARE_RUNS`` profiled forwards (contention only
+    ever adds time, and one forward on a shared machine is easily interrupted); -1 if the profiler
+    saw no forward range."""
+    runs = []
+    for _ in range(SHARE_RUNS):
+        activities = [torch.profiler.ProfilerActivity.CPU] + (
+            [torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        with torch.profiler.profile(activities=activities) as prof:
+            probe.forward()  # the profiler's first operators pay its start-up: not the measured ones
+            with torch.profiler.record_function(f"layer{probe.index}.fwd"):
+                probe.forward()
+                _sync(dev)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(path))
+            ops = import_chrome_trace(path)
+        span = ops[ops["name"] == f"layer{probe.index}.fwd"]["dur_us"]
+        runs.append((float(span.iloc[0]) if len(span) else float("inf"), _pointwise_share(ops, probe.index)))
+    return min(runs)[1]
+
+
+def _pointwise_share(ops: pd.DataFrame, index: int) -> float:
+    """Share of the layer's profiled forward (the operators directly inside its ``layer{i}.fwd``
+    range, so the profiler's own start-up inside the range does not count) spent outside the
+    operators selective checkpointing keeps (exec.selective.COMPUTE_INTENSIVE): what its backward
+    recomputes. -1 when the table has no such range or no operator in it."""
+    span = ops[ops["name"] == f"layer{index}.fwd"]
+    if not len(span):
+        return -1.0
+    start, end = float(span["start_us"].iloc[0]), float(span["start_us"].iloc[0] + span["dur_us"].iloc[0])
+    inside = ops[(ops["start_us"] >= start) & (ops["start_us"] < end) & ops["name"].str.startswith("aten::")]
+    kept_names = {f"aten::{op.name().split('::')[-1].split('.')[0]}" for op in COMPUTE_INTENSIVE}
+    top, kept, last_end = 0.0, 0.0, -math.inf
+    for row in inside.sort_values("start_us").itertuples():
+        if row.start_us >= last_end:  # not nested in the previous top-level operator
+            top += row.dur_us
+            last_end = row.start_us + row.dur_us
+        if row.name in kept_names:
+            kept += row.dur_us
+    return max(0.0, 1.0 - kept / top) if top > 0 else -1.0
 
 
 def _storage_key(t: torch.Tensor) -> tuple[str, int]:

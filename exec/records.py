@@ -35,6 +35,10 @@ def summarise(plan: Plan, results: list[dict]) -> dict:
     ranks = sorted({r["rank"] for r in results})
     iteration_s = {rank: [r["iteration_s"] for r in measured if r["rank"] == rank] for rank in ranks}
     peak = {rank: max([r["peak_memory"] for r in measured if r["rank"] == rank], default=0) for rank in ranks}
+    # What the activation slots held at most (stage inputs and saved tensors on the device, each
+    # storage once): the part of memory a memory policy changes, comparable with the ledger's.
+    activations = {rank: max([r.get("activation_peak", 0) for r in measured if r["rank"] == rank], default=0)
+                   for rank in ranks}
     by_iteration: dict[int, list[float]] = {}
     for r in results:
         if r["losses"]:
@@ -43,6 +47,7 @@ def summarise(plan: Plan, results: list[dict]) -> dict:
     return {
         "iteration_s": {str(k): v for k, v in iteration_s.items()},
         "peak_memory": {str(k): v for k, v in peak.items()},
+        "activation_peak": {str(k): v for k, v in activations.items()},
         "losses": [losses[it] for it in sorted(losses)],
         "loss_iterations": sorted(losses),
         "warmup": sum(1 for r in results if r.get("warmup") and r["rank"] == ranks[0]) if ranks else 0,

@@ -29,8 +29,10 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from exec.parallel.tp import apply_tensor_parallel, sharded_layer
+from exec.selective import selective_saved_bytes
 from exec.workloads.base import Workload
 from sim.costs import LayerCosts
+from sim.workloads import LayerSpec
 from traces.errors import ConfigError
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -57,6 +59,8 @@ class LayerFacts:
     output_dtype: torch.dtype
     flops_fwd: float
     tp_allreduces: int  # all-reduces of the output per forward (sharded blocks: 2)
+    selective_saved_bytes: int = -1  # under torch's selective checkpointing (exec.selective); -1 unknown
+    shared_input_bytes: int = 0  # its saved input that the previous layer saves too (sim.costs.LayerCosts)
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, int]:
@@ -72,6 +76,7 @@ def measure_layers(workload: Workload, micro_batch: int, dtype: torch.dtype, tp:
     batch = workload.make_batch(micro_batch, seed=0)
     x = batch.inputs.to(device)
     facts = []
+    previous: dict[tuple[int, int], int] = {}
     for index in range(workload.num_layers):
         layer = workload.build_layers(index, index + 1, device=device, dtype=dtype)[0]
         sharded = tp > 1 and sharded_layer(layer)
@@ -95,7 +100,15 @@ def measure_layers(workload: Workload, micro_batch: int, dtype: torch.dtype, tp:
             if index == workload.num_layers - 1:
                 # The last stage also computes the loss, which saves (e.g.) the log-probabilities.
                 workload.loss(out, batch.targets.to(device))
+        loss = None
+        if index == workload.num_layers - 1:
+            targets = batch.targets.to(device)
+            loss = lambda y, targets=targets: workload.loss(y, targets)  # noqa: E731
+        x_key = _storage_key(x)
+        shared = x_key[1] if x_key in saved and x_key in previous else 0
         facts.append(LayerFacts(
+            shared_input_bytes=shared,
+            selective_saved_bytes=_selective_bytes(layer, x, param_keys, loss),
             param_bytes=sum(p.numel() * p.element_size() for p in params),
             saved_bytes=sum(saved.values()),
             output_bytes=out.numel() * out.element_size(),
@@ -105,7 +118,17 @@ def measure_layers(workload: Workload, micro_batch: int, dtype: torch.dtype, tp:
             tp_allreduces=2 if sharded else 0,
         ))
         x = out.detach()
+        previous = saved  # what this layer saved, its output among it if it saves it
     return facts
+
+
+def _selective_bytes(layer: nn.Module, x: torch.Tensor, param_keys: set, loss: object) -> int:
+    """What the layer keeps under torch's selective checkpointing, or -1 where torch cannot run it
+    (an operator without a meta kernel inside the checkpoint)."""
+    try:
+        return selective_saved_bytes(layer, x, param_keys, loss)  # type: ignore[arg-type]
+    except (NotImplementedError, RuntimeError):
+        return -1
 
 
 class StructuralCosts:
@@ -148,6 +171,9 @@ class StructuralCosts:
             tp_allreduces=f.tp_allreduces,
             tp_comm_bytes=f.output_bytes if f.tp_allreduces else 0,
             flops_fwd=f.flops_fwd,
+            selective_saved_bytes=f.selective_saved_bytes,
+            selective_recompute_s=0.0,
+            shared_input_bytes=f.shared_input_bytes,
         )
 
     def optimizer_step_s(self, param_bytes: int) -> float:
@@ -167,3 +193,19 @@ class StructuralCosts:
         """Shape and dtype of layer ``layer``'s output for the configured micro-batch."""
         f = self.facts(self.micro_batch, 1)[layer]
         return f.output_shape, f.output_dtype
+
+
+def measured_layer_specs(workload: Workload) -> list[LayerSpec]:
+    """Per-sample ``LayerSpec``s of a workload the simulator has no closed form for (a ResNet), from
+    one real fp32 measurement (``measure_layers`` at micro-batch 1, FLOPs counted): parameters,
+    forward FLOPs, output, saved, selectively-kept and boundary-shared activation elements. Bytes
+    do not depend on the device, so ``sim.analytic_costs.AnalyticCosts`` can price these layers on
+    any GPU of the catalog by its roofline. Elements are fp32 bytes / 4 (small integer and
+    statistics tensors count as elements of the model's dtype, as the transformer closed forms do)."""
+    facts = StructuralCosts(workload, 1, "fp32", flops=True).facts(1, 1)
+    names = workload.layer_names()
+    return [LayerSpec(names[i], workload.layer_kind(i), params=f.param_bytes // 4, flops_fwd=int(f.flops_fwd),
+                      output_elems=f.output_bytes // 4, saved_elems=f.saved_bytes // 4,
+                      selective_elems=f.selective_saved_bytes // 4 if f.selective_saved_bytes >= 0 else -1,
+                      shared_input_elems=f.shared_input_bytes // 4)
+            for i, f in enumerate(facts)]

@@ -187,6 +187,9 @@ class KernelTimes:
     # softmax, dropout and the context copy; a flash kernel), "memory" (a block's layernorms,
     # bias-dropout-adds, GELU, residual sums), "lm_head_loss", "embedding", "per_call" (a fitted cost).
     parts: tuple[tuple[str, tuple[float, float, float]], ...] = ()
+    # Seconds a backward under selective checkpointing spends recomputing the layer's memory-bound
+    # forward kernels (every one inside the layer; the matmuls and attention kernels are kept).
+    selective_recompute_s: float = 0.0
 
 
 def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec, dtype: str,
@@ -275,12 +278,15 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
         mem_f, mem_b = e * 2 * X + 38 * logits, e * 3 * X + 14 * logits
         g = gemm(T, v / t, h)
         add("lm_head_loss", g[0] + mem_f / bw, g[1] + mem_b / bw, g[2])
+        pointwise_f = e * 2 * X  # the final LN; the cross-entropy runs outside the checkpointed layer
     elif layer.kind == "embedding":
         mem_f = e * 2 * X + e * 3 * X + (e * 2 * X + X)
         mem_b = (e * 2 * X + X) + e * 3 * X
         add("embedding", mem_f / bw, mem_b / bw)
     else:
         raise ConfigError("layer", f"no kernel model for a {layer.kind!r} layer", "use a transformer layer")
+    if layer.kind != "head":
+        pointwise_f = mem_f  # a block's or the embedding's every non-GEMM, non-attention kernel
     overhead = curve.flops_half / (curve.eff_max * peak)  # a fitted per-call cost, if any (0 by default)
     if overhead:
         add("per_call", overhead, overhead, overhead if layer.params else 0.0)
@@ -289,6 +295,7 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
         fwd_s=fwd, bwd_input_s=bi, bwd_weight_s=bw_,
         elementwise_bytes_fwd=mem_f, elementwise_bytes_bwd=mem_b, attention_saved_bytes=saved_extra,
         parts=tuple((kind, (part[0], part[1], part[2])) for kind, part in parts.items()),
+        selective_recompute_s=pointwise_f / bw,
     )
 
 
@@ -317,6 +324,9 @@ class LayerCosts:
     saved_bytes: int
     output_bytes: int
     flops_fwd: float = 0.0
+    selective_saved_bytes: int = -1  # sim.costs.LayerCosts: -1 where not modelled
+    selective_recompute_s: float = -1.0
+    shared_input_bytes: int = 0
 
     @property
     def bwd_s(self) -> float:
@@ -377,10 +387,24 @@ class AnalyticCostModel:
         bwd_i = self._time(b * f_bi / t, bytes_bi)
         bwd_w = self._time(b * f_bw / t, bytes_bw) if layer.params else 0.0
         saved_bytes = b * saved * act
+        selective_bytes, selective_s = -1.0, -1.0
+        if layer.selective_elems >= 0:
+            # Roofline of what selective checkpointing recomputes, for layers without a kernel model
+            # (e.g. a ResNet's BatchNorms and ReLUs): memory-bound operators that write, once more,
+            # every saved byte the policy does not keep and read it once in the backward.
+            selective_bytes = b * layer.selective_elems * act
+            selective_s = 2 * max(saved_bytes - selective_bytes, 0.0) / (
+                self.device.memory_bandwidth_Bps * self.efficiency.mem_eff)
         if self.kernels and has_kernel_shape(layer) and self.device.kind == "gpu":
             k = transformer_layer_times(layer, b, t, self.device, self.dtype, self.efficiency, self.attention)
             fwd, bwd_i, bwd_w = k.fwd_s, k.bwd_input_s, k.bwd_weight_s
             saved_bytes += k.attention_saved_bytes
+            if layer.selective_elems >= 0:
+                kept = (layer.selective_elems - layer.selective_elems_sharded) + layer.selective_elems_sharded / t
+                # Unfused attention keeps its score matmul's output too (b a/t s^2: the bmm is kept).
+                scores = b * layer.extra["heads"] / t * layer.extra["seq"] ** 2 \
+                    if self.attention == "unfused" and layer.kind == "block" else 0.0
+                selective_bytes, selective_s = (b * kept + scores) * act, k.selective_recompute_s
             if layer.kind in ("head", "embedding"):  # the vocabulary as Megatron pads and splits it
                 s_, h_ = int(layer.extra["seq"]), int(layer.extra["hidden"])
                 v = padded_vocab(int(layer.extra["vocab"]), t)
@@ -401,6 +425,9 @@ class AnalyticCostModel:
             saved_bytes=int(round(saved_bytes)),
             output_bytes=out * act,
             flops_fwd=flops_fwd,
+            selective_saved_bytes=int(round(selective_bytes)),
+            selective_recompute_s=selective_s,
+            shared_input_bytes=b * layer.shared_input_elems * act,
         )
 
     @staticmethod

@@ -103,7 +103,19 @@ class BundleCostModel:
             tp_allreduces=2 if sharded else 0,
             tp_comm_bytes=int(row["output_bytes"] * scale) if sharded else 0,
             flops_fwd=float(row["flops_fwd"]) * scale * compute_share,
+            selective_saved_bytes=int(row["selective_saved_bytes"] * scale * saved_share)
+            if row["selective_saved_bytes"] >= 0 else -1,
+            selective_recompute_s=row["selective_recompute_s"] * scale * compute_share
+            if row["selective_recompute_s"] >= 0 else -1.0,
+            shared_input_bytes=int(self._shared_input(layer) * scale * saved_share),
         )
+
+    def _shared_input(self, layer: int) -> int:
+        """The layer's saved input that the previous layer saves as its output (the profiler's
+        extra columns saved_input_bytes / saved_output_bytes; 0 in bundles without them)."""
+        if layer == 0 or "saved_input_bytes" not in self._rows[layer]:
+            return 0
+        return int(min(self._rows[layer]["saved_input_bytes"], self._rows[layer - 1]["saved_output_bytes"]))
 
     def optimizer_step_s(self, param_bytes: int) -> float:
         return self.optimizer_s_per_byte * param_bytes

@@ -26,10 +26,24 @@ class LayerCosts:
     tp_allreduces: int = 0  # all-reduces of tp_comm_bytes per forward, and as many per backward
     tp_comm_bytes: int = 0
     flops_fwd: float = 0.0
+    # Under PyTorch's selective checkpointing (``memory: {policy: selective}``, exec.selective): the
+    # bytes the layer keeps (its input plus the outputs of its matmul / attention / convolution
+    # operators) and the seconds its backward spends recomputing the rest. -1: the cost model does
+    # not know (a profile taken before these were measured, or a layer with no per-operator model).
+    selective_saved_bytes: int = -1
+    selective_recompute_s: float = -1.0
+    # Bytes of this layer's saved input that the previous layer also saves (as its output, e.g. a
+    # ReLU's result that the next convolution saves as its input): one storage, counted in both
+    # layers' saved_bytes, that a forward keeping both holds once (sim.memory.kept_saved_bytes).
+    shared_input_bytes: int = 0
 
     @property
     def bwd_s(self) -> float:
         return self.bwd_input_s + self.bwd_weight_s
+
+    @property
+    def knows_selective(self) -> bool:
+        return self.selective_saved_bytes >= 0 and self.selective_recompute_s >= 0
 
 
 class CostModel(Protocol):
@@ -62,6 +76,9 @@ class UniformCosts:
     saved_bytes: int = 0
     output_bytes: int = 0
     param_bytes: int = 0
+    # Under selective checkpointing (per micro-batch of one; -1: unknown, the policy is refused).
+    selective_saved_bytes: int = -1
+    selective_recompute_s: float = -1.0
 
     def layer_costs(self, layer: int, micro_batch: int, tp: int) -> LayerCosts:
         recompute = self.fwd_s if self.recompute_s is None else self.recompute_s
@@ -69,6 +86,8 @@ class UniformCosts:
             fwd_s=self.fwd_s, bwd_input_s=self.bwd_input_s, bwd_weight_s=self.bwd_weight_s, recompute_s=recompute,
             param_bytes=self.param_bytes, grad_bytes=self.param_bytes, optimizer_bytes=2 * self.param_bytes,
             saved_bytes=self.saved_bytes * micro_batch, output_bytes=self.output_bytes * micro_batch,
+            selective_saved_bytes=self.selective_saved_bytes * micro_batch if self.selective_saved_bytes >= 0 else -1,
+            selective_recompute_s=self.selective_recompute_s,
         )
 
     def optimizer_step_s(self, param_bytes: int) -> float:

@@ -23,7 +23,7 @@ from pydantic import Field
 from sim.costs import CostModel, LayerCosts
 from sim.delta import Decisions, DeltaSettings, LayerFacts, Step, decide
 from sim.gradient_sync import vector_wire_bytes
-from sim.memory import MemoryConfig, MemoryPolicy, checkpoint_bytes, register_memory_policy
+from sim.memory import MemoryConfig, MemoryPolicy, checkpoint_bytes, movable_bytes, register_memory_policy
 from sim.program import Kind
 from sim.schedules import SCHEDULES, Op, generate_schedule
 
@@ -130,7 +130,7 @@ def delta_pass(draft: _Draft) -> None:
     for (s, mb), layers in sorted(decisions.swapped.items()):
         forward = draft.find(Kind.FWD, s, mb)
         draft.insert_after(forward, Node(Kind.SWAP_OUT, s, mb, deps=[forward], layers=layers,
-                                         bytes=sum(facts[layer].saved for layer in layers)))
+                                         bytes=movable_bytes(draft.program.stage_layers[s], layers, draft.cost)))
 
 
 register_memory_policy("delta", DeltaMemory, build_delta, per_plan=True)

@@ -24,7 +24,7 @@ from sim.cluster import ClusterSpec
 from sim.comm import concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts
 from sim.gradient_sync import Phase, phases_s
-from sim.memory import MemoryPolicy, checkpoint_bytes
+from sim.memory import MemoryPolicy, checkpoint_bytes, held_bytes
 from sim.program import Instruction, Kind, Program, Stream
 from sim.tp_overlap import tp_segments_time
 
@@ -83,8 +83,8 @@ class MemoryLedger:
     activations: int = 0
     buffers: int = 0  # communication buffers: received gradients, flattened gradient buckets
     peak: int = 0
+    activation_peak: int = 0  # the most activation bytes held at once (not necessarily at ``peak``)
     peak_breakdown: dict[str, int] = field(default_factory=dict)
-    peak_activations: int = 0  # the most activation bytes held at once (not necessarily at ``peak``)
     oom_at_s: float | None = None
     oom_instruction: str = ""
 
@@ -94,7 +94,7 @@ class MemoryLedger:
 
     def change_activations(self, delta: int, now: float, label: str) -> None:
         self.activations += delta
-        self.peak_activations = max(self.peak_activations, self.activations)
+        self.activation_peak = max(self.activation_peak, self.activations)
         self._check(now, label)
 
     def change_buffers(self, delta: int, now: float, label: str) -> None:
@@ -139,7 +139,8 @@ class Engine:
     def _layer(self, layer: int) -> LayerCosts:
         cached = self._layer_cache.get(layer)
         if cached is None:
-            cached = self._layer_cache[layer] = self.costs.layer_costs(layer, self.micro_batch, self.program.tp)
+            cached = self._layer_cache[layer] = self.policy.layer_view(
+                self.costs.layer_costs(layer, self.micro_batch, self.program.tp))
         return cached
 
     def _ledger_for(self, rank: int) -> MemoryLedger:
@@ -333,8 +334,8 @@ class Engine:
                                                   self.recomputed[(rank, instruction.stage, instruction.microbatch)])
             ledger.change_activations(-(kept + one_layer), self.env.now, instruction.label)
         elif kind is Kind.BWD or kind is Kind.BWD_W:
-            ledger.change_activations(-self._stage_activation_bytes(instruction.stage), self.env.now,
-                                      instruction.label)
+            ledger.change_activations(-self._stage_activation_bytes(rank, instruction.stage, instruction.microbatch),
+                                      self.env.now, instruction.label)
         if kind is Kind.BWD or kind is Kind.BWD_I:
             received = self.grad_buffers.pop((rank, instruction.stage, instruction.microbatch), 0)
             ledger.change_buffers(-received, self.env.now, instruction.label)
@@ -361,10 +362,11 @@ class Engine:
             self._groups_of[group] = concurrent_groups(self.comm.cluster, self.stage_ranks, group)
         return self._groups_of[group]
 
-    def _stage_activation_bytes(self, stage: int) -> int:
-        """Activations of one micro-batch of ``stage`` at their largest (all layers saved); a
-        swapped-out part was counted back by its SWAP_IN before the backward."""
-        return sum(self._layer(layer).saved_bytes for layer in self.program.stage_layers[stage])
+    def _stage_activation_bytes(self, rank: int, stage: int, microbatch: int) -> int:
+        """Activations of one micro-batch of ``stage`` at their largest (every layer's saved tensors
+        back: sim.memory.held_bytes); a swapped-out part was counted back by its SWAP_IN."""
+        layers = self.program.stage_layers[stage]
+        return held_bytes(layers, self.recomputed.get((rank, stage, microbatch), ()), self._layer)
 
     def _recompute_bytes(self, layer: int) -> int:
         """What re-running a checkpointed layer brings back beyond its kept input."""
@@ -372,7 +374,10 @@ class Engine:
 
     def _activation_delta(self, rank: int, instruction: Instruction, layers: list[LayerCosts]) -> int:
         if instruction.kind is Kind.RECOMPUTE:
-            # The checkpointed layers' activations come back (their inputs were kept).
-            return sum(self._recompute_bytes(layer) for layer in instruction.layers)
+            # The checkpointed layers' activations come back: what the stage holds with every layer
+            # saved, less what the checkpointed forward kept.
+            stage = instruction.stage
+            return self._stage_activation_bytes(rank, stage, instruction.microbatch) - self.policy.forward_kept_bytes(
+                stage, self.program.stage_layers[stage], False, self._layer, instruction.layers)
         return self.policy.forward_kept_bytes(instruction.stage, instruction.layers, instruction.save, self._layer,
                                               self.recomputed.get((rank, instruction.stage, instruction.microbatch)))

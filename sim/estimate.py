@@ -46,7 +46,7 @@ from sim.costs import CostModel, LayerCosts
 from sim.embedding import EmbeddingTerms
 from sim.gradient_sync import GRADIENT_SYNC, GradientSyncConfig, phases_s, vector_wire_bytes
 from sim.gradient_sync_context import BucketPlan, bucket_context, bucket_layers
-from sim.memory import MemoryPolicy, checkpoint_bytes
+from sim.memory import MemoryPolicy, checkpoint_bytes, forward_bytes, held_bytes, movable_bytes, selective_view
 from sim.schedules import (
     SCHEDULES,
     check_preconditions,
@@ -252,19 +252,23 @@ class Estimator:
         return c.tp_allreduces * cached
 
     def stage(self, layers: tuple[int, ...], recomputed: tuple[int, ...], micro_batch: int, tp: int, level: int,
-              swap: float | tuple[int, ...], tp_sharing: int = 1, one_at_a_time: bool = False) -> StageTimes:
+              swap: float | tuple[int, ...], tp_sharing: int = 1, one_at_a_time: bool = False,
+              selective: bool = False) -> StageTimes:
         """``recomputed``: the stage's recomputed layers; ``swap``: the fraction of kept bytes swapped,
         or the layers whose saved bytes are swapped (a per-layer memory policy); ``tp_sharing``: TP
         groups sharing a node's adapters (sim.comm.concurrent_groups; 1 unless a TP group spans nodes);
         ``one_at_a_time``: the backward re-runs one recomputed layer at a time (its largest layer's
-        activations are held, not all of them; MemoryPolicy.recompute_in_backward)."""
-        key = (layers, recomputed, micro_batch, tp, level, swap, tp_sharing, one_at_a_time)
+        activations are held, not all of them; MemoryPolicy.recompute_in_backward); ``selective``:
+        every layer under torch's selective checkpointing (sim.memory.selective_view)."""
+        key = (layers, recomputed, micro_batch, tp, level, swap, tp_sharing, one_at_a_time, selective)
         cached = self._stages.get(key)
         if cached is not None:
             return cached
         from sim.tp_overlap import tp_segments_time
 
         costs = [self.costs.layer_costs(layer, micro_batch, tp) for layer in layers]
+        if selective:
+            costs = [selective_view(c) for c in costs]
         ar = [self._tp_allreduce_s(c, tp, tp_sharing) for c in costs]
         level = level if tp > 1 else 0
 
@@ -282,12 +286,15 @@ class Estimator:
         def cost(layer: int) -> LayerCosts:
             return cost_of.get(layer) or self.costs.layer_costs(layer, micro_batch, tp)
 
-        kept = sum(checkpoint_bytes(layers[i], cost) if layers[i] in recomputed else costs[i].saved_bytes
-                   for i in every)
-        swapped = (kept * swap if isinstance(swap, (int, float))
-                   else sum(costs[i].saved_bytes for i in every if layers[i] in swap))
-        brought_back = [costs[i].saved_bytes - checkpoint_bytes(layers[i], cost) for i in rec]
-        extra = max(brought_back, default=0) if one_at_a_time else sum(brought_back)
+        kept_layers = [layer for layer in layers if layer not in recomputed]
+        rec_layers = [layers[i] for i in rec]
+        kept = forward_bytes(layers, rec_layers, cost)
+        # What a swap moves: the swapped saved bytes less the stage input (sim.memory.movable_bytes).
+        swapped = (movable_bytes(layers, kept_layers, cost) * swap
+                   if isinstance(swap, (int, float)) else movable_bytes(layers, swap, cost))
+        # Re-run one layer at a time inside the backward: only the largest re-run layer is back at once.
+        extra = (max((costs[i].saved_bytes - checkpoint_bytes(layers[i], cost) for i in rec), default=0)
+                 if one_at_a_time else held_bytes(layers, rec_layers, cost) - kept)
         result = StageTimes(
             fwd_s=fwd, bwd_s=bwd, recompute_s=recompute,
             compute_s=sum(c.fwd_s + c.bwd_input_s + c.bwd_weight_s for c in costs),
@@ -385,7 +392,7 @@ class Estimator:
         tp_sharing = concurrent_groups(self.comm.cluster, dp * tp, tuple(range(tp)))
         stages = [self.stage(tuple(stage_layers[s]), tuple(policy.recompute_layers[s]), micro_batch, tp, tp_overlap,
                              policy.swap_fraction[s] if policy.swap_layers is None else policy.swap_layers[s],
-                             tp_sharing, policy.recompute_in_backward)
+                             tp_sharing, one_at_a_time=policy.recompute_in_backward, selective=policy.selective)
                   for s in range(stages_n)]
         if info.recompute_is_schedule:
             # Merak's eager recomputes move into bubbles: their placement is the schedule's shape.

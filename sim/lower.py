@@ -122,7 +122,7 @@ class _Draft:
         return self.stage_rank[stage] != self.coords.pp
 
     def cost(self, layer: int) -> LayerCosts:
-        return self.costs.layer_costs(layer, self.plan.micro_batch, self.plan.tp)
+        return self.policy.layer_view(self.costs.layer_costs(layer, self.plan.micro_batch, self.plan.tp))
 
     def synced_grad_bytes(self, layer: int) -> int:
         """The layer's gradient bytes that go through the data-parallel buckets (a sharded embedding

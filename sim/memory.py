@@ -11,8 +11,8 @@ and both engines only read the resulting ``MemoryPolicy``. Imports neither torch
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -44,6 +44,14 @@ class MemoryPolicy:
     # Recompute inside the backward, one checkpointed layer at a time (FullRecompute.in_backward):
     # the backward holds one layer's activations at once, not the stage's; its RECOMPUTE is a marker.
     recompute_in_backward: bool = False
+    # Every layer runs under torch's selective checkpointing (sim.memory_selective): it keeps fewer
+    # bytes and its backward recomputes the rest; ``layer_view`` says so to whoever prices a layer.
+    selective: bool = False
+
+    def layer_view(self, c: LayerCosts) -> LayerCosts:
+        """A layer's costs as this policy runs it: under selective checkpointing its saved bytes are
+        what it keeps and its input-gradient step also recomputes its memory-bound operators."""
+        return selective_view(c) if self.selective else c
 
     def recomputes(self, stage: int) -> bool:
         return bool(self.recompute_layers[stage])
@@ -55,11 +63,13 @@ class MemoryPolicy:
 
     def swap_bytes(self, stage: int, layers: Sequence[int], save: bool,
                    cost: Callable[[int], LayerCosts]) -> int:
-        """Bytes a forward of ``layers`` of ``stage`` moves to host (and its backward brings back)."""
+        """Bytes a forward of ``layers`` of ``stage`` moves to host (and its backward brings back):
+        a fraction of what it keeps beyond its kept inputs, or the swapped layers' saved bytes."""
         if self.swap_layers is None:
-            return int(self.forward_kept_bytes(stage, layers, save, cost) * self.swap_fraction[stage])
-        swapped = set(self.swap_layers[stage])
-        return sum(cost(layer).saved_bytes for layer in layers if layer in swapped)
+            recomputed = set() if save else set(self.recompute_layers[stage])
+            kept = [layer for layer in layers if layer not in recomputed]
+            return int(movable_bytes(layers, kept, cost) * self.swap_fraction[stage])
+        return movable_bytes(layers, self.swap_layers[stage], cost)
 
     def forward_kept_bytes(self, stage: int, layers: Sequence[int], save: bool,
                            cost: Callable[[int], LayerCosts], recomputed_layers: Sequence[int] | None = None) -> int:
@@ -68,9 +78,73 @@ class MemoryPolicy:
         ``recomputed_layers``: what this micro-batch's RECOMPUTE re-runs, when the program says."""
         if recomputed_layers is None:
             recomputed_layers = self.recompute_layers[stage]
-        recomputed = set() if save else set(recomputed_layers)
-        return sum(checkpoint_bytes(layer, cost) if layer in recomputed else cost(layer).saved_bytes
-                   for layer in layers)
+        return forward_bytes(layers, () if save else recomputed_layers, cost)
+
+
+def selective_view(c: LayerCosts) -> LayerCosts:
+    """A layer's costs under torch's selective checkpointing (unchanged where the model does not know)."""
+    if not c.knows_selective:
+        return c
+    # A layer under SAC keeps its output only when its last operator is a kept one; the layers here
+    # end in an add or a ReLU, so no storage is shared across a boundary (tests/test_memory_selective.py).
+    return replace(c, saved_bytes=c.selective_saved_bytes, bwd_input_s=c.bwd_input_s + c.selective_recompute_s,
+                   shared_input_bytes=0)
+
+
+def kept_saved_bytes(layers: Sequence[int], kept: Collection[int], cost: Callable[[int], LayerCosts]) -> int:
+    """Saved bytes of the ``kept`` layers of one forward of ``layers`` (consecutive, in order), each
+    storage once: a layer's input that the previous layer, kept too, saves as its output counts once
+    (``LayerCosts.shared_input_bytes``; per-layer measurements count it on both sides)."""
+    chosen = set(kept)
+    total = 0
+    for position, layer in enumerate(layers):
+        if layer in chosen:
+            c = cost(layer)
+            total += c.saved_bytes
+            if position > 0 and layers[position - 1] in chosen:
+                total -= c.shared_input_bytes
+    return total
+
+
+def forward_bytes(layers: Sequence[int], recomputed: Collection[int], cost: Callable[[int], LayerCosts]) -> int:
+    """What a forward of ``layers`` (a stage, in order) leaves on the device when ``recomputed`` run
+    checkpointed: the other layers' saved bytes (sim.memory.kept_saved_bytes) and each checkpointed
+    layer's input, unless the previous layer, kept, saves that storage already."""
+    rec = set(recomputed)
+    kept = [layer for layer in layers if layer not in rec]
+    total = kept_saved_bytes(layers, kept, cost)
+    for position, layer in enumerate(layers):
+        if layer in rec:
+            shared = cost(layer).shared_input_bytes if position > 0 and layers[position - 1] not in rec else 0
+            total += checkpoint_bytes(layer, cost) - shared
+    return total
+
+
+def held_bytes(layers: Sequence[int], recomputed: Collection[int], cost: Callable[[int], LayerCosts]) -> int:
+    """What one (stage, micro-batch) holds once every layer's saved tensors are back (after its
+    RECOMPUTE, before its backward). A storage two layers save counts once unless the earlier layer
+    was recomputed: its recomputed output is a new storage, while the later layer still holds the
+    one it kept from the forward (as torch's checkpointing does)."""
+    fresh = set(recomputed)
+    total = 0
+    for position, layer in enumerate(layers):
+        c = cost(layer)
+        total += c.saved_bytes
+        if position > 0 and layers[position - 1] not in fresh:
+            total -= c.shared_input_bytes
+    return total
+
+
+def movable_bytes(layers: Sequence[int], chosen: Collection[int], cost: Callable[[int], LayerCosts]) -> int:
+    """Bytes a swap of the ``chosen`` layers of one forward of ``layers`` (a stage, in order) moves:
+    their saved bytes, less the stage's input when the first layer saves it (a layer's saved bytes
+    count its input): the runtime keeps the stage input on the device, the backward reads its
+    gradient (exec.interpreter ``_to_swap``). Recomputed layers' inputs are kept the same way and
+    are never chosen."""
+    total = kept_saved_bytes(layers, chosen, cost)
+    if layers and layers[0] in chosen:
+        total -= min(checkpoint_bytes(layers[0], cost), cost(layers[0]).saved_bytes)
+    return total
 
 
 def checkpoint_bytes(layer: int, cost: Callable[[int], LayerCosts]) -> int:
@@ -216,4 +290,4 @@ register_memory_policy("per-stage", PerStageRecompute,
                        _from_fractions(lambda plan: [float(f) for f in plan.memory.recompute]))
 
 # Policies in their own modules register themselves on import (after the registry exists).
-from sim import delta_lowering, memory_optimal  # noqa: E402, F401
+from sim import delta_lowering, memory_optimal, memory_selective  # noqa: E402, F401

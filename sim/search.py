@@ -56,6 +56,7 @@ from traces.errors import ConfigError
 DOES_NOT_FIT = "does not fit in memory (estimate)"
 SAME_SPLIT = "parallelism.partition (same stages as an earlier partition)"
 SAME_PLAN = "memory.policy (an optimising policy that chose what an enumerated one does)"
+REFUSED = "memory.policy (the policy refuses this plan: MemoryPolicy.problem)"
 
 Progress = Callable[[str, int, int | None], None]  # (phase, done, total or None)
 
@@ -368,6 +369,9 @@ class _Enumerator:
                             plan = Plan.from_dict({**base, **shape})
                             policy = self.policies[key] = MEMORY_POLICIES[memory["policy"]].build(
                                 plan, split, self.costs, self.comm.capacity_bytes)
+                        if policy.problem:  # e.g. selective checkpointing under a split-backward schedule
+                            out.pruned[REFUSED] += len(methods) * len(embeddings) * len(overlaps)
+                            continue
                         for sync in methods:
                             problem = _sync_problem(sync, base, shape, self.checks)
                             if problem:

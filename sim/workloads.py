@@ -82,6 +82,13 @@ class LayerSpec:
     saved_elems: int
     saved_elems_sharded: int = 0  # part of saved_elems that divides by the TP degree
     tp_allreduces: int = 0
+    # What the layer keeps under torch's selective checkpointing (exec.selective: matmul, attention
+    # and convolution outputs plus the layer input); -1: not modelled for this layer.
+    selective_elems: int = -1
+    selective_elems_sharded: int = 0
+    # Of saved_elems, the layer's input that the previous layer also saves as its output (counted
+    # once by a forward keeping both: sim.costs.LayerCosts.shared_input_bytes).
+    shared_input_elems: int = 0
     extra: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -260,6 +267,13 @@ def transformer_layers(cfg: TransformerConfig) -> list[LayerSpec]:
       saved = LN input (sh) and stats (2s), projection input (sh), log-softmax output (sv; the
       logits themselves are not kept), targets (s; int64, counted as s elements as the
       embedding's ids are) = 2sh + 3s + sv; the output is the scalar loss.
+    Under torch's selective checkpointing (``memory: {policy: selective}``, exec.selective: keep
+    the outputs of matmul and attention operators and the layer input, recompute the rest) a
+    block keeps its input (sh), the QKV output (3sh), the attention output and log-sum-exp
+    (sh + a*s), the proj, fc1 and fc2 outputs (sh + sf + sh) = 7sh + sf + a*s; the head its
+    input (sh), the logits (sv: the policy keeps a matmul output even where the backward would
+    not need it) and what the loss, outside the checkpointed layer, saves (sv + s) = sh + 2sv + s;
+    the embedding its ids (s). Measured with torch 2.13 on CPU (tests/test_memory_selective.py).
     """
     s, h, a, v = cfg.seq, cfg.hidden, cfg.heads, cfg.vocab
     f = cfg.ffn_mult * h
@@ -268,20 +282,24 @@ def transformer_layers(cfg: TransformerConfig) -> list[LayerSpec]:
     shape = {"seq": float(s), "hidden": float(h), "heads": float(a), "ffn": float(f), "vocab": float(v),
              "causal": 1.0 if cfg.family == "gpt" else 0.0}
     embed = LayerSpec("embed", "embedding", params=v * h + s * h, flops_fwd=0, output_elems=s * h,
-                      saved_elems=s, saved_elems_sharded=0, tp_allreduces=1, extra=dict(shape))
+                      saved_elems=s, saved_elems_sharded=0, tp_allreduces=1, selective_elems=s,
+                      extra=dict(shape))
     block_params = (3 * h * h + 3 * h) + (h * h + h) + (2 * h * f + f + h) + 4 * h
     block_flops = 8 * s * h * h + 4 * s * h * f + 4 * s * s * h
     block_saved = 8 * s * h + 2 * s * f + a * s + 4 * s
     # Under TP the QKV output, attention output (= proj input) and lse, fc1 output/GELU are
     # sharded by t.
     block_sharded = 3 * s * h + s * h + a * s + 2 * s * f
+    block_selective = 7 * s * h + s * f + a * s
+    block_selective_sharded = 3 * s * h + s * h + a * s + s * f
     blocks = [
         LayerSpec(f"block{i}", "block", params=block_params, flops_fwd=block_flops, output_elems=s * h,
-                  saved_elems=block_saved, saved_elems_sharded=block_sharded, tp_allreduces=2, extra=dict(shape))
+                  saved_elems=block_saved, saved_elems_sharded=block_sharded, tp_allreduces=2,
+                  selective_elems=block_selective, selective_elems_sharded=block_selective_sharded, extra=dict(shape))
         for i in range(cfg.num_layers)
     ]
     # Head: final LN, projection to the vocabulary, cross-entropy (its log-softmax output is saved).
     head = LayerSpec("head", "head", params=2 * h + h * v, flops_fwd=2 * s * h * v, output_elems=1,
                      saved_elems=2 * s * h + 3 * s + s * v, saved_elems_sharded=s * v, tp_allreduces=1,
-                     extra=dict(shape))
+                     selective_elems=s * h + 2 * s * v + s, selective_elems_sharded=2 * s * v, extra=dict(shape))
     return [embed, *blocks, head]

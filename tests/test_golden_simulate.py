@@ -27,7 +27,9 @@ PLANS = sorted(str(p.relative_to(ROOT)) for pattern in ("examples/plans/*.yaml",
                                                          "examples/validation/*/*.yaml")
                for p in ROOT.glob(pattern))
 CPU_COSTS = UniformCosts(num_layers=6, fwd_s=1e-3, bwd_input_s=1e-3, bwd_weight_s=1e-3, saved_bytes=1 << 20,
-                         output_bytes=1 << 16, param_bytes=1 << 22)
+                         output_bytes=1 << 16, param_bytes=1 << 22,
+                         # stand-ins for a selective-checkpointing plan (sim.memory_selective)
+                         selective_saved_bytes=1 << 19, selective_recompute_s=3e-4)
 
 
 def outcome(path: str) -> dict[str, object]:

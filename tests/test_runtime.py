@@ -448,14 +448,14 @@ def test_recompute_in_backward_holds_one_layer_as_the_ledger_says(tmp_path: Path
         run = compile_for_run(plan)
         engine = Engine(run.program, run.resolved.costs, run.resolved.comm, run.resolved.policy, plan.micro_batch)
         engine.run()
-        return {rank: engine.ledgers[rank].peak_activations for rank in range(plan.world_size)}
+        return {rank: engine.ledgers[rank].activation_peak for rank in range(plan.world_size)}
 
     whole = plan_of(pp=2, schedule="1f1b", microbatches=4, recompute="full")
     plan = whole.model_copy(update={"name": "gpt-tiny-pp2-full-in-backward",
                                     "memory": whole.memory.model_copy(update={"in_backward": True})})
     check_against_reference(plan, tmp_path)
     ranks_dir = tmp_path / plan.name / "ranks"
-    measured = {rank: max(json.loads(line)["peak_activation_bytes"]
+    measured = {rank: max(json.loads(line)["activation_peak"]
                           for line in (ranks_dir / f"rank{rank}.jsonl").read_text().splitlines() if line.strip())
                 for rank in range(plan.world_size)}
     ledger = ledger_peaks(plan)

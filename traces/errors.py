@@ -26,6 +26,11 @@ class ConfigError(ParatwinError):
         self.problem = problem
         self.fix = fix
 
+    def __reduce__(self) -> tuple:
+        # Rebuilt from its three fields when it crosses a process boundary (a process pool's worker
+        # raising it): the default pickling passes only the message and fails to unpickle.
+        return (type(self), (self.field, self.problem, self.fix))
+
 
 class PlanDoesNotFit(ParatwinError):
     """A simulated plan that exceeds a device's memory. The simulation still completes and writes

@@ -66,8 +66,12 @@ LAYER_TABLE = TableSchema(
         # True when the profiler got no steady measurement of the layer after its retries (bundle
         # meta settings["unsteady_layers"] says why); absent in older bundles, hence the default.
         "unsteady": "bool",
+        # Under torch's selective checkpointing (exec.selective): bytes the layer keeps, and the
+        # seconds its backward spends recomputing the rest; -1 in bundles taken before (unknown).
+        "selective_saved_bytes": "int64",
+        "selective_recompute_s": "float64",
     },
-    defaults={"unsteady": False},
+    defaults={"unsteady": False, "selective_saved_bytes": -1, "selective_recompute_s": -1.0},
     finite_nonnegative=(
         "fwd_s", "fwd_spread", "bwd_input_s", "bwd_input_spread", "bwd_weight_s", "bwd_weight_spread",
         "bwd_s", "bwd_spread", "recompute_s", "recompute_spread", "param_bytes", "grad_bytes",
