@@ -34,17 +34,7 @@ for rate in $RATES; do
     "$PYTHON" -m analysis.compression_validate plans "$BASE" --rate "$rate" --profile "$OUT/base/profile" \
         --out "$OUT/$rate" \
         ${methods[@]+--methods "${methods[@]}"}
-    for plan in "$OUT/$rate"/*.yaml; do
-        method=$(basename "$plan" .yaml)
-        echo "== $rate $method"
-        if ! netns_run "$PYTHON" "$plan" "$OUT/$rate/$method/run" "$ITERATIONS" "$WARMUP"; then
-            echo "error: $method at $rate failed; see $OUT/$rate/$method/run/errors" >&2
-            exit 1
-        fi
-        "$PYTHON" -m analysis.validate record "$plan" "$OUT/$rate/$method/run" --profile "$OUT/base/profile" \
-            --out "$OUT/$rate/$method/report" > "$OUT/$rate/$method/report.txt"
-        grep -m1 -i "iteration" "$OUT/$rate/$method/report.txt" || true
-    done
+    netns_validate_plans "$PYTHON" "$OUT/$rate" "$OUT/base/profile" "$ITERATIONS" "$WARMUP" || exit 1
     netns_cleanup
 done
 "$PYTHON" -m analysis.compression_validate summary "$OUT"

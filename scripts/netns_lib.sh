@@ -1,4 +1,4 @@
-# Shared by scripts/netns_validate.sh and scripts/netns_compression.sh (source it): two network
+# Shared by scripts/netns_validate.sh, netns_compression.sh and netns_embedding.sh (source it): two network
 # namespaces joined by a veth pair whose both ends are shaped with a tbf qdisc (this kernel has no
 # netem), and one rank of a 2-rank plan run in each. Only the names and addresses made here are
 # used; netns_cleanup deletes them (call it from an EXIT trap).
@@ -60,4 +60,23 @@ netns_run() {
     NETNS_PIDS=()
     NETNS_PORT=$(( NETNS_PORT + 1 ))  # a fresh rendezvous port for the next run
     return $status
+}
+
+# netns_validate_plans PYTHON DIR PROFILE ITERATIONS WARMUP: run every DIR/*.yaml plan (one rank per
+# namespace, over the link netns_up shaped) and compare each run with its prediction from PROFILE:
+# DIR/<plan>/run and DIR/<plan>/report.
+netns_validate_plans() {
+    local python=$1 dir=$2 profile=$3 iterations=$4 warmup=$5
+    for plan in "$dir"/*.yaml; do
+        local name
+        name=$(basename "$plan" .yaml)
+        echo "== $dir $name"
+        if ! netns_run "$python" "$plan" "$dir/$name/run" "$iterations" "$warmup"; then
+            echo "error: $name failed; see $dir/$name/run/errors" >&2
+            return 1
+        fi
+        "$python" -m analysis.validate record "$plan" "$dir/$name/run" --profile "$profile" \
+            --out "$dir/$name/report" > "$dir/$name/report.txt"
+        grep -m1 -i "iteration" "$dir/$name/report.txt" || true
+    done
 }
