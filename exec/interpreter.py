@@ -190,7 +190,6 @@ class RankRuntime:
         self.activation_bytes = self.buffer_bytes = 0
         self.activation_peak = 0  # the most bytes the slots held at once (compare: MemoryLedger.activation_peak)
         self.peak = 0
-        self.peak_activation_bytes = 0  # the most bytes the slots kept at once (inputs and saved tensors)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 

@@ -295,6 +295,11 @@ def _gradient_worker(rank: int, store: str, out: str, embedding: dict) -> None:
         runtime.embedding.step = lambda: None
         runtime.run_iteration(0)
         torch.save(runtime.embedding.tables[0].weight.grad, Path(out) / f"grad{rank}.pt")
+        # As exec.rank does: neither rank tears gloo down while the other may still read from it (a
+        # peer closing mid-read aborts the reader: SIGABRT seen in CI without this).
+        dist.barrier()
+        if runtime.watchers is not None:
+            runtime.watchers.shutdown(wait=True)
     finally:
         dist.destroy_process_group()
 
