@@ -83,6 +83,37 @@ def assignment_sharpness(name: str, variant: str = "hap", epochs: int = 100, see
     return rows
 
 
+def initial_logits_and_gradients(name: str, graphs: int = 64, seed: int = 0) -> list[dict[str, float]]:
+    """At initialisation (default clusters, seed ``seed``), on the first ``graphs`` graphs: per level,
+    the std over clusters of the assignment logits (log S, centred per node) and the gradient norm
+    of one loss step on MOA's assignment weight, on C and on the level's first GCN weight."""
+    from torch_geometric.loader import DataLoader
+
+    from exec.hap.baselines import build_classifier
+
+    dataset = load_tu(name)
+    torch.manual_seed(seed)
+    model = build_classifier("hap", dataset.num_features, dataset.num_classes, TrainConfig().hidden,
+                             clusters_for(dataset), TrainConfig().dropout)
+    batch = next(iter(DataLoader(dataset[:graphs], batch_size=graphs)))
+    captured: dict[int, tuple[Tensor, Tensor]] = {}
+    handles = [level.moa.register_forward_hook(lambda _m, a, out, i=i: captured.update({i: (out, a[2])}))
+               for i, level in enumerate(model.model.levels)]
+    logits, aux = model(batch)
+    for handle in handles:
+        handle.remove()
+    (torch.nn.functional.cross_entropy(logits, batch.y) + aux).backward()
+    rows = []
+    for i, level in enumerate(model.model.levels):
+        s, mask = captured[i]
+        log_s = s[mask].detach().clamp(min=1e-12).log()
+        rows.append({"level": i, "logit_std": float((log_s - log_s.mean(-1, keepdim=True)).std(-1).mean()),
+                     "grad_assign": float(level.moa.assign.weight.grad.norm()),
+                     "grad_C": float(level.content.patterns.grad.norm()),
+                     "grad_first_gcn": float(level.convs[0].linear.weight.grad.norm())})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dataset", default="MUTAG")
@@ -90,8 +121,14 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--label", default="", help="a tag for the rows (e.g. the code version)")
     parser.add_argument("--csv", type=Path, help="append the rows to this CSV")
+    parser.add_argument("--init-gradients", action="store_true",
+                        help="only the logit scale and gradients at initialisation (seconds)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.init_gradients:
+        for row in initial_logits_and_gradients(args.dataset):
+            print(row, flush=True)
+        return
     for variant in args.variants:
         rows = assignment_sharpness(args.dataset, variant, args.epochs)
         for row in rows:
