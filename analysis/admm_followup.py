@@ -2,11 +2,11 @@
 settings chosen on the validation split, the test split read once per run.
 
 - ``edge``: on digits the chosen ADMM setting sat at the corner of its grid (the smallest rho_o,
-  0.1, and theta_w, 0.03). ``widened_grid`` adds one step beyond that corner on the grid's 1-3-10
-  ladder: rho_o {0.03, 0.1, 0.3} x theta_w {0.01, 0.03, 0.1}. Points already in the suite's
-  ``tuning_digits.csv`` are reused (a run is deterministic for a seed), the new ones are run, the
-  choice is made again on validation, and when it moves the chosen setting is tested over the seeds.
-  Writes ``tuning_digits_wide.csv`` and ``comparison_digits_wide.csv``.
+  0.1, and theta_w, 0.03). The grid is widened by one step of its 1-3-10 ladder past every edge
+  the choice sits on, the choice is made again on validation, and so on until it is interior.
+  Points already run (the suite's ``tuning_digits.csv``, an earlier ``tuning_digits_wide.csv``) are
+  reused: a run is deterministic for a seed. When the final choice differs from the suite's, it is
+  tested over the seeds. Writes ``tuning_digits_wide.csv`` and ``comparison_digits_wide.csv``.
 - ``longer``: Shakespeare and text-source ran 40 iterations in the suite. Tune every method again
   at ``--iterations`` (the best setting at 40 iterations need not be the best at 120) and test the
   choices over the seeds. Writes ``long/tuning_<task>.csv`` and ``long/comparison.csv``.
@@ -18,6 +18,7 @@ Run: ``python -m analysis.admm_followup edge --out docs/results/admm`` and
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -31,42 +32,66 @@ from .admm_suite import ADMM_GRID, TASK_PLANS, _describe, choose, compare, train
 LONG_TASKS = ("shakespeare", "text-source")
 
 
-# One step beyond the suite's grid on its own 1-3-10 ladder, at the corner where digits' choice sat
-# (rho_o 0.1, theta_w 0.03 were the grid's smallest values).
-WIDE_RHO_O = (0.03, 0.1, 0.3)
-WIDE_THETA_W = (0.01, 0.03, 0.1)
+MAX_WIDENINGS = 4  # at most this many steps past the suite's grid along each axis
 
 
-def widened_grid(grid: tuple[ADMMConfig, ...] = ADMM_GRID) -> tuple[ADMMConfig, ...]:
-    """rho_o x theta_w over the widened values, on the suite grid's fixed settings (rho_a, rho_s, sweep)."""
-    base = grid[0]
+def ladder_step(value: float, down: bool) -> float:
+    """The next value on the 1-3-10 ladder of the suite's grids (..., 0.01, 0.03, 0.1, 0.3, ...)."""
+    mantissa = value / 10 ** math.floor(math.log10(value) + 1e-9)
+    factor = (0.3 if mantissa < 2 else 1 / 3) if down else (3.0 if mantissa < 2 else 10 / 3)
+    return float(f"{value * factor:.6g}")
+
+
+def grid_of(rhos: set[float], thetas: set[float], base: ADMMConfig = ADMM_GRID[0]) -> tuple[ADMMConfig, ...]:
+    """rho_o x theta_w on the suite grid's fixed settings (rho_a, rho_s, sweep)."""
     return tuple(ADMMConfig(rho_a=base.rho_a, rho_s=base.rho_s, rho_o=r, theta_w=t, sweep=base.sweep)
-                 for r in WIDE_RHO_O for t in WIDE_THETA_W)
+                 for r in sorted(rhos) for t in sorted(thetas))
+
+
+def widened(values: set[float], chosen: float) -> set[float]:
+    """``values`` plus one ladder step past the edge ``chosen`` sits on (none when it is interior)."""
+    if chosen == min(values):
+        return values | {ladder_step(chosen, down=True)}
+    if chosen == max(values):
+        return values | {ladder_step(chosen, down=False)}
+    return values
 
 
 def edge(out_dir: Path, seeds: int = 3, iterations: int | None = None) -> pd.DataFrame:
-    """Re-tune digits' ADMM on the widened grid (validation); test the choice if it moved."""
+    """Re-tune digits' ADMM on validation, widening the grid past every edge the choice sits on
+    until it is interior (at most ``MAX_WIDENINGS`` times); test the final choice if it moved."""
     task, plan = "digits", TASK_PLANS["digits"]
-    known = pd.read_csv(out_dir / f"tuning_{task}.csv") if (out_dir / f"tuning_{task}.csv").is_file() else None
+    paths = [out_dir / f"tuning_{task}.csv", out_dir / f"tuning_{task}_wide.csv"]
+    known = pd.concat([pd.read_csv(p) for p in paths if p.is_file()] or [pd.DataFrame(columns=["setting"])])
+    known = known.drop_duplicates("setting")
+    suite_choice = choose(pd.read_csv(paths[0]))["admm"] if paths[0].is_file() else None
     data = load_task(task, 0)
-    rows = []
-    for cfg in widened_grid():
-        setting = _describe(cfg)
-        if known is not None and iterations is None and (known.setting == setting).any():
-            rows.append(known[known.setting == setting].iloc[0].to_dict() | {"reused": True})
-            continue
-        _, history, seconds = train("admm", cfg, data, plan, 0, iterations=iterations)
-        last = history.iloc[-1]
-        rows.append({"task": task, "method": "admm", "setting": setting, "train_loss": float(last.train_loss),
-                     "max_train_loss": float(history.train_loss.max()), "val_loss": float(last.val_loss),
-                     "val_acc": float(last.val_acc), "seconds": seconds, "reused": False})
-    tuning = pd.DataFrame(rows)
-    tuning.to_csv(out_dir / f"tuning_{task}_wide.csv", index=False)
-    chosen = choose(tuning)["admm"]
-    before = choose(known)["admm"] if known is not None else None
-    print(f"digits ADMM on the widened grid: {_describe(chosen)} (suite's grid: "
-          f"{_describe(before) if before else 'n/a'})", flush=True)
-    if chosen != before:
+    rows: dict[str, dict] = {}
+    rhos, thetas = {c.rho_o for c in ADMM_GRID}, {c.theta_w for c in ADMM_GRID}
+    for _ in range(MAX_WIDENINGS + 1):
+        for cfg in grid_of(rhos, thetas):
+            setting = _describe(cfg)
+            if setting in rows:
+                continue
+            if iterations is None and (known.setting == setting).any():  # runs are deterministic per seed
+                rows[setting] = known[known.setting == setting].iloc[0].to_dict() | {"reused": True}
+                continue
+            _, history, seconds = train("admm", cfg, data, plan, 0, iterations=iterations)
+            last = history.iloc[-1]
+            rows[setting] = {"task": task, "method": "admm", "setting": setting,
+                             "train_loss": float(last.train_loss), "max_train_loss": float(history.train_loss.max()),
+                             "val_loss": float(last.val_loss), "val_acc": float(last.val_acc), "seconds": seconds,
+                             "reused": False}
+        chosen = choose(pd.DataFrame(rows.values()))["admm"]
+        grown = widened(rhos, chosen.rho_o), widened(thetas, chosen.theta_w)
+        if grown == (rhos, thetas):
+            break
+        rhos, thetas = grown
+    tuning = pd.DataFrame(rows.values())
+    tuning.to_csv(paths[1], index=False)
+    print(f"digits ADMM, grid rho_o {sorted(rhos)} x theta_w {sorted(thetas)}: {_describe(chosen)} "
+          f"(suite's grid: {_describe(suite_choice) if suite_choice else 'n/a'})", flush=True)
+    if chosen != suite_choice:
         data_by_seed = {seed: load_task(task, seed) for seed in range(seeds)}
         compare(task, data_by_seed, plan, {"admm": chosen}, iterations).to_csv(
             out_dir / f"comparison_{task}_wide.csv", index=False)

@@ -196,20 +196,23 @@ def test_suite_chooses_on_validation_accuracy_and_nan_loses():
     assert chosen["admm"] == ADMMConfig(rho_o=0.1, theta_w=0.1)  # tie on accuracy: lower loss wins
 
 
-def test_widened_grid_holds_the_suite_grid_and_reuses_its_runs(tmp_path):
+def test_edge_widens_past_the_chosen_edge_and_stops_when_interior(tmp_path):
     import pandas as pd
 
-    from analysis.admm_followup import edge, widened_grid
-    from analysis.admm_suite import ADMM_GRID, _describe
+    from analysis.admm_followup import edge, grid_of, ladder_step, widened
 
-    wide = widened_grid()
-    assert set(ADMM_GRID) <= set(wide) and len(wide) == 9
-    assert min(c.rho_o for c in wide) < min(c.rho_o for c in ADMM_GRID)
-    assert min(c.theta_w for c in wide) < min(c.theta_w for c in ADMM_GRID)
-    # every point already tuned: nothing runs, the choice is the best validation accuracy
-    rows = [{"task": "digits", "method": "admm", "setting": _describe(c), "val_acc": 0.5 + 0.01 * i,
-             "val_loss": 1.0, "train_loss": 1.0, "max_train_loss": 1.0, "seconds": 0.0} for i, c in enumerate(wide)]
+    assert [ladder_step(v, down=True) for v in (0.1, 0.03, 0.3)] == [0.03, 0.01, 0.1]
+    assert [ladder_step(v, down=False) for v in (0.1, 0.03, 0.3)] == [0.3, 0.1, 1.0]
+    assert widened({0.1, 0.3}, 0.1) == {0.03, 0.1, 0.3} and widened({0.03, 0.1, 0.3}, 0.1) == {0.03, 0.1, 0.3}
+    # every point already tuned, the best (rho_o 0.1, theta_w 0.03) at the suite grid's corner: one
+    # widening makes it interior, nothing runs, and the choice did not move (no comparison)
+    wide = grid_of({0.03, 0.1, 0.3}, {0.01, 0.03, 0.1})
+    from analysis.admm_suite import _describe
+
+    rows = [{"task": "digits", "method": "admm", "setting": _describe(c),
+             "val_acc": 0.9 if (c.rho_o, c.theta_w) == (0.1, 0.03) else 0.5, "val_loss": 1.0, "train_loss": 1.0,
+             "max_train_loss": 1.0, "seconds": 0.0} for c in wide]
     pd.DataFrame(rows).to_csv(tmp_path / "tuning_digits.csv", index=False)
     tuning = edge(tmp_path, seeds=1)
     assert tuning.reused.all() and len(tuning) == 9
-    assert not (tmp_path / "comparison_digits_wide.csv").exists()  # the choice did not move
+    assert not (tmp_path / "comparison_digits_wide.csv").exists()
