@@ -194,3 +194,25 @@ def test_suite_chooses_on_validation_accuracy_and_nan_loses():
     chosen = choose(tuning)
     assert chosen["sgd"] == 0.3
     assert chosen["admm"] == ADMMConfig(rho_o=0.1, theta_w=0.1)  # tie on accuracy: lower loss wins
+
+
+def test_edge_widens_past_the_chosen_edge_and_stops_when_interior(tmp_path):
+    import pandas as pd
+
+    from analysis.admm_followup import edge, grid_of, ladder_step, widened
+
+    assert [ladder_step(v, down=True) for v in (0.1, 0.03, 0.3)] == [0.03, 0.01, 0.1]
+    assert [ladder_step(v, down=False) for v in (0.1, 0.03, 0.3)] == [0.3, 0.1, 1.0]
+    assert widened({0.1, 0.3}, 0.1) == {0.03, 0.1, 0.3} and widened({0.03, 0.1, 0.3}, 0.1) == {0.03, 0.1, 0.3}
+    # every point already tuned, the best (rho_o 0.1, theta_w 0.03) at the suite grid's corner: one
+    # widening makes it interior, nothing runs, and the choice did not move (no comparison)
+    wide = grid_of({0.03, 0.1, 0.3}, {0.01, 0.03, 0.1})
+    from analysis.admm_suite import _describe
+
+    rows = [{"task": "digits", "method": "admm", "setting": _describe(c),
+             "val_acc": 0.9 if (c.rho_o, c.theta_w) == (0.1, 0.03) else 0.5, "val_loss": 1.0, "train_loss": 1.0,
+             "max_train_loss": 1.0, "seconds": 0.0} for c in wide]
+    pd.DataFrame(rows).to_csv(tmp_path / "tuning_digits.csv", index=False)
+    tuning = edge(tmp_path, seeds=1)
+    assert tuning.reused.all() and len(tuning) == 9
+    assert not (tmp_path / "comparison_digits_wide.csv").exists()

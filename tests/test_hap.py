@@ -370,12 +370,46 @@ def test_assignment_sharpness_reads_uniform_and_one_hot_assignments(mutag) -> No
     torch.manual_seed(0)
     model = build_classifier("hap", mutag.num_features, mutag.num_classes, hidden=16, clusters=(6, 2))
     loader = DataLoader(mutag[:8], batch_size=4)
-    for level in model.model.levels:  # zero scores: every node spread evenly over the clusters
-        torch.nn.init.zeros_(level.moa.assign.weight)
-        torch.nn.init.zeros_(level.moa.assign.bias)
+    for level in model.model.levels:  # zero cluster queries: every node spread evenly over the clusters
+        torch.nn.init.zeros_(level.content.patterns)
     rows = level_sharpness(model, loader)
     assert [round(r["normalised_entropy"], 6) for r in rows] == [1.0, 1.0]
+    assert [round(r["mutual_information"], 6) for r in rows] == [0.0, 0.0]
     assert rows[0]["max_probability"] == pytest.approx(1 / 6)
-    for level in model.model.levels:  # huge scores: (almost) one cluster per node
-        torch.nn.init.normal_(level.moa.assign.weight, std=100.0)
+    for level in model.model.levels:  # huge queries: (almost) one cluster per node
+        torch.nn.init.normal_(level.content.patterns, std=100.0)
     assert all(r["normalised_entropy"] < 0.2 for r in level_sharpness(model, loader))
+
+
+def test_assignment_statistics_tell_one_shared_row_from_a_split() -> None:
+    from analysis.hap_diagnostics import assignment_stats
+
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    shared = torch.tensor([[[1.0, 0.0]] * 4])  # sharp rows, every node in cluster 0: still a mean readout
+    entropy, information, top = assignment_stats(shared, mask)
+    assert float(entropy) == pytest.approx(0.0, abs=1e-6) and float(information) == pytest.approx(0.0, abs=1e-6)
+    split = torch.tensor([[[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]])
+    assert float(assignment_stats(split, mask)[1]) == pytest.approx(1.0, abs=1e-6)
+    assert float(top) == 1.0
+
+
+def test_first_level_assignment_splits_the_nodes_at_init_and_after_training(mutag) -> None:
+    """The first version's S was uniform (normalised entropy 0.99999, node-cluster information ~1e-6)
+    at initialisation and stayed so: assignment logits ~0.02 apart, a stationary point (docs/hap.md).
+    With the centred, normalised key the nodes split over the clusters, and training keeps them split."""
+    from analysis.hap_diagnostics import level_sharpness
+
+    labels = graph_labels(mutag).numpy()
+    _fold, train, val, _test = next(splits(labels, 10, 0))
+    train, val = torch.as_tensor(train), torch.as_tensor(val)
+    config = TrainConfig(epochs=8, clusters=(9, 3))
+    from exec.hap.train import graph_loader, train_model
+
+    loader = DataLoader(mutag[train[:64]], batch_size=32)
+    torch.manual_seed(0)
+    untrained = build_classifier("hap", mutag.num_features, mutag.num_classes, 64, config.clusters)
+    first = level_sharpness(untrained, loader)[0]
+    assert first["normalised_entropy"] < 0.95 and first["mutual_information"] > 0.05
+    model, *_ = train_model("hap", mutag, train, val, config, 0)
+    trained = level_sharpness(model, graph_loader(mutag, train, 32, False, 0))[0]
+    assert trained["normalised_entropy"] < 0.95 and trained["mutual_information"] > 0.05

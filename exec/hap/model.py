@@ -127,7 +127,10 @@ class ContentGuide(nn.Module):
         if mode not in CONTENT_MODES:
             raise ConfigError("content", f"unknown GCont mode {mode!r}", f"choose from {', '.join(CONTENT_MODES)}")
         self.mode = mode
-        self.patterns = nn.Parameter(torch.randn(clusters, dim) / math.sqrt(dim))  # C or the prototypes
+        # C or the prototypes, entries of unit variance: matched against a unit-variance node key and
+        # divided by sqrt(d) (MOA), the assignment logits start with unit variance. The first version
+        # divided C by sqrt(d) as well, so the logits started ~0.02 apart and S uniform (docs/hap.md).
+        self.patterns = nn.Parameter(torch.randn(clusters, dim))
         if mode == "per-graph":
             self.score = nn.Sequential(nn.Linear(dim, dim), nn.Tanh(), nn.Linear(dim, 1, bias=False))
             self.condition = nn.Linear(dim, dim)  # g -> shift of every cluster query
@@ -185,6 +188,16 @@ class MOA(nn.Module):
         self.key = nn.Linear(dim, dim)
         self.value = nn.Linear(dim, dim)
         self.assign = nn.Linear(dim, dim)
+        # The assignment's logit scale (docs/hap.md, "Why the assignment was uniform"): the node key
+        # is centred over the nodes the node attends to, then layer-normalised, so key . C_k / sqrt(d)
+        # has unit variance whatever the level's feature magnitude (the scaled dot-product argument,
+        # Vaswani et al. 2017, sec. 3.2.1) and varies with how a node differs from its neighbourhood.
+        # A component shared by the nodes (ReLU outputs' mean, the biases) shifts their logits alike
+        # and cannot split them into clusters; uncentred it dominates and every node gets the same
+        # row of S. Without both, S starts uniform (logits ~0.02 apart), and a uniform S is a
+        # stationary point: every cluster is the mean of the nodes, the later layers treat clusters
+        # alike and the gradient on the logits cancels.
+        self.assign_norm = nn.LayerNorm(dim)
 
     def forward(self, h: Tensor, adj: Tensor, mask: Tensor, queries: Tensor) -> Tensor:
         dim = h.shape[-1]
@@ -196,7 +209,13 @@ class MOA(nn.Module):
         logits = self.query(h) @ self.key(h).transpose(1, 2) / math.sqrt(dim) + self.hop_bias.to(h.dtype)[dist]
         attention = masked_softmax(logits, keep, dim=-1)  # [B, N, N]
         context = h + attention @ self.value(h)
-        scores = self.assign(context) @ queries.to(h.dtype).transpose(1, 2) / math.sqrt(dim)  # [B, N, K]
+        # The key says how a node differs from the nodes its attention reaches (the whole graph
+        # unmasked): the mean over that reach is removed, so the hop mask still bounds what a node's
+        # assignment depends on (centring over the whole graph would let node 4 move node 0's row).
+        reach = keep.to(h.dtype)
+        key = self.assign(context)
+        key = key - reach @ key / reach.sum(-1, keepdim=True)
+        scores = self.assign_norm(key) @ queries.to(h.dtype).transpose(1, 2) / math.sqrt(dim)  # [B, N, K]
         return torch.softmax(scores, dim=-1) * mask.unsqueeze(-1).to(h.dtype)
 
 
