@@ -639,19 +639,15 @@ def _measure_pointwise_share(probe: _LayerProbe, dev: torch.device) -> float:
     """``_pointwise_share`` of the fastest of ``SHARE_RUNS`` profiled forwards (contention only
     ever adds time, and one forward on a shared machine is easily interrupted); -1 if the profiler
     saw no forward range."""
+    def forward() -> None:
+        probe.forward()  # the profiler's first operators pay its start-up: not the measured ones
+        with torch.profiler.record_function(f"layer{probe.index}.fwd"):
+            probe.forward()
+            _sync(dev)
+
     runs = []
     for _ in range(SHARE_RUNS):
-        activities = [torch.profiler.ProfilerActivity.CPU] + (
-            [torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-        with torch.profiler.profile(activities=activities) as prof:
-            probe.forward()  # the profiler's first operators pay its start-up: not the measured ones
-            with torch.profiler.record_function(f"layer{probe.index}.fwd"):
-                probe.forward()
-                _sync(dev)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "trace.json"
-            prof.export_chrome_trace(str(path))
-            ops = import_chrome_trace(path)
+        ops = _profiled_ops(dev, forward)
         span = ops[ops["name"] == f"layer{probe.index}.fwd"]["dur_us"]
         runs.append((float(span.iloc[0]) if len(span) else float("inf"), _pointwise_share(ops, probe.index)))
     return min(runs)[1]
@@ -834,20 +830,15 @@ def _measure_flops(probe: _LayerProbe) -> dict[str, int]:
 
 def _op_table(probe: _LayerProbe, dev: torch.device, offset_us: float) -> pd.DataFrame:
     """One forward and backward under torch.profiler, as OP_TABLE rows of this layer."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if dev.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
+    def forward_backward() -> None:
         with torch.profiler.record_function(f"layer{probe.index}.fwd"):
             y = probe.forward()
             _sync(dev)
         with torch.profiler.record_function(f"layer{probe.index}.bwd"):
             probe.backward(y)
             _sync(dev)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        ops = import_chrome_trace(path)
+
+    ops = _profiled_ops(dev, forward_backward)
     if not len(ops):
         return ops
     # Everything in this profile is this layer's work; backward ops that run on autograd's
@@ -855,6 +846,20 @@ def _op_table(probe: _LayerProbe, dev: torch.device, offset_us: float) -> pd.Dat
     ops["layer"] = probe.index
     ops["start_us"] = ops["start_us"] + offset_us
     return ops
+
+
+def _profiled_ops(dev: torch.device, body: Callable[[], None]) -> pd.DataFrame:
+    """``body()`` run under torch.profiler (CPU, and CUDA on a GPU), its operators as a Kineto op
+    table (traces.kineto.import_chrome_trace)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if dev.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        body()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return import_chrome_trace(path)
 
 
 def _sync(dev: torch.device) -> None:
