@@ -265,6 +265,36 @@ def fit(rows: pd.DataFrame, predict: Predictor, start: CurveCalibration, fit_nvl
     return calibration_of(result.x)
 
 
+# Bounds of the host-launch fit, in microseconds per kernel launch: from none to far above any public
+# per-op figure (a few to a few tens of us; sim.analytic.HOST_LAUNCH_S).
+_HOST_US_BOUNDS = (0.0, 200.0)
+
+
+def fit_host(rows: pd.DataFrame, predict: Predictor, start: CurveCalibration) -> CurveCalibration:
+    """Least-squares fit of the one scalar of the host launch path (``EfficiencyCurve.host_launch_s``)
+    with everything else held at ``start`` (the physical model: eff_max 0.8, no per-call cost), on
+    log(predicted / measured) with the same loss as ``fit``. Only ``rows`` are predicted."""
+    from dataclasses import replace
+
+    from scipy.optimize import least_squares
+
+    if rows.empty:
+        raise ConfigError("rows", "no rows to fit", "pass the calibration part of the data")
+    records = rows.to_dict("records")
+    measured = rows["iter_time_s"].to_numpy(dtype=float)
+
+    def calibration_of(theta: np.ndarray) -> CurveCalibration:
+        return CurveCalibration(replace(start.curve, host_launch_s=float(theta[0]) * 1e-6), start.nvlink_efficiency)
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        return np.log(np.array([predict(r, calibration_of(theta)) for r in records]) / measured)
+
+    # Started at 10 us: with too little host cost no row is host-bound and the gradient is zero.
+    result = least_squares(residuals, np.array([10.0]), bounds=_HOST_US_BOUNDS, loss="soft_l1", f_scale=0.1,
+                           diff_step=1e-2, xtol=1e-6, ftol=1e-6)
+    return calibration_of(result.x)
+
+
 # --- scoring ----------------------------------------------------------------------------------------------
 
 def error_metrics(measured: Sequence[float] | np.ndarray,
@@ -312,14 +342,14 @@ def default_calibration() -> CurveCalibration:
 
 
 def fit_on(rows: pd.DataFrame, make_predictor: Callable[[], Predictor], start: CurveCalibration,
-           fit_nvlink: bool = False) -> CurveCalibration:
+           fit_nvlink: bool = False, host: bool = False) -> CurveCalibration:
     """``fit`` with a fresh predictor, then check that it predicted no row outside ``rows``.
 
     A ``SimulatorPredictor`` records every row it was asked about, so the check is by construction:
     a fit that read a held-out row fails here instead of quietly reporting a flattering error.
     """
     predictor = make_predictor()
-    calibration = fit(rows, predictor, start, fit_nvlink)
+    calibration = fit_host(rows, predictor, start) if host else fit(rows, predictor, start, fit_nvlink)
     seen = getattr(predictor, "seen", None)
     if seen is not None and not seen <= set(rows["row_id"]):
         raise RuntimeError(f"the fit predicted {len(seen - set(rows['row_id']))} row(s) it was not given")
@@ -354,6 +384,9 @@ def fit_all(rows: pd.DataFrame, start: CurveCalibration, fit_nvlink: bool,
     t = time.perf_counter()
     fits["quick_fitted"] = fit_on(rows, quick_predictor, start)
     fits["sim_fitted"] = fit_on(rows, SimulatorPredictor, fits["quick_fitted"])
+    # The host launch path's one scalar on the physical model (issue 9, session 5), both predictors.
+    fits["quick_host"] = fit_on(rows, quick_predictor, start, host=True)
+    fits["sim_host"] = fit_on(rows, SimulatorPredictor, start, host=True)
     if fit_nvlink:
         fits["sim_fitted_nvlink"] = fit_on(rows, SimulatorPredictor, fits["sim_fitted"], fit_nvlink=True)
     if timings is not None:
@@ -385,7 +418,7 @@ def run_calibration(out_dir: Path, csv_path: Path | None = None, seed: int = 0,
     predictions = data.copy()
     predictions["held_out_model"] = ""
     names = ["sim_default", "quick_default", "sim_fitted", *(["sim_fitted_nvlink"] if fit_nvlink else []),
-             "quick_fitted"]
+             "quick_fitted", "sim_host", "quick_host"]
 
     def score(label: str, fit_rows_all: pd.DataFrame, held: pd.DataFrame, keep: bool) -> dict[str, Any]:
         """Fit on one side, score the other; ``keep`` writes the held-out predictions into the table."""
@@ -401,7 +434,7 @@ def run_calibration(out_dir: Path, csv_path: Path | None = None, seed: int = 0,
                 predictions.loc[mask, f"pred_{name}_s"] = predicted
             metrics[name] = error_metrics(held["iter_time_s"], predicted)
         return {"label": label, "fit_rows": int(len(fit_rows)), "holdout_rows": int(len(held)),
-                "fitted": {name: fits[name].to_dict() for name in names if "fitted" in name},
+                "fitted": {name: fits[name].to_dict() for name in names if "fitted" in name or "host" in name},
                 "metrics": metrics}
 
     splits = [{"held_out_model": list(shape), **score(shape_label(shape), fit_rows, held, keep=True)}
@@ -517,7 +550,7 @@ def save_calibration_data(summary: Mapping[str, Any], path: Path = CALIBRATION_D
     record = {
         "device": MEGATRON_DEVICE,
         "dtype": MEGATRON_DTYPE,
-        "efficiency_curve": {k: fitted[k] for k in ("eff_max", "flops_half", "mem_eff")},
+        "efficiency_curve": {k: fitted[k] for k in ("eff_max", "flops_half", "mem_eff", "host_launch_s") if k in fitted},
         "nvlink_efficiency": fitted["nvlink_efficiency"],
         # Not the default (sim.analytic.calibrated_curve honours this): with the kernel-by-kernel model
         # the fit runs eff_max to its bound 1.0 and puts ~0.5 ms of fixed cost on every layer call, which
@@ -558,7 +591,8 @@ def load_calibrated_curve(path: Path = CALIBRATION_DATA) -> EfficiencyCurve:
         else:  # a run_calibration summary: the fit it chose
             values = record["fitted"][record["chosen"]]
         return EfficiencyCurve(eff_max=float(values["eff_max"]), flops_half=float(values["flops_half"]),
-                               mem_eff=float(values.get("mem_eff", 0.9)))
+                               mem_eff=float(values.get("mem_eff", 0.9)),
+                               host_launch_s=float(values.get("host_launch_s", 0.0)))
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise BundleError(path, f"not a calibration file ({exc.__class__.__name__}: {exc})") from None
 
@@ -588,7 +622,7 @@ def _print_fits(fitted: Mapping[str, Any], metrics: Mapping[str, Any]) -> None:
               f"{'mean err':>8s} {'spearman':>8s}")
     for name, values in fitted.items():
         print(f"  {name:18s} eff_max={values['eff_max']:.3f} flops_half={values['flops_half']:.3g} "
-              f"nvlink_eff={values['nvlink_efficiency']:.3f}")
+              f"nvlink_eff={values['nvlink_efficiency']:.3f} host_launch={values.get('host_launch_s', 0) * 1e6:.1f}us")
     print("  " + header)
     for name, m in metrics.items():
         print("  " + _metric_line(name, m))

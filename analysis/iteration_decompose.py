@@ -21,7 +21,7 @@ from sim.program import Kind
 # The columns, in order. "pipeline_wait": the compute stream idle before a forward, recompute or
 # backward (bubble, and transfers it had to wait for); "sync_wait": idle before the optimizer step
 # (data-parallel and embedding all-reduces not hidden behind the backward).
-KINDS = ("gemm", "attention", "memory", "lm_head_loss", "embedding", "per_call", "recompute", "tp_allreduce",
+KINDS = ("gemm", "attention", "memory", "lm_head_loss", "embedding", "per_call", "host", "recompute", "tp_allreduce",
          "optimizer", "pipeline_wait", "sync_wait", "p2p_transfer")
 
 

@@ -2,6 +2,7 @@
 
     python benchmarks/megatron_at_scale.py [--schedule interleaved-1f1b|1f1b] [--micro-batch 1]
                                            [--as-simulated] [--decompose OUT.csv] [--json OUT.json]
+                                           [--host-launch-us 37]
                                            [--rows 0,1,2]
 
 Ten GPT models, 1.7B to 1T parameters, on 32 to 3,072 A100-80GB GPUs of Selene (8 per node,
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -125,21 +127,25 @@ def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batc
     ))
 
 
-def curve_of(name: str) -> EfficiencyCurve:
+def curve_of(name: str, host_launch_us: float | None = None) -> EfficiencyCurve:
     """``default``: what sim.analytic.default_for gives A100 fp16; ``physical``: the uncalibrated
-    prior (large-GEMM efficiency and copy bandwidth measured on a GPU, no per-call overhead)."""
+    prior (large-GEMM efficiency and copy bandwidth measured on a GPU, no per-call overhead).
+    ``host_launch_us``: the host launch path's cost per kernel launch instead of the curve's own."""
     device = load_cluster("dgx-a100-8").device
-    return default_for(device, "fp16") if name == "default" else uncalibrated_curve(device, "fp16")
+    curve = default_for(device, "fp16") if name == "default" else uncalibrated_curve(device, "fp16")
+    return curve if host_launch_us is None else replace(curve, host_launch_s=host_launch_us * 1e-6)
 
 
 def simulate_row(row: dict[str, Any], schedule: str, micro_batch: int, curve: str = "default",
                  attention: str = MEGATRON_ATTENTION, kernels: bool = True,
-                 decompose: bool = False, megatron_2021: bool = True) -> dict[str, Any]:
+                 decompose: bool = False, megatron_2021: bool = True,
+                 host_launch_us: float | None = None) -> dict[str, Any]:
     plan = plan_for(row, schedule, micro_batch, megatron_2021)
     started = time.perf_counter()
     cluster = load_cluster(plan.cluster)
     layers = transformer_layers(transformer_config(plan.workload, **plan.workload_options))
-    costs = AnalyticCosts(layers, cluster.device, plan.dtype, cluster, curve_of(curve), attention=attention,
+    costs = AnalyticCosts(layers, cluster.device, plan.dtype, cluster, curve_of(curve, host_launch_us),
+                          attention=attention,
                           kernels=kernels, optimizer="megatron-fp16" if megatron_2021 else "adam")
     compiled = compile_plan(plan, costs)
     resolved = compiled.resolved
@@ -198,6 +204,8 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=1)
     parser.add_argument("--curve", default="default", choices=["default", "physical"],
                         help="default: sim.analytic.default_for(A100, fp16); physical: the uncalibrated prior")
+    parser.add_argument("--host-launch-us", type=float, default=None,
+                        help="host seconds per kernel launch, in us (sim.analytic.HOST_LAUNCH_S; default: the curve's)")
     parser.add_argument("--attention", default=MEGATRON_ATTENTION, choices=["unfused", "flash"])
     parser.add_argument("--layer-roofline", action="store_true",
                         help="the earlier per-layer roofline instead of the kernel-by-kernel model")
@@ -219,7 +227,7 @@ def main() -> None:
     for i in indices:
         r = simulate_row(records[i], args.schedule, args.micro_batch, args.curve, args.attention,
                          not args.layer_roofline, decompose=args.decompose is not None,
-                         megatron_2021=not args.as_simulated)
+                         megatron_2021=not args.as_simulated, host_launch_us=args.host_launch_us)
         results.append(r)
         print(f"{r['params_b']:>7.1f}B {r['gpus']:>5} {r['tp']:>3} {r['pp']:>3} {r['dp']:>3} {r['chunks']:>2} "
               f"{r['microbatches']:>4} {r['iteration_s']:>8.2f} {r['reported_tflops']:>8.0f} "
@@ -235,7 +243,7 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"schedule": args.schedule, "micro_batch": args.micro_batch,
-                                         "curve": curve_of(args.curve).to_dict(), "attention": args.attention,
+                                         "curve": curve_of(args.curve, args.host_launch_us).to_dict(), "attention": args.attention,
                                          "kernels": not args.layer_roofline,
                                          "megatron_2021": not args.as_simulated,
                                          "rows": results, "summary": s}, indent=1))

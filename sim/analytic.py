@@ -56,6 +56,60 @@ MEM_EFF = 0.9
 # wave-quantised GEMM tiles and the bytes of memory-bound kernels (``transformer_layer_times``).
 CALL_OVERHEAD_S = 0.0
 
+# The host launch path (issue 9): the host issues each kernel after a CPU cost per launch (Python and
+# the framework's dispatch, autograd bookkeeping, cudaLaunchKernel); the GPU runs kernel i at
+# max(its launch time, the end of kernel i - 1). Between two points where the host waits for the
+# device (Megatron-LM v2.5 synchronises at both ends of every forward_step and backward_step: its
+# _Timer.start/stop call torch.cuda.synchronize(), megatron/global_vars.py, megatron/schedules.py;
+# and after every pipeline exchange, megatron/p2p_communication.py), a run of kernels takes about
+# max(GPU time, launches x host cost): the host hides under long kernels and the GPU idles behind a
+# slow host. ``transformer_layer_times`` prices it per layer call (the forward; the backward, both
+# gradient sides together) in that closed form, which both the engine and the fast estimate read through
+# ``LayerCosts``; per layer it is an upper bound of the max over a whole stage (a host-bound layer
+# cannot borrow the lead a GPU-bound one built), exact when the stage's layers are alike.
+#
+# Kernels Megatron-LM v2.5 (tag v2.5, e269e20) launches per layer call, counted from its code with the
+# default fusions on (--masked-softmax-fusion, --bias-gelu-fusion, --bias-dropout-fusion, apex
+# FusedLayerNorm), fp16, local DDP without contiguous buffers (autograd accumulates each parameter's
+# .grad: one add per parameter tensor per micro-batch). NCCL calls count as launches; the TP ones
+# only when tp > 1 (megatron/mpu/mappings.py returns early for one rank).
+# - block forward (megatron/model/transformer.py, ParallelTransformerLayer and ParallelAttention,
+#   megatron/mpu/layers.py): LN 1, QKV linear with bias on a 3-D input (matmul + bias add) 2, baddbmm 1,
+#   fused scale-mask-softmax 1, dropout 1, context bmm 1, permute-contiguous copy 1, proj GEMM 1,
+#   bias-dropout-add (TorchScript; add-and-dropout, residual add) 2, LN 1, fc1 GEMM 1, fused bias-GELU
+#   1, fc2 GEMM 1, bias-dropout-add 2: 17; + 2 TP all-reduces (proj, fc2 outputs).
+# - block backward, input gradients: two bias-dropout-adds 2 x 1, fc2 / fc1 / proj / QKV input-gradient
+#   GEMMs 4, GELU backward 1, two LN input gradients 2, two residual-gradient sums 2, context-copy
+#   gradient 1, context bmm 2, dropout 1, softmax 1, score baddbmm 2 + its alpha scaling 2, the QKV
+#   split's gradient gathered into one tensor 1: 21; + 2 TP all-reduces (QKV and fc1 inputs).
+# - block backward, weight gradients: 4 weight-gradient GEMMs, 4 bias-gradient sums, 2 LN x 2
+#   gamma/beta kernels, 12 .grad accumulations: 24.
+# - embedding (megatron/model/language_model.py Embedding, mpu/layers.py VocabParallelEmbedding; the
+#   first stage's get_batch in pretrain_gpt.py: broadcast, .cuda() copies, causal mask and position
+#   ids): word and position lookups 2, add 1, dropout 1, get_batch 10: 14 forward; + 7 masking
+#   kernels and 1 all-reduce when tp > 1. Backward: dropout 1 (input side), two
+#   embedding_dense_backward (sort, segment sums: 6 each) 12 and two .grad accumulations 2 (weight side).
+# - LM head and loss (megatron/model/gpt_model.py post_language_model_processing, mpu/cross_entropy.py,
+#   pretrain_gpt.py loss_func, megatron/utils.py average_losses_across_data_parallel_group): final LN
+#   1, logits GEMM 1, .float() 1, vocabulary-parallel cross-entropy 20 (max, sub, masks, gather,
+#   exp, sum, log, div; its three NCCL all-reduces run even on one TP rank) + 3, loss mask and mean 5,
+#   loss cat, all-reduce, divide 3: 34 forward. Backward, input side: cross-entropy 6, cast 1, loss 3,
+#   logits input-gradient GEMM 1, LN input gradient 1 (12); weight side: logits weight-gradient GEMM
+#   1, LN gamma/beta 2, the tied weight's .grad accumulation 1 (4).
+MEGATRON_LAUNCHES = {  # kind: ((forward, input gradient, weight gradient), (the same, added when tp > 1))
+    "block": ((17, 21, 24), (2, 2, 0)),
+    "embedding": ((14, 1, 14), (8, 0, 0)),
+    "head": ((34, 12, 4), (0, 0, 0)),
+}
+# Host seconds per kernel launch. Public figures bound it from below: a torch function on a plain
+# tensor costs ~2 us in the framework alone (pytorch/pytorch benchmarks/overrides_benchmark/README.md),
+# and cudaLaunchKernel adds a few us; a Megatron layer's Python (nn.Module calls, custom autograd
+# Functions, the RNG tracker, views and splits between launches) comes on top. No public measurement
+# of a 2021 Megatron-LM training step's per-launch host time was found, so the default is 0 (the host
+# never limits) and ``analysis.calibrate`` fits this one scalar on one model shape of the single-node
+# data and tests it on the other (docs/accuracy.md, section 4).
+HOST_LAUNCH_S = 0.0
+
 # Attention implementations (``AnalyticCostModel(attention=...)``, ``sim.workloads.ATTENTION_IMPLEMENTATIONS``;
 # a plan chooses with ``workload_options: {attention: unfused}``):
 # - "unfused": Megatron-LM's CoreAttention as its 2021-2023 code ran it (megatron/model/transformer.py:
@@ -98,11 +152,14 @@ class EfficiencyCurve:
     eff_max: float
     flops_half: float  # FLOPs of one call at which efficiency is eff_max / 2
     mem_eff: float = MEM_EFF
+    # Host seconds per kernel launch (HOST_LAUNCH_S); the kernel model runs a layer's phase in
+    # max(GPU time, launches x this). It lives on the curve because calibration fits it alongside.
+    host_launch_s: float = HOST_LAUNCH_S
 
     def __post_init__(self) -> None:
-        if not 0 < self.eff_max <= 1 or not 0 < self.mem_eff <= 1 or self.flops_half < 0:
+        if not 0 < self.eff_max <= 1 or not 0 < self.mem_eff <= 1 or self.flops_half < 0 or self.host_launch_s < 0:
             raise ConfigError("efficiency", f"invalid curve {self}",
-                              "need 0 < eff_max <= 1, 0 < mem_eff <= 1, flops_half >= 0")
+                              "need 0 < eff_max <= 1, 0 < mem_eff <= 1, flops_half >= 0, host_launch_s >= 0")
 
     def __call__(self, flops: float) -> float:
         return self.eff_max * flops / (flops + self.flops_half) if flops > 0 else 0.0
@@ -144,7 +201,7 @@ def calibrated_curve(device: DeviceSpec, dtype: str) -> EfficiencyCurve | None:
     if not record.get("use_as_default", True):  # a fit recorded for reference, not shipped as default
         return None
     curve = record["efficiency_curve"]
-    return EfficiencyCurve(curve["eff_max"], curve["flops_half"], curve["mem_eff"])
+    return EfficiencyCurve(curve["eff_max"], curve["flops_half"], curve["mem_eff"], curve.get("host_launch_s", 0.0))
 
 
 def padded_vocab(vocab: int, tp: int) -> int:
@@ -185,7 +242,8 @@ class KernelTimes:
     # Seconds by kind of work, (forward, input gradient, weight gradient) each; they sum to the three
     # times above. Kinds: "gemm" (the weight GEMMs of a block), "attention" (score and context bmms,
     # softmax, dropout and the context copy; a flash kernel), "memory" (a block's layernorms,
-    # bias-dropout-adds, GELU, residual sums), "lm_head_loss", "embedding", "per_call" (a fitted cost).
+    # bias-dropout-adds, GELU, residual sums), "lm_head_loss", "embedding", "per_call" (a fitted cost),
+    # "host" (what the host launch path adds beyond the GPU's time: see HOST_LAUNCH_S).
     parts: tuple[tuple[str, tuple[float, float, float]], ...] = ()
     # Seconds a backward under selective checkpointing spends recomputing the layer's memory-bound
     # forward kernels (every one inside the layer; the matmuls and attention kernels are kept).
@@ -290,6 +348,16 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
     overhead = curve.flops_half / (curve.eff_max * peak)  # a fitted per-call cost, if any (0 by default)
     if overhead:
         add("per_call", overhead, overhead, overhead if layer.params else 0.0)
+    if curve.host_launch_s:
+        # What the host adds: the forward, and the backward as one autograd pass (Megatron runs the
+        # input- and weight-gradient kernels interleaved), each take max(GPU, host); the excess is
+        # its own kind, the backward's split between its two sides by their launches.
+        gpu = [sum(part[i] for part in parts.values()) for i in range(3)]
+        n_f, n_bi, n_bw = host_launches(layer.kind, t)
+        c = curve.host_launch_s
+        extra_b = max(0.0, (n_bi + n_bw) * c - gpu[1] - gpu[2])
+        share = n_bi / (n_bi + n_bw)
+        add("host", max(0.0, n_f * c - gpu[0]), extra_b * share, extra_b * (1.0 - share))
     fwd, bi, bw_ = (sum(part[i] for part in parts.values()) for i in range(3))
     return KernelTimes(
         fwd_s=fwd, bwd_input_s=bi, bwd_weight_s=bw_,
@@ -297,6 +365,13 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
         parts=tuple((kind, (part[0], part[1], part[2])) for kind, part in parts.items()),
         selective_recompute_s=pointwise_f / bw,
     )
+
+
+def host_launches(kind: str, tp: int) -> tuple[int, int, int]:
+    """Kernel launches of one layer call (forward, input gradient, weight gradient) as Megatron-LM v2.5
+    issues them (MEGATRON_LAUNCHES)."""
+    base, with_tp = MEGATRON_LAUNCHES[kind]
+    return tuple(b + (x if tp > 1 else 0) for b, x in zip(base, with_tp, strict=True))  # type: ignore[return-value]
 
 
 _KERNEL_KEYS = ("seq", "hidden", "heads", "ffn", "vocab")
