@@ -550,7 +550,8 @@ def save_calibration_data(summary: Mapping[str, Any], path: Path = CALIBRATION_D
     record = {
         "device": MEGATRON_DEVICE,
         "dtype": MEGATRON_DTYPE,
-        "efficiency_curve": {k: fitted[k] for k in ("eff_max", "flops_half", "mem_eff", "host_launch_s") if k in fitted},
+        "efficiency_curve": {k: fitted[k] for k in ("eff_max", "flops_half", "mem_eff", "host_launch_s")
+                             if k in fitted},
         "nvlink_efficiency": fitted["nvlink_efficiency"],
         # Not the default (sim.analytic.calibrated_curve honours this): with the kernel-by-kernel model
         # the fit runs eff_max to its bound 1.0 and puts ~0.5 ms of fixed cost on every layer call, which

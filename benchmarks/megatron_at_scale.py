@@ -243,7 +243,8 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"schedule": args.schedule, "micro_batch": args.micro_batch,
-                                         "curve": curve_of(args.curve, args.host_launch_us).to_dict(), "attention": args.attention,
+                                         "curve": curve_of(args.curve, args.host_launch_us).to_dict(),
+                                         "attention": args.attention,
                                          "kernels": not args.layer_roofline,
                                          "megatron_2021": not args.as_simulated,
                                          "rows": results, "summary": s}, indent=1))
