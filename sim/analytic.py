@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from sim.cluster import ClusterSpec
@@ -105,14 +105,19 @@ MEGATRON_LAUNCHES = {  # kind: ((forward, input gradient, weight gradient), (the
     "embedding": ((14, 1, 14), (7, 0, 0)),
     "head": ((34, 12, 4), (0, 0, 0)),
 }
-# Host seconds per kernel launch. Public figures bound it from below: a torch function on a plain
-# tensor costs ~2 us in the framework alone (pytorch/pytorch benchmarks/overrides_benchmark/README.md),
-# and cudaLaunchKernel adds a few us; a Megatron layer's Python (nn.Module calls, custom autograd
-# Functions, the RNG tracker, views and splits between launches) comes on top. No public measurement
-# of a 2021 Megatron-LM training step's per-launch host time was found, so the default is 0 (the host
-# never limits) and ``analysis.calibrate`` fits this one scalar on one model shape of the single-node
-# data and tests it on the other (docs/accuracy.md, section 4).
+# Host seconds per counted kernel launch. Public figures bound it from below: a torch function on a
+# plain tensor costs ~2 us in the framework alone (pytorch/pytorch benchmarks/overrides_benchmark/
+# README.md), and cudaLaunchKernel adds a few us; a Megatron layer's Python between launches (nn.Module
+# calls, custom autograd Functions, the RNG tracker's state save and restore, views, splits and
+# transposes that launch nothing) comes on top and is charged to the launches here. No public
+# measurement of a Megatron-LM step's per-launch host time was found, so this ONE scalar is fitted:
+# ``analysis.calibrate`` (fit ``sim_host``: eff_max 0.8, no per-call cost, only this free) on the
+# vTrain single-node data, 240 rows drawn from all 1,440: 39.9 us; fitted on hidden 2,048 alone 40.0,
+# on hidden 1,024 alone 39.8, on layers 12-16 40.1, on 20-24 39.8 us (each tested on the rows it did
+# not see: 3.5-5.7% median error; docs/accuracy.md, section 4). GPU_HOST_LAUNCH_S is that fit, rounded;
+# ``default_for`` puts it on a GPU's uncalibrated curve. An EfficiencyCurve built by hand has none.
 HOST_LAUNCH_S = 0.0
+GPU_HOST_LAUNCH_S = 40e-6
 
 # Attention implementations (``AnalyticCostModel(attention=...)``, ``sim.workloads.ATTENTION_IMPLEMENTATIONS``;
 # a plan chooses with ``workload_options: {attention: unfused}``):
@@ -189,10 +194,14 @@ def default_for(device: DeviceSpec, dtype: str | None = None) -> EfficiencyCurve
     calibrated = calibrated_curve(device, dtype)
     if calibrated is not None:
         return calibrated
-    return uncalibrated_curve(device, dtype)
+    curve = uncalibrated_curve(device, dtype)
+    # The host launch path (GPU_HOST_LAUNCH_S) applies where the kernel model does: GPUs.
+    return replace(curve, host_launch_s=GPU_HOST_LAUNCH_S) if device.kind == "gpu" else curve
 
 
 def uncalibrated_curve(device: DeviceSpec, dtype: str) -> EfficiencyCurve:
+    """The physical prior before any fit: large-GEMM efficiency, copy bandwidth, no per-call cost, no
+    host launch cost (calibrations start here; ``default_for`` adds the fitted host cost for GPUs)."""
     eff_max = CPU_EFF_MAX if device.kind == "cpu" else GPU_EFF_MAX
     return EfficiencyCurve(eff_max=eff_max, flops_half=CALL_OVERHEAD_S * eff_max * device.peak(dtype))
 
