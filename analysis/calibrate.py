@@ -7,7 +7,11 @@ node with as many GPUs as the row used) and is predicted by the full simulator (
 compile_plan, engine) with ``AnalyticCosts`` under an ``EfficiencyCurve``. The curve's two
 parameters (eff_max, flops_half), and optionally one NVLink bandwidth-efficiency factor, are fitted by
 ``scipy.optimize.least_squares`` on fit rows only, side by side with the uncalibrated defaults and
-with ``sim.calibration.quick_predict`` (the closed-form 1F1B predictor) fitted on the same rows.
+with ``sim.calibration.quick_predict`` (the closed-form 1F1B predictor) fitted on the same rows. The
+fits ``sim_host`` / ``quick_host`` instead keep the physical prior (eff_max 0.8, no per-call cost) and
+fit only the host launch path's cost per kernel launch (``fit_host``; ``sim.analytic.GPU_HOST_LAUNCH_S``
+is its all-rows value). ``sim_default`` / ``quick_default`` are that physical prior without the host
+path (the starting point of every fit), not ``default_for``'s curve.
 
 Splits: ``sim.calibration.model_splits``, leave one *model shape* out. A model shape is (hidden, heads,
 seq) with every layer count of it, so a held-out row never has a fitted row of the same width at
