@@ -496,9 +496,10 @@ def _source_name(csv_path: Path | None) -> str:
 # --- figure -----------------------------------------------------------------------------------------------
 
 def plot_predictions(predictions: pd.DataFrame, stem: Path, summary: Mapping[str, Any] | None = None,
-                     column: str = "pred_sim_fitted_s") -> list[Path]:
+                     column: str = "pred_sim_fitted_s", note: str | None = None) -> list[Path]:
     """Predicted vs measured iteration time, log-log, one colour per held-out model: each row is
-    predicted by the fit that did not see its model."""
+    predicted by the fit that did not see its model. ``note``: a caption under the axes (hardware,
+    assumptions, what was fitted)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -524,7 +525,11 @@ def plot_predictions(predictions: pd.DataFrame, stem: Path, summary: Mapping[str
            title="Megatron GPT, one A100 node: held-out model shapes")
     ax.legend(loc="upper left", fontsize=7)
     ax.grid(True, which="both", alpha=0.25)
-    fig.tight_layout()
+    if note:
+        fig.text(0.01, 0.005, note, fontsize=6, va="bottom", ha="left", wrap=True)
+        fig.tight_layout(rect=(0, 0.09, 1, 1))
+    else:
+        fig.tight_layout()
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
     for path in paths:
         fig.savefig(path, dpi=150)
