@@ -51,10 +51,6 @@ def compile_for_run(plan: Plan) -> ExecutablePlan:
     structural costs, which give the same partition for ``uniform`` and ``parameters`` and exact
     message and bucket bytes.
     """
-    if plan.schedule.p2p_scatter_gather and plan.tp > 1:
-        raise ConfigError("schedule.p2p_scatter_gather", "the runtime sends whole tensors between pipeline "
-                          "stages; scatter/gather is simulated only",
-                          "set schedule.p2p_scatter_gather: false to run this plan")
     workload = load_workload(plan)
     structure = StructuralCosts(workload, plan.micro_batch, plan.dtype, plan.tp)
     compiled = compile_plan(plan, costs=None if plan.profile else structure, symmetric=False)

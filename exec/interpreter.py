@@ -13,7 +13,13 @@ simulator interprets) instruction by instruction, in program order, one handler 
   capturing the gradients of the outputs of every parameter-holding module; BWD_W: the weight
   gradients from those captured gradients (each module's own small backward).
 - SEND_* / RECV_*: ``isend`` / ``irecv`` (tagged, so gloo matches them exactly); a receive is
-  posted when reached and waited on by the instruction that depends on it.
+  posted when reached and waited on by the instruction that depends on it. With
+  ``schedule.p2p_scatter_gather`` and tp > 1 (Megatron-LM's default, megatron/p2p_communication.py
+  at v2.5: split_tensor_into_1d_equal_chunks, gather_split_1d_tensor) each TP rank sends its 1/tp
+  slice of the flattened tensor to the same TP rank of the peer stage, and the receiver all-gathers
+  the slices over its TP group when the receive is waited on. That all-gather is a TP-group
+  collective, so such receives are finished only by the instruction that needs them (program
+  order, the same on every TP rank of a stage), never early by the completion poll.
 - SWAP_OUT / SWAP_IN: the saved activations of (stage, micro-batch) live in a store behind
   ``saved_tensors_hooks`` (``exec.activations``); swapping moves a fraction of them, or those of
   the policy's swapped layers, to host memory and back.
@@ -50,6 +56,7 @@ from exec.parallel.tp import apply_tensor_parallel
 from exec.structure import torch_dtype
 from sim.lower import MemoryPolicy
 from sim.program import Instruction, Kind, RankProgram
+from traces.errors import ConfigError
 
 _P2P = frozenset({Kind.SEND_ACT, Kind.SEND_GRAD, Kind.RECV_ACT, Kind.RECV_GRAD})
 
@@ -180,6 +187,7 @@ class RankRuntime:
         self.acts: dict[tuple[int, int], Any] = {}  # activation entering (stage, mb)
         self.grads: dict[tuple[int, int], Any] = {}  # gradient of (stage, mb)'s output
         self.pending: dict[int, Pending] = {}
+        self.gathered: set[int] = set()  # scatter/gather receives: finished by their consumer only
         self.rows: list[dict] = []
         self.losses: list[float] = []
         self.loss_tensors: list[torch.Tensor] = []
@@ -268,15 +276,30 @@ class RankRuntime:
         self._row(pending.instruction, pending.start, end, pending.nbytes)
 
     def _poll(self) -> None:
-        """Retire every asynchronous instruction whose watcher has seen it complete."""
-        for index in [i for i, p in self.pending.items()
-                      if p.work is None or (p.future is not None and p.future.done())]:
+        """Retire every asynchronous instruction whose watcher has seen it complete (a scatter/gather
+        receive waits for its consumer: its all-gather must run in program order)."""
+        for index in [i for i, p in self.pending.items() if i not in self.gathered
+                      and (p.work is None or (p.future is not None and p.future.done()))]:
             self._finish(index)
+
+    def _scatter_gather(self) -> bool:
+        return self.plan.schedule.p2p_scatter_gather and self.plan.tp > 1
+
+    def _slice(self, flat: torch.Tensor) -> torch.Tensor:
+        """This TP rank's 1/tp of a flattened tensor (Megatron's split_tensor_into_1d_equal_chunks)."""
+        if flat.numel() % self.plan.tp:
+            raise ConfigError("schedule.p2p_scatter_gather", f"a {flat.numel()}-element stage boundary tensor "
+                              f"does not split into {self.plan.tp} equal slices",
+                              "use a TP degree that divides micro_batch x seq x hidden, or turn it off")
+        n = flat.numel() // self.plan.tp
+        return flat[self.coords.tp * n:(self.coords.tp + 1) * n]
 
     def _send(self, ins: Instruction) -> None:
         store = self.acts if ins.kind is Kind.SEND_ACT else self.grads
         kind, stage, mb = ins.tag.split(":")
         tensor = store.pop((int(stage), int(mb))).contiguous()
+        if self._scatter_gather():
+            tensor = self._slice(tensor.reshape(-1)).clone()
         start = self.clock.mark()
         work = dist.isend(tensor, dst=ins.peer, tag=self._tag(ins.tag))
         self._launch(ins, start, work, tensor.numel() * tensor.element_size(), tensor)
@@ -290,8 +313,20 @@ class RankRuntime:
         shape, dtype = self._shape(layer)
         buffer = torch.empty(shape, dtype=dtype, device=self.device)
         start = self.clock.mark()
-        work = dist.irecv(buffer, src=ins.peer, tag=self._tag(ins.tag))
         (self.acts if kind == "act" else self.grads)[(s, m)] = buffer
+        if self._scatter_gather():
+            flat = buffer.view(-1)
+            part = torch.empty_like(self._slice(flat))
+            work = dist.irecv(part, src=ins.peer, tag=self._tag(ins.tag))
+            slices = list(flat.chunk(self.plan.tp))
+
+            def gather() -> None:  # the whole tensor from the TP group's slices, into the buffer's storage
+                dist.all_gather(slices, part, group=self.tp_group)
+
+            self.gathered.add(ins.index)
+            self._launch(ins, start, work, part.numel() * part.element_size(), part, then=gather)
+            return
+        work = dist.irecv(buffer, src=ins.peer, tag=self._tag(ins.tag))
         self._launch(ins, start, work, buffer.numel() * buffer.element_size(), buffer)
 
     def _allreduce(self, ins: Instruction) -> None:

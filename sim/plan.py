@@ -73,7 +73,7 @@ class Schedule(Section):
         "async", description="pipeline sends: async (beside compute) or blocking (Megatron-LM 2021)")
     p2p_scatter_gather: bool = Field(
         False, description="each TP rank sends 1/tp of an activation or gradient and the receivers all-gather "
-        "it over their TP group (Megatron-LM's scatter/gather; simulated only, the runtime sends whole tensors)")
+        "it over their TP group (Megatron-LM's scatter/gather; the runtime does the same, exec/interpreter.py)")
 
     @field_validator("name")
     @classmethod

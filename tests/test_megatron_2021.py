@@ -77,12 +77,12 @@ def test_scatter_gather_sends_a_tp_share_and_gathers_it() -> None:
     assert split_s < whole_s
 
 
-def test_the_runtime_refuses_scatter_gather_it_does_not_run() -> None:
+def test_the_runtime_compiles_scatter_gather_as_the_simulator_lowers_it() -> None:
+    # It runs since session 5 (the real gloo run and its bytes: tests/test_runtime.py).
     p = Plan.from_dict({"workload": "gpt-tiny", "cluster": {"preset": "local-cpu-2", "devices_per_node": 4},
                         "parallelism": {"pp": 2, "tp": 2},
                         "schedule": {"microbatches": 2, "p2p_scatter_gather": True}})
-    with pytest.raises(ConfigError, match="p2p_scatter_gather"):
-        compile_for_run(p)
+    assert compile_for_run(p).program.p2p_gather_tp
 
 
 def test_megatron_optimizer_step_moves_52_bytes_per_parameter() -> None:

@@ -20,7 +20,7 @@ import torch
 
 from exec.contract import LEARNING_RATE, batch_seed, compile_for_run, load_workload, make_optimizer
 from exec.faults import FAULT_ENV
-from exec.launcher import RunFailed, run_plan
+from exec.launcher import RunFailed, RunResult, run_plan
 from exec.parallel.tp import apply_tensor_parallel
 from exec.structure import StructuralCosts
 from exec.workloads import run_layers
@@ -262,7 +262,7 @@ def assert_params_close(name: str, value: torch.Tensor, expected: torch.Tensor, 
     assert worst <= ELEMENT_ATOL, f"{where}: largest element difference {worst:.2e} > {ELEMENT_ATOL}"
 
 
-def check_against_reference(plan: Plan, tmp_path: Path) -> None:
+def check_against_reference(plan: Plan, tmp_path: Path) -> RunResult:
     result = run_plan(plan, iterations=STEPS - 1, warmup=1, out_dir=tmp_path / plan.name, timeout_s=120,
                       save_params=True)
     ref = reference_with_bounds(plan)
@@ -300,6 +300,7 @@ def check_against_reference(plan: Plan, tmp_path: Path) -> None:
     # No rank keeps a micro-batch's saved tensors past its backward (the split-backward leak).
     assert saved_bytes_per_iteration(result.paths["ranks"], plan) == {
         rank: [0] * STEPS for rank in range(plan.world_size)}
+    return result
 
 
 def assert_replicas_identical(plan: Plan, held: dict[int, dict[str, torch.Tensor]]) -> None:
@@ -386,6 +387,26 @@ def test_message_bytes_are_the_lowered_bytes(tmp_path: Path) -> None:
     block = setup.costs.layer_costs(1, plan.micro_batch, 1).output_bytes
     assert len(sends) == 2 * plan.microbatches
     assert (sends["bytes"] == block).all()
+
+
+def test_scatter_gather_exchange_trains_as_one_process_and_sends_a_tp_th(tmp_path: Path) -> None:
+    """schedule.p2p_scatter_gather (Megatron-LM's default): each TP rank sends 1/tp of the stage boundary
+    tensor and the receiver all-gathers it over its TP group. Training equals the single-process
+    reference (as the plain exchange does, CASES), and each send moves the bytes the Program says: a
+    block's output over tp."""
+    plain = plan_of(tp=2, pp=2, schedule="1f1b")
+    plan = plain.model_copy(update={"name": f"{plain.name}-scatter-gather",
+                                    "schedule": plain.schedule.model_copy(update={"p2p_scatter_gather": True})})
+    result = check_against_reference(plan, tmp_path)
+    setup = resolve_plan(plan, costs=StructuralCosts(load_workload(plan), plan.micro_batch, plan.dtype, plan.tp))
+    block = setup.costs.layer_costs(1, plan.micro_batch, plan.tp).output_bytes
+    p2p = result.table[result.table["kind"].isin(["SEND_ACT", "SEND_GRAD", "RECV_ACT", "RECV_GRAD"])]
+    assert len(p2p) == 4 * plan.microbatches * plan.tp * 2  # sends and receives, per TP rank, 2 iterations
+    assert (p2p["bytes"] == block // plan.tp).all()
+    program = compile_for_run(plan).program
+    lowered = {i.bytes for rp in program.ranks.values() for i in rp.instructions
+               if i.kind.value in ("SEND_ACT", "SEND_GRAD", "RECV_ACT", "RECV_GRAD")}
+    assert lowered == {block // plan.tp}
 
 
 def test_failing_rank_stops_the_run_naming_rank_and_instruction(tmp_path: Path, monkeypatch) -> None:
