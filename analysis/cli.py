@@ -366,6 +366,8 @@ def search(
     workers: Annotated[int | None, typer.Option(help="processes simulating plans; default one per core")] = None,
     lossy_gradient_sync: Annotated[bool, typer.Option(help="also search gradient-sync methods that change the "
                                                       "gradients (fp16, top-k, S2, PowerSGD)")] = False,
+    blocking_p2p: Annotated[bool, typer.Option(help="also search blocking pipeline exchanges (schedule.p2p: "
+                                               "blocking, Megatron-LM 2021) on pipelined plans")] = False,
 ) -> None:
     """Search plans: enumerate every registered choice, prune, rank by a fast estimate, simulate the best."""
     import yaml
@@ -380,7 +382,8 @@ def search(
             raise ConfigError("--workload-option", f"{item!r} is not KEY=VALUE", "write e.g. --workload-option seq=128")
         options[key] = yaml.safe_load(value)
     space = SearchSpace(workload, cluster, global_batch=global_batch, dtype=dtype, workload_options=options,
-                        profile=str(profile) if profile else None, lossy_gradient_sync=lossy_gradient_sync)
+                        profile=str(profile) if profile else None, lossy_gradient_sync=lossy_gradient_sync,
+                        p2p=("async", "blocking") if blocking_p2p else ("async",))
     target = out or fresh_run_folder(Path("runs") / f"search-{safe_name(workload)}-{safe_name(Path(cluster).stem)}")
     run_search(space, top=top, simulate_top=simulate_top, sample=sample, out=target, workers=workers)
 

@@ -82,6 +82,10 @@ class SearchSpace:
     tp_overlaps: tuple[int, ...] = (0, 1, 2, 3)
     bucket_mbs: tuple[float, ...] = (25.0, 100.0)
     swap: tuple[float | None, ...] = (None,)  # swap fractions to try (None: no swap)
+    # schedule.p2p modes to try on pipelined plans; ("async", "blocking") also tries Megatron-LM 2021's
+    # blocking exchanges. The estimate prices both alike (blocking sends fall inside 1F1B's waits,
+    # sim.estimate); the engine tells them apart when it simulates the best.
+    p2p: tuple[str, ...] = ("async",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,13 +102,14 @@ class Candidate:
     memory: tuple[tuple[str, Any], ...]
     gradient_sync: tuple[tuple[str, Any], ...]
     embedding: tuple[tuple[str, Any], ...] = (("method", "dense"),)
+    p2p: str = "async"
 
     def sections(self) -> dict[str, Any]:
         return {
             "parallelism": {"dp": self.dp, "tp": self.tp, "pp": self.pp, "chunks": self.chunks,
                             "partition": self.partition, "tp_overlap": self.tp_overlap},
             "schedule": {"name": self.schedule, "micro_batch": self.micro_batch,
-                         "microbatches": self.microbatches},
+                         "microbatches": self.microbatches, **({"p2p": self.p2p} if self.p2p != "async" else {})},
             "memory": _unfreeze(self.memory),
             "gradient_sync": _unfreeze(self.gradient_sync),
             "embedding": _unfreeze(self.embedding),
@@ -117,8 +122,9 @@ class Candidate:
         tables = "" if embedding.get("method") == "dense" else " embedding " + " ".join(
             f"{v}" if k == "method" else f"{k}={v}" for k, v in self.embedding)
         chunks = f" x{self.chunks}" if self.chunks > 1 else ""
+        p2p = "" if self.p2p == "async" else f" p2p={self.p2p}"
         return (f"dp{self.dp} tp{self.tp} pp{self.pp} {self.schedule}{chunks} mb{self.micro_batch}x"
-                f"{self.microbatches} {self.partition} ov{self.tp_overlap} {memory} {sync}{tables}")
+                f"{self.microbatches} {self.partition} ov{self.tp_overlap} {memory} {sync}{tables}{p2p}")
 
 
 def _freeze(settings: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -345,7 +351,9 @@ class _Enumerator:
                 # sharding over data-parallel ranks needs two of them: with dp 1 only unsharded methods
                 embeddings = self.embeddings if dp > 1 else [
                     e for e in self.embeddings if not EMBEDDING_METHODS[e["method"]].sharded]
-                leaves = len(partitions) * len(memories) * len(overlaps) * len(methods) * len(embeddings)
+                p2ps = space.p2p if pp > 1 else ("async",)  # one stage has no exchanges to block on
+                k = len(p2ps)
+                leaves = len(partitions) * len(memories) * len(overlaps) * len(methods) * len(embeddings) * k
                 out.considered += leaves
                 reason = tp_reason or _shape_problem(schedule, pp, m, chunks, self.layers)
                 if reason:
@@ -355,7 +363,7 @@ class _Enumerator:
                 for partition in partitions:
                     split = self.stage_layers(pp * chunks, partition)
                     if split in seen_splits:  # e.g. time-balanced = uniform on identical layers
-                        out.pruned[SAME_SPLIT] += len(memories) * len(overlaps) * len(methods) * len(embeddings)
+                        out.pruned[SAME_SPLIT] += len(memories) * len(overlaps) * len(methods) * len(embeddings) * k
                         continue
                     seen_splits.append(split)
                     for memory in memories:
@@ -370,17 +378,17 @@ class _Enumerator:
                             policy = self.policies[key] = MEMORY_POLICIES[memory["policy"]].build(
                                 plan, split, self.costs, self.comm.capacity_bytes)
                         if policy.problem:  # e.g. selective checkpointing under a split-backward schedule
-                            out.pruned[REFUSED] += len(methods) * len(embeddings) * len(overlaps)
+                            out.pruned[REFUSED] += len(methods) * len(embeddings) * len(overlaps) * k
                             continue
                         for sync in methods:
                             problem = _sync_problem(sync, base, shape, self.checks)
                             if problem:
-                                out.pruned[problem] += len(overlaps) * len(embeddings)
+                                out.pruned[problem] += len(overlaps) * len(embeddings) * k
                                 continue
                             for embedding in embeddings:
                                 terms = self.embedding_of(embedding, shape, split)
                                 if isinstance(terms, str):
-                                    out.pruned[terms] += len(overlaps)
+                                    out.pruned[terms] += len(overlaps) * k
                                     continue
                                 for level in overlaps:
                                     try:  # e.g. row sparsity not measured for this many windows
@@ -390,14 +398,15 @@ class _Enumerator:
                                             policy=policy, tp_overlap=level, sync_method=sync["method"],
                                             bucket_mb=sync.get("bucket_mb", 25.0), embedding=terms)
                                     except ConfigError as exc:
-                                        out.pruned[exc.field] += 1
+                                        out.pruned[exc.field] += k
                                         continue
                                     if not estimate.fits:
-                                        out.pruned[DOES_NOT_FIT] += 1
+                                        out.pruned[DOES_NOT_FIT] += k
                                         continue
-                                    out.survivors.append(Ranked(
+                                    out.survivors.extend(Ranked(
                                         Candidate(dp, tp, pp, chunks, partition, level, schedule, micro_batch, m,
-                                                  _freeze(memory), _freeze(sync), _freeze(embedding)), estimate))
+                                                  _freeze(memory), _freeze(sync), _freeze(embedding), p2p), estimate)
+                                        for p2p in p2ps)
         return out
 
     def refine(self, ranked: list[Ranked], shapes: int) -> _ShapePlans:

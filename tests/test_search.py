@@ -216,3 +216,18 @@ def test_spearman_handles_ties_and_order() -> None:
 def test_a_cpu_cluster_without_profile_is_refused_with_the_simulators_message() -> None:
     with pytest.raises(ConfigError, match="profile"):
         search(SearchSpace("gpt-tiny", "local-cpu-2", dtype="fp32"), top_k=1, sample=0)
+
+
+def test_blocking_p2p_is_searched_when_asked_on_pipelined_plans_only(result) -> None:
+    assert {r.candidate.p2p for r in result.ranked} == {"async"}  # not asked: as before
+    asked = search(replace(SPACE, tp_overlaps=(0,), p2p=("async", "blocking")), top_k=4, sample=0)
+    plain = search(replace(SPACE, tp_overlaps=(0,)), top_k=0, sample=0)
+    assert asked.considered == sum(asked.pruned.values()) + len(asked.ranked)
+    blocking = [r for r in asked.ranked if r.candidate.p2p == "blocking"]
+    assert blocking and all(r.candidate.pp > 1 for r in blocking)
+    # Every pipelined survivor comes in both modes, with the one estimate; one-stage plans once.
+    pipelined = [r for r in plain.ranked if r.candidate.pp > 1]
+    assert len(asked.ranked) == len(plain.ranked) + len(pipelined)
+    plan = asked.plan_of(blocking[0].candidate)
+    assert plan.schedule.p2p == "blocking" and "p2p=blocking" in blocking[0].candidate.describe()
+    compile_plan(plan)
