@@ -23,7 +23,7 @@ from pydantic import Field
 from sim.costs import CostModel, LayerCosts
 from sim.delta import Decisions, DeltaSettings, LayerFacts, Step, decide
 from sim.gradient_sync import vector_wire_bytes
-from sim.memory import MemoryConfig, MemoryPolicy, checkpoint_bytes, movable_bytes, register_memory_policy
+from sim.memory import MemoryConfig, MemoryPolicy, movable_bytes, register_memory_policy, resident_bytes
 from sim.program import Kind
 from sim.schedules import SCHEDULES, Op, generate_schedule
 
@@ -47,6 +47,9 @@ class DeltaMemory(MemoryConfig):
     director: Literal["cost", "swap", "recompute"] = Field(
         "cost", description="cost: DELTA's rule (swap when cheaper than recomputing); swap / recompute: always "
         "that, with DELTA's filter (baselines)")
+    decide: Literal["lowering", "runtime"] = Field(
+        "lowering", description="lowering: decide once from predicted times and write the decisions into the "
+        "Program; runtime: each engine decides at DECIDE instructions from the bytes it holds and its own clock")
 
 
 def build_delta(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostModel,
@@ -63,28 +66,49 @@ def build_delta(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostMo
                             "recomputation; DELTA needs an ordinary schedule (1f1b, gpipe, interleaved-1f1b, zb-*)")
     if config.swap is not None:
         return MemoryPolicy(none, (0.0,) * stages_n, problem="DELTA decides its swaps itself: drop memory.swap")
+    if config.decide == "runtime" and SCHEDULES[plan.schedule.name].split_backward:
+        return MemoryPolicy(none, (0.0,) * stages_n, problem=f"DELTA at run time re-materialises a micro-batch "
+                            f"before one whole backward; schedule {plan.schedule.name} splits its backward: use "
+                            "1f1b, gpipe or interleaved-1f1b, or memory.decide: lowering")
     latency, bandwidth = ClusterComm(load_cluster(plan.cluster), None).host_copy()
     budget = capacity_bytes if config.budget_gb is None else min(capacity_bytes, int(config.budget_gb * 2**30))
     settings = DeltaSettings(budget_bytes=budget, tiny_bytes=int(config.tiny_mb * 2**20), host_latency_s=latency,
-                             host_bandwidth_Bps=bandwidth, director=config.director)
+                             host_bandwidth_Bps=bandwidth, director=config.director, decide=config.decide)
     return MemoryPolicy(none, (0.0,) * stages_n, delta=settings)
 
 
 def _replay(steps: list[Step], stage_layers: Sequence[Sequence[int]], cost: Callable[[int], LayerCosts],
             settings: DeltaSettings, pp: int, extra_static: int) -> tuple[Decisions, dict[int, LayerFacts], int]:
-    """``decide`` for one rank: its layers' facts and its static bytes (parameters, gradients,
-    optimizer state, a received gradient per stage while pipelined, and ``extra_static``)."""
+    """``decide`` for one rank: its layers' facts and its static bytes (``_static``)."""
+    stages = sorted({step.stage for step in steps})
     facts = {}
-    static = extra_static
-    for s in sorted({step.stage for step in steps}):
-        for layer in stage_layers[s]:
+    shared = {}
+    for s in stages:
+        layers = stage_layers[s]
+        whole = resident_bytes(layers, (), (), cost)
+        for layer in layers:
             c = cost(layer)
-            facts[layer] = LayerFacts(saved=c.saved_bytes, checkpoint=checkpoint_bytes(layer, cost),
-                                      forward_s=c.fwd_s, backward_s=c.bwd_s, recompute_s=c.recompute_s)
-            static += c.param_bytes + c.grad_bytes + c.optimizer_bytes
+            # Each storage once, as the ledger counts (sim.memory.resident_bytes): a swap frees what
+            # no other layer of the forward saves too (nor the stage input), a drop that less its input.
+            alone = whole - resident_bytes(layers, (layer,), (), cost)
+            dropped = whole - resident_bytes(layers, (), (layer,), cost)
+            facts[layer] = LayerFacts(saved=alone, checkpoint=alone - dropped, forward_s=c.fwd_s,
+                                      backward_s=c.bwd_s, recompute_s=c.recompute_s)
+        shared[s] = whole - sum(facts[layer].saved for layer in layers)
+    static = _static(stages, stage_layers, cost, pp) + extra_static
+    return decide(steps, stage_layers, facts, static, settings, shared), facts, static
+
+
+def _static(stages: Sequence[int], stage_layers: Sequence[Sequence[int]], cost: Callable[[int], LayerCosts],
+            pp: int) -> int:
+    """Parameters, gradients, optimizer state, and a received gradient per stage while pipelined."""
+    static = 0
+    for s in stages:
+        static += sum(cost(layer).param_bytes + cost(layer).grad_bytes + cost(layer).optimizer_bytes
+                      for layer in stage_layers[s])
         if pp > 1:  # a received gradient is held until its backward has used it
             static += cost(stage_layers[s][-1]).output_bytes
-    return decide(steps, stage_layers, facts, static, settings), facts, static
+    return static
 
 
 def delta_estimate(schedule: str, pp: int, microbatches: int, chunks: int, stage_layers: Sequence[Sequence[int]],
@@ -113,6 +137,11 @@ def delta_pass(draft: _Draft) -> None:
     if draft.plan.dp > 1:  # one flattened gradient bucket in flight
         plan = draft.plan
         bucket = vector_wire_bytes(plan.gradient_sync, int(plan.gradient_sync.bucket_mb * 2**20), plan.dp, plan.dtype)
+    if settings.decide == "runtime":
+        stages = sorted({n.stage for n in computes})
+        static = _static(stages, stage_layers, draft.cost, draft.plan.pp) + bucket
+        decision_points(draft, computes, max(0, settings.budget_bytes - static))
+        return
     decisions, facts, _ = _replay([Step(_STEP_OF[n.kind], n.stage, n.microbatch) for n in computes], stage_layers,
                                   draft.cost, settings, draft.plan.pp, bucket)
     last_stage = draft.plan.num_stages - 1
@@ -131,6 +160,33 @@ def delta_pass(draft: _Draft) -> None:
         forward = draft.find(Kind.FWD, s, mb)
         draft.insert_after(forward, Node(Kind.SWAP_OUT, s, mb, deps=[forward], layers=layers,
                                          bytes=movable_bytes(draft.program.stage_layers[s], layers, draft.cost)))
+
+
+def decision_points(draft: _Draft, computes: list, activation_budget: int) -> None:
+    """DELTA at run time: DECIDE instructions where the replay (``sim.delta.decide``) decides, in the
+    same order, so an engine calling ``sim.delta.choose`` there makes the replay's decisions from its
+    own bytes and clock: ``release`` after each forward; before each compute step whose successor
+    is a backward, ``prefetch`` that backward's swapped tensors (one compute step ahead); before each
+    backward, ``return`` its tensors (waiting for the prefetch, recomputing what was dropped), then
+    release others while over budget. ``bytes``: the activation budget, the rank's budget less the
+    static bytes the replay counts (parameters, gradients, optimizer state, received gradients,
+    one gradient bucket), so both engines compare what they hold with the same number."""
+    from sim.lower import Node
+
+    forward_at: dict[tuple[int, int], int] = {}
+    for index, node in enumerate(computes):
+        key = (node.stage, node.microbatch)
+        nxt = computes[index + 1] if index + 1 < len(computes) else None
+        if nxt is not None and nxt.kind is Kind.BWD and forward_at.get((nxt.stage, nxt.microbatch), index) < index:
+            draft.insert_before(node, Node(Kind.DECIDE, nxt.stage, nxt.microbatch, tag="prefetch",
+                                           bytes=activation_budget))
+        if node.kind is Kind.FWD:
+            forward_at[key] = index
+            draft.insert_after(node, Node(Kind.DECIDE, *key, deps=[node], tag="release", bytes=activation_budget))
+        else:
+            back = draft.insert_before(node, Node(Kind.DECIDE, *key, deps=[draft.find(Kind.FWD, *key)], tag="return",
+                                                  bytes=activation_budget))
+            node.deps.append(back)
 
 
 register_memory_policy("delta", DeltaMemory, build_delta, per_plan=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Protocol
 
 import simpy
@@ -23,6 +23,8 @@ from sim.channel import SharedChannel
 from sim.cluster import ClusterSpec
 from sim.comm import concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts
+from sim.delta import choose
+from sim.delta_runtime import RankDelta, decision_name
 from sim.gradient_sync import Phase, phases_s
 from sim.memory import MemoryPolicy, checkpoint_bytes, held_bytes
 from sim.program import Instruction, Kind, Program, Stream
@@ -134,6 +136,13 @@ class Engine:
         # (rank, stage, micro-batch) -> the layers its RECOMPUTE re-runs: what its forward does not keep
         self.recomputed = {(rank, i.stage, i.microbatch): i.layers for rank, rp in program.ranks.items()
                            for i in rp.instructions if i.kind is Kind.RECOMPUTE}
+        # DELTA deciding at run time (memory.decide: runtime): per rank, what it holds as the ledger
+        # counts it, and a copy engine its swaps queue on (sim.delta_runtime).
+        self.delta: dict[int, RankDelta] = {}
+        self.copy_engines: dict[int, simpy.Resource] = {}
+        if policy.delta is not None and policy.delta.decide == "runtime":
+            self.delta = {rank: RankDelta(self._layer) for rank in program.ranks}
+            self.copy_engines = {rank: simpy.Resource(self.env, capacity=1) for rank in program.ranks}
 
     # -- set-up --------------------------------------------------------------------------------
     def _layer(self, layer: int) -> LayerCosts:
@@ -189,6 +198,9 @@ class Engine:
             if stream is Stream.COMPUTE and position and self.options.dispatch_s:
                 yield self.env.timeout(self.options.dispatch_s)
             start = self.env.now
+            if instruction.kind is Kind.DECIDE:
+                yield from self._decide(rank, instruction)
+                continue  # it records its own row (bytes: what the rank holds after it)
             if stream is Stream.COMPUTE:
                 yield from self._compute(rank, instruction)
             elif stream is Stream.P2P_SEND:
@@ -321,12 +333,16 @@ class Engine:
             one_layer = max((self._recompute_bytes(layer) for layer in rerun), default=0)
             ledger.change_activations(one_layer, start, instruction.label)
         t = start
+        ends = {}
         for layer_index, layer_time in zip(instruction.layers, per_layer, strict=True):
             if self.options.layer_rows:
                 self.rows.append(Row(rank, instruction.index, instruction.kind.value, instruction.stage,
                                      instruction.microbatch, Stream.COMPUTE.value, t, t + layer_time * slowdown, 0,
                                      ledger.in_use, instruction.index, layer_index, f"layer {layer_index}"))
             t += layer_time * slowdown
+            ends[layer_index] = t
+        if kind is Kind.FWD and self.delta:  # each layer's last use: the end of its forward
+            self.delta[rank].forward(instruction.stage, instruction.microbatch, instruction.layers, ends)
         yield self.env.timeout(t - start)
         self.compute_busy[rank] += t - start
         if kind is Kind.BWD and in_backward:  # what the forward kept, and the one layer re-run last
@@ -336,9 +352,80 @@ class Engine:
         elif kind is Kind.BWD or kind is Kind.BWD_W:
             ledger.change_activations(-self._stage_activation_bytes(rank, instruction.stage, instruction.microbatch),
                                       self.env.now, instruction.label)
+        if kind is Kind.BWD and self.delta:
+            self.delta[rank].backward_done(instruction.stage, instruction.microbatch)
         if kind is Kind.BWD or kind is Kind.BWD_I:
             received = self.grad_buffers.pop((rank, instruction.stage, instruction.microbatch), 0)
             ledger.change_buffers(-received, self.env.now, instruction.label)
+
+    # -- DELTA at run time ------------------------------------------------------------------------
+    def _decide(self, rank: int, ins: Instruction):
+        """A decision point (sim.delta_lowering.decision_points), as exec.delta_runtime runs it:
+        ``prefetch`` starts the swap-in of a backward's swapped layers on the copy engine; ``return``
+        waits for it, re-runs the dropped layers on the compute stream and then releases; ``release``
+        asks ``sim.delta.choose`` what to swap (out on the copy engine: the bytes leave when the copy
+        ends) or drop (freed now). Each action is a child row of the DECIDE."""
+        state, ledger = self.delta[rank], self.ledgers[rank]
+        key = (ins.stage, ins.microbatch)
+        start = self.env.now
+        if ins.tag in ("prefetch", "return") and key in state.slots:
+            back = state.bring_back(key)
+            if back:
+                state.slots[key].arriving = self._delta_copy(rank, ins, "SWAP_IN", (*key, -1), back)
+        if ins.tag == "return":
+            arriving = state.slots[key].arriving
+            if arriving is not None and not arriving.processed:
+                yield arriving
+            layers, back = state.recompute(key)
+            self.recomputed[(rank, *key)] = layers  # the backward frees what the slot now holds
+            ledger.change_activations(back, self.env.now, ins.label)
+            for layer in layers:
+                began = self.env.now
+                yield self.env.timeout(self._layer(layer).recompute_s)
+                self.compute_busy[rank] += self.env.now - began
+                self._decision_row(rank, ins, "RECOMPUTE", (*key, layer), began, self.env.now, 0, "compute")
+        if ins.tag != "prefetch":
+            settings = replace(self.policy.delta, budget_bytes=ins.bytes)  # the activation budget
+            now = self.env.now
+            for victim, action in choose(state.records(now), state.resident(), now, settings):
+                change = state.apply(victim, action)
+                if action == "swap":  # the bytes leave once the copy has read them
+                    self._delta_copy(rank, ins, "SWAP_OUT", victim, -change)
+                else:
+                    ledger.change_activations(change, now, ins.label)
+                    self._decision_row(rank, ins, "DROP", victim, now, now, -change, "compute")
+        self.rows.append(Row(rank, ins.index, ins.kind.value, ins.stage, ins.microbatch, ins.stream.value, start,
+                             self.env.now, state.resident(), ledger.in_use, name=ins.label))
+        self.finished[rank][ins.index].succeed()
+
+    def _delta_copy(self, rank: int, ins: Instruction, kind: str, victim: tuple[int, int, int],
+                    nbytes: int) -> simpy.Event:
+        """A decision's copy on the rank's copy engine, in the order decided: a swap-out's bytes leave
+        the ledger when it ends, a swap-in's come back when it starts (as ``_copy``), which on one
+        copy engine is after every swap-out decided before it."""
+        done = self.env.event()
+        latency, bandwidth = self.comm.host_copy()
+
+        def run():
+            with self.copy_engines[rank].request() as turn:
+                yield turn
+                began = self.env.now
+                if kind == "SWAP_IN":  # on the device from its start (after any swap-out queued before it)
+                    self.ledgers[rank].change_activations(nbytes, began, ins.label)
+                yield self.env.timeout(latency + nbytes / bandwidth)
+            if kind == "SWAP_OUT":
+                self.ledgers[rank].change_activations(-nbytes, self.env.now, ins.label)
+            self._decision_row(rank, ins, kind, victim, began, self.env.now, nbytes, "copy")
+            done.succeed()
+
+        self.env.process(run())
+        return done
+
+    def _decision_row(self, rank: int, ins: Instruction, kind: str, victim: tuple[int, int, int], start: float,
+                      end: float, nbytes: int, stream: str) -> None:
+        s, mb, layer = victim
+        self.rows.append(Row(rank, ins.index, kind, s, mb, stream, start, end, nbytes, self.ledgers[rank].in_use,
+                             ins.index, layer, decision_name(kind, s, mb, layer)))
 
     def _tp_allreduce_s(self, c: LayerCosts, rank: int) -> float:
         if c.tp_allreduces == 0:

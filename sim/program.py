@@ -29,6 +29,11 @@ class Kind(str, Enum):
     ALLREDUCE = "ALLREDUCE"  # data-parallel gradient bucket
     ALLTOALL = "ALLTOALL"  # sharded embedding rows (or their ids, or their gradients) to their owners
     OPTIMIZER_STEP = "OPTIMIZER_STEP"
+    # A memory policy deciding at run time (DELTA, memory.decide: runtime): on the compute stream, it
+    # reads what the rank holds and releases, prefetches or brings back saved tensors. ``tag``: release
+    # (after a forward), prefetch (start bringing back the next backward's swapped tensors) or return
+    # (before a backward: its tensors back on the device); ``bytes``: the rank's activation budget.
+    DECIDE = "DECIDE"
 
     @property
     def is_compute(self) -> bool:
@@ -61,6 +66,7 @@ STREAM_OF: dict[Kind, Stream] = {
     # On the same stream as the buckets: one communicator, whose program order is the priority
     # of its messages (sim.embedding_lower orders them by when their consumer needs them).
     Kind.ALLTOALL: Stream.COLLECTIVE,
+    Kind.DECIDE: Stream.COMPUTE,
 }
 
 
@@ -103,7 +109,7 @@ class Instruction:
             parts.append(f"s{self.stage}")
         if self.microbatch >= 0:
             parts.append(f"mb{self.microbatch}")
-        if self.tag and not self.kind.is_compute:
+        if self.tag and (not self.kind.is_compute or self.kind is Kind.DECIDE):
             parts.append(self.tag)
         return " ".join(parts)
 
