@@ -30,8 +30,8 @@ import torch
 
 from exec.activations import Run, Slot, storage_key
 from sim.delta import Held, choose
-from sim.delta_runtime import AWAY, DEVICE, DROPPED, decision_name
-from sim.program import Instruction
+from sim.delta_runtime import AWAY, DEVICE, DROPPED, NEEDED, decision_name
+from sim.program import Instruction, Kind
 
 if TYPE_CHECKING:
     from exec.interpreter import RankRuntime
@@ -41,7 +41,9 @@ class _SlotState:
     layers: tuple[int, ...]
     where: dict[int, str]
     last_use: dict[int, float] = field(default_factory=dict)  # perf_counter seconds
-    returned: bool = False  # its backward's tensors are back: no longer a candidate
+    done: int = 0  # layers forwarded so far
+    claimed: bool = False  # its backward is next: no longer a candidate
+    dropped_bytes: int = 0  # what its drops freed, measured: what re-running them brings back
     arriving: Any = None  # CUDA: the event of its prefetch
 
 
@@ -54,44 +56,60 @@ class RuntimeDelta:
         self.copy_stream = torch.cuda.Stream(rt.device) if self.cuda else None
         self.slots: dict[tuple[int, int], _SlotState] = {}
         self.in_flight: list[tuple[Any, list[torch.UntypedStorage]]] = []  # CUDA swap-outs still copying
+        # the rank's activation budget, which the lowering wrote on every DECIDE
+        self.budget = next(i.bytes for i in rt.program.instructions if i.kind is Kind.DECIDE)
 
     def start_iteration(self) -> None:
         self.slots.clear()
         self.in_flight.clear()
 
     # -- what the forward and backward tell it ---------------------------------------------------
-    def forward_layer(self, stage: int, microbatch: int, layer: int) -> None:
-        """A layer's forward just ran: its saved tensors' last use."""
-        key = (stage, microbatch)
+    def forward_layer(self, ins: Instruction, layer: int, release: bool = True) -> None:
+        """A layer of ``ins`` (a FWD) just ran: its saved tensors' last use is now; then release
+        while over budget (``release=False``: the caller releases once it has finished the layer,
+        e.g. attached the loss to the last one)."""
+        key = (ins.stage, ins.microbatch)
         if key not in self.slots:
-            layers = tuple(self.rt.stage_layers[stage])
+            layers = tuple(self.rt.stage_layers[ins.stage])
             self.slots[key] = _SlotState(layers, dict.fromkeys(layers, DEVICE))
-        self.slots[key].last_use[layer] = time.perf_counter()
+        state = self.slots[key]
+        state.done += 1
+        state.last_use[layer] = time.perf_counter()
+        self.rt._track(self.rt.slots[key])
+        if release:
+            self.release(ins)
 
     def backward_done(self, stage: int, microbatch: int) -> None:
         self.slots.pop((stage, microbatch), None)
 
     # -- the DECIDE instruction ------------------------------------------------------------------
     def decide(self, ins: Instruction) -> int:
-        """Run one decision point; returns the activation bytes held after it."""
+        """Run one decision point: make room for what comes back (release others while what the
+        rank holds plus what arrives is over budget), then ``prefetch`` starts bringing a backward's
+        swapped tensors back, or ``return`` waits for them and re-runs its dropped layers. Returns
+        the activation bytes held after it."""
         self._retire_copies()
         key = (ins.stage, ins.microbatch)
-        if ins.tag == "prefetch":
-            self._bring_back(ins, key, wait=False)
-        elif ins.tag == "return":
-            self._bring_back(ins, key, wait=True)
-            self._rerun_dropped(ins, key)
-            self.slots[key].returned = True
-            self._release(ins)
-        else:
-            self._release(ins)
+        state = self.slots.get(key)
+        slot = self.rt.slots.get(key)
+        if state is not None and slot is not None:
+            rerun = 0
+            if ins.tag == "return":
+                state.claimed = True
+                rerun = state.dropped_bytes
+            self.release(ins, incoming=_host_bytes(slot) + rerun)
+            self._bring_back(ins, key, wait=ins.tag == "return")
+            if ins.tag == "return":
+                self._rerun_dropped(ins, key)
         return self.rt.activation_bytes
 
-    def _release(self, ins: Instruction) -> None:
-        budget = replace(self.settings, budget_bytes=ins.bytes)  # the activation budget the lowering wrote
+    def release(self, ins: Instruction, incoming: int = 0) -> None:
+        """Ask ``sim.delta.choose`` what to release so that what the rank holds, and ``incoming`` bytes
+        about to arrive, fit; do it; each action a child row of ``ins``."""
+        budget = replace(self.settings, budget_bytes=self.budget)
         now = time.perf_counter()
         held, frees = self._records(now)
-        for victim, action in choose(held, self.rt.activation_bytes, now, budget):
+        for victim, action in choose(held, self.rt.activation_bytes + incoming, now, budget):
             start = self.rt.clock.mark()
             moved = self._swap_out(victim, frees[victim][0]) if action == "swap" else self._drop(victim)
             self._child(ins, "SWAP_OUT" if action == "swap" else "DROP", victim, start, moved,
@@ -107,11 +125,11 @@ class RuntimeDelta:
         frees: dict[tuple[int, int, int], tuple[list[int], int]] = {}
         for (s, mb), state in sorted(self.slots.items()):
             slot = self.rt.slots.get((s, mb))
-            if state.returned or slot is None:
+            if state.claimed or slot is None:
                 continue
             keep = {storage_key(t) for t in slot.kept_inputs()}
             refs, size = _references(slot)
-            for position, layer in enumerate(state.layers):
+            for position, layer in enumerate(state.layers[: state.done]):
                 if state.where[layer] != DEVICE:
                     continue
                 segment = slot.segments[position]
@@ -163,6 +181,7 @@ class RuntimeDelta:
         slot.segments[position] = None
         state.where[layer] = DROPPED
         self.rt._track(slot)
+        state.dropped_bytes += before - slot.resident
         return before - slot.resident
 
     def _bring_back(self, ins: Instruction, key: tuple[int, int], wait: bool) -> None:
@@ -178,7 +197,7 @@ class RuntimeDelta:
                 state.arriving.record(self.copy_stream)
             for layer, where in state.where.items():
                 if where == AWAY:
-                    state.where[layer] = DEVICE
+                    state.where[layer] = NEEDED  # back for its backward: no longer a candidate
             self.rt._track(slot)
             self._child(ins, "SWAP_IN", (*key, -1), start, moved, "copy")
         if wait and state.arriving is not None:
@@ -224,6 +243,11 @@ def _references(slot: Slot) -> tuple[dict[int, set[int]], dict[int, int]]:
         refs.setdefault(k, set()).add(store.layers[p])
         size[k] = t.untyped_storage().nbytes()
     return refs, size
+
+
+def _host_bytes(slot: Slot) -> int:
+    """Bytes of the slot's saved tensors on the host (each host storage once)."""
+    return sum({storage_key(t): t.untyped_storage().nbytes() for t in slot.store.host.values()}.values())
 
 
 def _recompute_s(rt: RankRuntime, layer: int) -> float:

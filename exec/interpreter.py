@@ -425,6 +425,8 @@ class RankRuntime:
             self.embedding.enter(self.iteration, mb)
         slot = Slot(inp=x, store=SavedStore(self.param_storages))
         self.stores.add(slot.store)
+        self.slots[(s, mb)] = slot
+        last_stage = s == self.num_stages - 1
         recomputed = set() if ins.save else self.recomputed[(s, mb)]
         layers = self.stage_layers[s]
         # DELTA at run time may drop any layer after the forward: each layer is a segment of its own.
@@ -449,9 +451,9 @@ class RankRuntime:
                         out = self._walk(slot, s, start, end, inp)
                     slot.segments.append(Segment(inp, out, captures))
                     h = out
-                    if self.delta is not None:
-                        self.delta.forward_layer(s, mb, layers[start])
-            if s == self.num_stages - 1:
+                    if self.delta is not None:  # the last stage's last layer releases once its loss is on
+                        self.delta.forward_layer(ins, layers[start], release=not (last_stage and end == len(layers)))
+            if last_stage:
                 last = slot.segments[-1]
                 # A checkpointed last layer keeps only its input: its loss, too, waits for the RECOMPUTE.
                 with torch.no_grad() if last is None else contextlib.nullcontext():
@@ -464,8 +466,9 @@ class RankRuntime:
                 h = loss
         if s < self.num_stages - 1:
             self.acts[(s + 1, mb)] = h.detach()
-        self.slots[(s, mb)] = slot
         self._track(slot)
+        if self.delta is not None and last_stage:
+            self.delta.release(ins)
 
     def _loss(self, h: torch.Tensor, mb: int) -> torch.Tensor:
         return self.workload.loss(h, self._batch(mb).targets) / self.plan.microbatches

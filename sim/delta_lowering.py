@@ -163,14 +163,16 @@ def delta_pass(draft: _Draft) -> None:
 
 
 def decision_points(draft: _Draft, computes: list, activation_budget: int) -> None:
-    """DELTA at run time: DECIDE instructions where the replay (``sim.delta.decide``) decides, in the
-    same order, so an engine calling ``sim.delta.choose`` there makes the replay's decisions from its
-    own bytes and clock: ``release`` after each forward; before each compute step whose successor
-    is a backward, ``prefetch`` that backward's swapped tensors (one compute step ahead); before each
-    backward, ``return`` its tensors (waiting for the prefetch, recomputing what was dropped), then
-    release others while over budget. ``bytes``: the activation budget, the rank's budget less the
-    static bytes the replay counts (parameters, gradients, optimizer state, received gradients,
-    one gradient bucket), so both engines compare what they hold with the same number."""
+    """DELTA at run time: DECIDE instructions where the replay (``sim.delta.decide``) brings tensors
+    back, so an engine calling ``sim.delta.choose`` there decides from its own bytes and clock:
+    before each compute step whose successor is a backward, ``prefetch`` that backward's swapped
+    tensors (one compute step ahead); before each backward, ``return`` its tensors (waiting for the
+    prefetch, recomputing what was dropped), then release others while over budget. Releases also
+    happen inside every forward, after each layer (both engines do it there: the policy says
+    ``decide: runtime``), finer than the replay's once per forward. ``bytes``: the activation budget,
+    the rank's budget less the static bytes the replay counts (parameters, gradients, optimizer
+    state, received gradients, one gradient bucket), so both engines compare what they hold with
+    the same number."""
     from sim.lower import Node
 
     forward_at: dict[tuple[int, int], int] = {}
@@ -182,7 +184,6 @@ def decision_points(draft: _Draft, computes: list, activation_budget: int) -> No
                                            bytes=activation_budget))
         if node.kind is Kind.FWD:
             forward_at[key] = index
-            draft.insert_after(node, Node(Kind.DECIDE, *key, deps=[node], tag="release", bytes=activation_budget))
         else:
             back = draft.insert_before(node, Node(Kind.DECIDE, *key, deps=[draft.find(Kind.FWD, *key)], tag="return",
                                                   bytes=activation_budget))

@@ -142,6 +142,9 @@ class Engine:
         self.copy_engines: dict[int, simpy.Resource] = {}
         if policy.delta is not None and policy.delta.decide == "runtime":
             self.delta = {rank: RankDelta(self._layer) for rank in program.ranks}
+            # each rank's activation budget, written on its DECIDE instructions by the lowering
+            self._activation_budget = {rank: next(i.bytes for i in rp.instructions if i.kind is Kind.DECIDE)
+                                       for rank, rp in program.ranks.items()}
             self.copy_engines = {rank: simpy.Resource(self.env, capacity=1) for rank in program.ranks}
 
     # -- set-up --------------------------------------------------------------------------------
@@ -320,7 +323,7 @@ class Engine:
         slowdown = 1.0 + (self.options.overlap_slowdown if self.comm_active[rank] > 0 else 0.0)
         per_layer = tp_segments_time(segments, self.tp_overlap if with_tp else 0)
         start = self.env.now
-        if kind is Kind.FWD or kind is Kind.RECOMPUTE:
+        if (kind is Kind.FWD and not self.delta) or kind is Kind.RECOMPUTE:
             ledger.change_activations(self._activation_delta(rank, instruction, layers), start, instruction.label)
         one_layer = 0  # in-backward recompute: the largest single layer's activations, held at once
         if kind is Kind.BWD and in_backward:
@@ -333,16 +336,15 @@ class Engine:
             one_layer = max((self._recompute_bytes(layer) for layer in rerun), default=0)
             ledger.change_activations(one_layer, start, instruction.label)
         t = start
-        ends = {}
         for layer_index, layer_time in zip(instruction.layers, per_layer, strict=True):
             if self.options.layer_rows:
                 self.rows.append(Row(rank, instruction.index, instruction.kind.value, instruction.stage,
                                      instruction.microbatch, Stream.COMPUTE.value, t, t + layer_time * slowdown, 0,
                                      ledger.in_use, instruction.index, layer_index, f"layer {layer_index}"))
             t += layer_time * slowdown
-            ends[layer_index] = t
-        if kind is Kind.FWD and self.delta:  # each layer's last use: the end of its forward
-            self.delta[rank].forward(instruction.stage, instruction.microbatch, instruction.layers, ends)
+        if kind is Kind.FWD and self.delta:  # run-time DELTA decides after each layer
+            yield from self._delta_forward(rank, instruction, [seconds * slowdown for seconds in per_layer])
+            return
         yield self.env.timeout(t - start)
         self.compute_busy[rank] += t - start
         if kind is Kind.BWD and in_backward:  # what the forward kept, and the one layer re-run last
@@ -353,50 +355,69 @@ class Engine:
             ledger.change_activations(-self._stage_activation_bytes(rank, instruction.stage, instruction.microbatch),
                                       self.env.now, instruction.label)
         if kind is Kind.BWD and self.delta:
-            self.delta[rank].backward_done(instruction.stage, instruction.microbatch)
+            self.delta[rank].backward_done((instruction.stage, instruction.microbatch))
         if kind is Kind.BWD or kind is Kind.BWD_I:
             received = self.grad_buffers.pop((rank, instruction.stage, instruction.microbatch), 0)
             ledger.change_buffers(-received, self.env.now, instruction.label)
 
     # -- DELTA at run time ------------------------------------------------------------------------
+    def _delta_forward(self, rank: int, ins: Instruction, layer_s: list[float]):
+        """A forward under run-time DELTA, as exec.interpreter runs it: each layer's saved bytes
+        arrive as it starts; once it has run, its tensors' last use is now and the rank releases
+        while over the activation budget (``_release``)."""
+        state, ledger = self.delta[rank], self.ledgers[rank]
+        key = (ins.stage, ins.microbatch)
+        for layer, seconds in zip(ins.layers, layer_s, strict=True):
+            ledger.change_activations(state.layer_start(key, ins.layers), self.env.now, ins.label)
+            yield self.env.timeout(seconds)
+            self.compute_busy[rank] += seconds
+            state.layer_used(key, layer, self.env.now)
+            self._release(rank, ins, self._activation_budget[rank])
+
     def _decide(self, rank: int, ins: Instruction):
         """A decision point (sim.delta_lowering.decision_points), as exec.delta_runtime runs it:
-        ``prefetch`` starts the swap-in of a backward's swapped layers on the copy engine; ``return``
-        waits for it, re-runs the dropped layers on the compute stream and then releases; ``release``
-        asks ``sim.delta.choose`` what to swap (out on the copy engine: the bytes leave when the copy
-        ends) or drop (freed now). Each action is a child row of the DECIDE."""
+        make room for what comes back (release others while what the rank holds plus what arrives
+        is over budget), then ``prefetch`` starts the swap-in of a backward's swapped layers on the
+        copy engine, or ``return`` waits for it and re-runs the dropped layers on the compute stream."""
         state, ledger = self.delta[rank], self.ledgers[rank]
         key = (ins.stage, ins.microbatch)
         start = self.env.now
-        if ins.tag in ("prefetch", "return") and key in state.slots:
+        if key in state.slots:
+            slot = state.slots[key]
+            rerun = state.claim(key) if ins.tag == "return" else 0
+            self._release(rank, ins, ins.bytes, incoming=state.away_bytes(key) + rerun)
             back = state.bring_back(key)
             if back:
-                state.slots[key].arriving = self._delta_copy(rank, ins, "SWAP_IN", (*key, -1), back)
-        if ins.tag == "return":
-            arriving = state.slots[key].arriving
-            if arriving is not None and not arriving.processed:
-                yield arriving
-            layers, back = state.recompute(key)
-            self.recomputed[(rank, *key)] = layers  # the backward frees what the slot now holds
-            ledger.change_activations(back, self.env.now, ins.label)
-            for layer in layers:
-                began = self.env.now
-                yield self.env.timeout(self._layer(layer).recompute_s)
-                self.compute_busy[rank] += self.env.now - began
-                self._decision_row(rank, ins, "RECOMPUTE", (*key, layer), began, self.env.now, 0, "compute")
-        if ins.tag != "prefetch":
-            settings = replace(self.policy.delta, budget_bytes=ins.bytes)  # the activation budget
-            now = self.env.now
-            for victim, action in choose(state.records(now), state.resident(), now, settings):
-                change = state.apply(victim, action)
-                if action == "swap":  # the bytes leave once the copy has read them
-                    self._delta_copy(rank, ins, "SWAP_OUT", victim, -change)
-                else:
-                    ledger.change_activations(change, now, ins.label)
-                    self._decision_row(rank, ins, "DROP", victim, now, now, -change, "compute")
+                slot.arriving = self._delta_copy(rank, ins, "SWAP_IN", (*key, -1), back)
+            if ins.tag == "return":
+                if slot.arriving is not None and not slot.arriving.processed:
+                    yield slot.arriving
+                layers, back = state.recompute(key)
+                self.recomputed[(rank, *key)] = layers  # the backward frees what the slot now holds
+                ledger.change_activations(back, self.env.now, ins.label)
+                for layer in layers:
+                    began = self.env.now
+                    yield self.env.timeout(self._layer(layer).recompute_s)
+                    self.compute_busy[rank] += self.env.now - began
+                    self._decision_row(rank, ins, "RECOMPUTE", (*key, layer), began, self.env.now, 0, "compute")
         self.rows.append(Row(rank, ins.index, ins.kind.value, ins.stage, ins.microbatch, ins.stream.value, start,
                              self.env.now, state.resident(), ledger.in_use, name=ins.label))
         self.finished[rank][ins.index].succeed()
+
+    def _release(self, rank: int, ins: Instruction, budget: int, incoming: int = 0) -> None:
+        """Ask ``sim.delta.choose`` what to release so that what the rank holds, and ``incoming``
+        bytes about to arrive, fit: a swap goes out on the copy engine (its bytes leave when the copy
+        ends), a drop is freed now. Each action is a child row of ``ins``."""
+        state, ledger = self.delta[rank], self.ledgers[rank]
+        settings = replace(self.policy.delta, budget_bytes=budget)
+        now = self.env.now
+        for victim, action in choose(state.records(now), state.resident() + incoming, now, settings):
+            change = state.apply(victim, action)
+            if action == "swap":
+                self._delta_copy(rank, ins, "SWAP_OUT", victim, -change)
+            else:
+                ledger.change_activations(change, now, ins.label)
+                self._decision_row(rank, ins, "DROP", victim, now, now, -change, "compute")
 
     def _delta_copy(self, rank: int, ins: Instruction, kind: str, victim: tuple[int, int, int],
                     nbytes: int) -> simpy.Event:

@@ -30,9 +30,10 @@ class Kind(str, Enum):
     ALLTOALL = "ALLTOALL"  # sharded embedding rows (or their ids, or their gradients) to their owners
     OPTIMIZER_STEP = "OPTIMIZER_STEP"
     # A memory policy deciding at run time (DELTA, memory.decide: runtime): on the compute stream, it
-    # reads what the rank holds and releases, prefetches or brings back saved tensors. ``tag``: release
-    # (after a forward), prefetch (start bringing back the next backward's swapped tensors) or return
-    # (before a backward: its tensors back on the device); ``bytes``: the rank's activation budget.
+    # brings saved tensors back and releases others. ``tag``: prefetch (start bringing back the next
+    # backward's swapped tensors) or return (before a backward: its tensors back on the device, then
+    # release while over budget); ``bytes``: the rank's activation budget. (Forwards release after
+    # each layer themselves.)
     DECIDE = "DECIDE"
 
     @property
