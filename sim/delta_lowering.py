@@ -116,13 +116,19 @@ def delta_estimate(schedule: str, pp: int, microbatches: int, chunks: int, stage
     """For the fast estimate (``sim.estimate``), per pipeline rank: the recompute seconds per
     micro-batch DELTA's decisions add, and the activation bytes it holds at its settled peak. The
     same replay as ``delta_pass`` on the schedule's own order (without a gradient bucket, which the
-    estimate adds itself); swaps are priced as hidden behind compute."""
+    estimate adds itself); swaps are priced as hidden behind compute. Deciding at run time, the
+    engines release after each layer of a forward, so a rank that releases holds up to one layer
+    more: added."""
     out = []
     for actions in generate_schedule(schedule, pp, microbatches, chunks, None):
         steps = [Step(_STEP_OF_OP[a.op], a.stage, a.microbatch) for a in actions if a.op in _STEP_OF_OP]
         decisions, facts, static = _replay(steps, stage_layers, cost, settings, pp, 0)
         recompute = sum(facts[layer].recompute_s for layers in decisions.dropped.values() for layer in layers)
-        out.append((recompute / microbatches, max(0, decisions.settled_peak_bytes - static)))
+        held = max(0, decisions.settled_peak_bytes - static)
+        if settings.decide == "runtime" and (decisions.dropped or decisions.swapped):
+            # a layer's tensors arrive before the release after it
+            held += max(cost(layer).saved_bytes for layer in facts)
+        out.append((recompute / microbatches, held))
     return out
 
 
