@@ -146,6 +146,8 @@ class Engine:
             self._activation_budget = {rank: next(i.bytes for i in rp.instructions if i.kind is Kind.DECIDE)
                                        for rank, rp in program.ranks.items()}
             self.copy_engines = {rank: simpy.Resource(self.env, capacity=1) for rank in program.ranks}
+        # On a CPU the runtime copies in line (exec.delta_runtime): the compute waits for each copy.
+        self._copies_block = comm.cluster.device.kind == "cpu"
 
     # -- set-up --------------------------------------------------------------------------------
     def _layer(self, layer: int) -> LayerCosts:
@@ -362,17 +364,18 @@ class Engine:
 
     # -- DELTA at run time ------------------------------------------------------------------------
     def _delta_forward(self, rank: int, ins: Instruction, layer_s: list[float]):
-        """A forward under run-time DELTA, as exec.interpreter runs it: each layer's saved bytes
-        arrive as it starts; once it has run, its tensors' last use is now and the rank releases
-        while over the activation budget (``_release``)."""
+        """A forward under run-time DELTA, as exec.interpreter runs it: once a layer has run, its
+        saved bytes are counted (where the runtime counts them: ``RuntimeDelta.forward_layer``), its
+        tensors' last use is now, and the rank releases while over the activation budget
+        (``_release``) at the same instant, so no other stream sees the layer's bytes unreleased."""
         state, ledger = self.delta[rank], self.ledgers[rank]
         key = (ins.stage, ins.microbatch)
         for layer, seconds in zip(ins.layers, layer_s, strict=True):
-            ledger.change_activations(state.layer_start(key, ins.layers), self.env.now, ins.label)
             yield self.env.timeout(seconds)
             self.compute_busy[rank] += seconds
+            ledger.change_activations(state.layer_start(key, ins.layers), self.env.now, ins.label)
             state.layer_used(key, layer, self.env.now)
-            self._release(rank, ins, self._activation_budget[rank])
+            yield from self._release(rank, ins, self._activation_budget[rank])
 
     def _decide(self, rank: int, ins: Instruction):
         """A decision point (sim.delta_lowering.decision_points), as exec.delta_runtime runs it:
@@ -385,10 +388,12 @@ class Engine:
         if key in state.slots:
             slot = state.slots[key]
             rerun = state.claim(key) if ins.tag == "return" else 0
-            self._release(rank, ins, ins.bytes, incoming=state.away_bytes(key) + rerun)
+            yield from self._release(rank, ins, ins.bytes, incoming=state.away_bytes(key) + rerun)
             back = state.bring_back(key)
             if back:
                 slot.arriving = self._delta_copy(rank, ins, "SWAP_IN", (*key, -1), back)
+                if self._copies_block:
+                    yield slot.arriving
             if ins.tag == "return":
                 if slot.arriving is not None and not slot.arriving.processed:
                     yield slot.arriving
@@ -404,20 +409,23 @@ class Engine:
                              self.env.now, state.resident(), ledger.in_use, name=ins.label))
         self.finished[rank][ins.index].succeed()
 
-    def _release(self, rank: int, ins: Instruction, budget: int, incoming: int = 0) -> None:
+    def _release(self, rank: int, ins: Instruction, budget: int, incoming: int = 0):
         """Ask ``sim.delta.choose`` what to release so that what the rank holds, and ``incoming``
         bytes about to arrive, fit: a swap goes out on the copy engine (its bytes leave when the copy
-        ends), a drop is freed now. Each action is a child row of ``ins``."""
+        ends; on a CPU the compute waits for it, as the runtime copies in line), a drop is freed now.
+        Each action is a child row of ``ins``."""
         state, ledger = self.delta[rank], self.ledgers[rank]
         settings = replace(self.policy.delta, budget_bytes=budget)
         now = self.env.now
         for victim, action in choose(state.records(now), state.resident() + incoming, now, settings):
             change = state.apply(victim, action)
             if action == "swap":
-                self._delta_copy(rank, ins, "SWAP_OUT", victim, -change)
+                copied = self._delta_copy(rank, ins, "SWAP_OUT", victim, -change)
+                if self._copies_block:
+                    yield copied
             else:
-                ledger.change_activations(change, now, ins.label)
-                self._decision_row(rank, ins, "DROP", victim, now, now, -change, "compute")
+                ledger.change_activations(change, self.env.now, ins.label)
+                self._decision_row(rank, ins, "DROP", victim, self.env.now, self.env.now, -change, "compute")
 
     def _delta_copy(self, rank: int, ins: Instruction, kind: str, victim: tuple[int, int, int],
                     nbytes: int) -> simpy.Event:
