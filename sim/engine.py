@@ -400,9 +400,15 @@ class Engine:
                 layers, back = state.recompute(key)
                 self.recomputed[(rank, *key)] = layers  # the backward frees what the slot now holds
                 ledger.change_activations(back, self.env.now, ins.label)
-                for layer in layers:
+                # as a RECOMPUTE of these layers: each re-run forward with its TP all-reduces
+                tp = self.program.tp > 1
+                seconds = tp_segments_time([(self._layer(layer).recompute_s,
+                                             self._tp_allreduce_s(self._layer(layer), rank) if tp else 0.0,
+                                             max(self._layer(layer).tp_allreduces, 1)) for layer in layers],
+                                           self.tp_overlap if tp else 0)
+                for layer, duration in zip(layers, seconds, strict=True):
                     began = self.env.now
-                    yield self.env.timeout(self._layer(layer).recompute_s)
+                    yield self.env.timeout(duration)
                     self.compute_busy[rank] += self.env.now - began
                     self._decision_row(rank, ins, "RECOMPUTE", (*key, layer), began, self.env.now, 0, "compute")
         self.rows.append(Row(rank, ins.index, ins.kind.value, ins.stage, ins.microbatch, ins.stream.value, start,
