@@ -108,50 +108,51 @@ class RuntimeDelta:
         about to arrive, fit; do it; each action a child row of ``ins``."""
         budget = replace(self.settings, budget_bytes=self.budget)
         now = time.perf_counter()
-        held, frees = self._records(now)
-        for victim, action in choose(held, self.rt.activation_bytes + incoming, now, budget):
+        for victim, action in choose(self._records(now), self.rt.activation_bytes + incoming, now, budget):
             start = self.rt.clock.mark()
-            moved = self._swap_out(victim, frees[victim][0]) if action == "swap" else self._drop(victim)
+            moved = self._swap_out(victim) if action == "swap" else self._drop(victim)
             self._child(ins, "SWAP_OUT" if action == "swap" else "DROP", victim, start, moved,
                         "copy" if action == "swap" else "compute")
 
     # -- measuring ---------------------------------------------------------------------------------
-    def _records(self, now: float) -> tuple[list[Held], dict[tuple[int, int, int], tuple[list[int], int]]]:
-        """One record per layer on the device of every micro-batch not yet returned: the bytes a swap
-        moves (storages no other layer on the device saves, not kept inputs) and what a drop keeps
-        (of those: its input, and storages another layer saves too). Also, per record, the storages
-        a swap moves."""
+    def _records(self, now: float) -> list[Held]:
+        """One record per layer on the device of every micro-batch not yet claimed by its backward:
+        the bytes a swap moves (``_leaving``) and what a drop keeps of them (its input, and storages
+        another layer saves too)."""
         held: list[Held] = []
-        frees: dict[tuple[int, int, int], tuple[list[int], int]] = {}
         for (s, mb), state in sorted(self.slots.items()):
             slot = self.rt.slots.get((s, mb))
             if state.claimed or slot is None:
                 continue
-            keep = {storage_key(t) for t in slot.kept_inputs()}
             refs, size = _references(slot)
             for position, layer in enumerate(state.layers[: state.done]):
                 if state.where[layer] != DEVICE:
                     continue
                 segment = slot.segments[position]
                 assert segment is not None
-                own_input = storage_key(segment.inp)
-                mine = [k for k, users in refs.items() if layer in users and k not in keep]
-                moving = [k for k in mine if all(state.where[u] != DEVICE for u in refs[k] - {layer})]
-                dropping = [k for k in mine if refs[k] == {layer} and k != own_input]
+                moving = self._leaving(slot, state, layer, refs)
+                dropping = [k for k in moving if refs[k] == {layer} and k != storage_key(segment.inp)]
                 swap_bytes = sum(size[k] for k in moving)
-                drop_bytes = sum(size[k] for k in dropping)
-                key = (s, mb, layer)
-                held.append(Held(key, swap_bytes, swap_bytes - drop_bytes, state.last_use.get(layer, now),
-                                 _recompute_s(self.rt, layer)))
-                frees[key] = (moving, swap_bytes)
-        return held, frees
+                held.append(Held((s, mb, layer), swap_bytes, swap_bytes - sum(size[k] for k in dropping),
+                                 state.last_use.get(layer, now), _recompute_s(self.rt, layer)))
+        return held
+
+    @staticmethod
+    def _leaving(slot: Slot, state: _SlotState, layer: int, refs: dict[int, set[int]]) -> list[int]:
+        """The storages a swap of ``layer`` moves: those it saves that no layer still on the device
+        saves too (others may be away already) and that are not kept inputs (``resident_bytes``)."""
+        keep = {storage_key(t) for t in slot.kept_inputs()}
+        return [k for k, users in refs.items() if layer in users and k not in keep
+                and all(state.where[u] == AWAY for u in users - {layer})]
 
     # -- actions -----------------------------------------------------------------------------------
-    def _swap_out(self, victim: tuple[int, int, int], storages: list[int]) -> int:
+    def _swap_out(self, victim: tuple[int, int, int]) -> int:
+        """Move what leaves with the layer now (after this round's earlier actions, as the engine's
+        ``RankDelta.apply`` counts it)."""
         s, mb, layer = victim
         slot = self.rt.slots[(s, mb)]
         store = slot.store
-        chosen = set(storages)
+        chosen = set(self._leaving(slot, self.slots[(s, mb)], layer, _references(slot)[0]))
         groups: dict[int, list[int]] = {}
         for p, t in enumerate(store.tensors):
             if t is not None and p not in store.host and storage_key(t) in chosen:
