@@ -385,12 +385,13 @@ class RankRuntime:
         groups: dict[int, list[int]] = {}
         for position, host in store.host.items():
             groups.setdefault(storage_key(host), []).append(position)
+        compute = torch.cuda.current_stream(self.device) if stream is not None else None
         with _on_copy_stream(stream, self.device):
             for positions in groups.values():
                 source = store.host[positions[0]].untyped_storage()
                 device = torch.empty(source.nbytes(), dtype=torch.uint8, device=self.device)
-                if stream is not None:  # allocated on the copy stream, used on the compute stream
-                    device.record_stream(torch.cuda.current_stream(self.device))
+                if compute is not None:  # allocated on the copy stream, used on the compute stream
+                    device.record_stream(compute)
                 device = device.untyped_storage()
                 device.copy_(source, non_blocking=cuda)
                 for position in positions:
