@@ -33,7 +33,7 @@ class SavedStore:
 
     def __init__(self, param_storages: set[int]) -> None:
         self.param_storages = param_storages
-        self.tensors: list[torch.Tensor] = []
+        self.tensors: list[torch.Tensor | None] = []  # None: dropped (DELTA at run time, exec.delta_runtime)
         self.layers: list[int] = []  # position -> the layer that saved it
         self.host: dict[int, torch.Tensor] = {}  # position -> host copy while swapped out
         self.layer = -1
@@ -47,17 +47,22 @@ class SavedStore:
         return len(self.tensors) - 1
 
     def unpack(self, handle: Any) -> torch.Tensor:
-        return handle if isinstance(handle, torch.Tensor) else self.tensors[handle]
+        if isinstance(handle, torch.Tensor):
+            return handle
+        t = self.tensors[handle]
+        assert t is not None, "a dropped layer's saved tensor was used before its re-run"
+        return t
 
     def hooks(self) -> Any:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
     def device_tensors(self) -> list[torch.Tensor]:
-        return [*(t for i, t in enumerate(self.tensors) if i not in self.host), *self.selective.kept]
+        return [*(t for i, t in enumerate(self.tensors) if i not in self.host and t is not None),
+                *self.selective.kept]
 
     def all_tensors(self) -> list[torch.Tensor]:
         """Every tensor held for the backward, on the device or on the host."""
-        return [*self.tensors, *self.selective.kept]
+        return [*(t for t in self.tensors if t is not None), *self.selective.kept]
 
     def release(self) -> None:
         """Drop the saved tensors. The graph's unpack hooks reference this store and the store

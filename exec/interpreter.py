@@ -49,6 +49,7 @@ from torch import nn
 from exec.activations import Run, SavedStore, Segment, Slot, runs_of, storage_key, unique_bytes
 from exec.clock import Clock, Pending
 from exec.contract import ExecutablePlan, batch_seed, make_optimizer
+from exec.delta_runtime import RuntimeDelta
 from exec.embedding import EMBEDDING_RUNTIMES, is_sharded
 from exec.faults import Fault
 from exec.gradient_sync import REDUCERS
@@ -97,6 +98,11 @@ class RankRuntime:
         # instruction's layers (a per-micro-batch memory policy, DELTA, chooses them per micro-batch).
         self.recomputed = {(i.stage, i.microbatch): set(i.layers) for i in self.program.instructions
                            if i.kind is Kind.RECOMPUTE}
+        # DELTA deciding at run time (exec.delta_runtime): every layer runs as a segment of its own,
+        # so any one can be dropped after its forward and re-run from its input.
+        self.delta = RuntimeDelta(self) if self.policy.delta is not None and self.policy.delta.decide == "runtime" \
+            else None
+        self.costs, self.micro_batch_tp = run.resolved.costs, (self.plan.micro_batch, self.plan.tp)
         self.params = [p for s in self.program.stages for p in self.stages[s].parameters()]
         self.param_storages = {storage_key(p) for p in self.params}
         # Every SavedStore still alive (weakly held): what they hold at an iteration's end is
@@ -194,6 +200,8 @@ class RankRuntime:
         self.optimizer.zero_grad(set_to_none=True)
         if self.embedding is not None:
             self.embedding.start_iteration(iteration)
+        if self.delta is not None:
+            self.delta.start_iteration()
         self.static_bytes = self._static_bytes()
         self.activation_bytes = self.buffer_bytes = 0
         self.activation_peak = 0  # the most bytes the slots held at once (compare: MemoryLedger.activation_peak)
@@ -246,6 +254,7 @@ class RankRuntime:
         Kind.BWD_I: "_backward_input", Kind.BWD_W: "_backward_weight", Kind.OPTIMIZER_STEP: "_step",
         Kind.SEND_ACT: "_send", Kind.SEND_GRAD: "_send", Kind.RECV_ACT: "_recv", Kind.RECV_GRAD: "_recv",
         Kind.ALLREDUCE: "_allreduce", Kind.ALLTOALL: "_alltoall", Kind.SWAP_OUT: "_swap_out", Kind.SWAP_IN: "_swap_in",
+        Kind.DECIDE: "_decide",
     }
 
     def _execute(self, ins: Instruction) -> None:
@@ -341,28 +350,36 @@ class RankRuntime:
         self._launch(ins, start, work, nbytes, then=then)
 
     def _swap_out(self, ins: Instruction) -> None:
-        """Move the chosen saved tensors to host memory, one copy per storage: views sharing a
-        storage (q, k and v of one QKV output; a tensor two operators save) are rebuilt on the host
-        copy, so the bytes moved are the storages' (what the cost model counts) and the swap-in
-        restores one storage, not a copy per view."""
+        """Move the chosen saved tensors to host memory (``move_out``)."""
         slot = self.slots[(ins.stage, ins.microbatch)]
-        store = slot.store
         start = self.clock.mark()
-        moved = 0
-        cuda = self.device.type == "cuda"
-        for positions in self._to_swap(slot, ins):
-            source = store.tensors[positions[0]].untyped_storage()
-            host = torch.empty(source.nbytes(), dtype=torch.uint8, pin_memory=cuda).untyped_storage()
-            host.copy_(source, non_blocking=cuda)
-            for position in positions:
-                store.host[position] = _on_storage(host, store.tensors[position])
-            moved += source.nbytes()
-        if cuda:
+        moved, _ = self.move_out(slot.store, self._to_swap(slot, ins))
+        if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
-        for position in store.host:
-            store.tensors[position] = store.host[position]  # the device copy is released
         self._track(slot)
         self._launch(ins, start, None, moved)
+
+    def move_out(self, store: SavedStore, groups: list[list[int]],
+                 stream: Any = None) -> tuple[int, list[torch.UntypedStorage]]:
+        """Copy each group of store positions (the views of one storage) to one host buffer, one copy
+        per storage: views sharing a storage (q, k and v of one QKV output; a tensor two operators
+        save) are rebuilt on the host copy, so the bytes moved are the storages' (what the cost model
+        counts) and moving back restores one storage, not a copy per view. On CUDA into pinned
+        memory, on ``stream`` when given (after the compute stream's work); returns the bytes moved
+        and the device storages, which the caller keeps until the copy is done."""
+        cuda = self.device.type == "cuda"
+        moved, sources = 0, []
+        with _on_copy_stream(stream, self.device):
+            for positions in groups:
+                source = store.tensors[positions[0]].untyped_storage()
+                host = torch.empty(source.nbytes(), dtype=torch.uint8, pin_memory=cuda).untyped_storage()
+                host.copy_(source, non_blocking=cuda)
+                for position in positions:
+                    store.host[position] = _on_storage(host, store.tensors[position])
+                    store.tensors[position] = store.host[position]  # the device copy is released
+                moved += source.nbytes()
+                sources.append(source)
+        return moved, sources
 
     def _to_swap(self, slot: Slot, ins: Instruction) -> list[list[int]]:
         """Positions in the store to move to host, grouped by the storage they share: the storages
@@ -390,23 +407,45 @@ class RankRuntime:
 
     def _swap_in(self, ins: Instruction) -> None:
         slot = self.slots[(ins.stage, ins.microbatch)]
-        store = slot.store
         start = self.clock.mark()
-        moved = 0
+        moved = self.move_in(slot.store)
+        self._track(slot)
+        self._launch(ins, start, None, moved)
+
+    def move_in(self, store: SavedStore, stream: Any = None) -> int:
+        """Bring every host copy of ``store`` back to the device, one device storage per host one
+        (on CUDA on ``stream`` when given: the caller orders the compute stream after it)."""
         cuda = self.device.type == "cuda"
+        moved = 0
         groups: dict[int, list[int]] = {}
         for position, host in store.host.items():
             groups.setdefault(storage_key(host), []).append(position)
-        for positions in groups.values():
-            source = store.host[positions[0]].untyped_storage()
-            device = torch.empty(source.nbytes(), dtype=torch.uint8, device=self.device).untyped_storage()
-            device.copy_(source, non_blocking=cuda)
-            for position in positions:
-                store.tensors[position] = _on_storage(device, store.host[position])
-            moved += source.nbytes()
+        compute = torch.cuda.current_stream(self.device) if stream is not None else None
+        with _on_copy_stream(stream, self.device):
+            for positions in groups.values():
+                source = store.host[positions[0]].untyped_storage()
+                device = torch.empty(source.nbytes(), dtype=torch.uint8, device=self.device)
+                if compute is not None:  # allocated on the copy stream, used on the compute stream
+                    device.record_stream(compute)
+                device = device.untyped_storage()
+                device.copy_(source, non_blocking=cuda)
+                for position in positions:
+                    store.tensors[position] = _on_storage(device, store.host[position])
+                moved += source.nbytes()
         store.host.clear()
-        self._track(slot)
-        self._launch(ins, start, None, moved)
+        return moved
+
+    def _decide(self, ins: Instruction) -> None:
+        """A run-time memory decision point (exec.delta_runtime); its row's bytes are the activation
+        bytes held after it, its actions are child rows."""
+        assert self.delta is not None, "a DECIDE instruction needs memory.decide: runtime"
+        start = self.clock.mark()
+        held = self.delta.decide(ins)
+        self._row(ins, start, self.clock.mark(), held)
+
+    def layer_recompute_s(self, layer: int) -> float:
+        micro_batch, tp = self.micro_batch_tp
+        return self.policy.layer_view(self.costs.layer_costs(layer, micro_batch, tp)).recompute_s
 
     # -- compute ---------------------------------------------------------------------------------
     def _stage_input(self, s: int, mb: int) -> torch.Tensor:
@@ -422,25 +461,35 @@ class RankRuntime:
             self.embedding.enter(self.iteration, mb)
         slot = Slot(inp=x, store=SavedStore(self.param_storages))
         self.stores.add(slot.store)
+        self.slots[(s, mb)] = slot
+        last_stage = s == self.num_stages - 1
         recomputed = set() if ins.save else self.recomputed[(s, mb)]
+        layers = self.stage_layers[s]
+        # DELTA at run time may drop any layer after the forward: each layer is a segment of its own.
+        runs = [(p, p + 1, False) for p in range(len(layers))] if self.delta is not None \
+            else runs_of([layer in recomputed for layer in layers])
         h = x
         with slot.store.hooks():
-            for start, end, checkpointed in runs_of([layer in recomputed for layer in self.stage_layers[s]]):
+            for start, end, checkpointed in runs:
                 slot.saved_at.append(len(slot.store.tensors))
+                inp = h if h is x else h.detach().requires_grad_(h.is_floating_point())
                 if checkpointed:  # keep only the run's input (a leaf); RECOMPUTE fills its segment
-                    inp = h if h is x else h.detach().requires_grad_(h.is_floating_point())
                     with torch.no_grad():
                         out = self._walk(slot, s, start, end, inp)
                     slot.checkpointed.append(Run(start, end, inp, len(slot.segments)))
                     slot.segments.append(None)
                     h = out.detach().requires_grad_(out.is_floating_point())
                 else:
+                    if self.delta is None:  # consecutive kept layers: one graph from the run's input
+                        inp = h
                     captures: list = []
                     with self._capturing(captures):
-                        out = self._walk(slot, s, start, end, h)
-                    slot.segments.append(Segment(h, out, captures))
+                        out = self._walk(slot, s, start, end, inp)
+                    slot.segments.append(Segment(inp, out, captures))
                     h = out
-            if s == self.num_stages - 1:
+                    if self.delta is not None:  # the last stage's last layer releases once its loss is on
+                        self.delta.forward_layer(ins, layers[start], release=not (last_stage and end == len(layers)))
+            if last_stage:
                 last = slot.segments[-1]
                 # A checkpointed last layer keeps only its input: its loss, too, waits for the RECOMPUTE.
                 with torch.no_grad() if last is None else contextlib.nullcontext():
@@ -453,8 +502,9 @@ class RankRuntime:
                 h = loss
         if s < self.num_stages - 1:
             self.acts[(s + 1, mb)] = h.detach()
-        self.slots[(s, mb)] = slot
         self._track(slot)
+        if self.delta is not None and last_stage:
+            self.delta.release(ins)
 
     def _loss(self, h: torch.Tensor, mb: int) -> torch.Tensor:
         return self.workload.loss(h, self._batch(mb).targets) / self.plan.microbatches
@@ -530,6 +580,8 @@ class RankRuntime:
                 self._track(slot)
         self._hand_back(s, mb, grad)
         self._free((s, mb))
+        if self.delta is not None:
+            self.delta.backward_done(s, mb)
 
     def _backward_input(self, ins: Instruction) -> None:
         """Input gradient only; keeps the graph and the gradients every weight gradient needs:
@@ -604,6 +656,17 @@ class RankRuntime:
         return {f"{layer}.{name}": p.detach().cpu().clone()
                 for layer, module in sorted(self.layer_modules.items())
                 for name, p in module.named_parameters()}
+
+
+@contextlib.contextmanager
+def _on_copy_stream(stream: Any, device: torch.device) -> Iterator[None]:
+    """Run the enclosed copies on ``stream`` after the compute stream's work so far (CUDA), or inline."""
+    if stream is None:
+        yield
+        return
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        yield
 
 
 def _on_storage(storage: torch.UntypedStorage, like: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,9 @@ class DeltaSettings:
     host_latency_s: float
     host_bandwidth_Bps: float
     director: str = "cost"  # cost (DELTA's rule) / swap / recompute (baselines: always one)
+    # lowering: decided once, by ``decide``, and written into the Program; runtime: each engine
+    # decides at the Program's DECIDE instructions from what it holds (sim.delta_runtime, exec.delta_runtime)
+    decide: str = "lowering"
 
 
 @dataclass(frozen=True)
@@ -145,23 +148,58 @@ def _split(steps: Sequence[Step], key: tuple[int, int]) -> bool:
 
 def _release(live: dict[tuple[int, int, int], _Saved], resident: int, now: float, settings: DeltaSettings,
              out: Decisions) -> int:
-    while resident > settings.budget_bytes:
-        candidates = [t for t in live.values() if t.where == "device" and t.facts.saved >= settings.tiny_bytes
-                      and t.facts.saved > t.facts.checkpoint]
-        if not candidates:
-            out.short_bytes = max(out.short_bytes, resident - settings.budget_bytes)
-            break
-        # Filter: largest size x staleness; ties to the earliest tensor, so every replay agrees.
-        victim = max(candidates, key=lambda t: (t.facts.saved * (now - t.last_use),
-                                                -t.stage, -t.microbatch, -t.layer))
-        key = (victim.stage, victim.microbatch)
-        swap_s = 2 * (settings.host_latency_s + victim.facts.saved / settings.host_bandwidth_Bps)
-        if settings.director == "swap" or (settings.director == "cost" and swap_s < victim.facts.recompute_s):
-            victim.where = "host"
-            resident -= victim.facts.saved
-            out.swapped[key] = tuple(sorted((*out.swapped.get(key, ()), victim.layer)))
-        else:
-            victim.where = "dropped"
-            resident -= victim.facts.saved - victim.facts.checkpoint
-            out.dropped[key] = tuple(sorted((*out.dropped.get(key, ()), victim.layer)))
+    held = [Held((t.stage, t.microbatch, t.layer), t.facts.saved, t.facts.checkpoint, t.last_use, t.facts.recompute_s)
+            for t in live.values() if t.where == "device"]
+    actions = choose(held, resident, now, settings)
+    by_key = {h.key: h for h in held}
+    for key, action in actions:
+        t, h = live[key], by_key[key]
+        resident -= freed(h, action)
+        t.where = "host" if action == "swap" else "dropped"
+        table = out.swapped if action == "swap" else out.dropped
+        table[key[:2]] = tuple(sorted((*table.get(key[:2], ()), key[2])))
+    if resident > settings.budget_bytes:
+        out.short_bytes = max(out.short_bytes, resident - settings.budget_bytes)
     return resident
+
+
+# ---------------------------------------------------------------------------------------------
+# The policy itself, over plain records: the lowering's replay above, the simulator's decision points
+# (sim.delta_runtime) and the runtime's (exec.delta_runtime) all call ``choose``.
+
+
+@dataclass(frozen=True)
+class Held:
+    """A saved tensor on the device that may be released: what one layer of one (stage, micro-batch)
+    saves. ``bytes`` leave the device when it is swapped; a drop keeps ``kept`` of them (its input)."""
+
+    key: tuple[int, int, int]  # (stage, micro-batch, layer)
+    bytes: int
+    kept: int
+    last_use: float  # seconds, on the caller's clock
+    recompute_s: float
+
+
+def freed(h: Held, action: str) -> int:
+    return h.bytes if action == "swap" else h.bytes - h.kept
+
+
+def choose(held: Sequence[Held], resident: int, now: float,
+           settings: DeltaSettings) -> list[tuple[tuple[int, int, int], str]]:
+    """DELTA's filter and director while ``resident`` (bytes, compared with ``settings.budget_bytes``)
+    is over the budget: the victim is the non-tiny record with the largest ``bytes x (now -
+    last_use)`` (ties to the earliest key, so every caller agrees); it is swapped when moving it
+    out and back costs less than recomputing it (or always / never, under the baseline directors),
+    else dropped. Returns the actions in the order chosen; stops when under budget or out of
+    candidates (the caller sees what is left over)."""
+    candidates = [h for h in held if h.bytes >= settings.tiny_bytes and h.bytes > h.kept]
+    actions: list[tuple[tuple[int, int, int], str]] = []
+    while resident > settings.budget_bytes and candidates:
+        victim = max(candidates, key=lambda h: (h.bytes * (now - h.last_use), tuple(-k for k in h.key)))
+        candidates.remove(victim)
+        swap_s = 2 * (settings.host_latency_s + victim.bytes / settings.host_bandwidth_Bps)
+        swap = settings.director == "swap" or (settings.director == "cost" and swap_s < victim.recompute_s)
+        action = "swap" if swap else "drop"
+        actions.append((victim.key, action))
+        resident -= freed(victim, action)
+    return actions

@@ -47,6 +47,9 @@ class DeltaMemory(MemoryConfig):
     director: Literal["cost", "swap", "recompute"] = Field(
         "cost", description="cost: DELTA's rule (swap when cheaper than recomputing); swap / recompute: always "
         "that, with DELTA's filter (baselines)")
+    decide: Literal["lowering", "runtime"] = Field(
+        "lowering", description="lowering: decide once from predicted times and write the decisions into the "
+        "Program; runtime: each engine decides at DECIDE instructions from the bytes it holds and its own clock")
 
 
 def build_delta(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostModel,
@@ -63,28 +66,45 @@ def build_delta(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostMo
                             "recomputation; DELTA needs an ordinary schedule (1f1b, gpipe, interleaved-1f1b, zb-*)")
     if config.swap is not None:
         return MemoryPolicy(none, (0.0,) * stages_n, problem="DELTA decides its swaps itself: drop memory.swap")
+    if config.decide == "runtime" and SCHEDULES[plan.schedule.name].split_backward:
+        return MemoryPolicy(none, (0.0,) * stages_n, problem=f"DELTA at run time re-materialises a micro-batch "
+                            f"before one whole backward; schedule {plan.schedule.name} splits its backward: use "
+                            "1f1b, gpipe or interleaved-1f1b, or memory.decide: lowering")
     latency, bandwidth = ClusterComm(load_cluster(plan.cluster), None).host_copy()
     budget = capacity_bytes if config.budget_gb is None else min(capacity_bytes, int(config.budget_gb * 2**30))
     settings = DeltaSettings(budget_bytes=budget, tiny_bytes=int(config.tiny_mb * 2**20), host_latency_s=latency,
-                             host_bandwidth_Bps=bandwidth, director=config.director)
+                             host_bandwidth_Bps=bandwidth, director=config.director, decide=config.decide)
     return MemoryPolicy(none, (0.0,) * stages_n, delta=settings)
 
 
 def _replay(steps: list[Step], stage_layers: Sequence[Sequence[int]], cost: Callable[[int], LayerCosts],
             settings: DeltaSettings, pp: int, extra_static: int) -> tuple[Decisions, dict[int, LayerFacts], int]:
-    """``decide`` for one rank: its layers' facts and its static bytes (parameters, gradients,
-    optimizer state, a received gradient per stage while pipelined, and ``extra_static``)."""
+    """``decide`` for one rank: its layers' facts and its static bytes (``_static``)."""
+    stages = sorted({step.stage for step in steps})
     facts = {}
-    static = extra_static
-    for s in sorted({step.stage for step in steps}):
+    for s in stages:
         for layer in stage_layers[s]:
             c = cost(layer)
+            # Per-layer saved bytes, as before this session: counting each storage once here
+            # (sim.memory.resident_bytes) made the replay exact on activations and exposed the
+            # received gradients the engine holds beyond the one per stage counted in _static
+            # (docs/memory.md, DELTA: "Bytes"), so it is left for when those are counted.
             facts[layer] = LayerFacts(saved=c.saved_bytes, checkpoint=checkpoint_bytes(layer, cost),
                                       forward_s=c.fwd_s, backward_s=c.bwd_s, recompute_s=c.recompute_s)
-            static += c.param_bytes + c.grad_bytes + c.optimizer_bytes
+    static = _static(stages, stage_layers, cost, pp) + extra_static
+    return decide(steps, stage_layers, facts, static, settings), facts, static
+
+
+def _static(stages: Sequence[int], stage_layers: Sequence[Sequence[int]], cost: Callable[[int], LayerCosts],
+            pp: int) -> int:
+    """Parameters, gradients, optimizer state, and a received gradient per stage while pipelined."""
+    static = 0
+    for s in stages:
+        static += sum(cost(layer).param_bytes + cost(layer).grad_bytes + cost(layer).optimizer_bytes
+                      for layer in stage_layers[s])
         if pp > 1:  # a received gradient is held until its backward has used it
             static += cost(stage_layers[s][-1]).output_bytes
-    return decide(steps, stage_layers, facts, static, settings), facts, static
+    return static
 
 
 def delta_estimate(schedule: str, pp: int, microbatches: int, chunks: int, stage_layers: Sequence[Sequence[int]],
@@ -92,13 +112,19 @@ def delta_estimate(schedule: str, pp: int, microbatches: int, chunks: int, stage
     """For the fast estimate (``sim.estimate``), per pipeline rank: the recompute seconds per
     micro-batch DELTA's decisions add, and the activation bytes it holds at its settled peak. The
     same replay as ``delta_pass`` on the schedule's own order (without a gradient bucket, which the
-    estimate adds itself); swaps are priced as hidden behind compute."""
+    estimate adds itself); swaps are priced as hidden behind compute. Deciding at run time, the
+    engines release after each layer of a forward, so a rank that releases holds up to one layer
+    more: added."""
     out = []
     for actions in generate_schedule(schedule, pp, microbatches, chunks, None):
         steps = [Step(_STEP_OF_OP[a.op], a.stage, a.microbatch) for a in actions if a.op in _STEP_OF_OP]
         decisions, facts, static = _replay(steps, stage_layers, cost, settings, pp, 0)
         recompute = sum(facts[layer].recompute_s for layers in decisions.dropped.values() for layer in layers)
-        out.append((recompute / microbatches, max(0, decisions.settled_peak_bytes - static)))
+        held = max(0, decisions.settled_peak_bytes - static)
+        if settings.decide == "runtime" and (decisions.dropped or decisions.swapped):
+            # a layer's tensors arrive before the release after it
+            held += max(cost(layer).saved_bytes for layer in facts)
+        out.append((recompute / microbatches, held))
     return out
 
 
@@ -113,6 +139,11 @@ def delta_pass(draft: _Draft) -> None:
     if draft.plan.dp > 1:  # one flattened gradient bucket in flight
         plan = draft.plan
         bucket = vector_wire_bytes(plan.gradient_sync, int(plan.gradient_sync.bucket_mb * 2**20), plan.dp, plan.dtype)
+    if settings.decide == "runtime":
+        stages = sorted({n.stage for n in computes})
+        static = _static(stages, stage_layers, draft.cost, draft.plan.pp) + bucket
+        decision_points(draft, computes, max(0, settings.budget_bytes - static))
+        return
     decisions, facts, _ = _replay([Step(_STEP_OF[n.kind], n.stage, n.microbatch) for n in computes], stage_layers,
                                   draft.cost, settings, draft.plan.pp, bucket)
     last_stage = draft.plan.num_stages - 1
@@ -131,6 +162,34 @@ def delta_pass(draft: _Draft) -> None:
         forward = draft.find(Kind.FWD, s, mb)
         draft.insert_after(forward, Node(Kind.SWAP_OUT, s, mb, deps=[forward], layers=layers,
                                          bytes=movable_bytes(draft.program.stage_layers[s], layers, draft.cost)))
+
+
+def decision_points(draft: _Draft, computes: list, activation_budget: int) -> None:
+    """DELTA at run time: DECIDE instructions where the replay (``sim.delta.decide``) brings tensors
+    back, so an engine calling ``sim.delta.choose`` there decides from its own bytes and clock:
+    before each compute step whose successor is a backward, ``prefetch`` that backward's swapped
+    tensors (one compute step ahead); before each backward, ``return`` its tensors (waiting for the
+    prefetch, recomputing what was dropped), then release others while over budget. Releases also
+    happen inside every forward, after each layer (both engines do it there: the policy says
+    ``decide: runtime``), finer than the replay's once per forward. ``bytes``: the activation budget,
+    the rank's budget less the static bytes the replay counts (parameters, gradients, optimizer
+    state, received gradients, one gradient bucket), so both engines compare what they hold with
+    the same number."""
+    from sim.lower import Node
+
+    forward_at: dict[tuple[int, int], int] = {}
+    for index, node in enumerate(computes):
+        key = (node.stage, node.microbatch)
+        nxt = computes[index + 1] if index + 1 < len(computes) else None
+        if nxt is not None and nxt.kind is Kind.BWD and forward_at.get((nxt.stage, nxt.microbatch), index) < index:
+            draft.insert_before(node, Node(Kind.DECIDE, nxt.stage, nxt.microbatch, tag="prefetch",
+                                           bytes=activation_budget))
+        if node.kind is Kind.FWD:
+            forward_at[key] = index
+        else:
+            back = draft.insert_before(node, Node(Kind.DECIDE, *key, deps=[draft.find(Kind.FWD, *key)], tag="return",
+                                                  bytes=activation_budget))
+            node.deps.append(back)
 
 
 register_memory_policy("delta", DeltaMemory, build_delta, per_plan=True)

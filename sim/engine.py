@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Protocol
 
 import simpy
@@ -23,6 +23,8 @@ from sim.channel import SharedChannel
 from sim.cluster import ClusterSpec
 from sim.comm import concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts
+from sim.delta import choose
+from sim.delta_runtime import RankDelta, decision_name
 from sim.gradient_sync import Phase, phases_s
 from sim.memory import MemoryPolicy, checkpoint_bytes, held_bytes
 from sim.program import Instruction, Kind, Program, Stream
@@ -134,6 +136,18 @@ class Engine:
         # (rank, stage, micro-batch) -> the layers its RECOMPUTE re-runs: what its forward does not keep
         self.recomputed = {(rank, i.stage, i.microbatch): i.layers for rank, rp in program.ranks.items()
                            for i in rp.instructions if i.kind is Kind.RECOMPUTE}
+        # DELTA deciding at run time (memory.decide: runtime): per rank, what it holds as the ledger
+        # counts it, and a copy engine its swaps queue on (sim.delta_runtime).
+        self.delta: dict[int, RankDelta] = {}
+        self.copy_engines: dict[int, simpy.Resource] = {}
+        if policy.delta is not None and policy.delta.decide == "runtime":
+            self.delta = {rank: RankDelta(self._layer) for rank in program.ranks}
+            # each rank's activation budget, written on its DECIDE instructions by the lowering
+            self._activation_budget = {rank: next(i.bytes for i in rp.instructions if i.kind is Kind.DECIDE)
+                                       for rank, rp in program.ranks.items()}
+            self.copy_engines = {rank: simpy.Resource(self.env, capacity=1) for rank in program.ranks}
+        # On a CPU the runtime copies in line (exec.delta_runtime): the compute waits for each copy.
+        self._copies_block = comm.cluster.device.kind == "cpu"
 
     # -- set-up --------------------------------------------------------------------------------
     def _layer(self, layer: int) -> LayerCosts:
@@ -189,6 +203,9 @@ class Engine:
             if stream is Stream.COMPUTE and position and self.options.dispatch_s:
                 yield self.env.timeout(self.options.dispatch_s)
             start = self.env.now
+            if instruction.kind is Kind.DECIDE:
+                yield from self._decide(rank, instruction)
+                continue  # it records its own row (bytes: what the rank holds after it)
             if stream is Stream.COMPUTE:
                 yield from self._compute(rank, instruction)
             elif stream is Stream.P2P_SEND:
@@ -308,7 +325,7 @@ class Engine:
         slowdown = 1.0 + (self.options.overlap_slowdown if self.comm_active[rank] > 0 else 0.0)
         per_layer = tp_segments_time(segments, self.tp_overlap if with_tp else 0)
         start = self.env.now
-        if kind is Kind.FWD or kind is Kind.RECOMPUTE:
+        if (kind is Kind.FWD and not self.delta) or kind is Kind.RECOMPUTE:
             ledger.change_activations(self._activation_delta(rank, instruction, layers), start, instruction.label)
         one_layer = 0  # in-backward recompute: the largest single layer's activations, held at once
         if kind is Kind.BWD and in_backward:
@@ -327,6 +344,9 @@ class Engine:
                                      instruction.microbatch, Stream.COMPUTE.value, t, t + layer_time * slowdown, 0,
                                      ledger.in_use, instruction.index, layer_index, f"layer {layer_index}"))
             t += layer_time * slowdown
+        if kind is Kind.FWD and self.delta:  # run-time DELTA decides after each layer
+            yield from self._delta_forward(rank, instruction, [seconds * slowdown for seconds in per_layer])
+            return
         yield self.env.timeout(t - start)
         self.compute_busy[rank] += t - start
         if kind is Kind.BWD and in_backward:  # what the forward kept, and the one layer re-run last
@@ -336,9 +356,111 @@ class Engine:
         elif kind is Kind.BWD or kind is Kind.BWD_W:
             ledger.change_activations(-self._stage_activation_bytes(rank, instruction.stage, instruction.microbatch),
                                       self.env.now, instruction.label)
+        if kind is Kind.BWD and self.delta:
+            self.delta[rank].backward_done((instruction.stage, instruction.microbatch))
         if kind is Kind.BWD or kind is Kind.BWD_I:
             received = self.grad_buffers.pop((rank, instruction.stage, instruction.microbatch), 0)
             ledger.change_buffers(-received, self.env.now, instruction.label)
+
+    # -- DELTA at run time ------------------------------------------------------------------------
+    def _delta_forward(self, rank: int, ins: Instruction, layer_s: list[float]):
+        """A forward under run-time DELTA, as exec.interpreter runs it: once a layer has run, its
+        saved bytes are counted (where the runtime counts them: ``RuntimeDelta.forward_layer``), its
+        tensors' last use is now, and the rank releases while over the activation budget
+        (``_release``) at the same instant, so no other stream sees the layer's bytes unreleased."""
+        state, ledger = self.delta[rank], self.ledgers[rank]
+        key = (ins.stage, ins.microbatch)
+        for layer, seconds in zip(ins.layers, layer_s, strict=True):
+            yield self.env.timeout(seconds)
+            self.compute_busy[rank] += seconds
+            ledger.change_activations(state.layer_start(key, ins.layers), self.env.now, ins.label)
+            state.layer_used(key, layer, self.env.now)
+            yield from self._release(rank, ins, self._activation_budget[rank])
+
+    def _decide(self, rank: int, ins: Instruction):
+        """A decision point (sim.delta_lowering.decision_points), as exec.delta_runtime runs it:
+        make room for what comes back (release others while what the rank holds plus what arrives
+        is over budget), then ``prefetch`` starts the swap-in of a backward's swapped layers on the
+        copy engine, or ``return`` waits for it and re-runs the dropped layers on the compute stream."""
+        state, ledger = self.delta[rank], self.ledgers[rank]
+        key = (ins.stage, ins.microbatch)
+        start = self.env.now
+        if key in state.slots:
+            slot = state.slots[key]
+            rerun = state.claim(key) if ins.tag == "return" else 0
+            yield from self._release(rank, ins, ins.bytes, incoming=state.away_bytes(key) + rerun)
+            back = state.bring_back(key)
+            if back:
+                slot.arriving = self._delta_copy(rank, ins, "SWAP_IN", (*key, -1), back)
+                if self._copies_block:
+                    yield slot.arriving
+            if ins.tag == "return":
+                if slot.arriving is not None and not slot.arriving.processed:
+                    yield slot.arriving
+                layers, back = state.recompute(key)
+                self.recomputed[(rank, *key)] = layers  # the backward frees what the slot now holds
+                ledger.change_activations(back, self.env.now, ins.label)
+                # as a RECOMPUTE of these layers: each re-run forward with its TP all-reduces
+                tp = self.program.tp > 1
+                seconds = tp_segments_time([(self._layer(layer).recompute_s,
+                                             self._tp_allreduce_s(self._layer(layer), rank) if tp else 0.0,
+                                             max(self._layer(layer).tp_allreduces, 1)) for layer in layers],
+                                           self.tp_overlap if tp else 0)
+                for layer, duration in zip(layers, seconds, strict=True):
+                    began = self.env.now
+                    yield self.env.timeout(duration)
+                    self.compute_busy[rank] += self.env.now - began
+                    self._decision_row(rank, ins, "RECOMPUTE", (*key, layer), began, self.env.now, 0, "compute")
+        self.rows.append(Row(rank, ins.index, ins.kind.value, ins.stage, ins.microbatch, ins.stream.value, start,
+                             self.env.now, state.resident(), ledger.in_use, name=ins.label))
+        self.finished[rank][ins.index].succeed()
+
+    def _release(self, rank: int, ins: Instruction, budget: int, incoming: int = 0):
+        """Ask ``sim.delta.choose`` what to release so that what the rank holds, and ``incoming``
+        bytes about to arrive, fit: a swap goes out on the copy engine (its bytes leave when the copy
+        ends; on a CPU the compute waits for it, as the runtime copies in line), a drop is freed now.
+        Each action is a child row of ``ins``."""
+        state, ledger = self.delta[rank], self.ledgers[rank]
+        settings = replace(self.policy.delta, budget_bytes=budget)
+        now = self.env.now
+        for victim, action in choose(state.records(now), state.resident() + incoming, now, settings):
+            change = state.apply(victim, action)
+            if action == "swap":
+                copied = self._delta_copy(rank, ins, "SWAP_OUT", victim, -change)
+                if self._copies_block:
+                    yield copied
+            else:
+                ledger.change_activations(change, self.env.now, ins.label)
+                self._decision_row(rank, ins, "DROP", victim, self.env.now, self.env.now, -change, "compute")
+
+    def _delta_copy(self, rank: int, ins: Instruction, kind: str, victim: tuple[int, int, int],
+                    nbytes: int) -> simpy.Event:
+        """A decision's copy on the rank's copy engine, in the order decided: a swap-out's bytes leave
+        the ledger when it ends, a swap-in's come back when it starts (as ``_copy``), which on one
+        copy engine is after every swap-out decided before it."""
+        done = self.env.event()
+        latency, bandwidth = self.comm.host_copy()
+
+        def run():
+            with self.copy_engines[rank].request() as turn:
+                yield turn
+                began = self.env.now
+                if kind == "SWAP_IN":  # on the device from its start (after any swap-out queued before it)
+                    self.ledgers[rank].change_activations(nbytes, began, ins.label)
+                yield self.env.timeout(latency + nbytes / bandwidth)
+            if kind == "SWAP_OUT":
+                self.ledgers[rank].change_activations(-nbytes, self.env.now, ins.label)
+            self._decision_row(rank, ins, kind, victim, began, self.env.now, nbytes, "copy")
+            done.succeed()
+
+        self.env.process(run())
+        return done
+
+    def _decision_row(self, rank: int, ins: Instruction, kind: str, victim: tuple[int, int, int], start: float,
+                      end: float, nbytes: int, stream: str) -> None:
+        s, mb, layer = victim
+        self.rows.append(Row(rank, ins.index, kind, s, mb, stream, start, end, nbytes, self.ledgers[rank].in_use,
+                             ins.index, layer, decision_name(kind, s, mb, layer)))
 
     def _tp_allreduce_s(self, c: LayerCosts, rank: int) -> float:
         if c.tp_allreduces == 0:

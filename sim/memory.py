@@ -110,13 +110,25 @@ def forward_bytes(layers: Sequence[int], recomputed: Collection[int], cost: Call
     """What a forward of ``layers`` (a stage, in order) leaves on the device when ``recomputed`` run
     checkpointed: the other layers' saved bytes (sim.memory.kept_saved_bytes) and each checkpointed
     layer's input, unless the previous layer, kept, saves that storage already."""
-    rec = set(recomputed)
-    kept = [layer for layer in layers if layer not in rec]
-    total = kept_saved_bytes(layers, kept, cost)
+    return resident_bytes(layers, (), recomputed, cost)
+
+
+def resident_bytes(layers: Sequence[int], away: Collection[int], dropped: Collection[int],
+                   cost: Callable[[int], LayerCosts]) -> int:
+    """What one (stage, micro-batch) holds on the device while the ``away`` layers' saved tensors are
+    on the host and the ``dropped`` layers' are freed (each keeping its input), the others kept.
+    A storage counts once while some layer on the device saves it (kept_saved_bytes); the stage
+    input and a dropped layer's input never leave (the runtime holds them for the backward:
+    ``exec.activations.Slot.kept_inputs``). One function for DELTA's decisions in both engines."""
+    gone, rec = set(away), set(dropped)
+    on = [layer for layer in layers if layer not in gone and layer not in rec]
+    total = kept_saved_bytes(layers, on, cost)
     for position, layer in enumerate(layers):
         if layer in rec:
-            shared = cost(layer).shared_input_bytes if position > 0 and layers[position - 1] not in rec else 0
+            shared = cost(layer).shared_input_bytes if position > 0 and layers[position - 1] in on else 0
             total += checkpoint_bytes(layer, cost) - shared
+    if layers and layers[0] in gone:  # the stage input stays (movable_bytes leaves it out too)
+        total += min(checkpoint_bytes(layers[0], cost), cost(layers[0]).saved_bytes)
     return total
 
 

@@ -29,6 +29,12 @@ class Kind(str, Enum):
     ALLREDUCE = "ALLREDUCE"  # data-parallel gradient bucket
     ALLTOALL = "ALLTOALL"  # sharded embedding rows (or their ids, or their gradients) to their owners
     OPTIMIZER_STEP = "OPTIMIZER_STEP"
+    # A memory policy deciding at run time (DELTA, memory.decide: runtime): on the compute stream, it
+    # brings saved tensors back and releases others. ``tag``: prefetch (start bringing back the next
+    # backward's swapped tensors) or return (before a backward: its tensors back on the device, then
+    # release while over budget); ``bytes``: the rank's activation budget. (Forwards release after
+    # each layer themselves.)
+    DECIDE = "DECIDE"
 
     @property
     def is_compute(self) -> bool:
@@ -61,6 +67,7 @@ STREAM_OF: dict[Kind, Stream] = {
     # On the same stream as the buckets: one communicator, whose program order is the priority
     # of its messages (sim.embedding_lower orders them by when their consumer needs them).
     Kind.ALLTOALL: Stream.COLLECTIVE,
+    Kind.DECIDE: Stream.COMPUTE,
 }
 
 
@@ -103,7 +110,7 @@ class Instruction:
             parts.append(f"s{self.stage}")
         if self.microbatch >= 0:
             parts.append(f"mb{self.microbatch}")
-        if self.tag and not self.kind.is_compute:
+        if self.tag and (not self.kind.is_compute or self.kind is Kind.DECIDE):
             parts.append(self.tag)
         return " ".join(parts)
 

@@ -17,6 +17,9 @@ PLANS = [  # between them, every kind
      "schedule": {"name": "1f1b", "microbatches": 4}, "memory": {"policy": "full"}},
     {"parallelism": {"dp": 2}, "schedule": {"microbatches": 2}, "embedding": {"method": "embrace"}},
     {"parallelism": {"dp": 2}, "schedule": {"microbatches": 2}, "embedding": {"method": "ps"}},
+    # DELTA deciding at run time: DECIDE instructions (prefetch, return)
+    {"parallelism": {"pp": 2}, "schedule": {"name": "gpipe", "microbatches": 4},
+     "memory": {"policy": "delta", "budget_gb": 0.004, "decide": "runtime", "tiny_mb": 0}},
 ]
 
 
