@@ -24,24 +24,30 @@ PLAN_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def _profile_worker(index: int, barrier: Any, votes: Any, workload: str, options: dict, micro_batch: int,
-                    dtype: str, warmup: int, repeats: int, result: str) -> None:
+                    dtype: str, warmup: int, repeats: int, result: str, lockstep: bool) -> None:
     import torch
 
     torch.set_num_threads(1)  # as the runtime runs every CPU rank
-    from exec.lockstep import Lockstep
+    from exec.lockstep import Alone, Lockstep
     from exec.profiler import profile_workload
     from exec.workloads import get_workload
 
     wl = get_workload(workload, **options)
+    if not lockstep:
+        barrier.wait()  # start together, then each on its own
     # In lockstep (exec.lockstep): every timed round of every layer runs in all processes at once,
     # so each layer is timed while the others run it too, as the ranks of a run do.
     bundle = profile_workload(wl, micro_batch=micro_batch, dtype=dtype, device="cpu", warmup=warmup,
-                              repeats=repeats, with_ops=False, together=Lockstep(barrier, votes, index))
+                              repeats=repeats, with_ops=False,
+                              together=Lockstep(barrier, votes, index) if lockstep else Alone())
     pd.to_pickle(bundle, result)
 
 
-def profile_plan_workload(plan: Plan, processes: int = 1, warmup: int = 2, repeats: int = 10) -> ProfileBundle:
-    """Profile ``plan``'s workload at its micro-batch and dtype in ``processes`` concurrent processes.
+def profile_plan_workload(plan: Plan, processes: int = 1, warmup: int = 2, repeats: int = 10,
+                          lockstep: bool = True) -> ProfileBundle:
+    """Profile ``plan``'s workload at its micro-batch and dtype in ``processes`` concurrent processes,
+    in lockstep (``exec.lockstep``; ``lockstep=False``: started together, then each on its own, as
+    before issue 12's fix: for comparisons).
 
     Per layer, every time column is the median over the processes and every spread the largest;
     bytes and FLOPs are the first process's (they do not depend on timing)."""
@@ -53,7 +59,8 @@ def profile_plan_workload(plan: Plan, processes: int = 1, warmup: int = 2, repea
         paths = [str(Path(tmp) / f"bundle{i}.pkl") for i in range(processes)]
         workers = [context.Process(target=_profile_worker, name=f"paratwin-profile{i}",
                                    args=(i, barrier, votes, plan.workload, dict(plan.workload_options),
-                                         plan.micro_batch, PLAN_DTYPES[plan.dtype], warmup, repeats, paths[i]))
+                                         plan.micro_batch, PLAN_DTYPES[plan.dtype], warmup, repeats, paths[i],
+                                         lockstep))
                    for i in range(processes)]
         for w in workers:
             w.start()
