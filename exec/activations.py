@@ -4,6 +4,7 @@ memory and back) and the segments of the stage's autograd graph."""
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,11 +34,18 @@ class SavedStore:
 
     def __init__(self, param_storages: set[int]) -> None:
         self.param_storages = param_storages
-        self.tensors: list[torch.Tensor | None] = []  # None: dropped (DELTA at run time, exec.delta_runtime)
+        self.tensors: list[torch.Tensor | weakref.ref | None] = []  # None: dropped (exec.delta_runtime); a weakref: released by a freeing backward
         self.layers: list[int] = []  # position -> the layer that saved it
         self.host: dict[int, torch.Tensor] = {}  # position -> host copy while swapped out
         self.layer = -1
         self.selective = SelectiveRecord()
+        # Set by a backward that frees its graph (no retain_graph): each tensor is then held only
+        # weakly once autograd has unpacked it, so it dies when autograd lets go of it, as it
+        # would without hooks. Holding every saved tensor to the end of the backward (the logits'
+        # log-softmax of a 33,278-word head: 17 MB per micro-batch) made the backward's own
+        # temporaries take fresh pages: 3,100 more minor faults per backward than the profile
+        # (scripts/probe_faults.py, docs/embrace.md).
+        self.releasing = False
 
     def pack(self, t: torch.Tensor) -> Any:
         if storage_key(t) in self.param_storages:
@@ -49,20 +57,29 @@ class SavedStore:
     def unpack(self, handle: Any) -> torch.Tensor:
         if isinstance(handle, torch.Tensor):
             return handle
-        t = self.tensors[handle]
-        assert t is not None, "a dropped layer's saved tensor was used before its re-run"
-        return t
+        held = self.tensors[handle]
+        assert held is not None, "a dropped layer's saved tensor was used before its re-run"
+        if isinstance(held, weakref.ref):  # unpacked before in this backward (the node still runs)
+            return held()
+        if self.releasing:
+            self.tensors[handle] = weakref.ref(held)
+        return held
 
     def hooks(self) -> Any:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
+    def held(self, skip: Any = ()) -> list[torch.Tensor]:
+        """The saved tensors still alive (a released one lives while autograd holds it), but the
+        positions in ``skip``."""
+        out = [t() if isinstance(t, weakref.ref) else t for i, t in enumerate(self.tensors) if i not in skip]
+        return [t for t in out if t is not None]
+
     def device_tensors(self) -> list[torch.Tensor]:
-        return [*(t for i, t in enumerate(self.tensors) if i not in self.host and t is not None),
-                *self.selective.kept]
+        return [*self.held(skip=self.host), *self.selective.kept]
 
     def all_tensors(self) -> list[torch.Tensor]:
         """Every tensor held for the backward, on the device or on the host."""
-        return [*(t for t in self.tensors if t is not None), *self.selective.kept]
+        return [*self.held(), *self.selective.kept]
 
     def release(self) -> None:
         """Drop the saved tensors. The graph's unpack hooks reference this store and the store

@@ -564,6 +564,7 @@ class RankRuntime:
         if in_backward and runs and self.embedding is not None:  # re-run tables read this micro-batch's rows
             self.embedding.enter(self.iteration, mb)
         grad = self._grad_in(s, mb)
+        slot.store.releasing = True  # this backward frees its graph: let autograd free what it saved
         for position in reversed(range(len(slot.segments))):
             if slot.segments[position] is None and in_backward:
                 # One layer at a time: its activations live only until its own backward is done.

@@ -74,6 +74,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from exec.lockstep import Alone, Together
 from exec.selective import COMPUTE_INTENSIVE, selective_saved_bytes
 from exec.selective import storage_key as _selective_key
 from exec.workloads import Workload, get_workload
@@ -152,11 +153,15 @@ def profile_workload(
     layers: range | None = None,
     seed: int = 0,
     steady: Steadiness | None = None,
+    together: Together | None = None,
 ) -> ProfileBundle:
     """Profile ``layers`` (default all) of ``workload`` at ``micro_batch`` on the local device.
 
     ``warmup`` is the least number of warm-up rounds; ``steady`` (default ``Steadiness()``) says how
-    many more, and when a layer is measured again or flagged unsteady."""
+    many more, and when a layer is measured again or flagged unsteady. ``together``: processes
+    profiling at once in lockstep (``exec.lockstep.Lockstep``): every timed round starts in all of
+    them at once and they decide together how many rounds to run, so each layer is timed while
+    the others run the same layer, as the ranks of a run do (default: alone)."""
     started = time.perf_counter()
     wl = _resolve_workload(workload, seq)
     dev = _resolve_device(device)
@@ -169,7 +174,7 @@ def profile_workload(
                           "use e.g. warmup=2, repeats=10")
     span = _resolve_layers(layers, wl.num_layers)
     names = wl.layer_names()
-    timer = _Timer(dev)
+    timer = _Timer(dev, together or Alone())
     policy = Steadiness() if steady is None else steady
     budget = _Budget(policy.retry_budget)
 
@@ -212,7 +217,7 @@ def profile_workload(
         probe = probe_of(index, layer, inputs[index])
         return budget.timed(lambda: _measure_attempt(probe, timer, warmup, repeats, policy), retry=True)
 
-    notes = _settle(rows, attempts, remeasure, policy, budget)
+    notes = _settle(rows, attempts, remeasure, policy, budget, timer.together)
     inputs.clear()
     for row in rows:
         chosen = row.pop("_chosen")
@@ -220,6 +225,8 @@ def profile_workload(
         row["unsteady"] = bool(notes.get(row["layer"]))
         row["warmup_rounds"] = chosen.warmup_rounds  # extra columns: how the times were obtained
         row["attempts"] = len(attempts[row["layer"]])
+        # every round run for the layer, warm-up included (in lockstep: the same in every process)
+        row["rounds_run"] = sum(a.warmup_rounds + len(a.samples["fwd"]) for a in attempts[row["layer"]])
         row["steadiness"] = notes.get(row["layer"], "")
         share = row["pointwise_share"]
         row["selective_recompute_s"] = row["recompute_s"] * share if share >= 0 else -1.0
@@ -231,6 +238,7 @@ def profile_workload(
         "micro_batch": micro_batch, "seq": getattr(wl, "seq", None), "dtype": dtype, "device": str(dev),
         "warmup": warmup, "repeats": repeats, "with_ops": with_ops, "layers": [span.start, span.stop],
         "seed": seed, "torch_threads": torch.get_num_threads(),
+        "lockstep": not isinstance(timer.together, Alone),
         "timer": "cuda events" if dev.type == "cuda" else "time.perf_counter",
         "statistic": "median over repeats; spread = interquartile range / median",
         "steadiness": {**asdict(policy), "min_warmup": warmup},
@@ -412,8 +420,9 @@ def _release_prehooks(captures: list[_Capture]) -> None:
 
 
 class _Timer:
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, together: Together | None = None) -> None:
         self.cuda = device.type == "cuda"
+        self.together: Together = together or Alone()  # processes timing in lockstep (exec.lockstep)
 
     def __call__(self, fn: Callable[[], object]) -> tuple[float, object]:
         if self.cuda:
@@ -487,35 +496,46 @@ def _warm_up(probe: _LayerProbe, timer: _Timer, warmup: int, policy: Steadiness)
     """Unrecorded rounds: at least ``warmup``, then until the last ``policy.window`` round totals
     agree within ``policy.band`` (or ``policy.floor_s``), at most ``policy.max_warmup`` rounds, and
     past ``policy.max_warmup_s`` seconds only while the rounds still get faster. Returns (rounds
-    run, whether they agreed)."""
+    run, whether they agreed). In lockstep, every process warms up while any of them wants to."""
     totals: list[float] = []
     started = time.perf_counter()
     while True:
-        done = len(totals)
-        if done >= warmup:
-            if policy.window <= 0:
-                return done, True
-            if done >= policy.window:
-                last = totals[-policy.window:]
-                if max(last) - min(last) <= max(policy.band * statistics.median(last), policy.floor_s):
-                    return done, True
-            if done >= policy.max_warmup:
-                return done, False
-            # Past the time cap, stop unless the layer is still getting faster (its last round
-            # clearly beat every earlier one): that is a one-off cost still wearing off.
-            improving = done >= 2 and totals[-1] < (1 - policy.band) * min(totals[:-1])
-            if time.perf_counter() - started > policy.max_warmup_s and not improving:
-                return done, False
+        stop, warm = _warm_verdict(totals, warmup, policy, time.perf_counter() - started)
+        if not timer.together.any(not stop):
+            return len(totals), warm
         totals.append(sum(_round(probe, timer)))
+
+
+def _warm_verdict(totals: list[float], warmup: int, policy: Steadiness, elapsed_s: float) -> tuple[bool, bool]:
+    """(stop warming up, the rounds agreed) after the round totals ``totals``."""
+    done = len(totals)
+    if done < warmup:
+        return False, False
+    if policy.window <= 0:
+        return True, True
+    if done >= policy.window:
+        last = totals[-policy.window:]
+        if max(last) - min(last) <= max(policy.band * statistics.median(last), policy.floor_s):
+            return True, True
+    if done >= policy.max_warmup:
+        return True, False
+    # Past the time cap, stop unless the layer is still getting faster (its last round
+    # clearly beat every earlier one): that is a one-off cost still wearing off.
+    improving = done >= 2 and totals[-1] < (1 - policy.band) * min(totals[:-1])
+    return elapsed_s > policy.max_warmup_s and not improving, False
 
 
 def _measure_attempt(probe: _LayerProbe, timer: _Timer, warmup: int, repeats: int,
                      policy: Steadiness) -> _Attempt:
     rounds, warm = _warm_up(probe, timer, warmup, policy)
     samples: dict[str, list[float]] = {k: [] for k in TIME_KEYS}
-    for _ in range(repeats):
-        for key, value in zip(TIME_KEYS, _round(probe, timer), strict=True):
-            samples[key].append(value)
+    done = 0
+    while timer.together.any(done < repeats):  # in lockstep: every round starts in all processes at once
+        times = _round(probe, timer)
+        if done < repeats:
+            for key, value in zip(TIME_KEYS, times, strict=True):
+                samples[key].append(value)
+        done += 1
     return _Attempt(samples, rounds, warm)
 
 
@@ -526,7 +546,8 @@ def _measure_steady(probe: _LayerProbe, timer: _Timer, warmup: int, repeats: int
         return _measure_attempt(probe, timer, warmup, repeats, policy)
 
     attempts = [budget.timed(attempt, retry=False)]
-    while attempts[-1].unsteady(policy) and len(attempts) <= policy.retries and budget.allows_retry():
+    while timer.together.any(bool(attempts[-1].unsteady(policy)) and len(attempts) <= policy.retries
+                             and budget.allows_retry()):
         attempts.append(budget.timed(attempt, retry=True))
     return attempts
 
@@ -550,9 +571,12 @@ def _off_siblings(attempt: _Attempt, reference: dict[str, float], policy: Steadi
 
 
 def _settle(rows: list[dict[str, object]], attempts: dict[int, list[_Attempt]],
-            remeasure: Callable[[int], _Attempt], policy: Steadiness, budget: _Budget) -> dict[int, str]:
+            remeasure: Callable[[int], _Attempt], policy: Steadiness, budget: _Budget,
+            together: Together | None = None) -> dict[int, str]:
     """Compare identical layers, re-measure the odd ones out, choose each layer's times (sets
-    row["_chosen"], an attempt) and say why a layer is unsteady: {layer: note}."""
+    row["_chosen"], an attempt) and say why a layer is unsteady: {layer: note}. In lockstep a
+    layer is measured again in every process when it is off in any."""
+    together = together or Alone()
     groups: dict[tuple[object, ...], list[int]] = {}
     for row in rows:
         groups.setdefault(_signature(row), []).append(int(row["layer"]))
@@ -573,15 +597,16 @@ def _settle(rows: list[dict[str, object]], attempts: dict[int, list[_Attempt]],
         index = int(row["layer"])
         group = groups[_signature(row)]
         ref = reference(index, group)
-        if _off_siblings(best(index), ref, policy):
+        if together.any(bool(_off_siblings(best(index), ref, policy))):
             # A steady but wrong measurement (a slow period that lasted the whole layer): rebuild
             # the layer and measure it again, warm, until it agrees with its siblings.
             for _ in range(policy.retries):
-                if not budget.allows_retry():
+                if together.any(not budget.allows_retry()):
                     break
                 attempts[index].append(remeasure(index))
-                if not _off_siblings(attempts[index][-1], ref, policy) and \
-                        not attempts[index][-1].unsteady(policy):
+                settled = not _off_siblings(attempts[index][-1], ref, policy) and \
+                    not attempts[index][-1].unsteady(policy)
+                if not together.any(not settled):
                     break
         agreeing = [a for a in attempts[index] if not a.unsteady(policy) and not _off_siblings(a, ref, policy)]
         chosen = min(agreeing, key=lambda a: a.total) if agreeing else \
@@ -605,7 +630,8 @@ def _settle(rows: list[dict[str, object]], attempts: dict[int, list[_Attempt]],
 
 
 def _measure_optimizer_step(layer: nn.Module, timer: _Timer, warmup: int, repeats: int) -> float:
-    """Median seconds of one Adam step over the layer's parameters (gradients set, state warm)."""
+    """Median seconds of one Adam step over the layer's parameters (gradients set, state warm); in
+    lockstep every step starts in all processes at once."""
     params = [p for p in layer.parameters() if p.requires_grad]
     if not params:
         return 0.0
@@ -614,10 +640,12 @@ def _measure_optimizer_step(layer: nn.Module, timer: _Timer, warmup: int, repeat
         p.grad = torch.randn_like(p) * 1e-3
     optimizer = torch.optim.Adam(params, lr=1e-6)
     samples = []
-    for round_ in range(warmup + repeats):
+    round_ = 0
+    while timer.together.any(round_ < warmup + repeats):  # in lockstep: as many steps as any process takes
         elapsed, _ = timer(optimizer.step)
         if round_ >= warmup:
             samples.append(elapsed)
+        round_ += 1
     with torch.no_grad():  # the layer's weights stay as built, for the measurements that follow
         for p, original in zip(params, saved, strict=True):
             p.copy_(original)

@@ -14,7 +14,7 @@ from sim.bundle_costs import BundleCostModel
 from sim.cluster import ClusterSpec, load_cluster
 from sim.comm import ClusterComm
 from sim.costs import CostModel
-from sim.embedding import EMBEDDING_METHODS
+from sim.embedding import EMBEDDING_METHODS, TableTPCosts, sharded_table_layers
 from sim.gradient_sync import GRADIENT_SYNC
 from sim.lower import lower
 from sim.memory import MemoryPolicy, build_memory_policy
@@ -89,6 +89,9 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
         raise ConfigError("parallelism: pp x chunks",
                           f"{plan.num_stages} stages but the workload has {costs.num_layers} layers",
                           f"use at most {costs.num_layers} stages")
+    tables = sharded_table_layers(plan)
+    if tables and plan.tp > 1 and not isinstance(costs, TableTPCosts):  # what the sharded tables' TP costs
+        costs = TableTPCosts(costs, tables)
     stage_layers = _partition(plan, costs)
     check_schedule(plan.schedule.name, plan.pp, plan.microbatches, plan.chunks)
     _check_per_stage_lists(plan)

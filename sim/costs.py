@@ -6,6 +6,7 @@ Both the lowering (message and bucket sizes) and the engine (durations, memory) 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,8 +24,13 @@ class LayerCosts:
     optimizer_bytes: int
     saved_bytes: int
     output_bytes: int
-    tp_allreduces: int = 0  # all-reduces of tp_comm_bytes per forward, and as many per backward
+    tp_allreduces: int = 0  # TP collectives of tp_comm_bytes per forward, and as many per backward
     tp_comm_bytes: int = 0
+    # Which collective that is, and whether the backward has them too: Megatron's layers all-reduce
+    # both ways; a sharded embedding table under TP all-gathers its columns forward and keeps its
+    # own columns of the gradient backward (sim.embedding.table_tp_costs, exec.parallel.tp).
+    tp_collective: str = "allreduce"
+    tp_in_backward: bool = True
     flops_fwd: float = 0.0
     # Under PyTorch's selective checkpointing (``memory: {policy: selective}``, exec.selective): the
     # bytes the layer keeps (its input plus the outputs of its matmul / attention / convolution
@@ -44,6 +50,15 @@ class LayerCosts:
     @property
     def knows_selective(self) -> bool:
         return self.selective_saved_bytes >= 0 and self.selective_recompute_s >= 0
+
+
+def tp_comm_s(c: LayerCosts, backward: bool, price: Callable[[str, int], float]) -> float:
+    """Seconds of the layer's TP communication in a forward (or a backward, ``backward``), with
+    ``price(collective, bytes)`` the seconds of one collective over the layer's TP group. The one
+    rule the engine and the estimate share."""
+    if c.tp_allreduces == 0 or (backward and not c.tp_in_backward):
+        return 0.0
+    return c.tp_allreduces * price(c.tp_collective, c.tp_comm_bytes)
 
 
 class CostModel(Protocol):

@@ -20,11 +20,12 @@ torch nor simpy.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from sim.costs import LayerCosts
 from sim.workloads import workload_config
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ class EmbeddingTerms:
     last_grads_s: float  # the gradient exchange after the last backward (earlier ones overlap the backward)
     prefetch: bool  # lookups after the buckets, beside the dense optimizer step (else before the forwards)
     static_bytes_saved: int  # parameters, gradients and optimizer state of the other ranks' shards
+    tp_table_layers: tuple[int, ...] = ()  # layers whose TP communication is the tables' all-gather (tp > 1)
 
 
 # terms(plan, stage_layers, comm, costs, rank_of_stage, stages_of_rank): the estimate's terms.
@@ -112,6 +114,47 @@ def embedding_tables(workload: str, options: dict[str, Any]) -> list[Table]:
     if "embed" in config and "vocab" in config:  # an LSTM language model (sim.workloads.LSTMConfig)
         return [Table(0, "", int(config["vocab"]), int(config["embed"]))]
     return []
+
+
+def table_tp_costs(c: LayerCosts) -> LayerCosts:
+    """A sharded table's layer under TP as the runtime runs it (``exec.embedding``,
+    ``exec.parallel.tp.gather_columns_from_tp``): each TP rank looks up its own columns of the rows,
+    the forward all-gathers them into the layer's output (one all-gather of the output's bytes),
+    and the backward keeps each rank's columns of the gradient: no TP communication. The analytic
+    model's layer all-reduces (Megatron's vocabulary-parallel table) both ways instead; a profiled
+    layer communicates nothing. The engine, the lowering and the estimate all take this one view
+    (``TableTPCosts`` in ``sim.compile.resolve_plan``; ``EmbeddingTerms.tp_table_layers`` in the
+    estimate)."""
+    return replace(c, tp_allreduces=1, tp_comm_bytes=c.output_bytes, tp_collective="allgather", tp_in_backward=False)
+
+
+class TableTPCosts:
+    """``base`` with ``table_tp_costs`` applied to the ``layers`` of sharded tables when tp > 1."""
+
+    def __init__(self, base: Any, layers: tuple[int, ...]) -> None:
+        self.base, self.layers, self.num_layers = base, tuple(layers), base.num_layers
+
+    def layer_costs(self, layer: int, micro_batch: int, tp: int) -> LayerCosts:
+        c = self.base.layer_costs(layer, micro_batch, tp)
+        return table_tp_costs(c) if tp > 1 and layer in self.layers else c
+
+    def optimizer_step_s(self, param_bytes: int) -> float:
+        return self.base.optimizer_step_s(param_bytes)
+
+    def layer_weights(self, by: str) -> list[float]:
+        return self.base.layer_weights(by)
+
+    def __getattr__(self, name: str) -> Any:  # whatever else a cost model offers (a bundle, a describe)
+        if name == "base" or name.startswith("__"):  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+
+def sharded_table_layers(plan: Plan) -> tuple[int, ...]:
+    """The layers of the tables ``plan``'s embedding method shards (none for dense)."""
+    if not EMBEDDING_METHODS[plan.embedding.method].sharded:
+        return ()
+    return tuple(sorted({t.layer for t in embedding_tables(plan.workload, plan.workload_options)}))
 
 
 def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, costs: Any, rank_of_stage: list[int],

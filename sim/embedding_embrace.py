@@ -235,7 +235,8 @@ def sharded_terms(plan: Plan, stage_layers: list[tuple[int, ...]], costs: Any, r
     return EmbeddingTerms(rank=rank, index=stages_of_rank[rank].index(stage),
                           removed_by_layer=tuple(sorted(removed.items())),
                           lookups_s=lookups_s, last_grads_s=last_grads_s, prefetch=prefetch,
-                          static_bytes_saved=round((full - shard) / layer.param_bytes * static))
+                          static_bytes_saved=round((full - shard) / layer.param_bytes * static),
+                          tp_table_layers=tuple(sorted({t.layer for t in tables})))
 
 
 def alltoall_s(plan: Plan, comm: Any, nbytes: float, imbalance: float) -> float:

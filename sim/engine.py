@@ -22,7 +22,7 @@ import simpy
 from sim.channel import SharedChannel
 from sim.cluster import ClusterSpec
 from sim.comm import concurrent_groups, concurrent_senders
-from sim.costs import CostModel, LayerCosts
+from sim.costs import CostModel, LayerCosts, tp_comm_s
 from sim.delta import choose
 from sim.delta_runtime import RankDelta, decision_name
 from sim.gradient_sync import Phase, phases_s
@@ -318,8 +318,9 @@ class Engine:
         # input-gradient all-reduces go with whichever step computes the input gradients.
         computes_input_grads = kind is not Kind.BWD_W if not whole_backward_in_w else kind is not Kind.BWD_I
         with_tp = self.program.tp > 1 and computes_input_grads
+        backward = kind in (Kind.BWD, Kind.BWD_I, Kind.BWD_W)
         segments = [
-            (phase_time(c), self._tp_allreduce_s(c, rank) if with_tp else 0.0, max(c.tp_allreduces, 1))
+            (phase_time(c), self._tp_comm_s(c, rank, backward) if with_tp else 0.0, max(c.tp_allreduces, 1))
             for c in layers
         ]
         slowdown = 1.0 + (self.options.overlap_slowdown if self.comm_active[rank] > 0 else 0.0)
@@ -330,7 +331,7 @@ class Engine:
         one_layer = 0  # in-backward recompute: the largest single layer's activations, held at once
         if kind is Kind.BWD and in_backward:
             rerun = set(self.recomputed[(rank, instruction.stage, instruction.microbatch)])
-            again = tp_segments_time([(c.recompute_s, self._tp_allreduce_s(c, rank) if self.program.tp > 1 else 0.0,
+            again = tp_segments_time([(c.recompute_s, self._tp_comm_s(c, rank, False) if self.program.tp > 1 else 0.0,
                                        max(c.tp_allreduces, 1)) if layer in rerun else (0.0, 0.0, 1)
                                       for layer, c in zip(instruction.layers, layers, strict=True)],
                                      self.tp_overlap if self.program.tp > 1 else 0)
@@ -403,7 +404,7 @@ class Engine:
                 # as a RECOMPUTE of these layers: each re-run forward with its TP all-reduces
                 tp = self.program.tp > 1
                 seconds = tp_segments_time([(self._layer(layer).recompute_s,
-                                             self._tp_allreduce_s(self._layer(layer), rank) if tp else 0.0,
+                                             self._tp_comm_s(self._layer(layer), rank, False) if tp else 0.0,
                                              max(self._layer(layer).tp_allreduces, 1)) for layer in layers],
                                            self.tp_overlap if tp else 0)
                 for layer, duration in zip(layers, seconds, strict=True):
@@ -462,11 +463,12 @@ class Engine:
         self.rows.append(Row(rank, ins.index, kind, s, mb, stream, start, end, nbytes, self.ledgers[rank].in_use,
                              ins.index, layer, decision_name(kind, s, mb, layer)))
 
-    def _tp_allreduce_s(self, c: LayerCosts, rank: int) -> float:
+    def _tp_comm_s(self, c: LayerCosts, rank: int, backward: bool) -> float:
         if c.tp_allreduces == 0:
             return 0.0
         group = self._tp_group(rank)
-        return c.tp_allreduces * self.comm.collective_s("allreduce", c.tp_comm_bytes, group, self._groups(group))
+        return tp_comm_s(c, backward, lambda collective, nbytes: self.comm.collective_s(collective, nbytes, group,
+                                                                                         self._groups(group)))
 
     def _tp_group(self, rank: int) -> tuple[int, ...]:
         coords = self.program.coords_of(rank)

@@ -42,8 +42,8 @@ from functools import lru_cache
 from typing import Any
 
 from sim.comm import ClusterComm, concurrent_groups, concurrent_senders
-from sim.costs import CostModel, LayerCosts
-from sim.embedding import EmbeddingTerms
+from sim.costs import CostModel, LayerCosts, tp_comm_s
+from sim.embedding import EmbeddingTerms, table_tp_costs
 from sim.gradient_sync import GRADIENT_SYNC, GradientSyncConfig, phases_s, vector_wire_bytes
 from sim.gradient_sync_context import BucketPlan, bucket_context, bucket_layers
 from sim.memory import MemoryPolicy, checkpoint_bytes, forward_bytes, held_bytes, movable_bytes, selective_view
@@ -242,44 +242,52 @@ class Estimator:
         self._pipes: dict[tuple, dict] = {}
 
     # -- pieces --------------------------------------------------------------------------------
-    def _tp_allreduce_s(self, c: LayerCosts, tp: int, sharing: int) -> float:
-        if tp == 1 or c.tp_allreduces == 0:
+    def _tp_comm_s(self, c: LayerCosts, tp: int, sharing: int, backward: bool) -> float:
+        if tp == 1:
             return 0.0
-        key = (c.tp_comm_bytes, tp, sharing)
-        cached = self._tp_ar.get(key)
-        if cached is None:
-            cached = self._tp_ar[key] = self.comm.collective_s("allreduce", c.tp_comm_bytes, tuple(range(tp)), sharing)
-        return c.tp_allreduces * cached
+
+        def price(collective: str, nbytes: int) -> float:
+            key = (collective, nbytes, tp, sharing)
+            cached = self._tp_ar.get(key)
+            if cached is None:
+                cached = self._tp_ar[key] = self.comm.collective_s(collective, nbytes, tuple(range(tp)), sharing)
+            return cached
+
+        return tp_comm_s(c, backward, price)
 
     def stage(self, layers: tuple[int, ...], recomputed: tuple[int, ...], micro_batch: int, tp: int, level: int,
               swap: float | tuple[int, ...], tp_sharing: int = 1, one_at_a_time: bool = False,
-              selective: bool = False) -> StageTimes:
+              selective: bool = False, tables: tuple[int, ...] = ()) -> StageTimes:
         """``recomputed``: the stage's recomputed layers; ``swap``: the fraction of kept bytes swapped,
         or the layers whose saved bytes are swapped (a per-layer memory policy); ``tp_sharing``: TP
         groups sharing a node's adapters (sim.comm.concurrent_groups; 1 unless a TP group spans nodes);
         ``one_at_a_time``: the backward re-runs one recomputed layer at a time (its largest layer's
         activations are held, not all of them; MemoryPolicy.recompute_in_backward); ``selective``:
-        every layer under torch's selective checkpointing (sim.memory.selective_view)."""
-        key = (layers, recomputed, micro_batch, tp, level, swap, tp_sharing, one_at_a_time, selective)
+        every layer under torch's selective checkpointing (sim.memory.selective_view); ``tables``: the
+        layers of embedding tables a sharded method holds (their TP communication is its all-gather,
+        ``sim.embedding.table_tp_costs``)."""
+        key = (layers, recomputed, micro_batch, tp, level, swap, tp_sharing, one_at_a_time, selective, tables)
         cached = self._stages.get(key)
         if cached is not None:
             return cached
         from sim.tp_overlap import tp_segments_time
 
         costs = [self.costs.layer_costs(layer, micro_batch, tp) for layer in layers]
+        costs = [table_tp_costs(c) if layer in tables and tp > 1 else c for layer, c in zip(layers, costs, strict=True)]
         if selective:
             costs = [selective_view(c) for c in costs]
-        ar = [self._tp_allreduce_s(c, tp, tp_sharing) for c in costs]
+        forward_tp = [self._tp_comm_s(c, tp, tp_sharing, False) for c in costs]
+        backward_tp = [self._tp_comm_s(c, tp, tp_sharing, True) for c in costs]
         level = level if tp > 1 else 0
 
-        def timed(phase: list[float], which: Sequence[int]) -> float:
-            segments = [(phase[i], ar[i], max(costs[i].tp_allreduces, 1)) for i in which]
+        def timed(phase: list[float], which: Sequence[int], tp_s: list[float] = forward_tp) -> float:
+            segments = [(phase[i], tp_s[i], max(costs[i].tp_allreduces, 1)) for i in which]
             return sum(tp_segments_time(segments, level)) if segments else 0.0
 
         every = range(len(layers))
         rec = [i for i, layer in enumerate(layers) if layer in recomputed]
         fwd = timed([c.fwd_s for c in costs], every)
-        bwd = timed([c.bwd_input_s + c.bwd_weight_s for c in costs], every)
+        bwd = timed([c.bwd_input_s + c.bwd_weight_s for c in costs], every, backward_tp)
         recompute = timed([c.recompute_s for c in costs], rec)
         cost_of = {layer: c for layer, c in zip(layers, costs, strict=True)}
 
@@ -375,24 +383,26 @@ class Estimator:
                  tp_overlap: int, sync_method: str, bucket_mb: float,
                  embedding: EmbeddingTerms | None = None, scatter_gather: bool = False) -> Estimate:
         """``scatter_gather``: the plan's schedule.p2p_scatter_gather."""
+        tables = embedding.tp_table_layers if embedding is not None else ()
         key = (schedule, dp, tp, pp, chunks, micro_batch, microbatches, tuple(map(tuple, stage_layers)), policy,
-               tp_overlap, scatter_gather)
+               tp_overlap, scatter_gather, tables)
         pipe = self._pipes.get(key)
         if pipe is None:
             pipe = self._pipes[key] = self._pipeline(schedule, dp, tp, pp, chunks, micro_batch, microbatches,
-                                                     stage_layers, policy, tp_overlap, scatter_gather)
+                                                     stage_layers, policy, tp_overlap, scatter_gather, tables)
         return self._finish(pipe, dp, tp, pp, sync_method, bucket_mb, embedding)
 
     def _pipeline(self, schedule: str, dp: int, tp: int, pp: int, chunks: int, micro_batch: int, microbatches: int,
                   stage_layers: Sequence[tuple[int, ...]], policy: MemoryPolicy, tp_overlap: int,
-                  scatter_gather: bool = False) -> dict:
+                  scatter_gather: bool = False, tables: tuple[int, ...] = ()) -> dict:
         """Everything but the gradient sync: the pipeline's time and the per-rank figures."""
         info = SCHEDULES[schedule]
         stages_n = pp * chunks
         tp_sharing = concurrent_groups(self.comm.cluster, dp * tp, tuple(range(tp)))
         stages = [self.stage(tuple(stage_layers[s]), tuple(policy.recompute_layers[s]), micro_batch, tp, tp_overlap,
                              policy.swap_fraction[s] if policy.swap_layers is None else policy.swap_layers[s],
-                             tp_sharing, one_at_a_time=policy.recompute_in_backward, selective=policy.selective)
+                             tp_sharing, one_at_a_time=policy.recompute_in_backward, selective=policy.selective,
+                             tables=tables)
                   for s in range(stages_n)]
         if info.recompute_is_schedule:
             # Merak's eager recomputes move into bubbles: their placement is the schedule's shape.

@@ -9,6 +9,7 @@ not show in the parameters; the gradient test sees it).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,38 @@ def test_plans_that_cannot_shard_are_refused_in_one_line(fields: dict, where: st
         compile_plan(Plan.from_dict({**BASE, **fields, "embedding": {"method": "embrace", "shard": shard}}),
                      costs=_structure(fields))
     assert where in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("method", ["embrace", "ps"])
+def test_under_tensor_parallelism_the_table_costs_one_all_gather_of_its_output(method: str) -> None:
+    """The runtime gathers the TP ranks' columns of the looked-up rows forward (one all-gather of the
+    layer's output) and keeps its own columns backward (exec.parallel.tp.gather_columns_from_tp):
+    the simulator charges exactly that, not the analytic model's all-reduce both ways (which a
+    dense table keeps: Megatron's vocabulary-parallel table)."""
+    from sim.engine import EngineOptions
+
+    base = {**GPU, "parallelism": {"dp": 8, "tp": 2}}
+    sharded, dense = plan(base, method=method, row_stats=ROWS), plan(base, method="dense")
+    run = compile_for_run(sharded)
+    layer = embedding_tables(sharded.workload, sharded.workload_options)[0].layer
+    shape, dtype = run.structure.output_shape(layer)  # what the runtime's all-gather returns
+    gathered = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    assert gathered == sharded.micro_batch * 64 * 256 * 4  # gpt-wordlm: seq 64, width 256, fp32
+    resolved = compile_plan(sharded).resolved  # the analytic costs the simulator prices it with
+    for model in (resolved.costs, run.resolved.costs):  # ... and the runtime's structural ones
+        c = model.layer_costs(layer, sharded.micro_batch, sharded.tp)
+        assert (c.tp_collective, c.tp_allreduces, c.tp_comm_bytes, c.tp_in_backward) == \
+            ("allgather", 1, gathered, False)
+    d = compile_plan(dense).resolved.costs.layer_costs(layer, dense.micro_batch, dense.tp)
+    assert (d.tp_collective, d.tp_in_backward) == ("allreduce", True)
+    # The engine: the table's forward takes its compute plus one all-gather, its backward its compute.
+    c = resolved.costs.layer_costs(layer, sharded.micro_batch, sharded.tp)
+    rows = simulate(sharded, options=EngineOptions(layer_rows=True)).table
+    rows = rows[(rows["rank"] == 0) & (rows["layer"] == layer)]
+    took = {kind: float((r["end_s"] - r["start_s"]).iloc[0]) for kind, r in rows.groupby("kind")}
+    all_gather = resolved.comm.collective_s("allgather", gathered, (0, 1))
+    assert took["FWD"] == pytest.approx(c.fwd_s + all_gather, rel=1e-9)
+    assert took["BWD"] == pytest.approx(c.bwd_s, rel=1e-9)
 
 
 @pytest.mark.parametrize("method", ["embrace", "ps"])

@@ -23,35 +23,44 @@ from traces.tables import conform
 PLAN_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def _profile_worker(index: int, barrier: Any, workload: str, options: dict, micro_batch: int, dtype: str,
-                    warmup: int, repeats: int, result: str) -> None:
+def _profile_worker(index: int, barrier: Any, votes: Any, workload: str, options: dict, micro_batch: int,
+                    dtype: str, warmup: int, repeats: int, result: str, lockstep: bool) -> None:
     import torch
 
     torch.set_num_threads(1)  # as the runtime runs every CPU rank
+    from exec.lockstep import Alone, Lockstep
     from exec.profiler import profile_workload
     from exec.workloads import get_workload
 
     wl = get_workload(workload, **options)
-    barrier.wait()  # start together, so the processes contend as the ranks of a run do
+    if not lockstep:
+        barrier.wait()  # start together, then each on its own
+    # In lockstep (exec.lockstep): every timed round of every layer runs in all processes at once,
+    # so each layer is timed while the others run it too, as the ranks of a run do.
     bundle = profile_workload(wl, micro_batch=micro_batch, dtype=dtype, device="cpu", warmup=warmup,
-                              repeats=repeats, with_ops=False)
+                              repeats=repeats, with_ops=False,
+                              together=Lockstep(barrier, votes, index) if lockstep else Alone())
     pd.to_pickle(bundle, result)
 
 
-def profile_plan_workload(plan: Plan, processes: int = 1, warmup: int = 2, repeats: int = 10) -> ProfileBundle:
-    """Profile ``plan``'s workload at its micro-batch and dtype in ``processes`` concurrent processes.
+def profile_plan_workload(plan: Plan, processes: int = 1, warmup: int = 2, repeats: int = 10,
+                          lockstep: bool = True) -> ProfileBundle:
+    """Profile ``plan``'s workload at its micro-batch and dtype in ``processes`` concurrent processes,
+    in lockstep (``exec.lockstep``; ``lockstep=False``: started together, then each on its own, as
+    before issue 12's fix: for comparisons).
 
     Per layer, every time column is the median over the processes and every spread the largest;
     bytes and FLOPs are the first process's (they do not depend on timing)."""
     if plan.dtype not in PLAN_DTYPES:
         raise ConfigError("dtype", f"cannot profile {plan.dtype}", f"use one of {', '.join(PLAN_DTYPES)}")
     context = multiprocessing.get_context("spawn")  # fork after torch has started threads is unsafe
-    barrier = context.Barrier(processes)
+    barrier, votes = context.Barrier(processes), context.Array("i", processes)
     with tempfile.TemporaryDirectory(prefix="paratwin-validate-profile-") as tmp:
         paths = [str(Path(tmp) / f"bundle{i}.pkl") for i in range(processes)]
         workers = [context.Process(target=_profile_worker, name=f"paratwin-profile{i}",
-                                   args=(i, barrier, plan.workload, dict(plan.workload_options), plan.micro_batch,
-                                         PLAN_DTYPES[plan.dtype], warmup, repeats, paths[i]))
+                                   args=(i, barrier, votes, plan.workload, dict(plan.workload_options),
+                                         plan.micro_batch, PLAN_DTYPES[plan.dtype], warmup, repeats, paths[i],
+                                         lockstep))
                    for i in range(processes)]
         for w in workers:
             w.start()
@@ -83,6 +92,8 @@ def _merge_profiles(bundles: list[ProfileBundle], statistic: str = "median") -> 
     settings["optimizer_s_per_param_byte"] = float(combine(per_byte))
     if statistic == "median":  # concurrent processes; a mean merges two profiles taken one after the other
         settings["colocated_processes"] = len(bundles)
+        # In lockstep the processes ran the same rounds of every layer (exec.lockstep): equal counts.
+        settings["rounds_run_per_process"] = [[int(r) for r in b.layers["rounds_run"]] for b in bundles]
         settings["statistic"] = ("median over repeats in each process, then median over the concurrent "
                                  "processes; spread = the largest of the processes' spreads; a layer is "
                                  "unsteady when it is in any process")
