@@ -34,7 +34,8 @@ class SavedStore:
 
     def __init__(self, param_storages: set[int]) -> None:
         self.param_storages = param_storages
-        self.tensors: list[torch.Tensor | weakref.ref | None] = []  # None: dropped (exec.delta_runtime); a weakref: released by a freeing backward
+        # None: dropped (exec.delta_runtime); a weakref: released by a freeing backward (``releasing``)
+        self.tensors: list[torch.Tensor | weakref.ref | None] = []
         self.layers: list[int] = []  # position -> the layer that saved it
         self.host: dict[int, torch.Tensor] = {}  # position -> host copy while swapped out
         self.layer = -1
