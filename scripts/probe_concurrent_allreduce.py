@@ -12,6 +12,10 @@ each, as the runtime's ranks) and times, per round in a rotating order, a barrie
 - ``together``: launch A and B, wait both (what the runtime does); ``together-A`` / ``together-B``
   are the times at which each one's ``wait`` returned (what the run records per instruction).
 
+torch's gloo process group runs each collective on one of its worker threads (2 by default:
+``ProcessGroupGloo._Options()._threads``), so the two run at once; ``--gloo-threads 1`` queues
+them on one thread, which separates what running at once changes from what sharing costs.
+
 Per variant: the median over repeats of the slower rank's wall time, and the process CPU time
 (user + system, all threads, ``getrusage``) over wall time: above 1 means more than one core busy
 in the rank. Defaults: the plan's two bucket sizes (bytes of the lowered ALLREDUCE instructions,
@@ -27,6 +31,7 @@ import resource
 import socket
 import statistics
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -46,21 +51,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _variant(name: str, a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
+def _variant(name: str, a: torch.Tensor, b: torch.Tensor, group: Any) -> dict[str, float]:
     """Run one variant; returns its named times (seconds from the start)."""
+    def launch(t: torch.Tensor) -> Any:
+        return group.allreduce([t]) if group is not None else dist.all_reduce(t, async_op=True)
+
     t0 = time.perf_counter()
-    if name == "one-A":
-        dist.all_reduce(a)
-        return {"one-A": time.perf_counter() - t0}
-    if name == "one-B":
-        dist.all_reduce(b)
-        return {"one-B": time.perf_counter() - t0}
+    if name in ("one-A", "one-B"):
+        launch(a if name == "one-A" else b).wait()
+        return {name: time.perf_counter() - t0}
     if name == "serial":
-        dist.all_reduce(a)
-        dist.all_reduce(b)
+        launch(a).wait()
+        launch(b).wait()
         return {"serial": time.perf_counter() - t0}
-    work_a = dist.all_reduce(a, async_op=True)
-    work_b = dist.all_reduce(b, async_op=True)
+    work_a, work_b = launch(a), launch(b)
     work_a.wait()
     done_a = time.perf_counter() - t0
     work_b.wait()
@@ -68,10 +72,23 @@ def _variant(name: str, a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
     return {"together": done_b, "together-A": done_a, "together-B": done_b}
 
 
-def _worker(rank: int, port: int, sizes: tuple[int, int], repeats: int, out: dict) -> None:
+def _gloo_group(rank: int, threads: int) -> Any:
+    """A gloo process group with ``threads`` worker threads (init_process_group and new_group ignore
+    ``pg_options._threads`` in torch 2.13: the thread count of the process does not change)."""
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    options = dist.ProcessGroupGloo._Options()
+    options._threads = threads
+    options._devices = [dist.ProcessGroupGloo.create_default_device()]
+    return dist.ProcessGroupGloo(dist.PrefixStore("probe", _get_default_store()), rank, 2, options)
+
+
+def _worker(rank: int, port: int, sizes: tuple[int, int], repeats: int, out: dict, threads: int) -> None:
     torch.set_num_threads(1)  # as exec's ranks
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
+    # gloo's worker threads per process group (torch's default: 2, what the runtime uses)
+    group = _gloo_group(rank, threads) if threads else None
     a = torch.ones(sizes[0] // 4)
     b = torch.ones(sizes[1] // 4)
     variants = ["one-A", "one-B", "serial", "together"]
@@ -82,7 +99,7 @@ def _worker(rank: int, port: int, sizes: tuple[int, int], repeats: int, out: dic
         for name in order:
             dist.barrier()
             c0 = _cpu_s()
-            got = _variant(name, a, b)
+            got = _variant(name, a, b, group)
             used = _cpu_s() - c0
             if r < 0:
                 continue
@@ -104,12 +121,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--bytes", type=int, nargs=2, default=PLAN_BUCKETS, metavar=("A", "B"))
+    parser.add_argument("--gloo-threads", type=int, default=0,
+                        help="gloo worker threads per process group (0: torch's default, 2, as the runtime)")
     args = parser.parse_args()
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_worker, args=(_free_port(), tuple(args.bytes), args.repeats, out), nprocs=2)
+        mp.spawn(_worker, args=(_free_port(), tuple(args.bytes), args.repeats, out, args.gloo_threads), nprocs=2)
         med = out["slow_median"]
-        print(f"buckets {args.bytes[0]:,} + {args.bytes[1]:,} bytes, gloo, 2 ranks, {args.repeats} repeats; "
+        threads = args.gloo_threads or "default (2)"
+        print(f"buckets {args.bytes[0]:,} + {args.bytes[1]:,} bytes, gloo ({threads} threads), 2 ranks, "
+              f"{args.repeats} repeats; "
               f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores")
         print(f"{'variant':<12} {'median ms (slower rank)':>24} {'CPU/wall rank0':>15} {'rank1':>6}")
         for key in ["one-A", "one-B", "serial", "together", "together-A", "together-B"]:
