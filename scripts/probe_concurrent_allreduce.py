@@ -12,6 +12,10 @@ each, as the runtime's ranks) and times, per round in a rotating order, a barrie
 - ``together``: launch A and B, wait both (what the runtime does); ``together-A`` / ``together-B``
   are the times at which each one's ``wait`` returned (what the run records per instruction).
 
+- ``compute`` / ``A+compute``: about 10 ms of one-thread matmuls alone, and with bucket A in
+  flight (``compute-with-A``: the matmuls' own time then): whether a collective slows the rank's
+  compute, i.e. whether compute and communication share the cores.
+
 torch's gloo process group runs each collective on one of its worker threads (2 by default:
 ``ProcessGroupGloo._Options()._threads``), so the two run at once; ``--gloo-threads 1`` queues
 them on one thread, which separates what running at once changes from what sharing costs.
@@ -51,6 +55,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+_MATRIX = torch.ones(160, 160)  # 40 x 2 x 160^3 = 0.33 GFLOP
+
+
+def _compute() -> None:
+    """About 10 ms of one-thread matmuls on an idle core (a stand-in for a layer's backward)."""
+    for _ in range(40):
+        torch.mm(_MATRIX, _MATRIX)
+
+
 def _variant(name: str, a: torch.Tensor, b: torch.Tensor, group: Any) -> dict[str, float]:
     """Run one variant; returns its named times (seconds from the start)."""
     def launch(t: torch.Tensor) -> Any:
@@ -64,6 +77,15 @@ def _variant(name: str, a: torch.Tensor, b: torch.Tensor, group: Any) -> dict[st
         launch(a).wait()
         launch(b).wait()
         return {"serial": time.perf_counter() - t0}
+    if name == "compute":
+        _compute()
+        return {"compute": time.perf_counter() - t0}
+    if name == "A+compute":  # the bucket in flight while the rank computes (overlap with a backward)
+        work = launch(a)
+        _compute()
+        computed = time.perf_counter() - t0
+        work.wait()
+        return {"A+compute": time.perf_counter() - t0, "compute-with-A": computed}
     work_a, work_b = launch(a), launch(b)
     work_a.wait()
     done_a = time.perf_counter() - t0
@@ -91,11 +113,11 @@ def _worker(rank: int, port: int, sizes: tuple[int, int], repeats: int, out: dic
     group = _gloo_group(rank, threads) if threads else None
     a = torch.ones(sizes[0] // 4)
     b = torch.ones(sizes[1] // 4)
-    variants = ["one-A", "one-B", "serial", "together"]
+    variants = ["one-A", "one-B", "serial", "together", "compute", "A+compute"]
     times: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
     for r in range(-3, repeats):  # three warm-up rounds
-        order = variants[r % 4:] + variants[:r % 4]
+        order = variants[r % len(variants):] + variants[:r % len(variants)]
         for name in order:
             dist.barrier()
             c0 = _cpu_s()
@@ -133,13 +155,16 @@ def main() -> None:
               f"{args.repeats} repeats; "
               f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores")
         print(f"{'variant':<12} {'median ms (slower rank)':>24} {'CPU/wall rank0':>15} {'rank1':>6}")
-        for key in ["one-A", "one-B", "serial", "together", "together-A", "together-B"]:
+        for key in ["one-A", "one-B", "serial", "together", "together-A", "together-B", "compute", "A+compute",
+                    "compute-with-A"]:
             c0, c1 = out["cpu0"].get(key), out["cpu1"].get(key)
             cpu = f"{c0:>15.2f} {c1:>6.2f}" if c0 is not None else ""
             print(f"{key:<12} {med[key] * 1e3:>24.2f} {cpu}")
         one = med["one-A"] + med["one-B"]
         print(f"together / (one-A + one-B) = {med['together'] / one:.2f}; serial / (one-A + one-B) = "
               f"{med['serial'] / one:.2f}; together-A / one-A = {med['together-A'] / med['one-A']:.2f}")
+        print(f"compute-with-A / compute = {med['compute-with-A'] / med['compute']:.2f}; A+compute / "
+              f"(one-A + compute) = {med['A+compute'] / (med['one-A'] + med['compute']):.2f} (1: no overlap at all)")
 
 
 if __name__ == "__main__":
