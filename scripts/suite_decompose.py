@@ -19,7 +19,12 @@ the measured minus predicted iteration time into:
 - **waits**: the rest of the idle time on that rank (waiting for the peer: the other rank's
   compute and dispatch, and the transfers), which is what the pipeline propagates;
 - **first micro-batch**: the first forward of a stage over the median of its other forwards
-  (reported, it is inside "compute").
+  (reported, it is inside "compute");
+- **collectives** (reported, they overlap the parts above): the time at least one all-reduce or
+  all-to-all of that rank is in flight, and the sum of their durations. The runtime launches a
+  plan's buckets together and they share the link, so each lasts about as long as all of them;
+  the engine runs them one after the other: compare the time in flight, not instruction by
+  instruction.
 
 Medians over the measured iterations. Measured minus predicted, in milliseconds and as a share of
 the measured iteration; the parts add up to the total.
@@ -42,6 +47,20 @@ import pandas as pd
 from analysis.validation.runtime_costs import dispatch_gaps, message_times
 
 COMPUTE = {"FWD", "BWD", "BWD_I", "BWD_W", "RECOMPUTE"}
+COLLECTIVES = {"ALLREDUCE", "ALLTOALL"}
+
+
+def busy_s(intervals: pd.DataFrame) -> float:
+    """Seconds during which at least one of the [start_s, end_s) intervals is in flight. Collectives
+    launched together (the runtime's buckets) share the link and CPU and each lasts about as long as
+    all of them; the simulator's collective stream runs them one after the other. Their union is what
+    both mean alike (docs/embrace.md, "Concurrent all-reduces")."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(zip(intervals["start_s"], intervals["end_s"], strict=True)):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 def rank_parts(rows: pd.DataFrame) -> dict[str, float]:
@@ -58,7 +77,10 @@ def rank_parts(rows: pd.DataFrame) -> dict[str, float]:
     busy = float((compute["end_s"] - compute["start_s"]).sum())
     opt = float((optimizer["end_s"] - optimizer["start_s"]).sum())
     span = float(end - start)
+    collectives = rows[rows["kind"].isin(COLLECTIVES)]
     return {"span": span, "compute": busy, "optimizer": opt, "dispatch": dispatch,
+            "collectives": busy_s(collectives),
+            "collective_sum": float((collectives["end_s"] - collectives["start_s"]).sum()),
             "waits": span - busy - opt - dispatch,
             "first_fwd_ratio": float(first.median() / rest_median) if len(first) and rest_median else float("nan")}
 
@@ -89,6 +111,8 @@ def plan_parts(folder: Path) -> dict[str, float] | None:
     for part in ("compute", "optimizer", "dispatch", "waits"):
         out[f"d_{part}_ms"] = (m[part] - p[part]) * 1e3
     out["first_fwd_ratio"] = m["first_fwd_ratio"]
+    for part in ("collectives", "collective_sum"):  # not parts of the sum: they overlap the others
+        out[f"{part}_ms"], out[f"{part}_pred_ms"] = m[part] * 1e3, p[part] * 1e3
     out["compute_ratio"] = m["compute"] / p["compute"] if p["compute"] else float("nan")
     return out
 
@@ -156,6 +180,13 @@ def main(folders: list[str]) -> None:
               f"{r['d_compute_ms']:+.1f} | {r['d_optimizer_ms']:+.1f} | {r['d_dispatch_ms']:+.1f} | "
               f"{r['d_waits_ms']:+.1f} | {r['residual_ms']:+.1f} | {r['compute_ratio']:.3f} | "
               f"{r['first_fwd_ratio']:.2f} |")
+    print("\ncollectives of that rank, ms: in flight (union of their intervals) and the sum of their "
+          "durations, measured / predicted (medians)\n")
+    print("| suite | plan | in flight | predicted | summed durations | predicted |")
+    print("| --- | --- |" + " ---: |" * 4)
+    for _, r in table.iterrows():
+        print(f"| {r['suite']} | {r['plan']} | {r['collectives_ms']:.1f} | {r['collectives_pred_ms']:.1f} | "
+              f"{r['collective_sum_ms']:.1f} | {r['collective_sum_pred_ms']:.1f} |")
     share = table[parts].div(table["measured_ms"], axis=0)
     print("\nmedian over every plan and suite, as a share of the measured iteration:")
     for part in parts:

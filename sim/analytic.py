@@ -498,15 +498,16 @@ class AnalyticCostModel:
                 v = padded_vocab(int(layer.extra["vocab"]), t)
                 params = v // t * h_ + (2 * h_ if layer.kind == "head" else s_ * h_)
         n_ar = layer.tp_allreduces if t > 1 else 0
+        n_ar_bwd = n_ar if layer.tp_in_backward else 0
         return LayerCosts(
             fwd_s=fwd,
             bwd_input_s=bwd_i,
             bwd_weight_s=bwd_w,
             recompute_s=fwd,
             tp_comm_bytes_fwd=n_ar * out * act,
-            tp_comm_bytes_bwd=n_ar * out * act,
+            tp_comm_bytes_bwd=n_ar_bwd * out * act,
             tp_allreduces_fwd=n_ar,
-            tp_allreduces_bwd=n_ar,
+            tp_allreduces_bwd=n_ar_bwd,
             param_bytes=params * p_b,
             grad_bytes=params * g_b,
             optimizer_bytes=params * o_b,

@@ -5,6 +5,12 @@ Costs come from the cluster's links and ``sim.collectives`` (alpha-beta per link
 tree / hierarchical algorithms), or, when a trace bundle carries communication fits measured by
 ``paratwin commbench`` on the same machine, from those fits directly: a measured all-reduce of
 the same group size beats any formula.
+
+Collectives of one rank launched together (the runtime's gradient buckets) share its link: on
+gloo each runs on a worker thread of its own and lasts about as long as all of them, and they end
+together no later than one after the other would (scripts/probe_concurrent_allreduce.py,
+docs/embrace.md "Concurrent all-reduces"). The engine's collective stream and the estimate run
+them one after the other at these prices: the same end, different intervals per instruction.
 """
 
 from __future__ import annotations

@@ -121,10 +121,11 @@ def table_tp_costs(c: LayerCosts) -> LayerCosts:
     ``exec.parallel.tp.gather_columns_from_tp``): each TP rank looks up its own columns of the rows,
     the forward all-gathers them into the layer's output (one all-gather of the output's bytes),
     and the backward keeps each rank's columns of the gradient: no TP communication. The analytic
-    model's layer all-reduces (Megatron's vocabulary-parallel table) both ways instead; a profiled
-    layer communicates nothing. The engine, the lowering and the estimate all take this one view
-    (``TableTPCosts`` in ``sim.compile.resolve_plan``; ``EmbeddingTerms.tp_table_layers`` in the
-    estimate)."""
+    model's dense layer is Megatron's vocabulary-parallel table (one all-reduce of the output
+    forward, none backward: ``sim.workloads``); a dense table the runtime runs is replicated and
+    its profiled or structural costs communicate nothing (docs/embrace.md, "Dense tables under
+    TP"). The engine, the lowering and the estimate all take this one view (``TableTPCosts``
+    in ``sim.compile.resolve_plan``; ``EmbeddingTerms.tp_table_layers`` in the estimate)."""
     return replace(c, tp_allreduces=1, tp_comm_bytes=c.output_bytes, tp_collective="allgather", tp_in_backward=False)
 
 

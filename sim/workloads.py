@@ -82,6 +82,9 @@ class LayerSpec:
     saved_elems: int
     saved_elems_sharded: int = 0  # part of saved_elems that divides by the TP degree
     tp_allreduces: int = 0
+    # Whether each backward all-reduces as many (False: the forward only, as Megatron's
+    # vocabulary-parallel embedding, whose reduction is the identity backward).
+    tp_in_backward: bool = True
     # What the layer keeps under torch's selective checkpointing (exec.selective: matmul, attention
     # and convolution outputs plus the layer input); -1: not modelled for this layer.
     selective_elems: int = -1
@@ -281,8 +284,14 @@ def transformer_layers(cfg: TransformerConfig) -> list[LayerSpec]:
     # memory-bound kernels, the vocabulary padded as Megatron pads it). A causal GPT masks attention.
     shape = {"seq": float(s), "hidden": float(h), "heads": float(a), "ffn": float(f), "vocab": float(v),
              "causal": 1.0 if cfg.family == "gpt" else 0.0}
+    # Megatron's vocabulary-parallel table (megatron/core/tensor_parallel/layers.py,
+    # VocabParallelEmbedding.forward): each rank looks up its vocabulary slice and the partial
+    # outputs are summed by reduce_from_tensor_model_parallel_region, the identity backward
+    # (mappings.py, _ReduceFromModelParallelRegion): one all-reduce forward, none backward. This
+    # runtime keeps a dense table replicated instead (exec.parallel.tp) and its profiles and
+    # structure charge nothing (sim.bundle_costs, exec.structure); docs/embrace.md.
     embed = LayerSpec("embed", "embedding", params=v * h + s * h, flops_fwd=0, output_elems=s * h,
-                      saved_elems=s, saved_elems_sharded=0, tp_allreduces=1, selective_elems=s,
+                      saved_elems=s, saved_elems_sharded=0, tp_allreduces=1, tp_in_backward=False, selective_elems=s,
                       extra=dict(shape))
     block_params = (3 * h * h + 3 * h) + (h * h + h) + (2 * h * f + f + h) + 4 * h
     block_flops = 8 * s * h * h + 4 * s * h * f + 4 * s * s * h

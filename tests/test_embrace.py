@@ -153,8 +153,8 @@ def test_plans_that_cannot_shard_are_refused_in_one_line(fields: dict, where: st
 def test_under_tensor_parallelism_the_table_costs_one_all_gather_of_its_output(method: str) -> None:
     """The runtime gathers the TP ranks' columns of the looked-up rows forward (one all-gather of the
     layer's output) and keeps its own columns backward (exec.parallel.tp.gather_columns_from_tp):
-    the simulator charges exactly that, not the analytic model's all-reduce both ways (which a
-    dense table keeps: Megatron's vocabulary-parallel table)."""
+    the simulator charges exactly that, not the analytic model's forward all-reduce (which a dense
+    table keeps: Megatron's vocabulary-parallel table)."""
     from sim.engine import EngineOptions
 
     base = {**GPU, "parallelism": {"dp": 8, "tp": 2}}
@@ -170,7 +170,10 @@ def test_under_tensor_parallelism_the_table_costs_one_all_gather_of_its_output(m
         assert (c.tp_collective, c.tp_allreduces, c.tp_comm_bytes, c.tp_in_backward) == \
             ("allgather", 1, gathered, False)
     d = compile_plan(dense).resolved.costs.layer_costs(layer, dense.micro_batch, dense.tp)
-    assert (d.tp_collective, d.tp_in_backward) == ("allreduce", True)
+    assert (d.tp_collective, d.tp_allreduces, d.tp_in_backward) == ("allreduce", 1, False)  # Megatron's
+    # ... while the runtime keeps a dense table replicated (exec.parallel.tp): its costs send nothing
+    d = compile_for_run(dense).resolved.costs.layer_costs(layer, dense.micro_batch, dense.tp)
+    assert d.tp_allreduces == 0 and d.tp_comm_bytes == 0
     # The engine: the table's forward takes its compute plus one all-gather, its backward its compute.
     c = resolved.costs.layer_costs(layer, sharded.micro_batch, sharded.tp)
     rows = simulate(sharded, options=EngineOptions(layer_rows=True)).table
