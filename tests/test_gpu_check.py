@@ -25,6 +25,8 @@ def test_gpu_check_smoke_writes_the_comparison_table(tmp_path: Path) -> None:
     assert table["analytic_s"].isna().all()  # the analytic model prices GPUs, not this CPU
     # The errors are the predictions against the measurement, as printed.
     assert table["profiled_error"].tolist() == pytest.approx((table["profiled_s"] / table["measured_s"] - 1).tolist())
-    # A longer sequence costs more, measured and predicted from the profile.
-    assert table["measured_s"][1] > table["measured_s"][0] and table["profiled_s"][1] > table["profiled_s"][0]
+    # No timing comparison between the cases here: on a loaded machine seq 64 can measure faster than
+    # seq 32 (it did, in a full test run beside other work). Each case validated its own plan.
+    assert (table["spread"] >= 0).all()
+    assert len([d for d in tmp_path.iterdir() if d.is_dir() and any(d.iterdir())]) == 2
     assert "| gpt-tiny seq 64 |" in (tmp_path / "gpu_check.md").read_text()
