@@ -159,6 +159,19 @@ def movable_bytes(layers: Sequence[int], chosen: Collection[int], cost: Callable
     return total
 
 
+def received_gradient_bytes(stages: Collection[int], rank_of: Sequence[int], layers_of: Sequence[Sequence[int]],
+                            cost: Callable[[int], LayerCosts]) -> int:
+    """Bytes of received gradients one pipeline rank holds at once: the largest output of its
+    ``stages`` whose next stage sits on another rank (``rank_of[s]``: each stage's pipeline rank).
+    One at a time: the runtime allocates a gradient's buffer at its receive's place in program order,
+    right before the backward (or recompute) that needs it, after the previous compute step
+    (exec.interpreter ``_recv``), and the backward frees it; the engine holds it the same way
+    (sim.engine ``_post_receives``). The models that plan memory (DELTA's replay, the MILP, the fast
+    estimate) all count it with this function."""
+    return max((cost(layers_of[s][-1]).output_bytes for s in stages
+                if s + 1 < len(rank_of) and rank_of[s + 1] != rank_of[s]), default=0)
+
+
 def checkpoint_bytes(layer: int, cost: Callable[[int], LayerCosts]) -> int:
     """A checkpointed layer keeps only its input: the previous layer's output."""
     return cost(layer - 1).output_bytes if layer > 0 else 0

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from sim.costs import CostModel
-from sim.memory import MemoryConfig, MemoryPolicy, checkpoint_bytes, register_memory_policy
+from sim.memory import MemoryConfig, MemoryPolicy, checkpoint_bytes, received_gradient_bytes, register_memory_policy
 from sim.schedules import SCHEDULES, merak_recompute
 
 if TYPE_CHECKING:
@@ -277,8 +277,7 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
         whole = estimator.stage(tuple(stage_layers[s]), (), mb, tp, level, 0.0)
         base[rank_of[s]] += whole.fwd_s + whole.bwd_s
         forward.append(whole.fwd_s)
-        # one received gradient (or activation) buffer per stage boundary, as the ledger holds them
-        static[rank_of[s]] += whole.static_bytes + (whole.output_bytes if pp > 1 else 0)
+        static[rank_of[s]] += whole.static_bytes
         for layer in stage_layers[s]:
             layers.append(layer)
             stage_of.append(s)
@@ -286,6 +285,8 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
             saved.append(cost(layer).saved_bytes)
             ckpt.append(checkpoint_bytes(layer, cost))
             copy_s.append(2 * (latency + saved[-1] / bandwidth))
+    for k in range(pp):  # the received gradient a rank holds at once, as the engine and the runtime do
+        static[k] += received_gradient_bytes(stages_of[k], rank_of, stage_layers, cost)
     if plan.dp > 1:  # one flattened gradient bucket in flight, as the estimate counts it
         bucket = vector_wire_bytes(plan.gradient_sync, int(plan.gradient_sync.bucket_mb * 2**20), plan.dp, plan.dtype)
         static = [b + bucket for b in static]
