@@ -82,10 +82,12 @@ class Decisions:
 
 
 def decide(steps: Sequence[Step], stage_layers: Sequence[Sequence[int]], facts: dict[int, LayerFacts],
-           static_bytes: int, settings: DeltaSettings) -> Decisions:
+           static_bytes: int, settings: DeltaSettings, shared: dict[int, int] | None = None) -> Decisions:
     """Replay ``steps`` against a ledger of per-layer saved tensors and release victims after each
     forward and each backward's return while over budget. Deterministic: ties go to the earliest
-    (stage, micro-batch, layer)."""
+    (stage, micro-batch, layer). ``shared[stage]``: what a forward holds beyond its layers' own
+    ``saved`` (the stage input, storages two layers save), so the replay holds what the ledger does."""
+    shared = shared or {}
     now = 0.0
     resident = static_bytes
     live: dict[tuple[int, int, int], _Saved] = {}
@@ -100,6 +102,7 @@ def decide(steps: Sequence[Step], stage_layers: Sequence[Sequence[int]], facts: 
             for layer in layers:
                 live[(*key, layer)] = _Saved(step.stage, step.microbatch, layer, facts[layer], now)
                 resident += facts[layer].saved
+            resident += shared.get(step.stage, 0)
             now += sum(facts[layer].forward_s for layer in layers)
             out.peak_bytes = max(out.peak_bytes, resident)
             resident = _release(live, resident, now, settings, out)
@@ -118,7 +121,7 @@ def decide(steps: Sequence[Step], stage_layers: Sequence[Sequence[int]], facts: 
             out.settled_peak_bytes = max(out.settled_peak_bytes, resident)
             now += sum(t.facts.backward_s for t in mine)
         if step.op == "W" or (step.op == "B" and not _split(steps, key)):
-            resident -= sum(facts[layer].saved for layer in layers)
+            resident -= sum(facts[layer].saved for layer in layers) + shared.get(step.stage, 0)
             for layer in layers:
                 del live[(*key, layer)]
     return out

@@ -26,10 +26,10 @@ from sim.gradient_sync import vector_wire_bytes
 from sim.memory import (
     MemoryConfig,
     MemoryPolicy,
-    checkpoint_bytes,
     movable_bytes,
     received_gradient_bytes,
     register_memory_policy,
+    resident_bytes,
 )
 from sim.program import Kind
 from sim.schedules import SCHEDULES, Op, generate_schedule, stage_to_rank
@@ -90,17 +90,21 @@ def _replay(steps: list[Step], stage_layers: Sequence[Sequence[int]], cost: Call
     """``decide`` for one rank: its layers' facts and its static bytes (``_static``)."""
     stages = sorted({step.stage for step in steps})
     facts = {}
+    shared = {}
     for s in stages:
-        for layer in stage_layers[s]:
+        layers = stage_layers[s]
+        whole = resident_bytes(layers, (), (), cost)
+        for layer in layers:
             c = cost(layer)
-            # Per-layer saved bytes, as before this session: counting each storage once here
-            # (sim.memory.resident_bytes) made the replay exact on activations and exposed the
-            # received gradients the engine holds beyond the one per stage counted in _static
-            # (docs/memory.md, DELTA: "Bytes"), so it is left for when those are counted.
-            facts[layer] = LayerFacts(saved=c.saved_bytes, checkpoint=checkpoint_bytes(layer, cost),
-                                      forward_s=c.fwd_s, backward_s=c.bwd_s, recompute_s=c.recompute_s)
+            # Each storage once, as the ledger counts (sim.memory.resident_bytes): a swap frees what
+            # no other layer of the forward saves too (nor the stage input), a drop that less its input.
+            alone = whole - resident_bytes(layers, (layer,), (), cost)
+            dropped = whole - resident_bytes(layers, (), (layer,), cost)
+            facts[layer] = LayerFacts(saved=alone, checkpoint=alone - dropped, forward_s=c.fwd_s,
+                                      backward_s=c.bwd_s, recompute_s=c.recompute_s)
+        shared[s] = whole - sum(facts[layer].saved for layer in layers)
     static = _static(stages, stage_layers, cost, rank_of) + extra_static
-    return decide(steps, stage_layers, facts, static, settings), facts, static
+    return decide(steps, stage_layers, facts, static, settings, shared), facts, static
 
 
 def _static(stages: Sequence[int], stage_layers: Sequence[Sequence[int]], cost: Callable[[int], LayerCosts],
