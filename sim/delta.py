@@ -48,6 +48,9 @@ class LayerFacts:
     forward_s: float
     backward_s: float
     recompute_s: float
+    # bytes of its output that the next layer of the stage saves too: re-run, it makes a new storage
+    # while the next layer still holds the old one (sim.memory.held_bytes)
+    shared_out: int = 0
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ def decide(steps: Sequence[Step], stage_layers: Sequence[Sequence[int]], facts: 
     resident = static_bytes
     live: dict[tuple[int, int, int], _Saved] = {}
     out = Decisions(peak_bytes=static_bytes)
+    twice: dict[tuple[int, int], int] = {}  # re-run outputs held beside the old storage (LayerFacts.shared_out)
     forward_at: dict[tuple[int, int], int] = {}
     for index, step in enumerate(steps):
         key = (step.stage, step.microbatch)
@@ -111,7 +115,8 @@ def decide(steps: Sequence[Step], stage_layers: Sequence[Sequence[int]], facts: 
             mine = [live[(*key, layer)] for layer in layers]
             back = sum(t.facts.saved if t.where == "host" else t.facts.saved - t.facts.checkpoint
                        for t in mine if t.where in ("host", "dropped"))
-            resident += back
+            twice[key] = sum(t.facts.shared_out for t in mine[:-1] if t.where == "dropped")
+            resident += back + twice[key]
             out.peak_bytes = max(out.peak_bytes, resident)
             now += sum(t.facts.recompute_s for t in mine if t.where == "dropped")
             for t in mine:  # back for good: its backward has begun (a split one ends at W)
@@ -121,7 +126,7 @@ def decide(steps: Sequence[Step], stage_layers: Sequence[Sequence[int]], facts: 
             out.settled_peak_bytes = max(out.settled_peak_bytes, resident)
             now += sum(t.facts.backward_s for t in mine)
         if step.op == "W" or (step.op == "B" and not _split(steps, key)):
-            resident -= sum(facts[layer].saved for layer in layers) + shared.get(step.stage, 0)
+            resident -= sum(facts[layer].saved for layer in layers) + shared.get(step.stage, 0) + twice.pop(key, 0)
             for layer in layers:
                 del live[(*key, layer)]
     return out

@@ -94,14 +94,15 @@ def _replay(steps: list[Step], stage_layers: Sequence[Sequence[int]], cost: Call
     for s in stages:
         layers = stage_layers[s]
         whole = resident_bytes(layers, (), (), cost)
-        for layer in layers:
+        for position, layer in enumerate(layers):
             c = cost(layer)
+            shared_out = cost(layers[position + 1]).shared_input_bytes if position + 1 < len(layers) else 0
             # Each storage once, as the ledger counts (sim.memory.resident_bytes): a swap frees what
             # no other layer of the forward saves too (nor the stage input), a drop that less its input.
             alone = whole - resident_bytes(layers, (layer,), (), cost)
             dropped = whole - resident_bytes(layers, (), (layer,), cost)
             facts[layer] = LayerFacts(saved=alone, checkpoint=alone - dropped, forward_s=c.fwd_s,
-                                      backward_s=c.bwd_s, recompute_s=c.recompute_s)
+                                      backward_s=c.bwd_s, recompute_s=c.recompute_s, shared_out=shared_out)
         shared[s] = whole - sum(facts[layer].saved for layer in layers)
     static = _static(stages, stage_layers, cost, rank_of) + extra_static
     return decide(steps, stage_layers, facts, static, settings, shared), facts, static
