@@ -51,6 +51,9 @@ class LayerFacts:
     # bytes of its output that the next layer of the stage saves too: re-run, it makes a new storage
     # while the next layer still holds the old one (sim.memory.held_bytes)
     shared_out: int = 0
+    # bytes of its input it does not save: dropped, it keeps that input, held beside its re-run's
+    # tensors once it is back (sim.memory.held_bytes)
+    unsaved_in: int = 0
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,9 @@ def decide(steps: Sequence[Step], stage_layers: Sequence[Sequence[int]], facts: 
             mine = [live[(*key, layer)] for layer in layers]
             back = sum(t.facts.saved if t.where == "host" else t.facts.saved - t.facts.checkpoint
                        for t in mine if t.where in ("host", "dropped"))
-            twice[key] = sum(t.facts.shared_out for t in mine[:-1] if t.where == "dropped")
+            twice[key] = sum(t.facts.shared_out for t in mine[:-1] if t.where == "dropped") \
+                + sum(t.facts.unsaved_in for i, t in enumerate(mine)
+                      if t.where == "dropped" and (i == 0 or mine[i - 1].where == "dropped"))
             resident += back + twice[key]
             out.peak_bytes = max(out.peak_bytes, resident)
             now += sum(t.facts.recompute_s for t in mine if t.where == "dropped")

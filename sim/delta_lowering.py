@@ -26,6 +26,7 @@ from sim.gradient_sync import vector_wire_bytes
 from sim.memory import (
     MemoryConfig,
     MemoryPolicy,
+    checkpoint_bytes,
     movable_bytes,
     received_gradient_bytes,
     register_memory_policy,
@@ -102,7 +103,8 @@ def _replay(steps: list[Step], stage_layers: Sequence[Sequence[int]], cost: Call
             alone = whole - resident_bytes(layers, (layer,), (), cost)
             dropped = whole - resident_bytes(layers, (), (layer,), cost)
             facts[layer] = LayerFacts(saved=alone, checkpoint=alone - dropped, forward_s=c.fwd_s,
-                                      backward_s=c.bwd_s, recompute_s=c.recompute_s, shared_out=shared_out)
+                                      backward_s=c.bwd_s, recompute_s=c.recompute_s, shared_out=shared_out,
+                                      unsaved_in=min(c.unsaved_input_bytes, checkpoint_bytes(layer, cost)))
         shared[s] = whole - sum(facts[layer].saved for layer in layers)
     static = _static(stages, stage_layers, cost, rank_of) + extra_static
     return decide(steps, stage_layers, facts, static, settings, shared), facts, static

@@ -142,6 +142,11 @@ def held_bytes(layers: Sequence[int], recomputed: Collection[int], cost: Callabl
     for position, layer in enumerate(layers):
         c = cost(layer)
         total += c.saved_bytes
+        # A recomputed layer that does not save its input keeps it as its checkpoint all the same; it
+        # is a storage of its own unless the previous layer, kept, saves it as its output (assumed
+        # so: the input a layer does not save is not known to be saved by the previous one).
+        if layer in fresh and (position == 0 or layers[position - 1] in fresh):
+            total += min(c.unsaved_input_bytes, checkpoint_bytes(layer, cost))
         if position > 0 and layers[position - 1] not in fresh:
             total -= c.shared_input_bytes
     return total
