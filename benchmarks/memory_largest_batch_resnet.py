@@ -91,23 +91,32 @@ def fits(model: str, device: str, link: str, budget: float, name: str, micro_bat
     return (result.iteration_s, peak) if peak <= budget else None
 
 
+# Fitting need not be monotone in the micro-batch (a planner's choice changes with it, a layer's
+# bytes round): past the bisection's answer this many sizes are tried too, and the search goes on
+# from any that fits (none did in the run recorded in docs/memory.md).
+PAST_FAILURE = 4
+
+
 def largest(model: str, device: str, link: str, budget: float, name: str) -> tuple[int, float, float] | None:
-    low, found = 0, None
-    high = 1
-    while high <= MAX_MICRO_BATCH:
-        fit = fits(model, device, link, budget, name, high)
-        if fit is None:
-            break
-        low, found, high = high, fit, high * 2
-    high = min(high, MAX_MICRO_BATCH + 1)
-    while high - low > 1:
-        mid = (low + high) // 2
-        fit = fits(model, device, link, budget, name, mid)
-        if fit is None:
-            high = mid
-        else:
-            low, found = mid, fit
-    return (low, *found) if found else None
+    """Doubling, then bisection; then the next ``PAST_FAILURE`` sizes, going on from any that fits."""
+    low, found, step = 0, None, 1
+    while True:
+        while low + step <= MAX_MICRO_BATCH and (fit := fits(model, device, link, budget, name, low + step)):
+            low, found, step = low + step, fit, step * 2  # doubling from low
+        high = min(low + step, MAX_MICRO_BATCH + 1)
+        while high - low > 1:
+            mid = (low + high) // 2
+            fit = fits(model, device, link, budget, name, mid)
+            if fit is None:
+                high = mid
+            else:
+                low, found = mid, fit
+        later = next(((size, fit) for size in range(low + 2, min(low + 1 + PAST_FAILURE, MAX_MICRO_BATCH) + 1)
+                      if (fit := fits(model, device, link, budget, name, size)) is not None), None)
+        if later is None:
+            return (low, *found) if found else None
+        print(f"{model} {device} {budget} GiB {name}: {low + 1} does not fit, {later[0]} does", flush=True)
+        (low, found), step = later, 1
 
 
 def main() -> None:

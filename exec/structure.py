@@ -61,6 +61,7 @@ class LayerFacts:
     tp_allreduces: int  # all-reduces of the output per forward (sharded blocks: 2)
     selective_saved_bytes: int = -1  # under torch's selective checkpointing (exec.selective); -1 unknown
     shared_input_bytes: int = 0  # its saved input that the previous layer saves too (sim.costs.LayerCosts)
+    unsaved_input_bytes: int = 0  # its input when it does not save it (sim.costs.LayerCosts)
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, int]:
@@ -106,8 +107,10 @@ def measure_layers(workload: Workload, micro_batch: int, dtype: torch.dtype, tp:
             loss = lambda y, targets=targets: workload.loss(y, targets)  # noqa: E731
         x_key = _storage_key(x)
         shared = x_key[1] if x_key in saved and x_key in previous else 0
+        # A layer that does not save its (floating) input: checkpointed, it keeps it all the same.
+        unsaved = x_key[1] if index > 0 and x.is_floating_point() and x_key not in saved else 0
         facts.append(LayerFacts(
-            shared_input_bytes=shared,
+            shared_input_bytes=shared, unsaved_input_bytes=unsaved,
             selective_saved_bytes=_selective_bytes(layer, x, param_keys, loss),
             param_bytes=sum(p.numel() * p.element_size() for p in params),
             saved_bytes=sum(saved.values()),
@@ -174,6 +177,7 @@ class StructuralCosts:
             selective_saved_bytes=f.selective_saved_bytes,
             selective_recompute_s=0.0,
             shared_input_bytes=f.shared_input_bytes,
+            unsaved_input_bytes=f.unsaved_input_bytes,
         )
 
     def optimizer_step_s(self, param_bytes: int) -> float:
@@ -207,5 +211,6 @@ def measured_layer_specs(workload: Workload) -> list[LayerSpec]:
     return [LayerSpec(names[i], workload.layer_kind(i), params=f.param_bytes // 4, flops_fwd=int(f.flops_fwd),
                       output_elems=f.output_bytes // 4, saved_elems=f.saved_bytes // 4,
                       selective_elems=f.selective_saved_bytes // 4 if f.selective_saved_bytes >= 0 else -1,
-                      shared_input_elems=f.shared_input_bytes // 4)
+                      shared_input_elems=f.shared_input_bytes // 4,
+                      unsaved_input_elems=f.unsaved_input_bytes // 4)
             for i, f in enumerate(facts)]

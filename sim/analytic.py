@@ -415,6 +415,7 @@ class LayerCosts:
     selective_saved_bytes: int = -1  # sim.costs.LayerCosts: -1 where not modelled
     selective_recompute_s: float = -1.0
     shared_input_bytes: int = 0
+    unsaved_input_bytes: int = 0
 
     @property
     def bwd_s(self) -> float:
@@ -517,6 +518,7 @@ class AnalyticCostModel:
             selective_saved_bytes=int(round(selective_bytes)),
             selective_recompute_s=selective_s,
             shared_input_bytes=b * layer.shared_input_elems * act,
+            unsaved_input_bytes=b * layer.unsaved_input_elems * act,
         )
 
     @staticmethod

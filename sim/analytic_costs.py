@@ -33,6 +33,7 @@ class AnalyticCosts:
             flops_fwd=c.flops_fwd,
             selective_saved_bytes=c.selective_saved_bytes, selective_recompute_s=c.selective_recompute_s,
             shared_input_bytes=c.shared_input_bytes,
+            unsaved_input_bytes=c.unsaved_input_bytes,
         )
 
     def optimizer_step_s(self, param_bytes: int) -> float:

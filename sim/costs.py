@@ -42,6 +42,10 @@ class LayerCosts:
     # ReLU's result that the next convolution saves as its input): one storage, counted in both
     # layers' saved_bytes, that a forward keeping both holds once (sim.memory.kept_saved_bytes).
     shared_input_bytes: int = 0
+    # Bytes of its input this layer does not save (a pooling that keeps only shapes, a head whose
+    # linear saves the pooled tensor): checkpointed, it keeps that input anyway (its checkpoint),
+    # so while its re-run's tensors are back the input is held beside them (sim.memory.held_bytes).
+    unsaved_input_bytes: int = 0
 
     @property
     def bwd_s(self) -> float:

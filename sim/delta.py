@@ -48,6 +48,12 @@ class LayerFacts:
     forward_s: float
     backward_s: float
     recompute_s: float
+    # bytes of its output that the next layer of the stage saves too: re-run, it makes a new storage
+    # while the next layer still holds the old one (sim.memory.held_bytes)
+    shared_out: int = 0
+    # bytes of its input it does not save: dropped, it keeps that input, held beside its re-run's
+    # tensors once it is back (sim.memory.held_bytes)
+    unsaved_in: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,14 +88,17 @@ class Decisions:
 
 
 def decide(steps: Sequence[Step], stage_layers: Sequence[Sequence[int]], facts: dict[int, LayerFacts],
-           static_bytes: int, settings: DeltaSettings) -> Decisions:
+           static_bytes: int, settings: DeltaSettings, shared: dict[int, int] | None = None) -> Decisions:
     """Replay ``steps`` against a ledger of per-layer saved tensors and release victims after each
     forward and each backward's return while over budget. Deterministic: ties go to the earliest
-    (stage, micro-batch, layer)."""
+    (stage, micro-batch, layer). ``shared[stage]``: what a forward holds beyond its layers' own
+    ``saved`` (the stage input, storages two layers save), so the replay holds what the ledger does."""
+    shared = shared or {}
     now = 0.0
     resident = static_bytes
     live: dict[tuple[int, int, int], _Saved] = {}
     out = Decisions(peak_bytes=static_bytes)
+    twice: dict[tuple[int, int], int] = {}  # re-run outputs held beside the old storage (LayerFacts.shared_out)
     forward_at: dict[tuple[int, int], int] = {}
     for index, step in enumerate(steps):
         key = (step.stage, step.microbatch)
@@ -100,6 +109,7 @@ def decide(steps: Sequence[Step], stage_layers: Sequence[Sequence[int]], facts: 
             for layer in layers:
                 live[(*key, layer)] = _Saved(step.stage, step.microbatch, layer, facts[layer], now)
                 resident += facts[layer].saved
+            resident += shared.get(step.stage, 0)
             now += sum(facts[layer].forward_s for layer in layers)
             out.peak_bytes = max(out.peak_bytes, resident)
             resident = _release(live, resident, now, settings, out)
@@ -108,7 +118,10 @@ def decide(steps: Sequence[Step], stage_layers: Sequence[Sequence[int]], facts: 
             mine = [live[(*key, layer)] for layer in layers]
             back = sum(t.facts.saved if t.where == "host" else t.facts.saved - t.facts.checkpoint
                        for t in mine if t.where in ("host", "dropped"))
-            resident += back
+            twice[key] = sum(t.facts.shared_out for t in mine[:-1] if t.where == "dropped") \
+                + sum(t.facts.unsaved_in for i, t in enumerate(mine)
+                      if t.where == "dropped" and (i == 0 or mine[i - 1].where == "dropped"))
+            resident += back + twice[key]
             out.peak_bytes = max(out.peak_bytes, resident)
             now += sum(t.facts.recompute_s for t in mine if t.where == "dropped")
             for t in mine:  # back for good: its backward has begun (a split one ends at W)
@@ -118,7 +131,7 @@ def decide(steps: Sequence[Step], stage_layers: Sequence[Sequence[int]], facts: 
             out.settled_peak_bytes = max(out.settled_peak_bytes, resident)
             now += sum(t.facts.backward_s for t in mine)
         if step.op == "W" or (step.op == "B" and not _split(steps, key)):
-            resident -= sum(facts[layer].saved for layer in layers)
+            resident -= sum(facts[layer].saved for layer in layers) + shared.get(step.stage, 0) + twice.pop(key, 0)
             for layer in layers:
                 del live[(*key, layer)]
     return out

@@ -23,9 +23,17 @@ from pydantic import Field
 from sim.costs import CostModel, LayerCosts
 from sim.delta import Decisions, DeltaSettings, LayerFacts, Step, decide
 from sim.gradient_sync import vector_wire_bytes
-from sim.memory import MemoryConfig, MemoryPolicy, checkpoint_bytes, movable_bytes, register_memory_policy
+from sim.memory import (
+    MemoryConfig,
+    MemoryPolicy,
+    checkpoint_bytes,
+    movable_bytes,
+    received_gradient_bytes,
+    register_memory_policy,
+    resident_bytes,
+)
 from sim.program import Kind
-from sim.schedules import SCHEDULES, Op, generate_schedule
+from sim.schedules import SCHEDULES, Op, generate_schedule, stage_to_rank
 
 if TYPE_CHECKING:
     from sim.lower import _Draft
@@ -78,33 +86,37 @@ def build_delta(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostMo
 
 
 def _replay(steps: list[Step], stage_layers: Sequence[Sequence[int]], cost: Callable[[int], LayerCosts],
-            settings: DeltaSettings, pp: int, extra_static: int) -> tuple[Decisions, dict[int, LayerFacts], int]:
+            settings: DeltaSettings, rank_of: Sequence[int],
+            extra_static: int) -> tuple[Decisions, dict[int, LayerFacts], int]:
     """``decide`` for one rank: its layers' facts and its static bytes (``_static``)."""
     stages = sorted({step.stage for step in steps})
     facts = {}
+    shared = {}
     for s in stages:
-        for layer in stage_layers[s]:
+        layers = stage_layers[s]
+        whole = resident_bytes(layers, (), (), cost)
+        for position, layer in enumerate(layers):
             c = cost(layer)
-            # Per-layer saved bytes, as before this session: counting each storage once here
-            # (sim.memory.resident_bytes) made the replay exact on activations and exposed the
-            # received gradients the engine holds beyond the one per stage counted in _static
-            # (docs/memory.md, DELTA: "Bytes"), so it is left for when those are counted.
-            facts[layer] = LayerFacts(saved=c.saved_bytes, checkpoint=checkpoint_bytes(layer, cost),
-                                      forward_s=c.fwd_s, backward_s=c.bwd_s, recompute_s=c.recompute_s)
-    static = _static(stages, stage_layers, cost, pp) + extra_static
-    return decide(steps, stage_layers, facts, static, settings), facts, static
+            shared_out = cost(layers[position + 1]).shared_input_bytes if position + 1 < len(layers) else 0
+            # Each storage once, as the ledger counts (sim.memory.resident_bytes): a swap frees what
+            # no other layer of the forward saves too (nor the stage input), a drop that less its input.
+            alone = whole - resident_bytes(layers, (layer,), (), cost)
+            dropped = whole - resident_bytes(layers, (), (layer,), cost)
+            facts[layer] = LayerFacts(saved=alone, checkpoint=alone - dropped, forward_s=c.fwd_s,
+                                      backward_s=c.bwd_s, recompute_s=c.recompute_s, shared_out=shared_out,
+                                      unsaved_in=min(c.unsaved_input_bytes, checkpoint_bytes(layer, cost)))
+        shared[s] = whole - sum(facts[layer].saved for layer in layers)
+    static = _static(stages, stage_layers, cost, rank_of) + extra_static
+    return decide(steps, stage_layers, facts, static, settings, shared), facts, static
 
 
 def _static(stages: Sequence[int], stage_layers: Sequence[Sequence[int]], cost: Callable[[int], LayerCosts],
-            pp: int) -> int:
-    """Parameters, gradients, optimizer state, and a received gradient per stage while pipelined."""
-    static = 0
-    for s in stages:
-        static += sum(cost(layer).param_bytes + cost(layer).grad_bytes + cost(layer).optimizer_bytes
-                      for layer in stage_layers[s])
-        if pp > 1:  # a received gradient is held until its backward has used it
-            static += cost(stage_layers[s][-1]).output_bytes
-    return static
+            rank_of: Sequence[int]) -> int:
+    """Parameters, gradients, optimizer state, and the received gradient the rank holds at once
+    (``sim.memory.received_gradient_bytes``, as the engine and the runtime hold it)."""
+    static = sum(cost(layer).param_bytes + cost(layer).grad_bytes + cost(layer).optimizer_bytes
+                 for s in stages for layer in stage_layers[s])
+    return static + received_gradient_bytes(stages, rank_of, stage_layers, cost)
 
 
 def delta_estimate(schedule: str, pp: int, microbatches: int, chunks: int, stage_layers: Sequence[Sequence[int]],
@@ -116,9 +128,11 @@ def delta_estimate(schedule: str, pp: int, microbatches: int, chunks: int, stage
     engines release after each layer of a forward, so a rank that releases holds up to one layer
     more: added."""
     out = []
+    placement = SCHEDULES[schedule].placement
+    rank_of = [stage_to_rank(s, pp, chunks, placement) for s in range(len(stage_layers))]
     for actions in generate_schedule(schedule, pp, microbatches, chunks, None):
         steps = [Step(_STEP_OF_OP[a.op], a.stage, a.microbatch) for a in actions if a.op in _STEP_OF_OP]
-        decisions, facts, static = _replay(steps, stage_layers, cost, settings, pp, 0)
+        decisions, facts, static = _replay(steps, stage_layers, cost, settings, rank_of, 0)
         recompute = sum(facts[layer].recompute_s for layers in decisions.dropped.values() for layer in layers)
         held = max(0, decisions.settled_peak_bytes - static)
         if settings.decide == "runtime" and (decisions.dropped or decisions.swapped):
@@ -141,11 +155,11 @@ def delta_pass(draft: _Draft) -> None:
         bucket = vector_wire_bytes(plan.gradient_sync, int(plan.gradient_sync.bucket_mb * 2**20), plan.dp, plan.dtype)
     if settings.decide == "runtime":
         stages = sorted({n.stage for n in computes})
-        static = _static(stages, stage_layers, draft.cost, draft.plan.pp) + bucket
+        static = _static(stages, stage_layers, draft.cost, draft.stage_rank) + bucket
         decision_points(draft, computes, max(0, settings.budget_bytes - static))
         return
     decisions, facts, _ = _replay([Step(_STEP_OF[n.kind], n.stage, n.microbatch) for n in computes], stage_layers,
-                                  draft.cost, settings, draft.plan.pp, bucket)
+                                  draft.cost, settings, draft.stage_rank, bucket)
     last_stage = draft.plan.num_stages - 1
     for (s, mb), layers in sorted(decisions.dropped.items()):
         forward = draft.find(Kind.FWD, s, mb)

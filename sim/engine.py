@@ -132,6 +132,19 @@ class Engine:
         self.ledgers: dict[int, MemoryLedger] = {}
         self.compute_busy: dict[int, float] = defaultdict(float)
         self.grad_buffers: dict[tuple[int, int, int], int] = {}
+        # A received gradient's buffer is held from where the runtime allocates it and posts its
+        # irecv (exec.interpreter ``_recv``: at the receive's place in program order, i.e. once the
+        # compute instruction before it has run) until its backward has used it; the receive stream
+        # may see the data arrive earlier, but the runtime has no buffer for it before that point.
+        # (rank, index of the compute instruction the receive follows, or -1) -> its receives
+        self._posted_after: dict[tuple[int, int], list[Instruction]] = defaultdict(list)
+        for rank, rp in program.ranks.items():
+            before = -1
+            for i in rp.instructions:
+                if i.stream is Stream.COMPUTE:
+                    before = i.index
+                elif i.kind is Kind.RECV_GRAD:
+                    self._posted_after[(rank, before)].append(i)
         self._layer_cache: dict[int, LayerCosts] = {}
         # (rank, stage, micro-batch) -> the layers its RECOMPUTE re-runs: what its forward does not keep
         self.recomputed = {(rank, i.stage, i.microbatch): i.layers for rank, rp in program.ranks.items()
@@ -178,6 +191,7 @@ class Engine:
             ledger = self._ledger_for(rank)
             ledger.change_activations(0, 0.0, "start")
             self.ledgers[rank] = ledger
+            self._post_receives(rank, -1)
             by_stream: dict[Stream, list[Instruction]] = defaultdict(list)
             for instruction in rank_program.instructions:
                 by_stream[instruction.stream].append(instruction)
@@ -205,6 +219,7 @@ class Engine:
             start = self.env.now
             if instruction.kind is Kind.DECIDE:
                 yield from self._decide(rank, instruction)
+                self._post_receives(rank, instruction.index)
                 continue  # it records its own row (bytes: what the rank holds after it)
             if stream is Stream.COMPUTE:
                 yield from self._compute(rank, instruction)
@@ -220,15 +235,22 @@ class Engine:
                     held *= self.program.tp
                     group = self._tp_group(rank)
                     yield self.env.timeout(self.comm.collective_s("all_gather", held, group, self._groups(group)))
-                if instruction.kind is Kind.RECV_GRAD:  # held until its backward has used it
-                    self.ledgers[rank].change_buffers(held, self.env.now, instruction.label)
-                    self.grad_buffers[(rank, instruction.stage, instruction.microbatch)] = held
             elif stream is Stream.COLLECTIVE:
                 yield from self._collective(rank, instruction)
             else:
                 yield from self._copy(rank, instruction)
             self._record(rank, instruction, start, self.env.now)
             done[instruction.index].succeed()
+            if stream is Stream.COMPUTE:
+                self._post_receives(rank, instruction.index)
+
+    def _post_receives(self, rank: int, after: int) -> None:
+        """Hold the buffers of the gradient receives that follow compute instruction ``after`` in
+        program order (see ``_posted_after``), whole even under scatter/gather (the all-gather fills it)."""
+        for ins in self._posted_after.get((rank, after), ()):
+            held = ins.bytes * (self.program.tp if self.program.p2p_gather_tp else 1)
+            self.ledgers[rank].change_buffers(held, self.env.now, ins.label)
+            self.grad_buffers[(rank, ins.stage, ins.microbatch)] = held
 
     def _record(self, rank: int, instruction: Instruction, start: float, end: float, layer: int = -1,
                 parent: int = -1) -> None:

@@ -46,7 +46,15 @@ from sim.costs import CostModel, LayerCosts, tp_comm_s
 from sim.embedding import EmbeddingTerms, table_tp_costs
 from sim.gradient_sync import GRADIENT_SYNC, GradientSyncConfig, phases_s, vector_wire_bytes
 from sim.gradient_sync_context import BucketPlan, bucket_context, bucket_layers
-from sim.memory import MemoryPolicy, checkpoint_bytes, forward_bytes, held_bytes, movable_bytes, selective_view
+from sim.memory import (
+    MemoryPolicy,
+    checkpoint_bytes,
+    forward_bytes,
+    held_bytes,
+    movable_bytes,
+    received_gradient_bytes,
+    selective_view,
+)
 from sim.schedules import (
     SCHEDULES,
     check_preconditions,
@@ -429,6 +437,9 @@ class Estimator:
             grads[k] += st.grad_bytes
             params[k] += st.param_bytes
             static[k] += st.static_bytes
+        for k in range(pp):  # the received gradient a rank holds at once, as the engine and the runtime do
+            static[k] += received_gradient_bytes(stages_of[k], rank_of, stage_layers,
+                                                 lambda layer: self.costs.layer_costs(layer, micro_batch, tp))
         # Scatter/gather: each TP rank sends 1/tp of a message (the receivers' all-gather over NVLink
         # is left out: the engine runs it on the receive stream, mostly ahead of the consumer).
         # Blocking sends (p2p: blocking) add no term: a send's transfer overlaps the wait for the

@@ -142,6 +142,11 @@ def held_bytes(layers: Sequence[int], recomputed: Collection[int], cost: Callabl
     for position, layer in enumerate(layers):
         c = cost(layer)
         total += c.saved_bytes
+        # A recomputed layer that does not save its input keeps it as its checkpoint all the same; it
+        # is a storage of its own unless the previous layer, kept, saves it as its output (assumed
+        # so: the input a layer does not save is not known to be saved by the previous one).
+        if layer in fresh and (position == 0 or layers[position - 1] in fresh):
+            total += min(c.unsaved_input_bytes, checkpoint_bytes(layer, cost))
         if position > 0 and layers[position - 1] not in fresh:
             total -= c.shared_input_bytes
     return total
@@ -157,6 +162,19 @@ def movable_bytes(layers: Sequence[int], chosen: Collection[int], cost: Callable
     if layers and layers[0] in chosen:
         total -= min(checkpoint_bytes(layers[0], cost), cost(layers[0]).saved_bytes)
     return total
+
+
+def received_gradient_bytes(stages: Collection[int], rank_of: Sequence[int], layers_of: Sequence[Sequence[int]],
+                            cost: Callable[[int], LayerCosts]) -> int:
+    """Bytes of received gradients one pipeline rank holds at once: the largest output of its
+    ``stages`` whose next stage sits on another rank (``rank_of[s]``: each stage's pipeline rank).
+    One at a time: the runtime allocates a gradient's buffer at its receive's place in program order,
+    right before the backward (or recompute) that needs it, after the previous compute step
+    (exec.interpreter ``_recv``), and the backward frees it; the engine holds it the same way
+    (sim.engine ``_post_receives``). The models that plan memory (DELTA's replay, the MILP, the fast
+    estimate) all count it with this function."""
+    return max((cost(layers_of[s][-1]).output_bytes for s in stages
+                if s + 1 < len(rank_of) and rank_of[s + 1] != rank_of[s]), default=0)
 
 
 def checkpoint_bytes(layer: int, cost: Callable[[int], LayerCosts]) -> int:

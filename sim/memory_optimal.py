@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from sim.costs import CostModel
-from sim.memory import MemoryConfig, MemoryPolicy, checkpoint_bytes, register_memory_policy
+from sim.memory import MemoryConfig, MemoryPolicy, checkpoint_bytes, received_gradient_bytes, register_memory_policy
 from sim.schedules import SCHEDULES, merak_recompute
 
 if TYPE_CHECKING:
@@ -87,6 +87,10 @@ class LayerChoiceModel:
     swap_cap: tuple[float, ...]  # per stage: largest fraction of its saved bytes that may be swapped
     allow_swap: bool = True
     allow_recompute: bool = True
+    # per layer: bytes of its saved input that the previous layer of its stage saves too (a ResNet
+    # ReLU output is the next convolution's input): counted once while both keep it, or while the
+    # previous layer keeps it and this one is recomputed (its checkpoint), as sim.memory.forward_bytes
+    shared: tuple[int, ...] = ()
 
     # -- the objective and the constraints, for any choice ---------------------------------------
     def rank_times(self, choice: Choice) -> list[float]:
@@ -116,13 +120,28 @@ class LayerChoiceModel:
         t = self.rank_times(choice)
         return self.microbatches * max(t) + self.bubble_weight * sum(t)
 
-    def peaks(self, choice: Choice) -> list[int]:
+    def counted_once(self, i: int, choice: Choice) -> int:
+        """Bytes layer ``i`` shares with the previous layer of its stage that count once under
+        ``choice``: both keep the storage (the previous kept, this one kept or recomputed)."""
+        if not self.shared or i == 0 or self.stage_of[i - 1] != self.stage_of[i]:
+            return 0
+        return self.shared[i] if choice[i - 1] == KEEP and choice[i] != SWAP else 0
+
+    def kept_bytes(self, choice: Choice) -> dict[int, int]:
+        """Per stage: what one forward leaves on the device (swapped layers aside), each storage once."""
         kept: dict[int, int] = {}
+        for i, c in enumerate(choice):
+            s = self.stage_of[i]
+            kept[s] = kept.get(s, 0) + (self.saved[i] if c == KEEP else self.checkpoint[i] if c == RECOMPUTE else 0) \
+                - self.counted_once(i, choice)
+        return kept
+
+    def peaks(self, choice: Choice) -> list[int]:
+        kept = self.kept_bytes(choice)
         back: dict[int, int] = {}
         swapped: dict[int, int] = {}
         for i, c in enumerate(choice):
             s = self.stage_of[i]
-            kept[s] = kept.get(s, 0) + (self.saved[i] if c == KEEP else self.checkpoint[i] if c == RECOMPUTE else 0)
             back[s] = back.get(s, 0) + (self.saved[i] - self.checkpoint[i] if c == RECOMPUTE else 0)
             swapped[s] = swapped.get(s, 0) + (self.saved[i] if c == SWAP else 0)
         return [self.static[k] + max((sum(n * kept.get(s, 0) + x * back.get(s, 0) + min(n, 2) * swapped.get(s, 0)
@@ -165,10 +184,12 @@ class LayerChoiceModel:
         n, pp, stages_n = len(self.layers), len(self.base_s), len(self.forward_s)
         # Variables: r_i (recompute layer i), w_i (swap it), z_s (stage s recomputes anything),
         # e_s (exposed swap-in of stage s), t_k (rank k per micro-batch), T (the slowest rank).
-        size = 2 * n + 2 * stages_n + pp + 1
+        # u_i (continuous, <= 1): layer i's input counts once with the previous layer's (``counted_once``)
+        size = 2 * n + 2 * stages_n + pp + 1 + n
         r, w, z, e = 0, n, 2 * n, 2 * n + stages_n
         t = 2 * n + 2 * stages_n
         big_t = t + pp
+        u = big_t + 1
         scale = max([*self.base_s, *self.recompute_s, *self.copy_s, 1e-30])  # times to order 1
         cost = np.zeros(size)
         cost[big_t] = self.microbatches
@@ -186,9 +207,14 @@ class LayerChoiceModel:
             lower.append(lo)
             upper.append(hi)
 
+        shares = [bool(self.shared) and i > 0 and self.stage_of[i - 1] == self.stage_of[i] and self.shared[i] > 0
+                  for i in range(n)]
         for i in range(n):
             row({r + i: 1.0, w + i: 1.0}, -np.inf, 1.0)
             row({r + i: 1.0, z + self.stage_of[i]: -1.0}, -np.inf, 0.0)
+            if shares[i]:  # u_i <= [previous kept] = 1 - r - w, u_i <= [this one not swapped] = 1 - w
+                row({u + i: 1.0, r + i - 1: 1.0, w + i - 1: 1.0}, -np.inf, 1.0)
+                row({u + i: 1.0, w + i: 1.0}, -np.inf, 1.0)
         for s in range(stages_n):
             # e_s >= 2 x swapped - recompute when z_s, e_s >= swapped - forward otherwise (times / scale);
             # ``big`` switches a row off: no right side exceeds it.
@@ -220,6 +246,8 @@ class LayerChoiceModel:
                     constant += held * saved
                     coefficients[r + i] = (back - held) * (saved - ckpt) / self.capacity
                     coefficients[w + i] = (min(held, 2) - held) * saved / self.capacity
+                    if shares[i]:
+                        coefficients[u + i] = -held * self.shared[i] / self.capacity
                 row(coefficients, -np.inf, (room - constant) / self.capacity)
         for s, cap in enumerate(self.swap_cap):
             members = [i for i in range(n) if self.stage_of[i] == s]
@@ -232,6 +260,7 @@ class LayerChoiceModel:
         high[z:z + stages_n] = 1.0
         high[r:r + n] = 1.0 if self.allow_recompute else 0.0
         high[w:w + n] = 1.0 if self.allow_swap else 0.0
+        high[u:u + n] = [1.0 if flag else 0.0 for flag in shares]
         result = milp(cost, constraints=LinearConstraint(np.array(rows), lower, upper), integrality=integrality,
                       bounds=Bounds(np.zeros(size), high), options={"mip_rel_gap": 1e-9})
         if result.x is None:
@@ -269,7 +298,7 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
     def cost(layer: int):  # noqa: ANN202 - LayerCosts
         return costs.layer_costs(layer, mb, tp)
 
-    layers, stage_of, recompute_s, copy_s, saved, ckpt = [], [], [], [], [], []
+    layers, stage_of, recompute_s, copy_s, saved, ckpt, shared = [], [], [], [], [], [], []
     base = [0.0] * pp
     static = [0] * pp
     forward = []
@@ -277,15 +306,17 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
         whole = estimator.stage(tuple(stage_layers[s]), (), mb, tp, level, 0.0)
         base[rank_of[s]] += whole.fwd_s + whole.bwd_s
         forward.append(whole.fwd_s)
-        # one received gradient (or activation) buffer per stage boundary, as the ledger holds them
-        static[rank_of[s]] += whole.static_bytes + (whole.output_bytes if pp > 1 else 0)
+        static[rank_of[s]] += whole.static_bytes
         for layer in stage_layers[s]:
             layers.append(layer)
             stage_of.append(s)
             recompute_s.append(estimator.stage((layer,), (layer,), mb, tp, level, 0.0).recompute_s)
             saved.append(cost(layer).saved_bytes)
             ckpt.append(checkpoint_bytes(layer, cost))
+            shared.append(cost(layer).shared_input_bytes if layer != stage_layers[s][0] else 0)
             copy_s.append(2 * (latency + saved[-1] / bandwidth))
+    for k in range(pp):  # the received gradient a rank holds at once, as the engine and the runtime do
+        static[k] += received_gradient_bytes(stages_of[k], rank_of, stage_layers, cost)
     if plan.dp > 1:  # one flattened gradient bucket in flight, as the estimate counts it
         bucket = vector_wire_bytes(plan.gradient_sync, int(plan.gradient_sync.bucket_mb * 2**20), plan.dp, plan.dtype)
         static = [b + bucket for b in static]
@@ -297,7 +328,7 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
         copy_s=tuple(copy_s),
         saved=tuple(saved), checkpoint=tuple(ckpt), static=tuple(static), states=unit.states,
         local_stages=stages_of, capacity=capacity, swap_cap=swap_cap,
-        allow_swap=config.allow_swap, allow_recompute=config.allow_recompute)
+        allow_swap=config.allow_swap, allow_recompute=config.allow_recompute, shared=tuple(shared))
 
 
 def policy_of(model: LayerChoiceModel, choice: Choice, num_stages: int) -> MemoryPolicy:

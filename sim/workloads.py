@@ -92,6 +92,7 @@ class LayerSpec:
     # Of saved_elems, the layer's input that the previous layer also saves as its output (counted
     # once by a forward keeping both: sim.costs.LayerCosts.shared_input_bytes).
     shared_input_elems: int = 0
+    unsaved_input_elems: int = 0  # its input, when it does not save it (sim.costs.LayerCosts.unsaved_input_bytes)
     extra: dict[str, float] = field(default_factory=dict)
 
     @property

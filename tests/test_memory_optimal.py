@@ -46,6 +46,53 @@ def random_model(rng: random.Random, layers_per_stage: tuple[int, ...]) -> Layer
 
 
 @pytest.mark.parametrize("seed", range(12))
+def test_milp_matches_brute_force_with_shared_storages(seed: int) -> None:
+    """Storages two neighbouring layers save (a ResNet ReLU output, the next convolution's input)
+    count once in the MILP's memory rows as in ``peaks`` (the brute force's reference)."""
+    rng = random.Random(100 + seed)
+    model = random_model(rng, rng.choice([(3, 3), (2, 4), (4, 2)]))
+    shared = tuple(0 if i == 0 or model.stage_of[i - 1] != model.stage_of[i]
+                   else min(model.checkpoint[i], model.saved[i - 1]) for i in range(len(model.layers)))
+    model = LayerChoiceModel(**{**model.__dict__, "shared": shared})
+    keep, frugal = (KEEP,) * len(shared), (RECOMPUTE,) * len(shared)
+    low, high = max(model.peaks(frugal)), max(model.peaks(keep))
+    model = LayerChoiceModel(**{**model.__dict__, "capacity": rng.randrange(low - 50, high + 50)})
+    best = model.brute_force()
+    choice = model.solve()
+    assert (best is None) == (choice is None)
+    if best is not None:
+        assert model.fits(choice) and model.time(choice) == pytest.approx(best[1], rel=1e-6)
+
+
+def test_model_counts_storages_as_the_ledger() -> None:
+    """resnet-tiny (structural costs, measured shared storages): for every keep / recompute choice
+    of a stage, the model's kept bytes are the ledger's (``sim.memory.forward_bytes``)."""
+    import itertools
+
+    from exec.contract import compile_for_run
+    from sim.memory import forward_bytes
+    from tests.test_runtime import plan_of
+
+    plan = plan_of(workload="resnet-tiny", pp=2, schedule="gpipe", microbatches=4, micro_batch=2)
+    plan = plan.model_copy(update={"memory": Plan.from_dict({"workload": "resnet-tiny", "memory": {
+        "policy": "optimal", "budget_gb": 1.0}}).memory})
+    run = compile_for_run(plan)
+    model = layer_choice_model(plan, run.program.stage_layers, run.resolved.costs, 2**30)
+    assert any(model.shared)
+
+    def cost(layer: int):  # noqa: ANN202
+        return run.resolved.costs.layer_costs(layer, plan.micro_batch, plan.tp)
+
+    stage = 0
+    members = [i for i, s in enumerate(model.stage_of) if s == stage]
+    others = tuple(KEEP for i in range(len(model.layers)) if model.stage_of[i] != stage)
+    for picks in itertools.product((KEEP, RECOMPUTE), repeat=len(members)):
+        choice = picks + others if members[0] == 0 else others + picks
+        recomputed = [model.layers[i] for i, c in zip(members, picks, strict=True) if c == RECOMPUTE]
+        assert model.kept_bytes(choice)[stage] == forward_bytes(run.program.stage_layers[stage], recomputed, cost)
+
+
+@pytest.mark.parametrize("seed", range(12))
 def test_milp_matches_brute_force(seed: int) -> None:
     rng = random.Random(seed)
     model = random_model(rng, rng.choice([(3, 3), (2, 4), (4, 2), (3, 2)]))

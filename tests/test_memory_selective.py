@@ -119,7 +119,8 @@ def test_old_profile_without_selective_columns_is_refused(tmp_path: Path) -> Non
 @pytest.mark.slow
 @pytest.mark.parametrize(("workload", "pp", "policy"), [("gpt-tiny", 2, "selective"), ("gpt-tiny", 1, "selective"),
                                                         ("resnet-tiny", 2, "selective"), ("resnet-tiny", 2, "none"),
-                                                        ("gpt-tiny", 2, "full"), ("resnet-tiny", 2, "per-stage")])
+                                                        ("gpt-tiny", 2, "full"), ("resnet-tiny", 2, "per-stage"),
+                                                        ("resnet-tiny", 2, "full")])
 def test_selective_run_equals_one_process_and_ledger(workload: str, pp: int, policy: str, tmp_path: Path) -> None:
     """fp32, GPipe, four micro-batches of two: the parameters after three Adam steps equal the
     single-process reference's (tests.test_runtime's bounds); every rank's measured activation

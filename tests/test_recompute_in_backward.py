@@ -10,6 +10,7 @@ import pytest
 
 from sim.compile import compile_plan
 from sim.estimate import Estimator
+from sim.gradient_sync import vector_wire_bytes
 from sim.plan import Plan
 from sim.simulate import simulate
 from traces.errors import ConfigError
@@ -51,7 +52,12 @@ def test_the_estimate_charges_one_layer_like_the_ledger() -> None:
     for in_backward in (False, True):
         engine, fast = simulate(plan(in_backward)), estimate(plan(in_backward))
         ledger = [engine.memory[rank].peak_bytes for rank in sorted(engine.memory)]  # by pipeline rank
-        assert fast.peak_bytes == pytest.approx(ledger, rel=0.05), in_backward
+        # The estimate counts one gradient bucket in flight on every rank (sim.estimate, conservative);
+        # the ledger's peak here falls outside the sync, so the two differ by at most that bucket
+        # (exactly it, since the estimate counts the received gradient the ledger holds).
+        p = plan(in_backward)
+        bucket = vector_wire_bytes(p.gradient_sync, int(p.gradient_sync.bucket_mb * 2**20), p.dp, p.dtype)
+        assert all(0 <= f - g <= bucket for f, g in zip(fast.peak_bytes, ledger, strict=True)), in_backward
         peaks[in_backward] = fast.peak_bytes, ledger
     # What one layer at a time saves on each pipeline rank, by the estimate and by the ledger.
     for k in range(4):
