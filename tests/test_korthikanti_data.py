@@ -47,6 +47,14 @@ def test_table5_is_self_consistent(bench):
         assert row["gpus"] == row["tp"] * row["pp"]  # no data parallelism (Table 3's caption)
 
 
+def test_data_parallel_sentence_is_self_consistent(bench):
+    table = bench.pd.read_csv(bench.DATA_PARALLEL).set_index("dp")
+    # Same model FLOPs per model instance, so MFU scales with 1 / iteration time (to the printed digits).
+    ratio = table.loc[1, "iteration_s"] / table.loc[8, "iteration_s"]
+    assert table.loc[8, "mfu_pct"] == pytest.approx(table.loc[1, "mfu_pct"] * ratio, abs=0.15)
+    assert table.loc[8, "global_batch"] == 8 * table.loc[1, "global_batch"]
+
+
 def test_every_row_configuration_builds_and_the_simulated_layers_run(bench):
     plans = [bench.row_plan(row, "full") for row in bench.load_iterations().to_dict("records")]
     assert [p.dp for p in plans] == [1, 1, 1, 1]
