@@ -8,10 +8,10 @@ compile_plan, engine) with ``AnalyticCosts`` under an ``EfficiencyCurve``. The c
 parameters (eff_max, flops_half), and optionally one NVLink bandwidth-efficiency factor, are fitted by
 ``scipy.optimize.least_squares`` on fit rows only, side by side with the uncalibrated defaults and
 with ``sim.calibration.quick_predict`` (the closed-form 1F1B predictor) fitted on the same rows. The
-fits ``sim_host`` / ``quick_host`` instead keep the physical prior (eff_max 0.8, no per-call cost) and
-fit only the host launch path's cost per kernel launch (``fit_host``; ``sim.analytic.GPU_HOST_LAUNCH_S``
-is its all-rows value). ``sim_default`` / ``quick_default`` are that physical prior without the host
-path (the starting point of every fit), not ``default_for``'s curve.
+fits ``sim_host`` / ``quick_host`` instead keep the physical prior (``sim.analytic.gpu_eff_max``, no
+per-call cost) and fit only the host launch path's cost per kernel launch (``fit_host``;
+``sim.analytic.GPU_HOST_LAUNCH_S`` is its all-rows value). ``sim_default`` / ``quick_default`` are that
+physical prior without the host path (the starting point of every fit), not ``default_for``'s curve.
 
 Splits: ``sim.calibration.model_splits``, leave one *model shape* out. A model shape is (hidden, heads,
 seq) with every layer count of it, so a held-out row never has a fitted row of the same width at
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.analytic import CALL_OVERHEAD_S, GPU_EFF_MAX, MEM_EFF, EfficiencyCurve
+from sim.analytic import CALL_OVERHEAD_S, MEM_EFF, EfficiencyCurve, gpu_eff_max
 from sim.analytic_costs import AnalyticCosts
 from sim.calibration import (
     MEGATRON_A100_CSV,
@@ -276,8 +276,9 @@ _HOST_US_BOUNDS = (0.0, 200.0)
 
 def fit_host(rows: pd.DataFrame, predict: Predictor, start: CurveCalibration) -> CurveCalibration:
     """Least-squares fit of the one scalar of the host launch path (``EfficiencyCurve.host_launch_s``)
-    with everything else held at ``start`` (the physical model: eff_max 0.8, no per-call cost), on
-    log(predicted / measured) with the same loss as ``fit``. Only ``rows`` are predicted."""
+    with everything else held at ``start`` (the physical model: the A100 prior eff_max of
+    ``sim.analytic.gpu_eff_max``, no per-call cost), on log(predicted / measured) with the same loss
+    as ``fit``. Only ``rows`` are predicted."""
     from dataclasses import replace
 
     from scipy.optimize import least_squares
@@ -340,8 +341,9 @@ def default_calibration() -> CurveCalibration:
     Built from the constants rather than ``default_for`` so that, should ``default_for`` one day load
     this very calibration for A100, the "defaults" rows and the fit's starting point stay uncalibrated.
     """
-    peak = get_device(MEGATRON_DEVICE).peak(MEGATRON_DTYPE)
-    return CurveCalibration(EfficiencyCurve(eff_max=GPU_EFF_MAX, flops_half=CALL_OVERHEAD_S * GPU_EFF_MAX * peak,
+    device = get_device(MEGATRON_DEVICE)
+    peak, eff_max = device.peak(MEGATRON_DTYPE), gpu_eff_max(device)
+    return CurveCalibration(EfficiencyCurve(eff_max=eff_max, flops_half=CALL_OVERHEAD_S * eff_max * peak,
                                        mem_eff=MEM_EFF))
 
 

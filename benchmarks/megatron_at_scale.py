@@ -2,7 +2,7 @@
 
     python benchmarks/megatron_at_scale.py [--schedule interleaved-1f1b|1f1b] [--micro-batch 1]
                                            [--as-simulated] [--decompose OUT.csv] [--json OUT.json]
-                                           [--host-launch-us 37]
+                                           [--host-launch-us 37] [--eff-max 0.8]
                                            [--rows 0,1,2]
 
 Ten GPT models, 1.7B to 1T parameters, on 32 to 3,072 A100-80GB GPUs of Selene (8 per node,
@@ -64,9 +64,12 @@ def paper_flops(row: dict[str, Any]) -> float:
 
 def chunks_for(row: dict[str, Any], schedule: str) -> int:
     """Virtual stages per pipeline rank (assumed; see the data notes): the smallest count >= 2 that
-    divides the layers per rank."""
+    divides the layers per rank; a row that states its count (a ``chunks`` field, as Korthikanti et al.
+    2022 do) gets that."""
     if schedule != "interleaved-1f1b" or row["pp"] == 1:
         return 1
+    if row.get("chunks") is not None and not pd.isna(row["chunks"]):
+        return int(row["chunks"])
     per_rank = int(row["layers"]) // int(row["pp"])
     return next(v for v in range(2, per_rank + 1) if per_rank % v == 0)
 
@@ -136,22 +139,31 @@ def curve_of(name: str, host_launch_us: float | None = None) -> EfficiencyCurve:
     return curve if host_launch_us is None else replace(curve, host_launch_s=host_launch_us * 1e-6)
 
 
-def simulate_row(row: dict[str, Any], schedule: str, micro_batch: int, curve: str = "default",
-                 attention: str = MEGATRON_ATTENTION, kernels: bool = True,
-                 decompose: bool = False, megatron_2021: bool = True,
-                 host_launch_us: float | None = None) -> dict[str, Any]:
-    plan = plan_for(row, schedule, micro_batch, megatron_2021)
-    started = time.perf_counter()
+def run_plan(plan: Plan, curve: EfficiencyCurve, attention: str = MEGATRON_ATTENTION, kernels: bool = True,
+             megatron_2021: bool = True, layer_rows: bool = False) -> tuple[Engine, AnalyticCosts, Any, float]:
+    """Simulate ``plan`` (symmetric engine) with the kernel model on ``curve``: (engine, costs, the
+    compiled plan, iteration seconds). ``megatron_2021``: the fp16 optimizer's step as Megatron ran it."""
     cluster = load_cluster(plan.cluster)
     layers = transformer_layers(transformer_config(plan.workload, **plan.workload_options))
-    costs = AnalyticCosts(layers, cluster.device, plan.dtype, cluster, curve_of(curve, host_launch_us),
-                          attention=attention,
+    costs = AnalyticCosts(layers, cluster.device, plan.dtype, cluster, curve, attention=attention,
                           kernels=kernels, optimizer="megatron-fp16" if megatron_2021 else "adam")
     compiled = compile_plan(plan, costs)
     resolved = compiled.resolved
     engine = Engine(compiled.program, resolved.costs, resolved.comm, resolved.policy, plan.micro_batch,
-                    plan.parallelism.tp_overlap, EngineOptions(layer_rows=False))
-    iteration = engine.run()
+                    plan.parallelism.tp_overlap, EngineOptions(layer_rows=layer_rows))
+    return engine, costs, compiled, engine.run()
+
+
+def simulate_row(row: dict[str, Any], schedule: str, micro_batch: int, curve: str | EfficiencyCurve = "default",
+                 attention: str = MEGATRON_ATTENTION, kernels: bool = True,
+                 decompose: bool = False, megatron_2021: bool = True,
+                 host_launch_us: float | None = None) -> dict[str, Any]:
+    """One Table 1 row; ``curve``: a name for ``curve_of`` or a curve itself."""
+    plan = plan_for(row, schedule, micro_batch, megatron_2021)
+    started = time.perf_counter()
+    if not isinstance(curve, EfficiencyCurve):
+        curve = curve_of(curve, host_launch_us)
+    engine, costs, compiled, iteration = run_plan(plan, curve, attention, kernels, megatron_2021)
     peak = max(ledger.peak for ledger in engine.ledgers.values())
     oom = any(ledger.oom_at_s is not None for ledger in engine.ledgers.values())
     predicted = paper_flops(row) / (iteration * row["gpus"]) / 1e12
@@ -206,6 +218,9 @@ def main() -> None:
                         help="default: sim.analytic.default_for(A100, fp16); physical: the uncalibrated prior")
     parser.add_argument("--host-launch-us", type=float, default=None,
                         help="host seconds per kernel launch, in us (sim.analytic.HOST_LAUNCH_S; default: the curve's)")
+    parser.add_argument("--eff-max", type=float, default=None,
+                        help="large-GEMM efficiency instead of the curve's (e.g. a fit on Korthikanti et al. 2022 "
+                             "Table 4: benchmarks/korthikanti_layers.py --fit)")
     parser.add_argument("--attention", default=MEGATRON_ATTENTION, choices=["unfused", "flash"])
     parser.add_argument("--layer-roofline", action="store_true",
                         help="the earlier per-layer roofline instead of the kernel-by-kernel model")
@@ -223,11 +238,14 @@ def main() -> None:
     indices = [int(i) for i in args.rows.split(",")] if args.rows else list(range(len(table)))
     print(f"{'params':>8} {'GPUs':>5} {'tp':>3} {'pp':>3} {'dp':>3} {'v':>2} {'m':>4} {'iter s':>8} "
           f"{'reported':>8} {'predicted':>9} {'error':>7} {'peak GiB':>8} {'wall s':>6}")
+    curve = curve_of(args.curve, args.host_launch_us)
+    if args.eff_max is not None:
+        curve = replace(curve, eff_max=args.eff_max)
     results = []
     for i in indices:
-        r = simulate_row(records[i], args.schedule, args.micro_batch, args.curve, args.attention,
+        r = simulate_row(records[i], args.schedule, args.micro_batch, curve, args.attention,
                          not args.layer_roofline, decompose=args.decompose is not None,
-                         megatron_2021=not args.as_simulated, host_launch_us=args.host_launch_us)
+                         megatron_2021=not args.as_simulated)
         results.append(r)
         print(f"{r['params_b']:>7.1f}B {r['gpus']:>5} {r['tp']:>3} {r['pp']:>3} {r['dp']:>3} {r['chunks']:>2} "
               f"{r['microbatches']:>4} {r['iteration_s']:>8.2f} {r['reported_tflops']:>8.0f} "
@@ -243,7 +261,7 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"schedule": args.schedule, "micro_batch": args.micro_batch,
-                                         "curve": curve_of(args.curve, args.host_launch_us).to_dict(),
+                                         "curve": curve.to_dict(),
                                          "attention": args.attention,
                                          "kernels": not args.layer_roofline,
                                          "megatron_2021": not args.as_simulated,

@@ -48,6 +48,14 @@ STATE_BYTES = {
 # copy on the same H200 moved 4.3 of 4.8 TB/s, 0.9. CALL_OVERHEAD_S: an uncalibrated guess of a few
 # kernel launches of ~5 us per layer call; fit it (it becomes x_half) on real data.
 GPU_EFF_MAX = 0.8
+# Where a public per-layer data set pins a device family's large-GEMM efficiency, that instead (the
+# device name starts with the family). A100: Korthikanti et al. 2022 (arXiv:2205.05198) Table 4, the
+# forward and backward times of one 22B GPT layer (hidden 6,144, micro-batch 4, tp 8) on Selene's
+# A100s, fitted as the engine prices them (benchmarks/korthikanti_layers.py --fit, "all"; data and
+# provenance in sim/data/korthikanti2022.md; tests/test_korthikanti_data.py recomputes it): 0.791.
+# Chosen as the default because it is no worse on the single-node held-out splits and better on both
+# at-scale tables than 0.8 (docs/accuracy.md, section 5).
+GPU_EFF_MAX_BY_FAMILY = {"A100": 0.791}
 CPU_EFF_MAX = 1.0
 MEM_EFF = 0.9
 # No fixed cost per layer call by default: the host enqueues kernels asynchronously and runs ahead of
@@ -202,8 +210,14 @@ def default_for(device: DeviceSpec, dtype: str | None = None) -> EfficiencyCurve
 def uncalibrated_curve(device: DeviceSpec, dtype: str) -> EfficiencyCurve:
     """The physical prior before any fit: large-GEMM efficiency, copy bandwidth, no per-call cost, no
     host launch cost (calibrations start here; ``default_for`` adds the fitted host cost for GPUs)."""
-    eff_max = CPU_EFF_MAX if device.kind == "cpu" else GPU_EFF_MAX
+    eff_max = CPU_EFF_MAX if device.kind == "cpu" else gpu_eff_max(device)
     return EfficiencyCurve(eff_max=eff_max, flops_half=CALL_OVERHEAD_S * eff_max * device.peak(dtype))
+
+
+def gpu_eff_max(device: DeviceSpec) -> float:
+    """A GPU's large-GEMM efficiency before any fit: its family's per-layer value if there is one
+    (GPU_EFF_MAX_BY_FAMILY), else GPU_EFF_MAX."""
+    return next((e for family, e in GPU_EFF_MAX_BY_FAMILY.items() if device.name.startswith(family)), GPU_EFF_MAX)
 
 
 def calibrated_curve(device: DeviceSpec, dtype: str) -> EfficiencyCurve | None:
