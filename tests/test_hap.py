@@ -440,3 +440,14 @@ def test_edge_pooling_in_rounds_equals_the_library_one_edge_at_a_time(mutag) -> 
         for got, want in zip(*results, strict=True):
             assert got.shape == want.shape and torch.allclose(got.double(), want.double(), atol=1e-6)
         assert results[0][0].shape[0] < batch.num_nodes * 0.7  # it did merge most nodes in pairs
+
+
+def test_late_best_share_counts_fits_whose_best_epoch_is_within_the_patience_of_the_cap() -> None:
+    from analysis.hap_report import late_best_markdown, summary
+
+    rows = [{"dataset": "D", "variant": v, "seed": 0, "fold": f, "test_accuracy": 0.5, "best_epoch": best,
+             "epochs_run": 100, "max_epochs": 100, "patience": 20, "grid_size": 1, "seconds": 1.0}
+            for v, bests in (("hap", (80, 81, 95, 30)), ("sag", (10, 20, 30, 40))) for f, best in enumerate(bests)]
+    table = summary(pd.DataFrame(rows))
+    assert table.set_index("variant")["late_best_share"].to_dict() == {"hap": 0.5, "sag": 0.0}  # 80 is not late
+    assert "| hap | 50% |" in late_best_markdown(table) and "| sag | 0% |" in late_best_markdown(table)
