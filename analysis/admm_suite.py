@@ -3,15 +3,17 @@ seeds, the robustness-to-initialisation sweep and a block-order / fix ablation, 
 
 ``run_admm_suite(out_dir)`` (CLI: ``paratwin admm-suite --out docs/results/admm``):
 
-1. **Tuning** (``tuning.csv``): for every task, a small grid per method (SGD and Adam learning
-   rates, ADMM rho_o x theta_w), seed 0, default initialisation, scored by the final accuracy on
-   the validation split carved from training. The test split is not read.
+1. **Tuning** (``tuning_<task>.csv``): for every task, a small grid per method (SGD and Adam
+   learning rates, ADMM rho_o x theta_w), seed 0, default initialisation, scored by the final
+   accuracy on the validation split carved from training. The test split is not read. ADMM's grid
+   is then widened past every edge its choice sits on until the choice is interior
+   (``analysis.admm_grid``; ``tuning_<task>_wide.csv``).
 2. **Comparison** (``comparison.csv``): the chosen setting of every method, ``seeds`` seeds per
    task; the test split is evaluated once per run, on the final weights.
 3. **Init-scale sweep** (``init_sweep.csv``, ``init_curves.csv``): digits, every weight drawn
-   from torch's default range times {0.01, 1, 4, 10}, ``seeds`` seeds; ADMM as chosen, ADMM as it
-   was before issue 15 (no weight prox, no re-anchoring, forward order: ``ADMM_BEFORE``), SGD,
-   Adam, each with the gradient-health measures of its final weights.
+   from torch's default range times {0.01, 1, 4, 10}, ``seeds`` seeds; ADMM, SGD and Adam as
+   chosen, each with the gradient-health measures of its final weights (ADMM as it was before
+   issue 15, ``ADMM_BEFORE``, is in the ablation).
 4. **Ablation** (``ablation.csv``): digits, seed 0, scales 0.01 and 1: each of the three changes
    switched off alone, and the authors' fixed-penalty setting.
 5. ``tables.md`` and figures ``admm_accuracy``, ``admm_init_sweep`` (PNG + PDF).
@@ -22,10 +24,9 @@ loaded core; ``quick=True`` is a smoke run (a few iterations, one seed).
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -35,6 +36,9 @@ from exec.admm.baselines import gradient_health, train_gradient
 from exec.admm.data import TASKS, TaskData, load_task
 from exec.admm.rnn_admm import ADMMConfig, evaluate, train_admm
 from traces.errors import ConfigError
+
+from .admm_grid import choose, widen
+from .admm_grid import describe as _describe
 
 
 @dataclass(frozen=True)
@@ -79,17 +83,15 @@ def train(method: str, setting: ADMMConfig | float, data: TaskData, plan: TaskPl
     return params, pd.DataFrame(history), seconds
 
 
-def _describe(setting: ADMMConfig | float) -> str:
-    if isinstance(setting, ADMMConfig):
-        return json.dumps({k: v for k, v in asdict(setting).items()
-                           if k in ("rho_a", "rho_s", "rho_o", "theta_w", "reanchor", "sweep")})
-    return json.dumps({"lr": setting})
-
-
 def _final(history: pd.DataFrame) -> dict[str, float]:
     last = history.iloc[-1]
     return {"train_loss": float(last.train_loss), "max_train_loss": float(history.train_loss.max()),
             "val_loss": float(last.val_loss), "val_acc": float(last.val_acc)}
+
+
+def _tuning_row(task: str, method: str, setting: ADMMConfig | float, history: pd.DataFrame,
+                seconds: float) -> dict[str, object]:
+    return {"task": task, "method": method, "setting": _describe(setting), **_final(history), "seconds": seconds}
 
 
 def tune(task: str, data: TaskData, plan: TaskPlan, iterations: int | None = None) -> pd.DataFrame:
@@ -99,20 +101,8 @@ def tune(task: str, data: TaskData, plan: TaskPlan, iterations: int | None = Non
     rows = []
     for method, setting in grid:
         _, history, seconds = train(method, setting, data, plan, 0, iterations=iterations)
-        rows.append({"task": task, "method": method, "setting": _describe(setting), **_final(history),
-                     "seconds": seconds})
+        rows.append(_tuning_row(task, method, setting, history, seconds))
     return pd.DataFrame(rows)
-
-
-def choose(tuning: pd.DataFrame) -> dict[str, ADMMConfig | float]:
-    """Best final validation accuracy per method (ties: lower validation loss); NaN loses."""
-    chosen: dict[str, ADMMConfig | float] = {}
-    for method, part in tuning.groupby("method"):
-        best = part.fillna({"val_acc": -1.0, "val_loss": float("inf")}).sort_values(
-            ["val_acc", "val_loss"], ascending=[False, True]).iloc[0]
-        values = json.loads(best.setting)
-        chosen[str(method)] = float(values["lr"]) if "lr" in values else ADMMConfig(**values)
-    return chosen
 
 
 def _test_row(task: str, method: str, setting: ADMMConfig | float, data: TaskData, params: object,
@@ -188,7 +178,8 @@ def write_tables(out_dir: Path, tuning: pd.DataFrame, comparison: pd.DataFrame, 
     """Markdown tables of the suite (also returned)."""
     lines = ["# ADMMiRNN suite results", "",
              "Generated by `paratwin admm-suite`; machine: a loaded 2-core CPU (timings noisy).", "",
-             "## Chosen settings (best final validation accuracy, seed 0)", "",
+             "## Chosen settings (best final validation accuracy, seed 0; ADMM's grid widened until "
+             "the choice is interior)", "",
              "| task | method | setting | val acc |", "|---|---|---|---|"]
     for (task, method), part in tuning.groupby(["task", "method"]):
         best = part.sort_values(["val_acc", "val_loss"], ascending=[False, True]).iloc[0]
@@ -271,14 +262,36 @@ def plot(out_dir: Path, fig_dir: Path, comparison: pd.DataFrame, curves: pd.Data
 PARTS = ("tasks", "robustness", "ablation", "report")
 
 
-def _tuned(task: str, out_dir: Path, data: TaskData, plan: TaskPlan, iterations: int | None) -> pd.DataFrame:
-    """The task's tuning table: read from ``tuning_<task>.csv`` when an earlier part wrote it."""
-    path = out_dir / f"tuning_{task}.csv"
+def _read_tuning(out_dir: Path, task: str) -> pd.DataFrame:
+    """What ``tuned`` returned, from its files (the report part reads them)."""
+    tuning, wide_path = pd.read_csv(out_dir / f"tuning_{task}.csv"), out_dir / f"tuning_{task}_wide.csv"
+    if not wide_path.is_file():
+        return tuning
+    return pd.concat([tuning[tuning.method != "admm"], pd.read_csv(wide_path)], ignore_index=True)
+
+
+def tuned(task: str, out_dir: Path, data: TaskData, plan: TaskPlan, iterations: int | None) -> pd.DataFrame:
+    """The task's tuning table, ADMM's grid widened until its choice is interior (``admm_grid``).
+
+    ``tuning_<task>.csv`` (the starting grid of every method) and ``tuning_<task>_wide.csv`` (ADMM's
+    widened grid) are read when an earlier part wrote them (runs are deterministic per seed), and
+    only missing points are run. Returns the baselines' rows and every ADMM row of the final grid."""
+    path, wide_path = out_dir / f"tuning_{task}.csv", out_dir / f"tuning_{task}_wide.csv"
     if path.is_file():
-        return pd.read_csv(path)
-    tuning = tune(task, data, plan, iterations)
-    tuning.to_csv(path, index=False)
-    return tuning
+        tuning = pd.read_csv(path)
+    else:
+        tuning = tune(task, data, plan, iterations)
+        tuning.to_csv(path, index=False)
+    known = [tuning[tuning.method == "admm"]] + ([pd.read_csv(wide_path)] if wide_path.is_file() else [])
+
+    def run_point(cfg: ADMMConfig) -> dict:
+        _, history, seconds = train("admm", cfg, data, plan, 0, iterations=iterations)
+        return _tuning_row(task, "admm", cfg, history, seconds)
+
+    wide, chosen = widen(ADMM_GRID, pd.concat(known, ignore_index=True).drop_duplicates("setting"), run_point)
+    wide.to_csv(wide_path, index=False)
+    print(f"{task}: ADMM chosen on the widened grid: {_describe(chosen)}", file=sys.stderr, flush=True)
+    return pd.concat([tuning[tuning.method != "admm"], wide], ignore_index=True)
 
 
 def run_admm_suite(out_dir: Path, fig_dir: Path | None = None, seeds: int = 3, quick: bool = False,
@@ -305,25 +318,25 @@ def run_admm_suite(out_dir: Path, fig_dir: Path | None = None, seeds: int = 3, q
         for task in TASKS:
             plan = TASK_PLANS[task]
             data_by_seed = {seed: load_task(task, seed) for seed in seed_list}
-            chosen = choose(_tuned(task, out_dir, data_by_seed[0], plan, its))
+            chosen = choose(tuned(task, out_dir, data_by_seed[0], plan, its))
             comparisons.append(compare(task, data_by_seed, plan, chosen, its))
         pd.concat(comparisons).to_csv(out_dir / "comparison.csv", index=False)
     if "robustness" in parts:
         plan = TASK_PLANS[SWEEP_TASK]
         data_by_seed = {seed: load_task(SWEEP_TASK, seed) for seed in seed_list}
-        chosen = choose(_tuned(SWEEP_TASK, out_dir, data_by_seed[0], plan, its))
+        chosen = choose(tuned(SWEEP_TASK, out_dir, data_by_seed[0], plan, its))
         sweep, curves = init_sweep(data_by_seed, plan, chosen, INIT_SCALES, its)
         sweep.to_csv(out_dir / "init_sweep.csv", index=False)
         curves.to_csv(out_dir / "init_curves.csv", index=False, float_format="%.5g")
     if "ablation" in parts:
         plan = TASK_PLANS[SWEEP_TASK]
         data = load_task(SWEEP_TASK, 0)
-        chosen_admm = choose(_tuned(SWEEP_TASK, out_dir, data, plan, its))["admm"]
+        chosen_admm = choose(tuned(SWEEP_TASK, out_dir, data, plan, its))["admm"]
         assert isinstance(chosen_admm, ADMMConfig)
         ablation(data, plan, chosen_admm, its).to_csv(out_dir / "ablation.csv", index=False)
     if "report" not in parts:
         return f"wrote {out_dir}"
-    tuning = pd.concat(pd.read_csv(out_dir / f"tuning_{task}.csv") for task in TASKS)
+    tuning = pd.concat(_read_tuning(out_dir, task) for task in TASKS)
     comparison = pd.read_csv(out_dir / "comparison.csv")
     text = write_tables(out_dir, tuning, comparison, pd.read_csv(out_dir / "init_sweep.csv"),
                         pd.read_csv(out_dir / "ablation.csv"))

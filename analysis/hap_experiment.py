@@ -66,6 +66,8 @@ def write_report(results: Path, figures: Path | None = None, note: str = HARDWAR
     knobs = (f"{note}; stratified 10-fold CV (first n folds x seeds), epoch and lr picked on a "
              f"10% validation split; error bars: std over folds x seeds; dashed: majority class")
     parts = ["## Test accuracy (%), mean ± std (folds x seeds)\n", report.accuracy_markdown(main, majority)]
+    parts += ["\n## Late-best share: fits whose best validation epoch was within the patience of the cap\n",
+              report.late_best_markdown(main)]
     if not ablation.empty and len(ablation["variant"].unique()) > 1:
         parts += ["\n## HAP ablations\n", report.accuracy_markdown(ablation)]
     if not tests.empty:

@@ -118,6 +118,18 @@ def accuracy_markdown(table: pd.DataFrame, majority: dict[str, float] | None = N
     return "\n".join(lines) + "\n"
 
 
+def late_best_markdown(table: pd.DataFrame) -> str:
+    """Share of fits whose best validation epoch came within the patience of the epoch cap, per
+    method (rows) and dataset (columns), in percent: those fits may have stopped still improving."""
+    wide = table.pivot_table(index="variant", columns="dataset", values="late_best_share", sort=False)
+    datasets = list(dict.fromkeys(table["dataset"]))
+    lines = ["| method | " + " | ".join(datasets) + " |", "|---" * (len(datasets) + 1) + "|"]
+    for variant, row in wide.iterrows():
+        cells = ["" if pd.isna(row.get(d)) else f"{100 * row[d]:.0f}%" for d in datasets]
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def tests_markdown(tests: pd.DataFrame) -> str:
     lines = ["| dataset | HAP vs | pairs | mean diff (points) | wins/ties/losses | p (Wilcoxon) | p (Holm) |",
              "|---|---|---|---|---|---|---|"]

@@ -199,14 +199,15 @@ def test_suite_chooses_on_validation_accuracy_and_nan_loses():
 def test_edge_widens_past_the_chosen_edge_and_stops_when_interior(tmp_path):
     import pandas as pd
 
-    from analysis.admm_followup import edge, grid_of, ladder_step, widened
+    from analysis.admm_followup import edge
+    from analysis.admm_grid import grid_of, ladder_step, widened
 
     assert [ladder_step(v, down=True) for v in (0.1, 0.03, 0.3)] == [0.03, 0.01, 0.1]
     assert [ladder_step(v, down=False) for v in (0.1, 0.03, 0.3)] == [0.3, 0.1, 1.0]
     assert widened({0.1, 0.3}, 0.1) == {0.03, 0.1, 0.3} and widened({0.03, 0.1, 0.3}, 0.1) == {0.03, 0.1, 0.3}
     # every point already tuned, the best (rho_o 0.1, theta_w 0.03) at the suite grid's corner: one
     # widening makes it interior, nothing runs, and the choice did not move (no comparison)
-    wide = grid_of({0.03, 0.1, 0.3}, {0.01, 0.03, 0.1})
+    wide = grid_of({0.03, 0.1, 0.3}, {0.01, 0.03, 0.1}, ADMMConfig(rho_o=0.1, theta_w=0.03, sweep="backward-forward"))
     from analysis.admm_suite import _describe
 
     rows = [{"task": "digits", "method": "admm", "setting": _describe(c),

@@ -413,3 +413,41 @@ def test_first_level_assignment_splits_the_nodes_at_init_and_after_training(muta
     model, *_ = train_model("hap", mutag, train, val, config, 0)
     trained = level_sharpness(model, graph_loader(mutag, train, 32, False, 0))[0]
     assert trained["normalised_entropy"] < 0.95 and trained["mutual_information"] > 0.05
+
+
+def test_edge_pooling_in_rounds_equals_the_library_one_edge_at_a_time(mutag) -> None:
+    """The ``edge`` baseline's matching runs as tensor rounds (exec/hap/edge_matching.py); its pooled
+    graph, scores and gradients must be the library loop's, ties and self-loops included."""
+    from torch_geometric.nn import EdgePooling
+
+    from exec.hap.edge_matching import make_edge_pooling
+
+    batch = next(iter(DataLoader(mutag[:16], batch_size=16)))
+    loops = torch.arange(0, batch.num_nodes, 7).repeat(2, 1)  # a few self-loops, as a coarsened graph has
+    edge_index = torch.cat([batch.edge_index, loops], dim=1)
+    gen = torch.Generator().manual_seed(3)
+    fast, slow = make_edge_pooling(mutag.num_features), EdgePooling(mutag.num_features)
+    slow.load_state_dict(fast.state_dict())
+    raw = torch.rand(edge_index.shape[1], generator=gen)
+    for scores in (raw, (raw * 3).floor() / 3):  # distinct scores, then three levels with many ties
+        results = []
+        for pool in (fast, slow):
+            x = batch.x.clone().requires_grad_(True)
+            score = scores.clone().requires_grad_(True)
+            new_x, new_edges, new_batch, info = pool._merge_edges(x, edge_index, batch.batch, score)
+            (new_x * torch.arange(new_x.numel()).view_as(new_x)).sum().backward()
+            results.append((new_x, new_edges, new_batch, info.cluster, info.new_edge_score, x.grad, score.grad))
+        for got, want in zip(*results, strict=True):
+            assert got.shape == want.shape and torch.allclose(got.double(), want.double(), atol=1e-6)
+        assert results[0][0].shape[0] < batch.num_nodes * 0.7  # it did merge most nodes in pairs
+
+
+def test_late_best_share_counts_fits_whose_best_epoch_is_within_the_patience_of_the_cap() -> None:
+    from analysis.hap_report import late_best_markdown, summary
+
+    rows = [{"dataset": "D", "variant": v, "seed": 0, "fold": f, "test_accuracy": 0.5, "best_epoch": best,
+             "epochs_run": 100, "max_epochs": 100, "patience": 20, "grid_size": 1, "seconds": 1.0}
+            for v, bests in (("hap", (80, 81, 95, 30)), ("sag", (10, 20, 30, 40))) for f, best in enumerate(bests)]
+    table = summary(pd.DataFrame(rows))
+    assert table.set_index("variant")["late_best_share"].to_dict() == {"hap": 0.5, "sag": 0.0}  # 80 is not late
+    assert "| hap | 50% |" in late_best_markdown(table) and "| sag | 0% |" in late_best_markdown(table)

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from traces.errors import ConfigError
 
 from .data import dense_batch
+from .edge_matching import make_edge_pooling
 from .model import HAP, HAPConfig
 
 METHODS = ("hap", "gcn-mean", "gcn-max", "topk", "sag", "asap", "edge", "sort", "diffpool", "mincut", "mem")
@@ -69,13 +70,13 @@ class HierarchicalPoolNet(nn.Module):
 
     def __init__(self, in_features: int, num_classes: int, hidden: int, pool: str, dropout: float) -> None:
         super().__init__()
-        from torch_geometric.nn import ASAPooling, EdgePooling, SAGPooling, TopKPooling
+        from torch_geometric.nn import ASAPooling, SAGPooling, TopKPooling
 
         make = {
             "topk": lambda: TopKPooling(hidden, ratio=0.5),
             "sag": lambda: SAGPooling(hidden, ratio=0.5),
             "asap": lambda: ASAPooling(hidden, ratio=0.5),
-            "edge": lambda: EdgePooling(hidden),
+            "edge": lambda: make_edge_pooling(hidden),
         }[pool]
         self.kind = pool
         self.convs = _gcn_stack(in_features, hidden)
