@@ -52,8 +52,8 @@ DATA_PARALLEL = DATA / "korthikanti2022_data_parallel.csv"
 SIMULATED_RECOMPUTE = {"none": {"policy": "none"}, "full": {"policy": "full", "in_backward": True}}
 MEASURED_BLOCK = 0.5  # which block's per-layer rows to read: the middle of the stack (all blocks alike)
 # The 2022 code's backward: each column-parallel linear (QKV, fc1) all-reduces its input gradient
-# asynchronously while its weight-gradient GEMM runs (--async-tensor-model-parallel-allreduce, on by
-# default since Megatron-LM commit 16c9044, 2021-09; megatron/mpu/layers.py at 739cb43 (2022-05),
+# asynchronously while its weight-gradient GEMM runs (on by default since Megatron-LM commit 3f65246,
+# 2021-09-02, off with --no-async-tensor-model-parallel-allreduce; megatron/mpu/layers.py at 739cb43 (2022-05),
 # LinearWithGradAccumulationAndAsyncCommunication.backward; the paper's section 6.2 names it). The
 # Table 4 and Table 5 rows compared here have no sequence parallelism, under which the code turns the
 # option off (megatron/arguments.py) and overlaps an all-gather / reduce-scatter instead.

@@ -470,8 +470,8 @@ class AnalyticCostModel:
         # kernels=False: the earlier per-layer roofline (layer FLOPs over the efficiency curve), kept
         # for comparison (the accuracy report prints both).
         self.kernels = kernels
-        # Megatron-LM's --async-tensor-model-parallel-allreduce (on by default from 2021-09, commit
-        # 16c9044; not in v2.5, which SC'21 ran): a column-parallel linear's backward launches the
+        # Megatron-LM's asynchronous TP all-reduce (added in commit 16c9044, on by default from 3f65246,
+        # both 2021-09-02; not in v2.5, which SC'21 ran): a column-parallel linear's backward launches the
         # all-reduce of its input gradient asynchronously and runs its weight-gradient GEMM meanwhile
         # (megatron/mpu/layers.py, LinearWithGradAccumulationAndAsyncCommunication.backward). Off by
         # default: every golden and the v2.5 benchmark assume the all-reduces run after the compute.
