@@ -140,13 +140,17 @@ def curve_of(name: str, host_launch_us: float | None = None) -> EfficiencyCurve:
 
 
 def run_plan(plan: Plan, curve: EfficiencyCurve, attention: str = MEGATRON_ATTENTION, kernels: bool = True,
-             megatron_2021: bool = True, layer_rows: bool = False) -> tuple[Engine, AnalyticCosts, Any, float]:
+             megatron_2021: bool = True, layer_rows: bool = False,
+             tp_backward_overlap: bool = False) -> tuple[Engine, AnalyticCosts, Any, float]:
     """Simulate ``plan`` (symmetric engine) with the kernel model on ``curve``: (engine, costs, the
-    compiled plan, iteration seconds). ``megatron_2021``: the fp16 optimizer's step as Megatron ran it."""
+    compiled plan, iteration seconds). ``megatron_2021``: the fp16 optimizer's step as Megatron ran it.
+    ``tp_backward_overlap``: the backward's TP all-reduces hidden behind weight-gradient GEMMs as
+    Megatron-LM did from 2021-09 (``AnalyticCostModel``); v2.5, which Table 1 ran, did not."""
     cluster = load_cluster(plan.cluster)
     layers = transformer_layers(transformer_config(plan.workload, **plan.workload_options))
     costs = AnalyticCosts(layers, cluster.device, plan.dtype, cluster, curve, attention=attention,
-                          kernels=kernels, optimizer="megatron-fp16" if megatron_2021 else "adam")
+                          kernels=kernels, optimizer="megatron-fp16" if megatron_2021 else "adam",
+                          tp_backward_overlap=tp_backward_overlap)
     compiled = compile_plan(plan, costs)
     resolved = compiled.resolved
     engine = Engine(compiled.program, resolved.costs, resolved.comm, resolved.policy, plan.micro_batch,

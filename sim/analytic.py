@@ -275,6 +275,10 @@ class KernelTimes:
     # Seconds a backward under selective checkpointing spends recomputing the layer's memory-bound
     # forward kernels (every one inside the layer; the matmuls and attention kernels are kept).
     selective_recompute_s: float = 0.0
+    # Seconds of the weight-gradient GEMM of each column-parallel linear of a block (QKV, then fc1):
+    # what Megatron-LM's asynchronous TP all-reduce of that linear's input gradient can hide behind
+    # (``AnalyticCostModel(tp_backward_overlap=True)``, ``sim.costs.tp_comm_s``). Empty elsewhere.
+    column_wgrad_s: tuple[float, ...] = ()
 
 
 def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec, dtype: str,
@@ -332,10 +336,14 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
 
     mem_f = mem_b = 0.0  # bytes of every memory-bound kernel, for the report
     saved_extra = 0.0
+    column_wgrad: tuple[float, ...] = ()
     if layer.kind == "block":
         F = float(T * f / t)
-        for m, n, k in ((T, 3 * h / t, h), (T, h, h / t), (T, f / t, h), (T, h, f / t)):
-            add("gemm", *gemm(m, n, k))
+        shapes = {"qkv": (T, 3 * h / t, h), "proj": (T, h, h / t), "fc1": (T, f / t, h), "fc2": (T, h, f / t)}
+        weight_gemms = {name: gemm(m, n, k) for name, (m, n, k) in shapes.items()}
+        for times in weight_gemms.values():
+            add("gemm", *times)
+        column_wgrad = (weight_gemms["qkv"][2], weight_gemms["fc1"][2])  # the column-parallel ones
         heads, d = b * a / t, h / a
         if attention == "unfused":
             S = float(heads * s * s)
@@ -391,6 +399,7 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
         elementwise_bytes_fwd=mem_f, elementwise_bytes_bwd=mem_b, attention_saved_bytes=saved_extra,
         parts=tuple((kind, (part[0], part[1], part[2])) for kind, part in parts.items()),
         selective_recompute_s=pointwise_f / bw,
+        column_wgrad_s=column_wgrad,
     )
 
 
@@ -430,6 +439,7 @@ class LayerCosts:
     selective_recompute_s: float = -1.0
     shared_input_bytes: int = 0
     unsaved_input_bytes: int = 0
+    tp_bwd_overlap_s: tuple[float, ...] = ()  # sim.costs.LayerCosts.tp_bwd_overlap_s
 
     @property
     def bwd_s(self) -> float:
@@ -443,7 +453,8 @@ class LayerCosts:
 
 class AnalyticCostModel:
     def __init__(self, device: DeviceSpec, dtype: str, efficiency: EfficiencyCurve | None = None,
-                 attention: str = "flash", kernels: bool = True, optimizer: str = "adam") -> None:
+                 attention: str = "flash", kernels: bool = True, optimizer: str = "adam",
+                 tp_backward_overlap: bool = False) -> None:
         self.device = device
         self.dtype = normalize_dtype(dtype)
         self.peak = device.peak(self.dtype)  # raises a ConfigError for a dtype the device lacks
@@ -459,6 +470,12 @@ class AnalyticCostModel:
         # kernels=False: the earlier per-layer roofline (layer FLOPs over the efficiency curve), kept
         # for comparison (the accuracy report prints both).
         self.kernels = kernels
+        # Megatron-LM's asynchronous TP all-reduce (added in commit 16c9044, on by default from 3f65246,
+        # both 2021-09-02; not in v2.5, which SC'21 ran): a column-parallel linear's backward launches the
+        # all-reduce of its input gradient asynchronously and runs its weight-gradient GEMM meanwhile
+        # (megatron/mpu/layers.py, LinearWithGradAccumulationAndAsyncCommunication.backward). Off by
+        # default: every golden and the v2.5 benchmark assume the all-reduces run after the compute.
+        self.tp_backward_overlap = tp_backward_overlap
 
     def _time(self, flops: float, nbytes: float) -> float:
         compute = self.efficiency.compute_time(flops, self.peak)
@@ -491,6 +508,7 @@ class AnalyticCostModel:
         bwd_w = self._time(b * f_bw / t, bytes_bw) if layer.params else 0.0
         saved_bytes = b * saved * act
         selective_bytes, selective_s = -1.0, -1.0
+        column_wgrad: tuple[float, ...] = ()  # known only to the kernel model
         if layer.selective_elems >= 0:
             # Roofline of what selective checkpointing recomputes, for layers without a kernel model
             # (e.g. a ResNet's BatchNorms and ReLUs): memory-bound operators that write, once more,
@@ -501,6 +519,7 @@ class AnalyticCostModel:
         if self.kernels and has_kernel_shape(layer) and self.device.kind == "gpu":
             k = transformer_layer_times(layer, b, t, self.device, self.dtype, self.efficiency, self.attention)
             fwd, bwd_i, bwd_w = k.fwd_s, k.bwd_input_s, k.bwd_weight_s
+            column_wgrad = k.column_wgrad_s
             saved_bytes += k.attention_saved_bytes
             if layer.selective_elems >= 0:
                 kept = (layer.selective_elems - layer.selective_elems_sharded) + layer.selective_elems_sharded / t
@@ -514,6 +533,8 @@ class AnalyticCostModel:
                 params = v // t * h_ + (2 * h_ if layer.kind == "head" else s_ * h_)
         n_ar = layer.tp_allreduces if t > 1 else 0
         n_ar_bwd = n_ar if layer.tp_in_backward else 0
+        # a block's two backward all-reduces, one behind each column-parallel linear's weight gradient
+        overlap = column_wgrad if self.tp_backward_overlap and n_ar_bwd else ()
         return LayerCosts(
             fwd_s=fwd,
             bwd_input_s=bwd_i,
@@ -533,6 +554,7 @@ class AnalyticCostModel:
             selective_recompute_s=selective_s,
             shared_input_bytes=b * layer.shared_input_elems * act,
             unsaved_input_bytes=b * layer.unsaved_input_elems * act,
+            tp_bwd_overlap_s=overlap,
         )
 
     @staticmethod

@@ -15,11 +15,12 @@ from sim.workloads import LayerSpec
 class AnalyticCosts:
     def __init__(self, layers: Sequence[LayerSpec], device: DeviceSpec, dtype: str,
                  cluster: ClusterSpec | None = None, efficiency: EfficiencyCurve | None = None,
-                 attention: str = "flash", kernels: bool = True, optimizer: str = "adam") -> None:
+                 attention: str = "flash", kernels: bool = True, optimizer: str = "adam",
+                 tp_backward_overlap: bool = False) -> None:
         self.specs = list(layers)
         self.num_layers = len(self.specs)
         self.model = AnalyticCostModel(device, dtype, efficiency, attention=attention, kernels=kernels,
-                                       optimizer=optimizer)
+                                       optimizer=optimizer, tp_backward_overlap=tp_backward_overlap)
         self.cluster = cluster
         self.layer_costs = lru_cache(maxsize=None)(self._layer_costs)  # type: ignore[method-assign]
 
@@ -34,6 +35,7 @@ class AnalyticCosts:
             selective_saved_bytes=c.selective_saved_bytes, selective_recompute_s=c.selective_recompute_s,
             shared_input_bytes=c.shared_input_bytes,
             unsaved_input_bytes=c.unsaved_input_bytes,
+            tp_bwd_overlap_s=c.tp_bwd_overlap_s,
         )
 
     def optimizer_step_s(self, param_bytes: int) -> float:

@@ -46,6 +46,10 @@ class LayerCosts:
     # linear saves the pooled tensor): checkpointed, it keeps that input anyway (its checkpoint),
     # so while its re-run's tensors are back the input is held beside them (sim.memory.held_bytes).
     unsaved_input_bytes: int = 0
+    # Megatron-LM's asynchronous TP all-reduce in the backward (2021-09 on, not v2.5): the compute
+    # seconds each backward collective can hide behind (the weight-gradient GEMM of the column-parallel
+    # linear whose input gradient it reduces, running meanwhile), one per collective; empty: none.
+    tp_bwd_overlap_s: tuple[float, ...] = ()
 
     @property
     def bwd_s(self) -> float:
@@ -56,13 +60,19 @@ class LayerCosts:
         return self.selective_saved_bytes >= 0 and self.selective_recompute_s >= 0
 
 
-def tp_comm_s(c: LayerCosts, backward: bool, price: Callable[[str, int], float]) -> float:
-    """Seconds of the layer's TP communication in a forward (or a backward, ``backward``), with
+def tp_comm_s(c: LayerCosts, backward: bool, price: Callable[[str, int], float],
+              with_weight_grads: bool = True) -> float:
+    """Exposed seconds of the layer's TP communication in a forward (or a backward, ``backward``), with
     ``price(collective, bytes)`` the seconds of one collective over the layer's TP group. The one
-    rule the engine and the estimate share."""
+    rule the engine and the estimate share. A backward that computes the weight gradients with the
+    input gradients (``with_weight_grads``) hides min(collective, GEMM) of each collective that has a
+    GEMM in ``tp_bwd_overlap_s`` (what the two streams' overlap saves; a split backward's input-
+    gradient step has no weight-gradient GEMM to hide behind)."""
     if c.tp_allreduces == 0 or (backward and not c.tp_in_backward):
         return 0.0
-    return c.tp_allreduces * price(c.tp_collective, c.tp_comm_bytes)
+    one = price(c.tp_collective, c.tp_comm_bytes)
+    hidden = sum(min(one, gemm) for gemm in c.tp_bwd_overlap_s) if backward and with_weight_grads else 0.0
+    return c.tp_allreduces * one - hidden
 
 
 class CostModel(Protocol):

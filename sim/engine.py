@@ -341,8 +341,11 @@ class Engine:
         computes_input_grads = kind is not Kind.BWD_W if not whole_backward_in_w else kind is not Kind.BWD_I
         with_tp = self.program.tp > 1 and computes_input_grads
         backward = kind in (Kind.BWD, Kind.BWD_I, Kind.BWD_W)
+        # An I step alone (split backward) has no weight-gradient GEMM for a backward all-reduce to hide behind.
+        with_weight_grads = kind is Kind.BWD or whole_backward_in_w
         segments = [
-            (phase_time(c), self._tp_comm_s(c, rank, backward) if with_tp else 0.0, max(c.tp_allreduces, 1))
+            (phase_time(c), self._tp_comm_s(c, rank, backward, with_weight_grads) if with_tp else 0.0,
+             max(c.tp_allreduces, 1))
             for c in layers
         ]
         slowdown = 1.0 + (self.options.overlap_slowdown if self.comm_active[rank] > 0 else 0.0)
@@ -485,12 +488,13 @@ class Engine:
         self.rows.append(Row(rank, ins.index, kind, s, mb, stream, start, end, nbytes, self.ledgers[rank].in_use,
                              ins.index, layer, decision_name(kind, s, mb, layer)))
 
-    def _tp_comm_s(self, c: LayerCosts, rank: int, backward: bool) -> float:
+    def _tp_comm_s(self, c: LayerCosts, rank: int, backward: bool, with_weight_grads: bool = True) -> float:
         if c.tp_allreduces == 0:
             return 0.0
         group = self._tp_group(rank)
         return tp_comm_s(c, backward, lambda collective, nbytes: self.comm.collective_s(collective, nbytes, group,
-                                                                                         self._groups(group)))
+                                                                                         self._groups(group)),
+                         with_weight_grads)
 
     def _tp_group(self, rank: int) -> tuple[int, ...]:
         coords = self.program.coords_of(rank)

@@ -15,6 +15,10 @@ A100_PEAK = 312e12  # fp16/bf16 dense, NVIDIA A100 datasheet: the peak the paper
 # The fits docs/accuracy.md section 5 reports (benchmarks/korthikanti_layers.py --fit): on all Table 4
 # times the A100 default (sim.analytic.GPU_EFF_MAX_BY_FAMILY), on the forward alone a value reported only.
 FIT_FORWARD = 0.733  # reported, not the default
+# Section 6: the fit on all Table 4 times with the 2022 backward overlap modelled (the column-parallel
+# all-reduces behind the weight-gradient GEMMs, AnalyticCosts(tp_backward_overlap=True)); reported, not
+# the default (worse on Table 5). The default is the "all" fit without it.
+FIT_ALL_WITH_OVERLAP = 0.688
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +66,17 @@ def test_every_row_configuration_builds_and_the_simulated_layers_run(bench):
     assert [p.chunks for p in plans] == [1, 3, 3, 1]  # the paper's m = 3 for 175B and 530B, none stated else
     assert [p.schedule.microbatches for p in plans] == [1, 64, 280, 512]
     table = bench.load_layer_times()
-    results = bench.compare_layers(table, bench.sc21.curve_of("default"))
-    assert [r["recompute"] for r in results] == ["none", "full"]  # the rows without sequence parallelism
-    plain, full = results
-    assert plain["pred_forward_ms"] == pytest.approx(full["pred_forward_ms"])
-    # Full recompute re-runs the forward inside the backward: its backward is the plain one plus a forward.
-    assert full["pred_backward_ms"] == pytest.approx(plain["pred_backward_ms"] + plain["pred_forward_ms"], rel=1e-6)
-    for r in results:  # the kernel model is within 10% of every compared time (measured: 0.1-4.5%)
-        for key in ("forward_ms", "backward_ms", "combined_ms"):
+    for overlap in (False, True):
+        results = bench.compare_layers(table, bench.sc21.curve_of("default"), overlap)
+        assert [r["recompute"] for r in results] == ["none", "full"]  # the rows without sequence parallelism
+        plain, full = results
+        assert plain["pred_forward_ms"] == pytest.approx(full["pred_forward_ms"])
+        # Full recompute re-runs the forward (its all-reduces not hidden) inside the backward: the plain
+        # backward plus a forward.
+        assert full["pred_backward_ms"] == pytest.approx(plain["pred_backward_ms"] + plain["pred_forward_ms"],
+                                                         rel=1e-6)
+    for r in bench.compare_layers(table, bench.sc21.curve_of("default"), False):
+        for key in ("forward_ms", "backward_ms", "combined_ms"):  # within 10% (measured: at most 4.0%)
             assert r["pred_" + key] == pytest.approx(r[key], rel=0.10)
 
 
@@ -88,5 +95,8 @@ def test_the_a100_default_and_the_quoted_fit_are_what_table4_gives(bench):
     table = bench.load_layer_times()
     base = bench.sc21.curve_of("default")
     assert default_for(get_device("A100-80GB"), "fp16").eff_max == GPU_EFF_MAX_BY_FAMILY["A100"]
-    assert bench.fit_eff_max(table, base, "all") == pytest.approx(GPU_EFF_MAX_BY_FAMILY["A100"], abs=1e-9)
-    assert bench.fit_eff_max(table, base, "forward") == pytest.approx(FIT_FORWARD, abs=1e-9)
+    assert bench.fit_eff_max(table, base, "all", overlap=False) == pytest.approx(GPU_EFF_MAX_BY_FAMILY["A100"],
+                                                                                  abs=1e-9)
+    assert bench.fit_eff_max(table, base, "all", overlap=True) == pytest.approx(FIT_ALL_WITH_OVERLAP, abs=1e-9)
+    for overlap in (False, True):  # the forward has no backward all-reduce to hide
+        assert bench.fit_eff_max(table, base, "forward", overlap=overlap) == pytest.approx(FIT_FORWARD, abs=1e-9)
