@@ -139,23 +139,9 @@ def test_fast_estimate_prices_runtime_decisions() -> None:
     """The plan search's estimate prices ``decide: runtime`` by the lowering's replay plus one layer
     on a rank that releases: GPT-8.3B at 24 GiB, peaks within 3% of the engine's ledger (measured
     1.3%), iteration within 10% (measured 3.8% fast, as the estimate of ``decide: lowering`` is)."""
-    from sim.compile import resolve_plan
-    from sim.estimate import Estimator
-    from sim.simulate import simulate
+    from tests.test_memory_delta import assert_estimate_agrees_with_engine, gpt_plan
 
-    plan = Plan.from_dict({"name": "gpt-8.3b-delta-runtime", "workload": "gpt-8.3b", "cluster": "a100-64",
-                           "dtype": "fp16", "parallelism": {"dp": 2, "tp": 8, "pp": 4},
-                           "schedule": {"name": "1f1b", "micro_batch": 16, "microbatches": 16},
-                           "memory": {"policy": "delta", "budget_gb": 24, "decide": "runtime"}})
-    resolved = resolve_plan(plan)
-    estimate = Estimator(resolved.costs, resolved.comm, plan.dtype).estimate(
-        schedule="1f1b", dp=2, tp=8, pp=4, chunks=1, micro_batch=16, microbatches=16,
-        stage_layers=resolved.stage_layers, policy=resolved.policy, tp_overlap=0, sync_method="allreduce",
-        bucket_mb=25.0)
-    engine = simulate(plan)
-    for predicted, (_, simulated) in zip(estimate.peak_bytes, sorted(engine.memory.items()), strict=True):
-        assert predicted == pytest.approx(simulated.peak_bytes, rel=0.03)
-    assert estimate.iteration_s == pytest.approx(engine.iteration_s, rel=0.10)
+    assert_estimate_agrees_with_engine(gpt_plan(24.0, decide="runtime"))
 
 
 # -- real runs --------------------------------------------------------------------------------------
