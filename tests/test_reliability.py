@@ -39,9 +39,16 @@ def paratwin(*args: str, cwd: Path = REPO, timeout: float = 300) -> subprocess.C
                           timeout=timeout, cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
+def _default_interrupt() -> None:
+    # A shell runs background jobs with SIGINT ignored, and Python keeps an ignored SIGINT ignored:
+    # the launcher must start as from a terminal for a Ctrl-C test to mean anything.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_paratwin(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "analysis.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=REPO, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO, start_new_session=True,
+                            preexec_fn=_default_interrupt)
 
 
 def one_line_error(done: subprocess.CompletedProcess) -> str:
