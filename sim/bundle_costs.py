@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from sim.costs import LayerCosts
+from sim.meeting import sd_from_spread
 from sim.workloads import ADDED_CONFIG_FIELDS
 from traces.bundle import ProfileBundle, read_bundle
 from traces.errors import ConfigError
@@ -22,6 +23,8 @@ from traces.errors import ConfigError
 # Share of a block's saved activations that TP shards, from sim.workloads.transformer_layers
 # (block_sharded / block_saved, about 0.75 at f = 4h and s << h); a bundle does not record it.
 _BLOCK_SHARDED_FRACTION = 0.75
+# The phases a profile times, each with a spread (IQR / median): their standard deviations (sim.meeting).
+_TIMED_PHASES = ("fwd", "bwd", "bwd_input", "bwd_weight", "recompute")
 
 
 class BundleCostModel:
@@ -108,6 +111,9 @@ class BundleCostModel:
             selective_recompute_s=row["selective_recompute_s"] * scale * compute_share
             if row["selective_recompute_s"] >= 0 else -1.0,
             shared_input_bytes=int(self._shared_input(layer) * scale * saved_share),
+            **{f"{phase}_sd_s": sd_from_spread(row[f"{phase}_s"] * scale * compute_share,
+                                               row.get(f"{phase}_spread", 0.0))
+               for phase in _TIMED_PHASES},
         )
 
     def _shared_input(self, layer: int) -> int:

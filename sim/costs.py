@@ -50,6 +50,14 @@ class LayerCosts:
     # seconds each backward collective can hide behind (the weight-gradient GEMM of the column-parallel
     # linear whose input gradient it reduces, running meanwhile), one per collective; empty: none.
     tp_bwd_overlap_s: tuple[float, ...] = ()
+    # Standard deviations of the phases' times (s) where the cost model measured them (a profile's
+    # per-layer spread, sim.bundle_costs); 0: no variance known. The engine and the estimate turn
+    # them into the expected wait at a collective for the latest member (sim.meeting).
+    fwd_sd_s: float = 0.0
+    bwd_sd_s: float = 0.0  # the whole backward (BWD)
+    bwd_input_sd_s: float = 0.0
+    bwd_weight_sd_s: float = 0.0
+    recompute_sd_s: float = 0.0
 
     @property
     def bwd_s(self) -> float:

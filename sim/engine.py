@@ -26,6 +26,7 @@ from sim.costs import CostModel, LayerCosts, tp_comm_s
 from sim.delta import choose
 from sim.delta_runtime import RankDelta, decision_name
 from sim.gradient_sync import Phase, phases_s
+from sim.meeting import instruction_variance, lateness_s
 from sim.memory import MemoryPolicy, checkpoint_bytes, held_bytes
 from sim.program import Instruction, Kind, Program, Stream
 from sim.tp_overlap import tp_segments_time
@@ -58,6 +59,10 @@ class EngineOptions:
     # hooks, posting its sends): measured on calibration runs (analysis.validation.runtime_costs).
     dispatch_s: float = 0.0
     layer_rows: bool = False  # emit one child row per layer of each compute instruction
+    # A collective starts when its latest member arrives: the expected lateness of the last of the
+    # group's ranks, from the variance of each rank's compute since the ranks last met (sim.meeting;
+    # measured by the profile, zero for a cost model without spreads).
+    meeting_waits: bool = True
 
 
 class Row(NamedTuple):
@@ -129,6 +134,10 @@ class Engine:
         self.collective_done: dict[str, simpy.Event] = defaultdict(self.env.event)
         self.channels: dict[tuple[int, str], SharedChannel] = {}
         self.comm_active: dict[int, int] = defaultdict(int)
+        # sim.meeting: each rank's compute variance since its compute last waited on a collective, and,
+        # per (rank, instruction), when a compute instruction ended and that variance at its end
+        self.meet_var: dict[int, float] = defaultdict(float)
+        self.ended: dict[tuple[int, int], tuple[float, float]] = {}
         self.ledgers: dict[int, MemoryLedger] = {}
         self.compute_busy: dict[int, float] = defaultdict(float)
         self.grad_buffers: dict[tuple[int, int, int], int] = {}
@@ -222,7 +231,10 @@ class Engine:
                 self._post_receives(rank, instruction.index)
                 continue  # it records its own row (bytes: what the rank holds after it)
             if stream is Stream.COMPUTE:
+                if any(self.program.ranks[rank].instructions[d].stream is Stream.COLLECTIVE for d in instruction.deps):
+                    self.meet_var[rank] = 0.0  # it waited on a meeting: the ranks' compute restarts together
                 yield from self._compute(rank, instruction)
+                self.ended[(rank, instruction.index)] = (self.env.now, self.meet_var[rank])
             elif stream is Stream.P2P_SEND:
                 yield from self._send(rank, instruction)
             elif stream is Stream.P2P_RECV:
@@ -236,6 +248,8 @@ class Engine:
                     group = self._tp_group(rank)
                     yield self.env.timeout(self.comm.collective_s("all_gather", held, group, self._groups(group)))
             elif stream is Stream.COLLECTIVE:
+                if self.options.meeting_waits:
+                    yield from self._meet(rank, instruction)
                 yield from self._collective(rank, instruction)
             else:
                 yield from self._copy(rank, instruction)
@@ -270,6 +284,19 @@ class Engine:
         yield channel.transfer(instruction.bytes)
         self.comm_active[rank] -= 1
         self.arrivals[(instruction.peer, instruction.tag)].succeed(start)
+
+    def _meet(self, rank: int, instruction: Instruction):
+        """Wait for the group's expected latest arrival (sim.meeting): this rank's compute that the
+        collective follows ended at ``ready``; its peers' ran as long on average, with the variance
+        accumulated since the ranks last met. A stream still busy past that point waits no more."""
+        computed = [self.ended[(rank, d)] for d in instruction.deps if (rank, d) in self.ended]
+        if not computed:
+            return
+        ready = max(end for end, _ in computed)
+        variance = max(var for _, var in computed)
+        wait = ready + lateness_s(variance, len(instruction.group)) - self.env.now
+        if wait > 0:
+            yield self.env.timeout(wait)
 
     def _collective(self, rank: int, instruction: Instruction):
         """Every member holds its flattened bucket from its arrival; in full mode the collective runs
@@ -328,6 +355,7 @@ class Engine:
         # The first stage has no input gradient to send anywhere, so its split backward does all the
         # work in the W step (as exec.runtime runs it) and its I step is empty.
         whole_backward_in_w = instruction.stage == 0
+        self.meet_var[rank] += instruction_variance(kind, layers, whole_backward_in_w)
         phase_time = {
             Kind.FWD: lambda c: c.fwd_s,
             Kind.RECOMPUTE: lambda c: c.recompute_s,
@@ -362,6 +390,8 @@ class Engine:
                                      self.tp_overlap if self.program.tp > 1 else 0)
             per_layer = [a + b for a, b in zip(per_layer, again, strict=True)]
             one_layer = max((self._recompute_bytes(layer) for layer in rerun), default=0)
+            self.meet_var[rank] += sum(c.recompute_sd_s ** 2
+                                       for layer, c in zip(instruction.layers, layers, strict=True) if layer in rerun)
             ledger.change_activations(one_layer, start, instruction.label)
         t = start
         for layer_index, layer_time in zip(instruction.layers, per_layer, strict=True):
