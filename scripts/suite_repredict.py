@@ -4,10 +4,17 @@ calibration runs (``calibration/``, plans outside the suite), as ``paratwin vali
 then every suite plan is simulated from its own profile and compared with its measured median.
 
     python scripts/suite_repredict.py runs/suite-1 [runs/suite-2 ...]
+    python scripts/suite_repredict.py runs/netns-embedding-6     # a shaped-network run (issue 12)
 
 Prints, per suite, each plan's error as validated then and as predicted now, and the summary
 figures; ``--without-runtime-costs`` leaves out the measured dispatch and message costs (the
-calibration as it was: an all-reduce overhead only).
+calibration as it was: an all-reduce overhead only); ``--without-meeting-waits`` predicts "now"
+without the expected wait for a collective's latest member (``EngineOptions.meeting_waits``,
+``sim.meeting``), calibration fit included, to show that term's effect.
+
+A folder of ``scripts/netns_embedding.sh`` (``<rate>/<method>/report``, one profile in ``base/``, no
+calibration: the netns runs are validated uncalibrated) is re-predicted per rate, from the copy of
+its profile inside the folder.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from sim.plan import Plan
 from sim.simulate import simulate
 
 
-def repredict(suite: Path, runtime_costs: bool) -> tuple[ValidationCalibration, pd.DataFrame]:
+def repredict(suite: Path, runtime_costs: bool, options: EngineOptions) -> tuple[ValidationCalibration, pd.DataFrame]:
     attempts: dict[str, list[ValidationReport]] = {}
     for folder in sorted((suite / "calibration").iterdir()):
         if (folder / "report.json").is_file():
@@ -36,41 +43,69 @@ def repredict(suite: Path, runtime_costs: bool) -> tuple[ValidationCalibration, 
             attempts.setdefault(report.plan, []).append(report)
     # the attempt the suite kept: the steadiest (analysis.validation_suite), not every retry
     reports = [min(tries, key=unsteadiness) for tries in attempts.values()]
-    calibration = fit_calibration(reports) if runtime_costs else fit_calibration_without_runtime_costs(reports)
+    calibration = fit_calibration(reports, options=options) if runtime_costs \
+        else fit_calibration_without_runtime_costs(reports, options)
     table = pd.read_csv(suite / "suite.csv")
     rows = []
     for _, row in table.iterrows():
         folder = Path(str(row["timeline"])).parent if str(row["timeline"]) else suite / "plans" / row["plan"]
         plan = Plan.load(folder / "plan.yaml")
         resolved = with_calibration(resolve_plan(plan), calibration)
-        now = simulate(plan, full=True, options=calibration.engine_options(EngineOptions()), resolved=resolved)
+        now = simulate(plan, full=True, options=calibration.engine_options(options), resolved=resolved)
         rows.append({"plan": row["plan"], "measured_s": row["measured_median_s"], "then": row["error"],
                      "now": now.iteration_s / row["measured_median_s"] - 1, "predicted_s": now.iteration_s})
     return calibration, pd.DataFrame(rows)
 
 
-def fit_calibration_without_runtime_costs(reports: list[ValidationReport]) -> ValidationCalibration:
+def fit_calibration_without_runtime_costs(reports: list[ValidationReport],
+                                          options: EngineOptions) -> ValidationCalibration:
     """The calibration as it was before runtime costs were measured: the all-reduce overhead alone."""
     stripped = [replace(r, paths={k: v for k, v in r.paths.items() if k not in ("run", "prediction")})
                 for r in reports]
-    return fit_calibration(stripped)
+    return fit_calibration(stripped, options=options)
+
+
+def repredict_netns(folder: Path, options: EngineOptions) -> pd.DataFrame:
+    """Every ``<rate>/<method>`` of a shaped-network folder, predicted again from ``<folder>/base/profile``."""
+    rows = []
+    for report_path in sorted(folder.glob("*/*/report/report.json")):
+        report = ValidationReport.load(report_path)
+        plan = Plan.load(report_path.parent / "plan.yaml")
+        plan = plan.model_copy(update={"profile": str(folder / "base" / "profile")})
+        now = simulate(plan, full=True, options=options)
+        rate, method = report_path.parts[-4], report_path.parts[-3]
+        rows.append({"plan": f"{rate} {method}", "rate": rate, "measured_s": report.measured_s,
+                     "then": report.error, "now": now.iteration_s / report.measured_s - 1,
+                     "predicted_s": now.iteration_s})
+    return pd.DataFrame(rows)
+
+
+def print_table(table: pd.DataFrame) -> None:
+    print("| plan | measured (ms) | error then | error now |\n| --- | ---: | ---: | ---: |")
+    for _, r in table.iterrows():
+        print(f"| {r['plan']} | {r['measured_s'] * 1e3:.1f} | {r['then']:+.1%} | {r['now']:+.1%} |")
+    for label, column in (("then", "then"), ("now", "now")):
+        errors = table[column]
+        predicted = table["measured_s"] * (1 + errors)
+        print(f"{label}: median |error| {errors.abs().median():.1%}, max {errors.abs().max():.1%}, mean "
+              f"{errors.mean():+.1%}, Spearman {spearmanr(predicted, table['measured_s']).statistic:.3f}")
 
 
 def main(argv: list[str]) -> None:
     runtime_costs = "--without-runtime-costs" not in argv
+    options = EngineOptions(meeting_waits="--without-meeting-waits" not in argv)
     for suite in [Path(a) for a in argv if not a.startswith("--")]:
-        calibration, table = repredict(suite, runtime_costs)
+        if (suite / "base" / "profile").is_dir():
+            table = repredict_netns(suite, options)
+            for rate, part in table.groupby("rate", sort=False):
+                print(f"\n{suite.name} {rate} (uncalibrated, as validated)")
+                print_table(part)
+            continue
+        calibration, table = repredict(suite, runtime_costs, options)
         print(f"\n{suite.name}: {calibration.source}: +{calibration.allreduce_overhead_s * 1e3:.2f} ms per "
               f"all-reduce (fitted), +{calibration.dispatch_s * 1e3:.3f} ms dispatch per compute instruction and "
               f"+{calibration.p2p_overhead_s * 1e3:.3f} ms per message (measured)")
-        print("| plan | measured (ms) | error then | error now |\n| --- | ---: | ---: | ---: |")
-        for _, r in table.iterrows():
-            print(f"| {r['plan']} | {r['measured_s'] * 1e3:.1f} | {r['then']:+.1%} | {r['now']:+.1%} |")
-        for label, column in (("then", "then"), ("now", "now")):
-            errors = table[column]
-            predicted = table["measured_s"] * (1 + errors)
-            print(f"{label}: median |error| {errors.abs().median():.1%}, max {errors.abs().max():.1%}, mean "
-                  f"{errors.mean():+.1%}, Spearman {spearmanr(predicted, table['measured_s']).statistic:.3f}")
+        print_table(table)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from sim.costs import CostModel, LayerCosts, tp_comm_s
 from sim.embedding import EmbeddingTerms, table_tp_costs
 from sim.gradient_sync import GRADIENT_SYNC, GradientSyncConfig, phases_s, vector_wire_bytes
 from sim.gradient_sync_context import BucketPlan, bucket_context, bucket_layers
+from sim.meeting import instruction_variance, lateness_s
 from sim.memory import (
     MemoryPolicy,
     checkpoint_bytes,
@@ -55,6 +56,7 @@ from sim.memory import (
     received_gradient_bytes,
     selective_view,
 )
+from sim.program import Kind
 from sim.schedules import (
     SCHEDULES,
     check_preconditions,
@@ -201,6 +203,7 @@ class StageTimes:
     kept_bytes: int  # what a forward leaves on the device under the memory policy
     recompute_extra_bytes: int  # what a recompute brings back
     output_bytes: int
+    variance_s2: float = 0.0  # of the stage's forward, backward and recompute times (sim.meeting)
 
 
 Removed = tuple[tuple[int, int], ...]  # (layer, gradient bytes) that leave the buckets
@@ -321,6 +324,8 @@ class Estimator:
             kept_bytes=int(kept - swapped),
             recompute_extra_bytes=extra,
             output_bytes=costs[-1].output_bytes,
+            variance_s2=sum(instruction_variance(Kind.FWD, [c]) + instruction_variance(Kind.BWD, [c]) for c in costs)
+            + sum(instruction_variance(Kind.RECOMPUTE, [costs[i]]) for i in rec),
         )
         self._stages[key] = result
         return result
@@ -428,8 +433,10 @@ class Estimator:
         grads = [0] * pp
         params = [0] * pp
         static = [0] * pp
+        variance = [0.0] * pp
         for s, st in enumerate(stages):
             k = rank_of[s]
+            variance[k] += st.variance_s2 * microbatches
             per_rank[k] += st.fwd_s + st.bwd_s + st.recompute_s
             compute[k] += st.compute_s
             recompute_compute[k] += st.recompute_compute_s
@@ -478,7 +485,7 @@ class Estimator:
             bubble = max(0.0, unit.makespan - max(unit.busy)) * seconds_per_unit
         tp_exposed = (per_rank[bottleneck] - compute[bottleneck] - recompute_compute[bottleneck]) * m
         return {"steady": steady, "bubble": bubble, "hops": hops, "bwd": bwd, "params": params, "static": static,
-                "held": held, "chunks": chunks,
+                "held": held, "chunks": chunks, "variance": variance,
                 "earlier": [unit.idle_after[k] * seconds_per_unit for k in range(pp)],
                 "tp_exposed": tp_exposed, "m": m,
                 "compute": compute[bottleneck] * m, "recompute": recompute_compute[bottleneck] * m,
@@ -501,6 +508,10 @@ class Estimator:
             removed = embedding.removed_by_layer if mine else ()
             buckets = self.rank_buckets(sync, pipe["sync_layers"][k], removed, dp, tp, pipe["micro_batch"], pipe["m"])
             exposed = self._dp_exposed(buckets, pipe["sync_slack"][k])
+            if dp > 1 and buckets:
+                # the last bucket waits for the replicas' latest arrival (sim.meeting; one meeting per
+                # iteration: the engine's further ones, e.g. sequential EmbRace's lookups, are left out)
+                exposed += lateness_s(pipe["variance"][k], dp)
             opt = self.costs.optimizer_step_s(params[k])
             if mine:
                 exposed += embedding.last_grads_s

@@ -48,8 +48,11 @@ class CalibratedCosts:
 
     def layer_costs(self, layer: int, micro_batch: int, tp: int) -> Any:
         c, k = self.base.layer_costs(layer, micro_batch, tp), self.compute_scale
+        # a time k times as long has k times its standard deviation (the profile's spread is relative)
         return replace(c, fwd_s=c.fwd_s * k, bwd_input_s=c.bwd_input_s * k, bwd_weight_s=c.bwd_weight_s * k,
-                       recompute_s=c.recompute_s * k)
+                       recompute_s=c.recompute_s * k, fwd_sd_s=c.fwd_sd_s * k, bwd_sd_s=c.bwd_sd_s * k,
+                       bwd_input_sd_s=c.bwd_input_sd_s * k, bwd_weight_sd_s=c.bwd_weight_sd_s * k,
+                       recompute_sd_s=c.recompute_sd_s * k)
 
     def optimizer_step_s(self, param_bytes: int) -> float:
         return self.base.optimizer_step_s(param_bytes) * self.compute_scale
@@ -91,7 +94,8 @@ def with_calibration(resolved: ResolvedPlan, calibration: ValidationCalibration)
     return replace(resolved, costs=costs, comm=comm)
 
 
-def fit_calibration(reports: list[ValidationReport], max_overhead_s: float = 0.02) -> ValidationCalibration:
+def fit_calibration(reports: list[ValidationReport], max_overhead_s: float = 0.02,
+                    options: EngineOptions | None = None) -> ValidationCalibration:
     """The runtime's measured dispatch time and message overhead (``runtime_costs``, from the
     reports' instruction tables), then the all-reduce overhead that minimises the squared log errors
     of the iteration times of ``reports`` (validated without calibration), re-simulated with each
@@ -99,7 +103,8 @@ def fit_calibration(reports: list[ValidationReport], max_overhead_s: float = 0.0
 
     The compute scale stays 1: with profiles taken right before and after each run, compute
     matched within a few percent whenever the machine's load was steady, and a scale measured in
-    one window of load was wrong in the next (docs/validation.md)."""
+    one window of load was wrong in the next (docs/validation.md). ``options``: the engine's options
+    the plans will be simulated with (the fit must see the same model)."""
     from scipy.optimize import minimize_scalar
 
     cases = []
@@ -117,7 +122,7 @@ def fit_calibration(reports: list[ValidationReport], max_overhead_s: float = 0.0
 
     def loss(overhead: float) -> float:
         calibration = replace(measured_costs, allreduce_overhead_s=overhead)
-        return sum(math.log(simulate(plan, full=True, options=calibration.engine_options(),
+        return sum(math.log(simulate(plan, full=True, options=calibration.engine_options(options),
                                      resolved=with_calibration(resolved, calibration)).iteration_s / measured) ** 2
                    for plan, resolved, measured in cases)
 
