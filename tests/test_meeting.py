@@ -52,11 +52,11 @@ def _plan(**embedding: object) -> Plan:
     return Plan.from_dict({**BASE, "name": "meeting", "embedding": embedding or {"method": "dense"}})
 
 
-def _iteration(p: Plan, relative: float, meeting_waits: bool = True) -> float:
+def _iteration(p: Plan, relative: float, meeting_waits: bool = True, full: bool = True) -> float:
     resolved = resolve_plan(p)
     if relative:
         resolved = replace(resolved, costs=SpreadCosts(resolved.costs, relative))
-    return simulate(p, full=True, resolved=resolved, options=EngineOptions(meeting_waits=meeting_waits)).iteration_s
+    return simulate(p, full=full, resolved=resolved, options=EngineOptions(meeting_waits=meeting_waits)).iteration_s
 
 
 def _compute_variance(p: Plan, relative: float) -> float:
@@ -89,6 +89,8 @@ def test_the_all_reduce_waits_for_the_latest_replica_of_the_iterations_compute()
     p = _plan()
     waited = _iteration(p, RELATIVE_SD) - _iteration(p, RELATIVE_SD, meeting_waits=False)
     assert waited == pytest.approx(lateness_s(_compute_variance(p, RELATIVE_SD), DP), rel=1e-9)
+    # the symmetric engine (replica 0 only) waits as long as the full one (every replica arrives late alike)
+    assert _iteration(p, RELATIVE_SD, full=False) == pytest.approx(_iteration(p, RELATIVE_SD), rel=1e-12)
 
 
 def test_without_spreads_nothing_waits() -> None:
