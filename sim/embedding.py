@@ -68,6 +68,9 @@ class EmbeddingTerms:
     prefetch: bool  # lookups after the buckets, beside the dense optimizer step (else before the forwards)
     static_bytes_saved: int  # parameters, gradients and optimizer state of the other ranks' shards
     tp_table_layers: tuple[int, ...] = ()  # layers whose TP communication is the tables' all-gather (tp > 1)
+    # Times per iteration the rank's compute waits on its replicas (sim.meeting): sequential EmbRace's
+    # lookups gate every forward (once per micro-batch); otherwise once, at the gradient sync.
+    meetings: int = 1
 
 
 # terms(plan, stage_layers, comm, costs, rank_of_stage, stages_of_rank): the estimate's terms.

@@ -222,7 +222,7 @@ def exchange_bytes(plan: Plan, tables: list[Table]) -> dict[str, int]:
 
 def sharded_terms(plan: Plan, stage_layers: list[tuple[int, ...]], costs: Any, rank_of_stage: list[int],
                   stages_of_rank: list[tuple[int, ...]], lookups_s: float, last_grads_s: float,
-                  prefetch: bool) -> EmbeddingTerms:
+                  prefetch: bool, meetings: int = 1) -> EmbeddingTerms:
     """The estimate's terms of a method with sharded tables, given the seconds of its exchanges."""
     tables = embedding_tables(plan.workload, plan.workload_options)
     stage = next(s for s, layers in enumerate(stage_layers) if tables[0].layer in layers)
@@ -236,7 +236,7 @@ def sharded_terms(plan: Plan, stage_layers: list[tuple[int, ...]], costs: Any, r
                           removed_by_layer=tuple(sorted(removed.items())),
                           lookups_s=lookups_s, last_grads_s=last_grads_s, prefetch=prefetch,
                           static_bytes_saved=round((full - shard) / layer.param_bytes * static),
-                          tp_table_layers=tuple(sorted({t.layer for t in tables})))
+                          tp_table_layers=tuple(sorted({t.layer for t in tables})), meetings=meetings)
 
 
 def alltoall_s(plan: Plan, comm: Any, nbytes: float, imbalance: float) -> float:
@@ -257,7 +257,8 @@ def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, c
                          lookups_s=plan.microbatches * sum(alltoall_s(plan, comm, sizes[p], imbalance)
                                                            for p in ("ids", "rows")),
                          last_grads_s=alltoall_s(plan, comm, sizes["grads"], imbalance),
-                         prefetch=plan.embedding.schedule == "2d")
+                         prefetch=plan.embedding.schedule == "2d",
+                         meetings=1 if plan.embedding.schedule == "2d" else plan.microbatches)
 
 
 def table_bytes(plan: Plan, table: Table) -> int:

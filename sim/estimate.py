@@ -509,9 +509,10 @@ class Estimator:
             buckets = self.rank_buckets(sync, pipe["sync_layers"][k], removed, dp, tp, pipe["micro_batch"], pipe["m"])
             exposed = self._dp_exposed(buckets, pipe["sync_slack"][k])
             if dp > 1 and buckets:
-                # the last bucket waits for the replicas' latest arrival (sim.meeting; one meeting per
-                # iteration: the engine's further ones, e.g. sequential EmbRace's lookups, are left out)
-                exposed += lateness_s(pipe["variance"][k], dp)
+                # the last bucket waits for the replicas' latest arrival (sim.meeting), once per stretch
+                # of compute between meetings (sequential EmbRace: each micro-batch's; else the iteration's)
+                meetings = embedding.meetings if mine else 1
+                exposed += meetings * lateness_s(pipe["variance"][k] / meetings, dp)
             opt = self.costs.optimizer_step_s(params[k])
             if mine:
                 exposed += embedding.last_grads_s

@@ -125,3 +125,24 @@ def test_the_estimate_charges_the_engines_wait() -> None:
 
     engine_wait = _iteration(p, RELATIVE_SD) - _iteration(p, 0.0)
     assert estimate(RELATIVE_SD) - estimate(0.0) == pytest.approx(engine_wait, rel=1e-6)
+
+
+def test_the_estimate_charges_sequential_embraces_waits_per_micro_batch() -> None:
+    from sim.embedding import estimate_terms
+    from sim.estimate import _layout
+    from sim.schedules import SCHEDULES
+
+    p = _plan(method="embrace", schedule="sequential", row_stats=ROWS)
+    resolved = resolve_plan(p)
+    rank_of, stages_of = _layout(p.pp, p.chunks, SCHEDULES[p.schedule.name].placement)
+
+    def estimate(relative: float) -> float:
+        costs = SpreadCosts(resolved.costs, relative) if relative else resolved.costs
+        terms = estimate_terms(p, resolved.stage_layers, resolved.comm, costs, list(rank_of), list(stages_of))
+        return Estimator(costs, resolved.comm, p.dtype).estimate(
+            schedule=p.schedule.name, dp=p.dp, tp=p.tp, pp=p.pp, chunks=p.chunks, micro_batch=p.micro_batch,
+            microbatches=p.microbatches, stage_layers=resolved.stage_layers, policy=resolved.policy, tp_overlap=0,
+            sync_method=p.gradient_sync.method, bucket_mb=p.gradient_sync.bucket_mb, embedding=terms).iteration_s
+
+    engine_wait = _iteration(p, RELATIVE_SD) - _iteration(p, 0.0)
+    assert estimate(RELATIVE_SD) - estimate(0.0) == pytest.approx(engine_wait, rel=0.05)
