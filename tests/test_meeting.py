@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -146,3 +147,31 @@ def test_the_estimate_charges_sequential_embraces_waits_per_micro_batch() -> Non
 
     engine_wait = _iteration(p, RELATIVE_SD) - _iteration(p, 0.0)
     assert estimate(RELATIVE_SD) - estimate(0.0) == pytest.approx(engine_wait, rel=0.05)
+
+
+@pytest.mark.slow  # a real profile: 14-29 s on the loaded 2-core machine
+def test_a_real_profiles_spreads_become_the_waits(tmp_path: Path) -> None:
+    """lstm-tiny profiled on this CPU (timings are whatever they are; what is checked is how the
+    bundle's spreads reach the cost model and the engine, not their values)."""
+    from exec.profiler import Steadiness, profile_workload
+    from sim.bundle_costs import BundleCostModel
+    from traces.bundle import write_bundle
+
+    bundle = profile_workload("lstm-tiny", micro_batch=1, warmup=1, repeats=5, with_ops=False, device="cpu",
+                              steady=Steadiness(window=0, max_warmup=0, retries=0))  # a fixed number of rounds
+    directory = write_bundle(bundle, tmp_path / "lstm-tiny")
+    costs = BundleCostModel.load(directory)
+    rows = bundle.layers.set_index("layer")
+    for layer in range(costs.num_layers):
+        c = costs.layer_costs(layer, 2, 1)  # micro-batch 2: twice the profiled times and deviations
+        for phase in ("fwd", "bwd"):
+            expected = 2 * rows.loc[layer, f"{phase}_s"] * rows.loc[layer, f"{phase}_spread"] / IQR_PER_SD
+            assert getattr(c, f"{phase}_sd_s") == pytest.approx(expected, rel=1e-9), (layer, phase)
+    p = Plan.from_dict({"name": "tiny-dp2", "workload": "lstm-tiny", "cluster": {"preset": "local-cpu-2"},
+                        "parallelism": {"dp": 2}, "schedule": {"micro_batch": 2, "microbatches": 2},
+                        "profile": str(directory)})
+    layers = [costs.layer_costs(layer, 2, 1) for layer in range(costs.num_layers)]
+    variance = 2 * sum(c.fwd_sd_s ** 2 + c.bwd_sd_s ** 2 for c in layers)
+    assert variance > 0
+    waited = _iteration(p, 0.0) - _iteration(p, 0.0, meeting_waits=False)
+    assert waited == pytest.approx(lateness_s(variance, 2), rel=1e-9)
