@@ -32,9 +32,13 @@ from sim.program import Kind
 IQR_PER_SD = 1.3489795003921634
 
 
-def sd_from_spread(median_s: float, spread: float) -> float:
+def sd_from_spread(median_s: object, spread: object) -> float:
     """The standard deviation of a timed quantity whose profile gives its median and its spread
-    (interquartile range / median); 0 where the spread is unknown (NaN) or not finite."""
+    (interquartile range / median); 0 where the spread is unknown (None, NA, NaN) or not finite."""
+    try:
+        median_s, spread = float(median_s), float(spread)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
     if not (math.isfinite(spread) and math.isfinite(median_s)) or spread <= 0 or median_s <= 0:
         return 0.0
     return median_s * spread / IQR_PER_SD

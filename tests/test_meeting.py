@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from sim.compile import resolve_plan
@@ -84,6 +85,7 @@ def test_a_profile_spread_is_an_interquartile_range_over_the_median() -> None:
     assert sd_from_spread(median, float((q3 - q1) / median)) == pytest.approx(1e-3, rel=0.01)
     assert pytest.approx(2 * 0.6744897501960817) == IQR_PER_SD  # 2 x the standard normal's 75th percentile
     assert sd_from_spread(1e-3, float("nan")) == 0.0 and sd_from_spread(1e-3, float("inf")) == 0.0
+    assert sd_from_spread(1e-3, None) == 0.0 and sd_from_spread(1e-3, pd.NA) == 0.0  # a bundle without spreads
 
 
 def test_the_all_reduce_waits_for_the_latest_replica_of_the_iterations_compute() -> None:
