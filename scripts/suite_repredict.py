@@ -10,7 +10,8 @@ Prints, per suite, each plan's error as validated then and as predicted now, and
 figures; ``--without-runtime-costs`` leaves out the measured dispatch and message costs (the
 calibration as it was: an all-reduce overhead only); ``--without-meeting-waits`` predicts "now"
 without the expected wait for a collective's latest member (``EngineOptions.meeting_waits``,
-``sim.meeting``), calibration fit included, to show that term's effect.
+``sim.meeting``), calibration fit included, to show that term's effect; ``--overlap-slowdown=X``
+predicts with ``EngineOptions.overlap_slowdown`` X (a what-if: no cluster measures it yet).
 
 A folder of ``scripts/netns_embedding.sh`` (``<rate>/<method>/report``, one profile in ``base/``, no
 calibration: the netns runs are validated uncalibrated) is re-predicted per rate, from the copy of
@@ -93,7 +94,9 @@ def print_table(table: pd.DataFrame) -> None:
 
 def main(argv: list[str]) -> None:
     runtime_costs = "--without-runtime-costs" not in argv
-    options = EngineOptions(meeting_waits="--without-meeting-waits" not in argv)
+    slowdown = [float(a.split("=", 1)[1]) for a in argv if a.startswith("--overlap-slowdown=")]
+    options = EngineOptions(meeting_waits="--without-meeting-waits" not in argv,
+                            overlap_slowdown=slowdown[-1] if slowdown else 0.0)
     for suite in [Path(a) for a in argv if not a.startswith("--")]:
         if (suite / "base" / "profile").is_dir():
             table = repredict_netns(suite, options)
