@@ -105,7 +105,8 @@ class Steadiness:
     max_warmup_s: float = 2.0
     # Interquartile range / median above which a quantity is unsteady. The standard error of a
     # median of n samples is about 0.93 IQR / sqrt(n): 0.5 with 10 repeats is +-15% (one sigma).
-    max_spread: float = 0.5
+    # None: no spread check (a profile's manifest must stay strict JSON, so not infinity).
+    max_spread: float | None = 0.5
     retries: int = 2  # extra attempts for an unsteady layer, and again for a sibling outlier
     sibling_tolerance: float | None = 0.5  # |t / siblings' median - 1| above this: re-measure
     # Re-measurements together may take this multiple of the first measurements' time (at least
@@ -117,7 +118,7 @@ class Steadiness:
 
     @classmethod
     def fixed(cls) -> Steadiness:
-        return cls(window=0, max_warmup=0, retries=0, sibling_tolerance=None, max_spread=float("inf"))
+        return cls(window=0, max_warmup=0, retries=0, sibling_tolerance=None, max_spread=None)
 
 
 @dataclass
@@ -482,7 +483,8 @@ class _Attempt:
     def unsteady(self, policy: Steadiness) -> dict[str, float]:
         """Quantities whose spread exceeds the policy's, with their spreads."""
         return {k: self.spread(k) for k in TIME_KEYS
-                if self.spread(k) > policy.max_spread and _iqr(self.samples[k]) > policy.floor_s}
+                if policy.max_spread is not None and self.spread(k) > policy.max_spread
+                and _iqr(self.samples[k]) > policy.floor_s}
 
     def columns(self) -> dict[str, float]:
         out: dict[str, float] = {}

@@ -171,6 +171,16 @@ def test_meta_and_bundle_round_trip(gpt_tiny: ProfileBundle, tmp_path: Path) -> 
     assert len(back.ops) == len(gpt_tiny.ops)
 
 
+def test_a_fixed_warm_up_profile_writes_a_readable_bundle(tmp_path: Path) -> None:
+    # Steadiness.fixed() checks no spread; its policy goes into the manifest, which is strict JSON.
+    wl = SleepyWorkload(1, lambda index: (lambda c: STEADY_S))
+    bundle = profile_workload(wl, micro_batch=2, warmup=1, repeats=3, with_ops=False,
+                              steady=Steadiness.fixed())
+    back = read_bundle(write_bundle(bundle, tmp_path / "bundle"))
+    assert back.meta["settings"]["steadiness"]["max_spread"] is None
+    assert len(back.layers) == 1
+
+
 def test_lstm_and_resnet_profile() -> None:
     for name in ("lstm-tiny", "resnet-tiny"):
         layers = profile_workload(name, micro_batch=2, warmup=0, repeats=1, with_ops=False).layers
