@@ -94,10 +94,11 @@ ASYNC_P2P = {"p2p": "async", "p2p_scatter_gather": False}
 
 
 def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batch: int = 1,
-             megatron_2021: bool = True) -> Plan:
+             megatron_2021: bool = True, nics_per_node: int = 8) -> Plan:
     """The row's plan; ``megatron_2021``: with what Megatron-LM v2.5 ran (blocking p2p with
     scatter/gather, per-layer recompute inside the backward, the flat-buffer gradient all-reduce),
-    else with the simulator's defaults for those choices."""
+    else with the simulator's defaults for those choices. ``nics_per_node``: HDR adapters per node
+    (Selene's 8; vTrain's configurations state 800 Gbit/s per node, 4)."""
     tp, pp, gpus = int(row["tp"]), int(row["pp"]), int(row["gpus"])
     dp = gpus // (tp * pp)
     chunks = chunks_for(row, schedule)
@@ -107,7 +108,7 @@ def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batc
         name = "1f1b"
     cluster = {"name": "selene", "nodes": gpus // GPUS_PER_NODE, "devices_per_node": GPUS_PER_NODE,
                "device": "A100-80GB", "intra_node_link": "nvlink3", "inter_node_link": "ib-hdr",
-               "nics_per_node": 8,
+               "nics_per_node": nics_per_node,
                "source": "Selene DGX A100 nodes, 8 x 200 Gbit/s HDR HCAs (Narayanan et al. SC'21, section 5)"}
     return Plan.from_dict(dict(
         name=f"megatron-sc21-{row['params_b']}b", workload="gpt2-medium",

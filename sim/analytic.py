@@ -24,7 +24,7 @@ from pathlib import Path
 
 from sim.cluster import ClusterSpec
 from sim.collectives import collective_time
-from sim.hardware import DeviceSpec, normalize_dtype
+from sim.hardware import ELEMENT_BYTES, DeviceSpec, normalize_dtype
 from sim.workloads import ATTENTION_IMPLEMENTATIONS, LayerSpec
 from traces.errors import ConfigError
 
@@ -447,8 +447,13 @@ class LayerCosts:
 
     @property
     def tp_message_bytes(self) -> int:
-        """Size of one TP all-reduce (the layer output)."""
+        """Size of one forward TP all-reduce (the layer output, but for the LM head's loss)."""
         return self.tp_comm_bytes_fwd // self.tp_allreduces_fwd if self.tp_allreduces_fwd else 0
+
+    @property
+    def tp_bwd_message_bytes(self) -> int:
+        """Size of one backward TP all-reduce (the LM head's: its input gradient)."""
+        return self.tp_comm_bytes_bwd // self.tp_allreduces_bwd if self.tp_allreduces_bwd else 0
 
 
 class AnalyticCostModel:
@@ -533,6 +538,9 @@ class AnalyticCostModel:
                 params = v // t * h_ + (2 * h_ if layer.kind == "head" else s_ * h_)
         n_ar = layer.tp_allreduces if t > 1 else 0
         n_ar_bwd = n_ar if layer.tp_in_backward else 0
+        comm_fwd, comm_bwd = n_ar * out * act, n_ar_bwd * out * act
+        if layer.kind == "head" and n_ar and "vocab" in layer.extra:
+            n_ar, n_ar_bwd, comm_fwd, comm_bwd = megatron_head_tp(b, layer, act)
         # a block's two backward all-reduces, one behind each column-parallel linear's weight gradient
         overlap = column_wgrad if self.tp_backward_overlap and n_ar_bwd else ()
         return LayerCosts(
@@ -540,8 +548,8 @@ class AnalyticCostModel:
             bwd_input_s=bwd_i,
             bwd_weight_s=bwd_w,
             recompute_s=fwd,
-            tp_comm_bytes_fwd=n_ar * out * act,
-            tp_comm_bytes_bwd=n_ar_bwd * out * act,
+            tp_comm_bytes_fwd=comm_fwd,
+            tp_comm_bytes_bwd=comm_bwd,
             tp_allreduces_fwd=n_ar,
             tp_allreduces_bwd=n_ar_bwd,
             param_bytes=params * p_b,
@@ -577,10 +585,25 @@ class AnalyticCostModel:
         return traffic / (self.device.memory_bandwidth_Bps * self.efficiency.mem_eff)
 
 
+def megatron_head_tp(micro_batch: int, layer: LayerSpec, act: int) -> tuple[int, int, int, int]:
+    """(forward all-reduces, backward all-reduces, forward bytes, backward bytes) of Megatron-LM's
+    vocabulary-parallel LM head and loss over the TP group, for ``micro_batch`` sequences. Forward:
+    ``vocab_parallel_cross_entropy`` all-reduces three b x s fp32 tensors (the logits' max, the
+    target's logit, the sum of exponentials; the logits are cast to fp32 first unless
+    --fp16-lm-cross-entropy); backward: ``parallel_lm_logits`` takes its input through
+    ``copy_to_tensor_model_parallel_region``, whose backward all-reduces the b x s x h input gradient
+    in the activation dtype (megatron/mpu/cross_entropy.py, megatron/model/language_model.py and
+    gpt_model.py at v2.5 e269e20; the same at 739cb43, 2022)."""
+    tokens = micro_batch * int(layer.extra["seq"])
+    return 3, 1, 3 * tokens * ELEMENT_BYTES["fp32"], tokens * int(layer.extra["hidden"]) * act
+
+
 def tp_comm_times(costs: LayerCosts, ranks: Sequence[int], cluster: ClusterSpec,
                   algorithm: str = "auto") -> tuple[float, float]:
     """Seconds of the layer's TP all-reduces per forward and per backward over the TP group ``ranks``."""
-    if not costs.tp_allreduces_fwd and not costs.tp_allreduces_bwd:
-        return 0.0, 0.0
-    one = collective_time("all_reduce", costs.tp_message_bytes, ranks, cluster, algorithm)
-    return costs.tp_allreduces_fwd * one, costs.tp_allreduces_bwd * one
+    times = []
+    for count, nbytes in ((costs.tp_allreduces_fwd, costs.tp_comm_bytes_fwd),
+                          (costs.tp_allreduces_bwd, costs.tp_comm_bytes_bwd)):
+        times.append(count * collective_time("all_reduce", nbytes // count, ranks, cluster, algorithm)
+                     if count else 0.0)
+    return times[0], times[1]

@@ -31,6 +31,7 @@ class AnalyticCosts:
             param_bytes=c.param_bytes, grad_bytes=c.grad_bytes, optimizer_bytes=c.optimizer_bytes,
             saved_bytes=c.saved_bytes, output_bytes=c.output_bytes, tp_allreduces=c.tp_allreduces_fwd,
             tp_comm_bytes=c.tp_message_bytes, tp_in_backward=c.tp_allreduces_bwd > 0 or not c.tp_allreduces_fwd,
+            tp_bwd_allreduces=c.tp_allreduces_bwd, tp_bwd_comm_bytes=c.tp_bwd_message_bytes,
             flops_fwd=c.flops_fwd,
             selective_saved_bytes=c.selective_saved_bytes, selective_recompute_s=c.selective_recompute_s,
             shared_input_bytes=c.shared_input_bytes,

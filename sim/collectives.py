@@ -29,10 +29,13 @@ and Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
 Placement (ranks are node-major, see sim.cluster):
 - A group inside one node uses the intra-node link.
 - A flat ring or tree across nodes is one logical ring/tree: each step waits for its slowest hop, so
-  alpha = max(intra, inter latency) and B = min(intra bandwidth, one adapter's bandwidth). The ring is
-  ordered node-major, so one flow per node crosses the network and it uses one network adapter (a
-  flow is not striped over several adapters). NCCL's multi-channel rings do stripe; calibrate
-  ``efficiency`` or use the hierarchical algorithm to model that.
+  alpha = max(intra, inter latency) and B = min(intra bandwidth, the group's network bandwidth). NCCL
+  runs it as several rings (channels), each entering and leaving a node once through the adapter
+  next to the GPU where it crosses, and spreads the channels over the adapters its local ranks reach
+  (``_ring_network_Bps``): one ring's volume, 2(n-1)/n S, leaves each node in all, so the bus
+  bandwidth is the node's network bandwidth when the group fills the node (nccl-tests on DGX A100 with
+  8 x HDR: 192 GB/s, NVIDIA/nccl issue 812; 2 nodes with 4 x HDR: 86 GB/s, issue 1048), one adapter
+  when it has one rank per node, and a share of the node when groups like it cross together.
 - Concurrent inter-node flows from the same node share the node's adapters: a flow gets
   min(one adapter, nics_per_node x adapter / flows_per_node). Hierarchical all-reduce and all-to-all
   run one such flow per local rank at the same time. ``concurrent`` says how many groups of the
@@ -129,11 +132,24 @@ def _inter(cluster: ClusterSpec, flows_per_node: int) -> tuple[float, float]:
     return link.latency_s, min(link.effective_bandwidth_Bps, cluster.node_network_Bps / flows_per_node)
 
 
+def _ring_network_Bps(group: _Group, cluster: ClusterSpec) -> float:
+    """Network bandwidth a ring (or tree) over ``group`` gets out of each node. Its channels leave a
+    node through the adapters next to the group's ranks there: on a node of D devices and A adapters,
+    L local ranks reach ceil(L A / D) of them (DGX A100: one per GPU; 4-adapter nodes: one per GPU
+    pair). Groups like it that cross at the same time share the node's adapters."""
+    link = cluster.inter_node_link
+    assert link is not None
+    reach = min(cluster.nics_per_node,
+                max(1, math.ceil(group.local * cluster.nics_per_node / cluster.devices_per_node)))
+    return min(reach * link.effective_bandwidth_Bps, cluster.node_network_Bps / group.concurrent)
+
+
 def _bottleneck(group: _Group, cluster: ClusterSpec) -> tuple[str, float, float]:
     """(link class, per-step alpha, bandwidth) of a single logical ring or tree over the group."""
     if group.nodes == 1:
         return ("intra", *_intra(cluster))
-    alpha, bw = _inter(cluster, flows_per_node=group.concurrent)
+    assert cluster.inter_node_link is not None
+    alpha, bw = cluster.inter_node_link.latency_s, _ring_network_Bps(group, cluster)
     if group.local > 1:
         a_in, b_in = _intra(cluster)
         alpha, bw = max(alpha, a_in), min(bw, b_in)

@@ -31,6 +31,11 @@ class LayerCosts:
     # own columns of the gradient backward (sim.embedding.table_tp_costs, exec.parallel.tp).
     tp_collective: str = "allreduce"
     tp_in_backward: bool = True
+    # A backward whose collectives differ from the forward's (-1: as many as the forward, of the same
+    # size, where tp_in_backward): Megatron's LM head all-reduces three b x s fp32 loss tensors forward
+    # and its b x s x h input gradient backward (sim.analytic.megatron_head_tp).
+    tp_bwd_allreduces: int = -1
+    tp_bwd_comm_bytes: int = -1
     flops_fwd: float = 0.0
     # Under PyTorch's selective checkpointing (``memory: {policy: selective}``, exec.selective): the
     # bytes the layer keeps (its input plus the outputs of its matmul / attention / convolution
@@ -78,9 +83,14 @@ def tp_comm_s(c: LayerCosts, backward: bool, price: Callable[[str, int], float],
     gradient step has no weight-gradient GEMM to hide behind)."""
     if c.tp_allreduces == 0 or (backward and not c.tp_in_backward):
         return 0.0
-    one = price(c.tp_collective, c.tp_comm_bytes)
+    count, nbytes = c.tp_allreduces, c.tp_comm_bytes
+    if backward and c.tp_bwd_allreduces >= 0:
+        count, nbytes = c.tp_bwd_allreduces, c.tp_bwd_comm_bytes
+        if count == 0:
+            return 0.0
+    one = price(c.tp_collective, nbytes)
     hidden = sum(min(one, gemm) for gemm in c.tp_bwd_overlap_s) if backward and with_weight_grads else 0.0
-    return c.tp_allreduces * one - hidden
+    return count * one - hidden
 
 
 class CostModel(Protocol):

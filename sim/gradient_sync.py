@@ -46,13 +46,36 @@ class DenseAllReduce(GradientSyncConfig):
     # is divided by dp in place (read + write), all-reduced, and copied back (read + write).
     flat_copies: bool = Field(False, description="price the copies into and out of a flat buffer and the "
                               "division by dp (Megatron-LM 2021): 6 bytes moved per gradient byte")
+    # The dtype the gradients are accumulated and all-reduced in. Megatron-LM keeps a main_grad buffer
+    # per parameter dtype and all-reduces it after the backward: in the parameters' dtype, unless
+    # --accumulate-allreduce-grads-in-fp32 (off by default) or bf16, which forces it on ("bfloat16
+    # requires gradient accumulation and all-reduce to be done in fp32", megatron/arguments.py,
+    # parse_args, at v2.5 e269e20 2021, 739cb43 2022, 23.04 2023 and core_r0.4.0;
+    # megatron/model/distributed.py, DistributedDataParallel._grad_buffers, dtype = torch.float if
+    # accumulate_allreduce_grads_in_fp32 else param.dtype). ``auto`` is that rule: fp32 for bf16
+    # parameters, else their own dtype (fp16 for the A100 data: SC'21, Korthikanti 2022 and vTrain ran
+    # --fp16). ``param``: always the parameters' dtype (torch DDP); ``fp32``: always fp32.
+    reduce_dtype: Literal["auto", "param", "fp32"] = Field(
+        "auto", description="dtype of the gradient all-reduce: auto (Megatron-LM: fp32 for bf16 parameters, "
+                            "else theirs), param (the parameters' dtype, as torch DDP), fp32")
+
+
+def reduces_in_fp32(settings: GradientSyncConfig, dtype: str) -> bool:
+    """Whether a dense all-reduce of ``dtype`` gradients is carried out in fp32 (``reduce_dtype``)."""
+    choice = getattr(settings, "reduce_dtype", "param")
+    if ELEMENT_BYTES.get(dtype, 4) >= 4 or choice == "param":
+        return False
+    return choice == "fp32" or dtype == "bf16"
 
 
 def _dense_phases(ctx: SyncContext) -> tuple[Phase, ...]:
-    allreduce = Phase("allreduce", ctx.dense_bytes)
+    nbytes = ctx.dense_bytes
+    if reduces_in_fp32(ctx.settings, ctx.dtype):
+        nbytes = sum(t.numel for t in ctx.tensors) * ELEMENT_BYTES["fp32"]
+    allreduce = Phase("allreduce", nbytes)
     if not getattr(ctx.settings, "flat_copies", False):
         return (allreduce,)
-    return Phase("memory", 4 * ctx.dense_bytes), allreduce, Phase("memory", 2 * ctx.dense_bytes)
+    return Phase("memory", 4 * nbytes), allreduce, Phase("memory", 2 * nbytes)
 
 
 @dataclass(frozen=True)
@@ -89,6 +112,7 @@ class SyncContext:
     tensors: tuple[GradTensor, ...]
     world: int  # replicas in the data-parallel group
     settings: GradientSyncConfig
+    dtype: str = ""  # the gradients' dtype (the plan's), where a method's bytes depend on more than its size
 
     @property
     def dense_bytes(self) -> int:
@@ -153,7 +177,7 @@ def vector_bucket(settings: GradientSyncConfig, dense: int, dp: int, dtype: str)
     element = ELEMENT_BYTES.get(dtype, 1)
     if dense % element:
         element = 1
-    return SyncContext((GradTensor(1, dense // element, element),), dp, settings)
+    return SyncContext((GradTensor(1, dense // element, element),), dp, settings, dtype)
 
 
 def vector_wire_bytes(settings: GradientSyncConfig, dense: int, dp: int, dtype: str) -> int:

@@ -149,4 +149,4 @@ def layer_tensors(plan: BucketSource, layer: int, grad_bytes: int) -> list[GradT
 def bucket_context(plan: BucketSource, layers: Sequence[int], grad_bytes: Callable[[int], int]) -> SyncContext:
     """The context of a bucket holding ``layers`` (``grad_bytes(layer)``: that layer's gradient bytes)."""
     tensors = tuple(t for layer in layers for t in layer_tensors(plan, layer, grad_bytes(layer)))
-    return SyncContext(tensors=tensors, world=plan.dp, settings=plan.gradient_sync)
+    return SyncContext(tensors=tensors, world=plan.dp, settings=plan.gradient_sync, dtype=plan.dtype)

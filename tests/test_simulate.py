@@ -84,8 +84,9 @@ def test_symmetric_and_full_simulation_agree(schedule: str) -> None:
 SHARED_NIC = {"preset": "a100-64", "nodes": 2, "devices_per_node": 4, "nics_per_node": 1}
 
 
+# dp 8 x tp 1: one data-parallel ring filling both nodes, whose channels stripe over the node's adapters.
 @pytest.mark.parametrize("shape", [{"dp": 2, "tp": 2, "pp": 2}, {"dp": 4, "tp": 2, "pp": 1},
-                                   {"dp": 2, "tp": 1, "pp": 4}])
+                                   {"dp": 2, "tp": 1, "pp": 4}, {"dp": 8, "tp": 1, "pp": 1}])
 def test_ranks_of_a_node_share_its_adapters_in_symmetric_and_full_mode(shape: dict) -> None:
     plan = gpt(cluster=SHARED_NIC, dp_bucket_mb=16, **shape)
     symmetric, full = simulate(plan), simulate(plan, full=True)

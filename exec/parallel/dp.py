@@ -23,6 +23,8 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from sim.gradient_sync import reduces_in_fp32
+
 # State that a method keeps across iterations (error-feedback residuals, PowerSGD's Q), per
 # bucket: keyed by the identities of the bucket's parameters, which live as long as the run.
 _STATE: dict[tuple[int, ...], dict[str, Any]] = {}
@@ -41,6 +43,9 @@ class Works:
 
     def is_completed(self) -> bool:
         return all(work.is_completed() for work in self.works)
+
+
+_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 class BucketReduce:
@@ -109,6 +114,10 @@ class BucketReduce:
         self.wire = self.all_reduce(self.encode(self.flat))
 
     def encode(self, flat: torch.Tensor) -> torch.Tensor:
+        # ``reduce_dtype`` (sim.gradient_sync.DenseAllReduce): 16-bit gradients summed in fp32 where the
+        # settings say so (Megatron-LM's rule for bf16); write_back casts the mean back.
+        if self.settings is not None and reduces_in_fp32(self.settings, _DTYPE_NAMES.get(flat.dtype, "")):
+            return flat.float()
         return flat
 
     def decode(self, summed: torch.Tensor) -> torch.Tensor:
