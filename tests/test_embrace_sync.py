@@ -58,18 +58,19 @@ def _rows(table, label: str):
     return table[table["name"] == label].iloc[0]
 
 
-def test_sequential_looks_up_after_the_previous_micro_batch_behind_its_gradients() -> None:
-    # pp 1 runs forward, backward per micro-batch: the thread reaches the lookup of micro-batch
-    # mb after the backward of mb - 1, and the lookup queues behind that backward's gradient
-    # exchange on the collective stream (it ran under micro-batch mb - 1's compute before)
-    result = simulate(plan(GPU, {"method": "embrace", "schedule": "sequential", "row_stats": ROWS}))
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_sequential_looks_up_once_the_thread_gets_there(schedule: str) -> None:
+    # GPipe runs every forward first: the thread reaches micro-batch mb's lookup when the forward of
+    # mb - 1 ends (asynchronous, it would run under that forward). 1F1B at pp 1 runs each micro-batch's
+    # forward and backward in turn: the lookup queues behind the backward's gradient exchange.
+    base = {**GPU, "schedule": {**GPU["schedule"], "name": schedule}}
+    result = simulate(plan(base, {"method": "embrace", "schedule": "sequential", "row_stats": ROWS}))
     t = result.table[(result.table["rank"] == 0) & (result.table["parent"] == -1)]
     for mb in (1, 2):
-        backward = _rows(t, f"BWD s0 mb{mb - 1}")
-        grads = _rows(t, f"ALLTOALL s0 mb{mb - 1} emb:grads:{mb - 1}:0:0:0")
         ids = _rows(t, f"ALLTOALL s0 mb{mb} emb:ids:{mb}:0:0:0")
-        assert ids["start_s"] >= backward["end_s"]
-        assert ids["start_s"] == pytest.approx(grads["end_s"])
+        before = _rows(t, f"FWD s0 mb{mb - 1}") if schedule == "gpipe" else \
+            _rows(t, f"ALLTOALL s0 mb{mb - 1} emb:grads:{mb - 1}:0:0:0")
+        assert ids["start_s"] == pytest.approx(before["end_s"])
 
 
 def test_2d_dense_step_waits_for_the_ids_chain_the_estimate_charges() -> None:
