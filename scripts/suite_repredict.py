@@ -72,14 +72,18 @@ def fit_calibration_without_runtime_costs(reports: list[ValidationReport],
 
 
 def netns_profile(folder: Path, rate: str, comm: Path | None, rate_only: bool) -> Path:
-    """The bundle a rate's plans are predicted from: its benchmarked copy (``comm`` or the run's
-    own), unless ``rate_only`` or none was made; else the run's one profile."""
-    for source in ([] if rate_only else [comm] if comm is not None else [folder]):
-        if (source / rate / "profile").is_dir():
-            return source / rate / "profile"
-        if comm is not None:
-            raise ConfigError("--comm", f"{source / rate / 'profile'} does not exist",
-                              f"benchmark that rate: COMM_ONLY=1 RATES={rate} scripts/netns_embedding.sh {source}")
+    """The bundle a rate's plans are predicted from: ``comm``'s benchmark of the rate, else the run's
+    own (``<rate>/profile``) unless ``rate_only``, else the run's one profile (``base/profile``)."""
+    if comm is not None:
+        if not (comm / rate / "profile").is_dir():
+            raise ConfigError("--comm", f"{comm / rate / 'profile'} does not exist",
+                              f"benchmark that rate: COMM_ONLY=1 RATES={rate} scripts/netns_embedding.sh {comm}")
+        return comm / rate / "profile"
+    if not rate_only and (folder / rate / "profile").is_dir():
+        return folder / rate / "profile"
+    if not (folder / "base" / "profile").is_dir():
+        raise ConfigError("--rate-only", f"{folder} has no profile without communication fits (base/profile): "
+                          "it was run with PROFILE=", "re-predict it without --rate-only")
     return folder / "base" / "profile"
 
 
@@ -117,7 +121,7 @@ def main(argv: list[str]) -> None:
                             overlap_slowdown=slowdown[-1] if slowdown else 0.0)
     comm = [Path(a.split("=", 1)[1]) for a in argv if a.startswith("--comm=")]
     for suite in [Path(a) for a in argv if not a.startswith("--")]:
-        if (suite / "base" / "profile").is_dir():
+        if any(suite.glob("*/*/report/report.json")):  # scripts/netns_embedding.sh's <rate>/<method>/report
             table = repredict_netns(suite, options, comm[-1] if comm else None, "--rate-only" in argv)
             for rate, part in table.groupby("rate", sort=False):
                 source = netns_profile(suite, str(rate), comm[-1] if comm else None, "--rate-only" in argv)
@@ -132,4 +136,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except ConfigError as error:
+        sys.exit(f"error: {error}")
