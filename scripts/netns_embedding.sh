@@ -6,13 +6,20 @@
 #   sudo scripts/netns_embedding.sh [OUT]      # run from the repository root
 #   default: runs/netns-embedding
 #   environment: PLANS (examples/validation/embedding/*.yaml), RATES ("100mbit 1gbit 10gbit"),
-#                ITERATIONS (10), WARMUP (2), PYTHON (.venv/bin/python)
+#                ITERATIONS (10), WARMUP (2), PYTHON (.venv/bin/python),
+#                PROFILE (a bundle of this workload to reuse; default: profile it here, OUT/base),
+#                COMMBENCH (1: benchmark the link; 0: price it from the tbf rate alone),
+#                COMM_REPEATS (10), COMM_ONLY (1: the benchmarks only, no plan runs)
 #
 # The workload is profiled once here (the dense plan: every plan has the same layers; both ranks'
-# processes co-located, analysis/validate.py); per rate the namespaces are made, each plan (its
-# link at the rate, the profile) runs one rank per namespace, and analysis.validate record compares
-# the run with its prediction. OUT/summary.md: predicted vs measured per method and rate, and the
-# ranking.
+# processes co-located, analysis/validate.py). Per rate the namespaces are made; exec.commbench runs
+# one rank per namespace over the plans' message sizes, as the loopback suite benchmarks loopback
+# (analysis.netns_comm): OUT/<rate>/comm holds its samples, fits and spec.md, OUT/<rate>/profile a
+# copy of the profile with those fits, which price every collective and message of that rate's
+# plans (sim.comm.ClusterComm; the tbf rate alone would miss veth, tbf and TCP on the CPUs). Then
+# each plan (its link at the rate, that profile) runs one rank per namespace, and
+# analysis.validate record compares the run with its prediction. OUT/summary.md: predicted vs
+# measured per method and rate, and the ranking.
 set -euo pipefail
 
 OUT=${1:-runs/netns-embedding}
@@ -20,6 +27,9 @@ RATES=${RATES:-"100mbit 1gbit 10gbit"}
 ITERATIONS=${ITERATIONS:-10}
 WARMUP=${WARMUP:-2}
 PYTHON=${PYTHON:-.venv/bin/python}
+COMMBENCH=${COMMBENCH:-1}
+COMM_REPEATS=${COMM_REPEATS:-10}
+COMM_ONLY=${COMM_ONLY:-0}
 
 source "$(dirname "$0")/netns_lib.sh"
 netns_require_root
@@ -29,12 +39,21 @@ for plan in "${plans[@]}"; do [[ -f $plan ]] || { echo "error: plan $plan not fo
 trap netns_cleanup EXIT INT TERM
 
 mkdir -p "$OUT"
-"$PYTHON" -m analysis.validate profile "${plans[0]}" --out "$OUT/base"
+base=${PROFILE:-$OUT/base/profile}
+if [[ -z ${PROFILE:-} ]]; then "$PYTHON" -m analysis.validate profile "${plans[0]}" --out "$OUT/base"; fi
 for rate in $RATES; do
     netns_up "$rate"
-    "$PYTHON" -m analysis.embedding_validate plans "${plans[@]}" --rate "$rate" --profile "$OUT/base/profile" \
-        --out "$OUT/$rate"
-    netns_validate_plans "$PYTHON" "$OUT/$rate" "$OUT/base/profile" "$ITERATIONS" "$WARMUP" || exit 1
+    profile=$base
+    if [[ $COMMBENCH -eq 1 || $COMM_ONLY -eq 1 ]]; then
+        echo "== $OUT/$rate commbench"
+        netns_commbench "$PYTHON" "$base" "$OUT/$rate" "$COMM_REPEATS" "${plans[@]}" || exit 1
+        profile=$OUT/$rate/profile
+    fi
+    if [[ $COMM_ONLY -ne 1 ]]; then
+        "$PYTHON" -m analysis.embedding_validate plans "${plans[@]}" --rate "$rate" --profile "$profile" \
+            --out "$OUT/$rate"
+        netns_validate_plans "$PYTHON" "$OUT/$rate" "$profile" "$ITERATIONS" "$WARMUP" || exit 1
+    fi
     netns_cleanup
 done
-"$PYTHON" -m analysis.embedding_validate summary "$OUT"
+if [[ $COMM_ONLY -ne 1 ]]; then "$PYTHON" -m analysis.embedding_validate summary "$OUT"; fi

@@ -43,16 +43,16 @@ netns_up() {
     echo "namespaces $NS0 ($ADDR0) and $NS1 ($ADDR1), veth shaped to $rate"
 }
 
-# netns_run PYTHON PLAN OUT ITERATIONS WARMUP: rank 0 in the first namespace, rank 1 in the second
-netns_run() {
-    local python=$1 plan=$2 out=$3 iterations=$4 warmup=$5
+# netns_pair PYTHON MODULE ARGS...: python -m MODULE ARGS as rank 0 in the first namespace and rank 1
+# in the second (torchrun's environment variables), waiting for both
+netns_pair() {
+    local python=$1
+    shift
     for rank in 0 1; do
         local ns=$NS0 ifname=$VETH0
         if [[ $rank -eq 1 ]]; then ns=$NS1 ifname=$VETH1; fi
         ip netns exec "$ns" env RANK=$rank WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR="$ADDR0" \
-            MASTER_PORT=$NETNS_PORT GLOO_SOCKET_IFNAME="$ifname" \
-            "$python" -m exec.runtime "$plan" --out "$out" --iterations "$iterations" \
-            --warmup "$warmup" --backend gloo &
+            MASTER_PORT=$NETNS_PORT GLOO_SOCKET_IFNAME="$ifname" "$python" -m "$@" &
         NETNS_PIDS+=($!)
     done
     local status=0
@@ -60,6 +60,22 @@ netns_run() {
     NETNS_PIDS=()
     NETNS_PORT=$(( NETNS_PORT + 1 ))  # a fresh rendezvous port for the next run
     return $status
+}
+
+# netns_run PYTHON PLAN OUT ITERATIONS WARMUP: the plan's two ranks, one per namespace
+netns_run() {
+    netns_pair "$1" exec.runtime "$2" --out "$3" --iterations "$4" --warmup "$5" --backend gloo
+}
+
+# netns_commbench PYTHON PROFILE OUT REPEATS PLAN...: exec.commbench over the link netns_up shaped, at
+# the plans' message sizes (analysis.netns_comm); OUT/comm holds the benchmark and OUT/profile a copy of
+# PROFILE whose communication fits price the plans' collectives (the loopback suite's way)
+netns_commbench() {
+    local python=$1 profile=$2 out=$3 repeats=$4
+    shift 4
+    netns_pair "$python" analysis.netns_comm measure "$@" --profile "$profile" --out "$out/comm" \
+        --repeats "$repeats" || return 1
+    "$python" -m analysis.netns_comm spec "$out/comm" --profile "$profile" --out "$out/profile"
 }
 
 # netns_validate_plans PYTHON DIR PROFILE ITERATIONS WARMUP: run every DIR/*.yaml plan (one rank per

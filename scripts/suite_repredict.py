@@ -15,7 +15,11 @@ predicts with ``EngineOptions.overlap_slowdown`` X (a what-if: no cluster measur
 
 A folder of ``scripts/netns_embedding.sh`` (``<rate>/<method>/report``, one profile in ``base/``, no
 calibration: the netns runs are validated uncalibrated) is re-predicted per rate, from the copy of
-its profile inside the folder.
+its profile inside the folder; where the run benchmarked its link (``<rate>/profile``, the profile
+with that rate's commbench fits, analysis.netns_comm), from that. ``--comm=DIR`` takes each rate's
+``DIR/<rate>/profile`` instead (a benchmark made afterwards: ``COMM_ONLY=1 scripts/netns_embedding.sh
+DIR``), to show what a measured link changes in a stored run; ``--rate-only`` ignores every
+benchmark (the tbf rate alone prices the link).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from sim.compile import resolve_plan
 from sim.engine import EngineOptions
 from sim.plan import Plan
 from sim.simulate import simulate
+from traces.errors import ConfigError
 
 
 def repredict(suite: Path, runtime_costs: bool, options: EngineOptions) -> tuple[ValidationCalibration, pd.DataFrame]:
@@ -66,15 +71,32 @@ def fit_calibration_without_runtime_costs(reports: list[ValidationReport],
     return fit_calibration(stripped, options=options)
 
 
-def repredict_netns(folder: Path, options: EngineOptions) -> pd.DataFrame:
-    """Every ``<rate>/<method>`` of a shaped-network folder, predicted again from ``<folder>/base/profile``."""
+def netns_profile(folder: Path, rate: str, comm: Path | None, rate_only: bool) -> Path:
+    """The bundle a rate's plans are predicted from: ``comm``'s benchmark of the rate, else the run's
+    own (``<rate>/profile``) unless ``rate_only``, else the run's one profile (``base/profile``)."""
+    if comm is not None:
+        if not (comm / rate / "profile").is_dir():
+            raise ConfigError("--comm", f"{comm / rate / 'profile'} does not exist",
+                              f"benchmark that rate: COMM_ONLY=1 RATES={rate} scripts/netns_embedding.sh {comm}")
+        return comm / rate / "profile"
+    if not rate_only and (folder / rate / "profile").is_dir():
+        return folder / rate / "profile"
+    if not (folder / "base" / "profile").is_dir():
+        raise ConfigError("--rate-only", f"{folder} has no profile without communication fits (base/profile): "
+                          "it was run with PROFILE=", "re-predict it without --rate-only")
+    return folder / "base" / "profile"
+
+
+def repredict_netns(folder: Path, options: EngineOptions, comm: Path | None = None,
+                    rate_only: bool = False) -> pd.DataFrame:
+    """Every ``<rate>/<method>`` of a shaped-network folder, predicted again (``netns_profile``)."""
     rows = []
     for report_path in sorted(folder.glob("*/*/report/report.json")):
         report = ValidationReport.load(report_path)
-        plan = Plan.load(report_path.parent / "plan.yaml")
-        plan = plan.model_copy(update={"profile": str(folder / "base" / "profile")})
-        now = simulate(plan, full=True, options=options)
         rate, method = report_path.parts[-4], report_path.parts[-3]
+        plan = Plan.load(report_path.parent / "plan.yaml")
+        plan = plan.model_copy(update={"profile": str(netns_profile(folder, rate, comm, rate_only))})
+        now = simulate(plan, full=True, options=options)
         rows.append({"plan": f"{rate} {method}", "rate": rate, "measured_s": report.measured_s,
                      "then": report.error, "now": now.iteration_s / report.measured_s - 1,
                      "predicted_s": now.iteration_s})
@@ -97,11 +119,13 @@ def main(argv: list[str]) -> None:
     slowdown = [float(a.split("=", 1)[1]) for a in argv if a.startswith("--overlap-slowdown=")]
     options = EngineOptions(meeting_waits="--without-meeting-waits" not in argv,
                             overlap_slowdown=slowdown[-1] if slowdown else 0.0)
+    comm = [Path(a.split("=", 1)[1]) for a in argv if a.startswith("--comm=")]
     for suite in [Path(a) for a in argv if not a.startswith("--")]:
-        if (suite / "base" / "profile").is_dir():
-            table = repredict_netns(suite, options)
+        if any(suite.glob("*/*/report/report.json")):  # scripts/netns_embedding.sh's <rate>/<method>/report
+            table = repredict_netns(suite, options, comm[-1] if comm else None, "--rate-only" in argv)
             for rate, part in table.groupby("rate", sort=False):
-                print(f"\n{suite.name} {rate} (uncalibrated, as validated)")
+                source = netns_profile(suite, str(rate), comm[-1] if comm else None, "--rate-only" in argv)
+                print(f"\n{suite.name} {rate} (uncalibrated, as validated; now from {source})")
                 print_table(part)
             continue
         calibration, table = repredict(suite, runtime_costs, options)
@@ -112,4 +136,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except ConfigError as error:
+        sys.exit(f"error: {error}")

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from sim.costs import LayerCosts
+from sim.program import Kind
 from sim.workloads import workload_config
 
 if TYPE_CHECKING:
@@ -71,6 +72,10 @@ class EmbeddingTerms:
     # Times per iteration the rank's compute waits on its replicas (sim.meeting): sequential EmbRace's
     # lookups gate every forward (once per micro-batch); otherwise once, at the gradient sync.
     meetings: int = 1
+    # Of the prefetched lookups, the seconds before the dense step can start: the thread that runs
+    # the step waits for each synchronous ids exchange (``synchronous_exchange_pass``), so for
+    # every ids exchange but the last, the rows queued before it too.
+    blocking_s: float = 0.0
 
 
 # terms(plan, stage_layers, comm, costs, rank_of_stage, stages_of_rank): the estimate's terms.
@@ -169,6 +174,56 @@ def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, c
 
 
 register_embedding_method("dense", DenseEmbedding, sharded=False)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# The exchanges of the sharded methods (their ALLTOALL instructions, tagged
+# ``emb:<phase>:<mb>:<offset>:<pp>:<tp>``), as the runtime runs them (exec.embedding).
+
+# The ids go to their owners synchronously, on the runtime's one thread (exec.embedding.
+# EmbraceExchange._request, which the parameter server reuses): an all-to-all of the per-peer
+# counts (int64, torch.bincount), whose values size the receive buffer, then one of the ids. The
+# rows, the gradients and the push are asynchronous (async_op=True), one all-to-all each.
+COUNTS_PHASE = "counts"
+COUNT_BYTES = 8
+SYNCHRONOUS_PHASES = frozenset({"ids"})
+
+
+def exchange_phase(tag: str) -> str:
+    return tag.split(":")[1]
+
+
+def exchange_phases(phase: str, nbytes: int, dp: int) -> tuple[tuple[str, int], ...]:
+    """The all-to-alls an exchange of ``phase`` runs, in order: (kind, bytes of one rank's send buffer)."""
+    if phase in SYNCHRONOUS_PHASES:
+        return ((COUNTS_PHASE, dp * COUNT_BYTES), ("all_to_all", nbytes))
+    return (("all_to_all", nbytes),)
+
+
+def exchange_s(comm: Any, phases: tuple[tuple[str, int], ...], group: tuple[int, ...], imbalance: float,
+               sharing: int = 1) -> float:
+    """Seconds of one exchange (the engine's ALLTOALL and the estimate's terms): its all-to-alls one
+    after the other; the data waits for the most loaded owner (``imbalance``), the counts (the same
+    few bytes to every peer) do not."""
+    return sum(comm.collective_s("all_to_all", nbytes if kind == COUNTS_PHASE else round(nbytes * imbalance),
+                                 group, sharing) for kind, nbytes in phases)
+
+
+def synchronous_exchange_pass(nodes: list[Any]) -> None:
+    """A synchronous exchange holds the runtime's thread, which walks the Program in order
+    (exec.interpreter): it starts once the compute before it has ended, and the compute after it
+    starts once it has ended. On the collective stream it queues behind what was launched before."""
+    before, waiting = None, []
+    for node in nodes:
+        if node.kind.is_compute:
+            node.deps.extend(w for w in waiting if w not in node.deps)
+            before, waiting = node, []
+        elif node.kind is Kind.ALLTOALL and exchange_phase(node.tag) in SYNCHRONOUS_PHASES:
+            if before is not None and before not in node.deps:
+                node.deps.append(before)
+            waiting.append(node)
+
 
 # Every other method lives in a module of its own and registers itself on import.
 from sim import embedding_embrace, embedding_ps  # noqa: E402, F401

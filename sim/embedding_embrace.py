@@ -40,7 +40,16 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from sim.comm import concurrent_groups
-from sim.embedding import EmbeddingConfig, EmbeddingTerms, Table, embedding_tables, register_embedding_method
+from sim.embedding import (
+    EmbeddingConfig,
+    EmbeddingTerms,
+    Table,
+    embedding_tables,
+    exchange_phases,
+    exchange_s,
+    register_embedding_method,
+    synchronous_exchange_pass,
+)
 from sim.hardware import ELEMENT_BYTES
 from sim.program import Kind
 from traces.errors import ConfigError
@@ -222,7 +231,7 @@ def exchange_bytes(plan: Plan, tables: list[Table]) -> dict[str, int]:
 
 def sharded_terms(plan: Plan, stage_layers: list[tuple[int, ...]], costs: Any, rank_of_stage: list[int],
                   stages_of_rank: list[tuple[int, ...]], lookups_s: float, last_grads_s: float,
-                  prefetch: bool, meetings: int = 1) -> EmbeddingTerms:
+                  prefetch: bool, meetings: int = 1, blocking_s: float = 0.0) -> EmbeddingTerms:
     """The estimate's terms of a method with sharded tables, given the seconds of its exchanges."""
     tables = embedding_tables(plan.workload, plan.workload_options)
     stage = next(s for s, layers in enumerate(stage_layers) if tables[0].layer in layers)
@@ -236,15 +245,16 @@ def sharded_terms(plan: Plan, stage_layers: list[tuple[int, ...]], costs: Any, r
                           removed_by_layer=tuple(sorted(removed.items())),
                           lookups_s=lookups_s, last_grads_s=last_grads_s, prefetch=prefetch,
                           static_bytes_saved=round((full - shard) / layer.param_bytes * static),
-                          tp_table_layers=tuple(sorted({t.layer for t in tables})), meetings=meetings)
+                          tp_table_layers=tuple(sorted({t.layer for t in tables})), meetings=meetings,
+                          blocking_s=blocking_s)
 
 
-def alltoall_s(plan: Plan, comm: Any, nbytes: float, imbalance: float) -> float:
-    """Seconds of one exchange of ``nbytes`` (one rank's send buffer) among pipeline rank 0's replicas,
-    every TP rank's group exchanging at once, as slow as its most loaded destination."""
+def alltoall_s(plan: Plan, comm: Any, phase: str, nbytes: int, imbalance: float) -> float:
+    """Seconds of one exchange of ``phase`` of ``nbytes`` (one rank's send buffer) among pipeline rank
+    0's replicas, every TP rank's group exchanging at once, as slow as its most loaded destination."""
     group = tuple(d * plan.tp for d in range(plan.dp))  # pipeline rank 0's replicas (sim.program.rank_of)
     sharing = concurrent_groups(comm.cluster, plan.dp * plan.tp, group)
-    return comm.collective_s("all_to_all", round(nbytes * imbalance), group, sharing)
+    return exchange_s(comm, exchange_phases(phase, nbytes, plan.dp), group, imbalance, sharing)
 
 
 def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, costs: Any, rank_of_stage: list[int],
@@ -253,12 +263,14 @@ def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, c
     assert isinstance(plan.embedding, Embrace)
     sizes, imbalance = exchange_bytes(plan, embedding_tables(plan.workload, plan.workload_options)), \
         alltoall_imbalance(plan)
+    ids_s, rows_s = (alltoall_s(plan, comm, p, sizes[p], imbalance) for p in ("ids", "rows"))
+    m = plan.microbatches
     return sharded_terms(plan, stage_layers, costs, rank_of_stage, stages_of_rank,
-                         lookups_s=plan.microbatches * sum(alltoall_s(plan, comm, sizes[p], imbalance)
-                                                           for p in ("ids", "rows")),
-                         last_grads_s=alltoall_s(plan, comm, sizes["grads"], imbalance),
+                         lookups_s=m * (ids_s + rows_s),
+                         last_grads_s=alltoall_s(plan, comm, "grads", sizes["grads"], imbalance),
                          prefetch=plan.embedding.schedule == "2d",
-                         meetings=1 if plan.embedding.schedule == "2d" else plan.microbatches)
+                         meetings=1 if plan.embedding.schedule == "2d" else m,
+                         blocking_s=m * ids_s + (m - 1) * rows_s)
 
 
 def table_bytes(plan: Plan, table: Table) -> int:
@@ -307,7 +319,8 @@ def exchange(draft: Any, phase: str, mb: int, offset: int, tables: list[Table], 
     c = draft.coords
     return Node(Kind.ALLTOALL, stage, mb, deps=deps, group=_group(draft),
                 tag=f"emb:{phase}:{mb}:{offset}:{c.pp}:{c.tp}", bytes=nbytes,
-                layers=tuple(sorted({t.layer for t in tables})), method=draft.plan.embedding.method)
+                layers=tuple(sorted({t.layer for t in tables})), method=draft.plan.embedding.method,
+                phases=exchange_phases(phase, nbytes, draft.plan.dp))
 
 
 def _exchange(draft: Any, phase: str, mb: int, offset: int, tables: list[Table], stage: int, deps: list) -> Any:
@@ -366,6 +379,7 @@ def _finish(draft: Any, stages: tuple[int, ...]) -> None:
     if config.schedule == "sequential":
         step.deps.extend(grads)
         step.bytes = dense_bytes + shard_bytes
+        synchronous_exchange_pass(draft.nodes)
         return
     step.bytes = dense_bytes
     own = draft.insert_before(step, Node(Kind.OPTIMIZER_STEP, deps=list(grads), bytes=shard_bytes,
@@ -374,6 +388,7 @@ def _finish(draft: Any, stages: tuple[int, ...]) -> None:
     for mb in microbatches:
         ids = draft.insert_before(step, _exchange(draft, "ids", mb, 1, tables, stage, [own]))
         draft.insert_before(step, _exchange(draft, "rows", mb, 1, tables, stage, [ids]))
+    synchronous_exchange_pass(draft.nodes)
 
 
 register_embedding_method("embrace", Embrace, sharded=True, check=_check, lower=_lower, finish=_finish,

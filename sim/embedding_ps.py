@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from sim.embedding import EmbeddingTerms, Table, embedding_tables, register_embedding_method
+from sim.embedding import EmbeddingTerms, Table, embedding_tables, register_embedding_method, synchronous_exchange_pass
 from sim.embedding_embrace import (
     ID_BYTES,
     ShardedEmbedding,
@@ -110,6 +110,7 @@ def _finish(draft: Any, stages: tuple[int, ...]) -> None:
     step = next(n for n in draft.nodes if n.kind is Kind.OPTIMIZER_STEP)
     step.deps.extend(n for n in draft.nodes if n.kind is Kind.ALLTOALL and n.tag.startswith("emb:push:"))
     step.bytes = dense_bytes + shard_bytes
+    synchronous_exchange_pass(draft.nodes)
 
 
 def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, costs: Any, rank_of_stage: list[int],
@@ -118,8 +119,8 @@ def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, c
     sizes = exchange_bytes(plan, embedding_tables(plan.workload, plan.workload_options))
     imbalance = alltoall_imbalance(plan, iteration_tokens(plan))
     return sharded_terms(plan, stage_layers, costs, rank_of_stage, stages_of_rank,
-                         lookups_s=sum(alltoall_s(plan, comm, sizes[p], imbalance) for p in ("ids", "rows")),
-                         last_grads_s=alltoall_s(plan, comm, sizes["push"], imbalance), prefetch=False)
+                         lookups_s=sum(alltoall_s(plan, comm, p, sizes[p], imbalance) for p in ("ids", "rows")),
+                         last_grads_s=alltoall_s(plan, comm, "push", sizes["push"], imbalance), prefetch=False)
 
 
 register_embedding_method("ps", ParameterServer, sharded=True, check=_check, lower=_lower, finish=_finish,

@@ -25,6 +25,7 @@ from sim.comm import concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts, tp_comm_s
 from sim.delta import choose
 from sim.delta_runtime import RankDelta, decision_name
+from sim.embedding import exchange_s
 from sim.gradient_sync import Phase, phases_s
 from sim.meeting import instruction_variance, lateness_s
 from sim.memory import MemoryPolicy, checkpoint_bytes, held_bytes
@@ -306,8 +307,8 @@ class Engine:
         self.comm_active[rank] += 1
         sharing = self._groups(instruction.group)
         if instruction.kind is Kind.ALLTOALL:  # sharded embedding rows, ids or gradients (sim.embedding)
-            nbytes = round(instruction.bytes * self.program.alltoall_imbalance)
-            duration = self.comm.collective_s("all_to_all", nbytes, instruction.group, sharing)
+            duration = exchange_s(self.comm, instruction.phases or (("all_to_all", instruction.bytes),),
+                                  instruction.group, self.program.alltoall_imbalance, sharing)
         else:
             # A bucket without phases (a Program written by hand) is one all-reduce of its bytes.
             phases = [Phase(kind, nbytes) for kind, nbytes in instruction.phases  # type: ignore[arg-type]

@@ -516,8 +516,8 @@ class Estimator:
             opt = self.costs.optimizer_step_s(params[k])
             if mine:
                 exposed += embedding.last_grads_s
-                if embedding.prefetch:
-                    opt = max(opt, embedding.lookups_s)
+                if embedding.prefetch:  # the step waits for the synchronous ids; the last rows run beside it
+                    opt = embedding.blocking_s + max(opt, embedding.lookups_s - embedding.blocking_s)
                 else:
                     lookups = embedding.lookups_s
             earlier = pipe["earlier"][k]

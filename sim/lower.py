@@ -304,7 +304,8 @@ def format_rank(rank_program: RankProgram) -> str:
                   f"method={ins.method}" if ins.method else "",
                   # one all-reduce is what bytes= says; other methods spell their phases out
                   f"phases={'+'.join(f'{k}:{b}' for k, b in ins.phases)}"
-                  if len(ins.phases) > 1 or any(k != "allreduce" for k, _ in ins.phases) else ""]
+                  if len(ins.phases) > 1 or any(k not in ("allreduce", "all_to_all") for k, _ in ins.phases)
+                  else ""]
         lines.append(f"{ins.index:3d} {ins.label:<22} " + " ".join(e for e in extras if e))
     return "\n".join(line.rstrip() for line in lines)
 

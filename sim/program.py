@@ -96,7 +96,8 @@ class Instruction:
     method: str = ""  # ALLREDUCE: the gradient-sync method of the bucket (sim.gradient_sync);
     # ALLTOALL and an embedding's own OPTIMIZER_STEP: the embedding method (sim.embedding)
     # ALLREDUCE: the method's phases for this bucket, (kind, bytes) in order: collectives
-    # ("allreduce", "allgather") and "memory" (encode/decode traffic); see sim.gradient_sync.Phase
+    # ("allreduce", "allgather") and "memory" (encode/decode traffic); see sim.gradient_sync.Phase.
+    # ALLTOALL: its all-to-alls in order (sim.embedding.exchange_phases: the ids send counts first)
     phases: tuple[tuple[str, int], ...] = ()
 
     @property

@@ -46,6 +46,11 @@ def calibrate_comm(bundle_dir: Path, sizes: list[int], repeats: int = 10) -> pd.
 
     samples, fits = run_commbench(nproc=2, sizes=sizes, primitives=COMM_PRIMITIVES, backend="gloo",
                                   repeats=repeats)
+    return store_comm_fits(bundle_dir, samples, fits)
+
+
+def store_comm_fits(bundle_dir: Path, samples: pd.DataFrame, fits: pd.DataFrame) -> pd.DataFrame:
+    """Put a benchmark's samples and its usable fits (finite latency and bandwidth) in the bundle."""
     fits = fits[np.isfinite(fits["alpha_s"]) & np.isfinite(fits["bandwidth_Bps"])].reset_index(drop=True)
     bundle = read_bundle(bundle_dir)
     bundle.comm_samples, bundle.comm_fits = samples, fits
