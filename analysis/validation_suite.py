@@ -4,8 +4,9 @@
 micro-batch, dtype), profiles each group once and benchmarks communication once for all sizes
 the group's plans send, then validates every plan with that bundle (``analysis.validation``). It
 returns one row per plan: predicted and measured iteration time, spread and error, and summarises
-the suite by the median and largest |error| and the Spearman rank correlation between predicted
-and measured times.
+the suite by the median and largest |error|, the Spearman rank correlation between predicted
+and measured times, and the pairs of plans the measurement orders beyond its noise with how many
+of them the prediction orders the same way (``analysis.ranking``).
 
     .venv/bin/python -m analysis.validation_suite --out runs/validation
 
@@ -31,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.ranking import describe, rank_pairs
 from analysis.validation.calibration import ValidationCalibration, fit_calibration
 from analysis.validation.profiling import profile_for_validation
 from analysis.validation.report import ValidationReport
@@ -170,10 +172,12 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
                   f"+{fitted.p2p_overhead_s * 1e3:.3f} ms per message, compute x {fitted.compute_scale:.3f}",
                   flush=True)
     rows = []
+    times: dict[str, list[float]] = {}
     for path in paths:
         plan = loaded[path]
         report = validate(path, "plans", fitted)
         m = report.measured
+        times[plan.name] = list(m.get("times_s") or [m["median_s"]])
         memory_errors = report.memory["error"].abs()
         rows.append({"plan": plan.name, "predicted_s": report.predicted_s, "measured_median_s": m["median_s"],
                      "measured_p10_s": m["p10_s"], "measured_p90_s": m["p90_s"], "measured_spread": m["spread"],
@@ -185,7 +189,7 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
                      "attempts": report.settings["attempts"], "steady": unsteadiness(report) <= 1.0,
                      "timeline": str(report.paths.get("timeline_png", ""))})
     table = pd.DataFrame(rows, columns=COLUMNS)
-    table.attrs["summary"] = summarise(table) | {
+    table.attrs["summary"] = summarise(table, times) | {
         "wall_s": time.perf_counter() - started, "iterations": iterations, "warmup": warmup,
         "calibration": asdict(fitted), "calibration_plans": [loaded[p].name for p in calibration_paths],
         "section": section or "default"}
@@ -193,7 +197,9 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
     return table
 
 
-def summarise(table: pd.DataFrame) -> dict:
+def summarise(table: pd.DataFrame, times: dict[str, list[float]] | None = None) -> dict:
+    """The suite's figures; with ``times`` (plan -> its measured per-iteration times) also the
+    ranking judged on the pairs the measurement resolves (``analysis.ranking.rank_pairs``)."""
     from scipy.stats import spearmanr
 
     errors = table["abs_error"].to_numpy(dtype=float)
@@ -213,24 +219,64 @@ def summarise(table: pd.DataFrame) -> dict:
             "uncalibrated": {"median_abs_error": float(np.median(plain)), "max_abs_error": float(plain.max()),
                              "spearman": plain_rho},
             "max_abs_error": float(errors.max()), "mean_error": float(table["error"].mean()), "spearman": rho,
-            "memory_max_abs_error": float(table["memory_error_max"].max())}
+            "memory_max_abs_error": float(table["memory_error_max"].max())} | (
+        {"ranking": rank_pairs(times, dict(zip(table["plan"], table["predicted_s"], strict=True))).to_dict()}
+        if times else {})
+
+
+def stored_times(suite: Path, table: pd.DataFrame) -> dict[str, list[float]]:
+    """Each plan's measured per-iteration times from a stored suite folder: the attempt the suite
+    kept is the folder its ``timeline`` names (``plans/<plan>`` or ``plans/<plan>-retryN``)."""
+    times = {}
+    for row in table.itertuples(index=False):
+        timeline = str(row.timeline) if isinstance(row.timeline, str) else ""
+        folder = suite / "plans" / (Path(timeline).parent.name if timeline else row.plan)
+        if not (folder / "report.json").is_file():
+            raise ConfigError("timeline", f"{folder / 'report.json'} does not exist for plan {row.plan}",
+                              "give the suite folder written by paratwin validate-suite, with its plans/")
+        measured = json.loads((folder / "report.json").read_text())["iteration"]["measured"]
+        times[row.plan] = list(measured.get("times_s") or [measured["median_s"]])
+    return times
+
+
+def resummarise(suite: Path, out: Path) -> pd.DataFrame:
+    """A stored suite summarised again from its kept measurements and predictions (no timing):
+    its ``suite.{csv,json,md}`` written to ``out``, with the ranking by resolved pairs."""
+    if not (suite / "suite.csv").is_file():
+        raise ConfigError("suite", f"{suite} has no suite.csv", "give a folder written by paratwin validate-suite")
+    table = pd.read_csv(suite / "suite.csv", keep_default_na=False, na_values=[""])
+    table["timeline"] = table["timeline"].fillna("")
+    stored = json.loads((suite / "suite.json").read_text()).get("summary", {}) \
+        if (suite / "suite.json").is_file() else {}
+    table.attrs["summary"] = stored | summarise(table, stored_times(suite, table))
+    out.mkdir(parents=True, exist_ok=True)
+    write_suite(table, out)
+    return table
 
 
 def format_suite(table: pd.DataFrame) -> str:
     s = table.attrs.get("summary") or summarise(table)
     lines = [f"Section: {s['section']}.", ""] if s.get("section", "default") != "default" else []
-    lines += ["| plan | predicted (ms) | measured median (ms) | spread | error | peak memory error "
-              "(max over ranks) | profile drift | attempts | steady |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    ranking = s.get("ranking")
+    intervals = ranking["median_intervals_s"] if ranking else {}
+    level = f"{ranking['level']:.0%}" if ranking else ""
+    lines += ["| plan | predicted (ms) | measured median (ms) | "
+              + (f"median {level} interval (ms) | " if ranking else "")
+              + "spread | error | peak memory error (max over ranks) | profile drift | attempts | steady |",
+              "| --- | --- | --- | " + ("--- | " if ranking else "") + "--- | --- | --- | --- | --- | --- |"]
     for row in table.itertuples(index=False):
         drift = f"{row.profile_drift:.2f}" if row.profile_drift is not None and math.isfinite(row.profile_drift) \
             else "-"
-        lines.append(f"| {row.plan} | {row.predicted_s * 1e3:.1f} | {row.measured_median_s * 1e3:.1f} | "
+        interval = intervals.get(row.plan)
+        shown = (f"{interval[0] * 1e3:.1f}-{interval[1] * 1e3:.1f} | " if interval else "- | ") if ranking else ""
+        lines.append(f"| {row.plan} | {row.predicted_s * 1e3:.1f} | {row.measured_median_s * 1e3:.1f} | {shown}"
                      f"{row.measured_spread:.0%} | {row.error:+.1%} | {row.memory_error_max:.1%} | {drift} | "
                      f"{row.attempts} | {'yes' if row.steady else 'no'} |")
     lines += ["", f"{s['plans']} plans: median |error| {s['median_abs_error']:.1%}, max |error| "
               f"{s['max_abs_error']:.1%}, mean error {s['mean_error']:+.1%}, Spearman rank correlation "
               f"{s['spearman']:.3f}; peak memory |error| at most {s['memory_max_abs_error']:.1%}."]
+    if ranking:
+        lines.append(f"Ranking: {describe(ranking)}")
     st = s["steady"]
     lines.append(f"Steady measurements only ({st['plans']} plans: profile drift within {STEADY_DRIFT:.0%}, spread "
                  f"under {STEADY_SPREAD:.0%}): median |error| {st['median_abs_error']:.1%}, max "
