@@ -3,7 +3,11 @@ summary of its runs (predicted vs measured iteration time per method and bandwid
 the simulator ranks the methods as the runs do).
 
     python -m analysis.compression_validate plans BASE.yaml --rate 100mbit --profile BUNDLE --out DIR
-    python -m analysis.compression_validate summary OUT                               # OUT/summary.{csv,md}
+    python -m analysis.compression_validate summary OUT [--to DIR]                    # OUT/summary.{csv,md}
+
+The summary judges the ranking per rate twice: Spearman over every method, and on the pairs of
+methods the measured per-iteration times resolve (``analysis.ranking``: how many, how many of them
+the prediction orders the same way, which not).
 
 ``plans`` keeps everything of the base plan but the profile, the method and the
 link's bandwidth, which is the tbf rate: tc's units, decimal (1gbit = 10^9 bit/s = 1.25e8 B/s).
@@ -19,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.ranking import describe, rank_pairs
 from sim.estimate import spearman
 from sim.gradient_sync import GRADIENT_SYNC
 from sim.plan import Plan
@@ -61,35 +66,56 @@ def write_plans(base: Path, rate: str, out: Path, methods: list[str], profile: P
     return paths
 
 
-def summary(out: Path) -> pd.DataFrame:
-    rows = []
+def summary(out: Path, dest: Path | None = None) -> pd.DataFrame:
+    """The table of a folder of runs (``<rate>/<method>/report/report.json``), written as
+    ``summary.{csv,md}`` to ``dest`` (default ``out``: a stored run is re-summarised elsewhere)."""
+    dest = out if dest is None else dest
+    rows, times = [], {}
     for report in sorted(out.glob("*/*/report/report.json")):
         data = json.loads(report.read_text())
         measured = data["iteration"]["measured"]
         rate, method = report.parts[-4], report.parts[-3]
-        times = measured.get("times_s") or [measured["median_s"]]
+        times[rate, method] = measured.get("times_s") or [measured["median_s"]]
         rows.append({"rate": rate, "rate_Bps": rate_Bps(rate), "method": method,
                      "predicted_s": data["iteration"]["predicted_s"], "measured_median_s": measured["median_s"],
-                     "measured_min_s": min(times), "measured_max_s": max(times),
-                     "spread": (max(times) - min(times)) / measured["median_s"], "n": len(times),
+                     "measured_min_s": min(times[rate, method]), "measured_max_s": max(times[rate, method]),
+                     "spread": (max(times[rate, method]) - min(times[rate, method])) / measured["median_s"],
+                     "n": len(times[rate, method]),
                      "error": data["iteration"]["error"]})
+    if not rows:
+        raise ConfigError("out", f"{out} has no <rate>/<method>/report/report.json",
+                          "give the folder a scripts/netns_*.sh run wrote")
     table = pd.DataFrame(rows).sort_values(["rate_Bps", "predicted_s"])
-    table.to_csv(out / "summary.csv", index=False)
-    lines = ["| rate | method | predicted (ms) | measured median (ms) | min-max (ms) | error |",
-             "|---|---|---:|---:|---:|---:|"]
+    # per rate: which pairs of methods the measurement orders (analysis.ranking), from the times alone
+    rankings = {rate: rank_pairs({m: times[rate, m] for m in group["method"]},
+                                 dict(zip(group["method"], group["predicted_s"], strict=True)))
+                for rate, group in table.groupby("rate", sort=False)}
+    table["median_low_s"] = [rankings[r.rate].intervals[r.method][0] for r in table.itertuples()]
+    table["median_high_s"] = [rankings[r.rate].intervals[r.method][1] for r in table.itertuples()]
+    dest.mkdir(parents=True, exist_ok=True)
+    table.to_csv(dest / "summary.csv", index=False)
+    level = next(iter(rankings.values())).level if rankings else 0.95
+    lines = [f"| rate | method | predicted (ms) | measured median (ms) | median {level:.0%} interval (ms) | "
+             "min-max (ms) | error |", "|---|---|---:|---:|---:|---:|---:|"]
     for r in table.itertuples():
         lines.append(f"| {r.rate} | {r.method} | {1e3 * r.predicted_s:.1f} | {1e3 * r.measured_median_s:.1f} | "
+                     f"{1e3 * r.median_low_s:.1f}-{1e3 * r.median_high_s:.1f} | "
                      f"{1e3 * r.measured_min_s:.1f}-{1e3 * r.measured_max_s:.1f} | {100 * r.error:+.1f}% |")
-    lines += ["", "| rate | predicted order | measured order | Spearman |", "|---|---|---|---:|"]
+    lines += ["", "| rate | predicted order | measured order | Spearman | resolved pairs | concordant | "
+              "discordant resolved pairs |", "|---|---|---|---:|---:|---:|---|"]
     for rate, group in table.groupby("rate", sort=False):
         predicted = list(group.sort_values("predicted_s")["method"])
         measured = list(group.sort_values("measured_median_s")["method"])
         rho = spearman(list(group["predicted_s"]), list(group["measured_median_s"]))
-        lines.append(f"| {rate} | {' < '.join(predicted)} | {' < '.join(measured)} | {rho:.2f} |")
+        ranking = rankings[rate]
+        discordant = ", ".join(f"{p.faster} < {p.slower}" for p in ranking.discordant) or "none"
+        lines.append(f"| {rate} | {' < '.join(predicted)} | {' < '.join(measured)} | {rho:.2f} | "
+                     f"{len(ranking.resolved)} of {len(ranking.pairs)} | {len(ranking.concordant)} | {discordant} |")
+    lines += [""] + [f"{rate}: {describe(ranking.to_dict())}" for rate, ranking in rankings.items()]
     errors = [abs(e) for e in table["error"]]
     lines += ["", f"median |error| {100 * statistics.median(errors):.1f}%, max {100 * max(errors):.1f}% "
               f"over {len(table)} runs"]
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    (dest / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return table
 
@@ -105,12 +131,13 @@ def main(argv: list[str] | None = None) -> None:
     plans.add_argument("--methods", nargs="*", default=list(GRADIENT_SYNC))
     summ = sub.add_parser("summary")
     summ.add_argument("out", type=Path)
+    summ.add_argument("--to", type=Path, default=None, help="write summary.{csv,md} here (default: OUT)")
     args = parser.parse_args(argv)
     if args.command == "plans":
         for path in write_plans(args.base, args.rate, args.out, args.methods, args.profile):
             print(path)
     else:
-        summary(args.out)
+        summary(args.out, args.to)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 embedding plan and rate) and the summary of its runs.
 
     python -m analysis.embedding_validate plans PLAN.yaml... --rate 100mbit --profile BUNDLE --out DIR
-    python -m analysis.embedding_validate summary OUT        # OUT/summary.{csv,md}, as for compression
+    python -m analysis.embedding_validate summary OUT [--to DIR]  # summary.{csv,md}, as for compression
 
 ``plans`` keeps each plan (examples/validation/embedding/: dense, ps, EmbRace sequential and 2D)
 but its profile and its link, which becomes the veth pair at the tbf rate
@@ -45,12 +45,13 @@ def main(argv: list[str] | None = None) -> None:
     plans.add_argument("--profile", type=Path, required=True)
     summ = sub.add_parser("summary")
     summ.add_argument("out", type=Path)
+    summ.add_argument("--to", type=Path, default=None, help="write summary.{csv,md} here (default: OUT)")
     args = parser.parse_args(argv)
     if args.command == "plans":
         for path in write_plans(args.plans, args.rate, args.out, args.profile):
             print(path)
     else:
-        summary(args.out)
+        summary(args.out, args.to)
 
 
 if __name__ == "__main__":
