@@ -92,6 +92,7 @@ def summary(out: Path, dest: Path | None = None) -> pd.DataFrame:
                 for rate, group in table.groupby("rate", sort=False)}
     table["median_low_s"] = [rankings[r.rate].intervals[r.method][0] for r in table.itertuples()]
     table["median_high_s"] = [rankings[r.rate].intervals[r.method][1] for r in table.itertuples()]
+    table.attrs["rankings"] = {rate: ranking.to_dict() for rate, ranking in rankings.items()}
     dest.mkdir(parents=True, exist_ok=True)
     table.to_csv(dest / "summary.csv", index=False)
     level = next(iter(rankings.values())).level if rankings else 0.95
