@@ -11,7 +11,9 @@ figures; ``--without-runtime-costs`` leaves out the measured dispatch and messag
 calibration as it was: an all-reduce overhead only); ``--without-meeting-waits`` predicts "now"
 without the expected wait for a collective's latest member (``EngineOptions.meeting_waits``,
 ``sim.meeting``), calibration fit included, to show that term's effect; ``--overlap-slowdown=X``
-predicts with ``EngineOptions.overlap_slowdown`` X (a what-if: no cluster measures it yet).
+predicts with ``EngineOptions.overlap_slowdown`` X (a what-if: no cluster measures it yet). Beside
+Spearman, the ranking is judged on the pairs the stored per-iteration times resolve
+(``analysis.ranking``): how many of them the prediction orders as measured, then and now.
 
 A folder of ``scripts/netns_embedding.sh`` (``<rate>/<method>/report``, one profile in ``base/``, no
 calibration: the netns runs are validated uncalibrated) is re-predicted per rate, from the copy of
@@ -31,9 +33,10 @@ from pathlib import Path
 import pandas as pd
 from scipy.stats import spearmanr
 
+from analysis.ranking import describe, rank_pairs
 from analysis.validation.calibration import ValidationCalibration, fit_calibration, with_calibration
 from analysis.validation.report import ValidationReport
-from analysis.validation_suite import unsteadiness
+from analysis.validation_suite import stored_times, unsteadiness
 from sim.compile import resolve_plan
 from sim.engine import EngineOptions
 from sim.plan import Plan
@@ -51,7 +54,9 @@ def repredict(suite: Path, runtime_costs: bool, options: EngineOptions) -> tuple
     reports = [min(tries, key=unsteadiness) for tries in attempts.values()]
     calibration = fit_calibration(reports, options=options) if runtime_costs \
         else fit_calibration_without_runtime_costs(reports, options)
-    table = pd.read_csv(suite / "suite.csv")
+    table = pd.read_csv(suite / "suite.csv", keep_default_na=False, na_values=[""])
+    table["timeline"] = table["timeline"].fillna("")
+    times = stored_times(suite, table)
     rows = []
     for _, row in table.iterrows():
         folder = Path(str(row["timeline"])).parent if str(row["timeline"]) else suite / "plans" / row["plan"]
@@ -59,7 +64,8 @@ def repredict(suite: Path, runtime_costs: bool, options: EngineOptions) -> tuple
         resolved = with_calibration(resolve_plan(plan), calibration)
         now = simulate(plan, full=True, options=calibration.engine_options(options), resolved=resolved)
         rows.append({"plan": row["plan"], "measured_s": row["measured_median_s"], "then": row["error"],
-                     "now": now.iteration_s / row["measured_median_s"] - 1, "predicted_s": now.iteration_s})
+                     "now": now.iteration_s / row["measured_median_s"] - 1, "predicted_s": now.iteration_s,
+                     "times_s": times[row["plan"]]})
     return calibration, pd.DataFrame(rows)
 
 
@@ -99,7 +105,7 @@ def repredict_netns(folder: Path, options: EngineOptions, comm: Path | None = No
         now = simulate(plan, full=True, options=options)
         rows.append({"plan": f"{rate} {method}", "rate": rate, "measured_s": report.measured_s,
                      "then": report.error, "now": now.iteration_s / report.measured_s - 1,
-                     "predicted_s": now.iteration_s})
+                     "predicted_s": now.iteration_s, "times_s": report.measured.get("times_s") or [report.measured_s]})
     return pd.DataFrame(rows)
 
 
@@ -112,6 +118,9 @@ def print_table(table: pd.DataFrame) -> None:
         predicted = table["measured_s"] * (1 + errors)
         print(f"{label}: median |error| {errors.abs().median():.1%}, max {errors.abs().max():.1%}, mean "
               f"{errors.mean():+.1%}, Spearman {spearmanr(predicted, table['measured_s']).statistic:.3f}")
+        ranking = rank_pairs(dict(zip(table["plan"], table["times_s"], strict=True)),
+                             dict(zip(table["plan"], predicted, strict=True)))
+        print(f"  {label}: {describe(ranking.to_dict())}")
 
 
 def main(argv: list[str]) -> None:

@@ -61,7 +61,7 @@ def test_concordance_counts_only_resolved_pairs_and_lists_the_discordant() -> No
     assert len(tie.resolved) == 1 and len(tie.discordant) == 1
 
 
-def test_a_plan_interval_is_fixed_by_the_seed_not_by_the_other_plans() -> None:
+def test_a_plan_interval_is_fixed_by_the_seed_and_its_times_not_by_other_plans_or_its_name() -> None:
     rng = np.random.default_rng(3)
     times = {"x": rng.normal(0.1, 0.01, 20), "y": rng.normal(0.2, 0.01, 20)}
     # few draws, so that the interval moves with the draws (at 10,000 it sits on the same order statistics)
@@ -69,6 +69,8 @@ def test_a_plan_interval_is_fixed_by_the_seed_not_by_the_other_plans() -> None:
     more = rank_pairs({"z": rng.normal(0.3, 0.01, 20), **times}, {"x": 1.0, "y": 2.0, "z": 3.0},
                       draws=50).intervals["x"]
     assert alone == more
+    renamed = rank_pairs({"x2": times["x"], "y": times["y"]}, {"x2": 1.0, "y": 2.0}, draws=50).intervals["x2"]
+    assert renamed == alone
     others = {rank_pairs(times, {"x": 1.0, "y": 2.0}, draws=50, seed=seed).intervals["x"] for seed in range(5)}
     assert len(others) > 1  # the seed is what fixes them
 
