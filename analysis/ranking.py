@@ -20,8 +20,8 @@ The rule (``rank_pairs``):
   tie is discordant); the discordant ones are listed.
 
 The prediction is never read to decide what is resolved. Each plan's draws come from a generator
-seeded by ``SEED`` and the plan's name, so a plan's interval does not depend on which other plans
-are in the table or in what order.
+seeded by ``SEED`` and the plan's times themselves, so a plan's interval depends on its measurement
+only: not on which other plans are in the table, in what order, or what the plan is called.
 
 Assumptions: iterations are treated as independent draws of one distribution. They are not quite
 (the load of a shared machine drifts within a run, a slow iteration may follow a slow one), so the
@@ -106,12 +106,13 @@ def describe(ranking: Mapping) -> str:
 
 def bootstrap_medians(times: Sequence[float], name: str, draws: int = BOOTSTRAP_DRAWS, seed: int = SEED) -> np.ndarray:
     """``draws`` medians of resamples (with replacement) of ``times``, from a generator seeded by
-    ``seed`` and ``name`` (crc32: stable across processes, unlike ``hash``)."""
+    ``seed`` and the bytes of ``times`` (crc32: stable across processes, unlike ``hash``); ``name``
+    only names the plan in an error."""
     values = np.asarray(times, dtype=float)
     if values.ndim != 1 or values.size == 0 or not np.isfinite(values).all():
         raise ConfigError(f"times of {name}", f"{values.size} values, or not all finite",
                           "give the run's per-iteration times (report.json: iteration.measured.times_s)")
-    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    rng = np.random.default_rng([seed, zlib.crc32(values.tobytes())])
     picks = rng.integers(0, values.size, size=(draws, values.size))
     return np.median(values[picks], axis=1)
 
