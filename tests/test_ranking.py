@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from analysis.compression_validate import summary
-from analysis.ranking import LEVEL, rank_pairs
+from analysis.ranking import LEVEL, MIN_ITERATIONS, rank_pairs
 from analysis.validation_suite import resummarise
 from traces.errors import ConfigError
 
@@ -30,6 +30,13 @@ def test_well_separated_plans_resolve_and_one_distribution_does_not() -> None:
     # at 95% a pair from one distribution resolves ~5% of the time (the percentile bootstrap of a
     # median at n = 20 runs a little liberal): never more than a few of 40
     assert same <= 4
+
+
+def test_too_few_iterations_resolve_nothing() -> None:
+    few = {"a": [0.10, 0.11, 0.10, 0.11], "b": [0.50, 0.51, 0.50, 0.51]}  # far apart, 4 iterations each
+    assert MIN_ITERATIONS > 4 and not rank_pairs(few, {"a": 1.0, "b": 2.0}).pairs[0].resolved
+    enough = {k: v + v[:1] for k, v in few.items()}
+    assert rank_pairs(enough, {"a": 1.0, "b": 2.0}).pairs[0].resolved
 
 
 def test_a_resolved_pair_is_ordered_by_the_measurement_and_its_interval_excludes_zero() -> None:
