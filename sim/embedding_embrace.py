@@ -42,6 +42,7 @@ from pydantic import Field
 from sim.comm import concurrent_groups
 from sim.embedding import EmbeddingConfig, EmbeddingTerms, Table, embedding_tables, register_embedding_method
 from sim.hardware import ELEMENT_BYTES
+from sim.model_state import held_gradient_bytes
 from sim.program import Kind
 from traces.errors import ConfigError
 
@@ -231,7 +232,8 @@ def sharded_terms(plan: Plan, stage_layers: list[tuple[int, ...]], costs: Any, r
     full = sum(removed.values())
     shard = sum(_shard_bytes(plan, t, 0) for t in tables)
     layer = costs.layer_costs(tables[0].layer, plan.micro_batch, plan.tp)
-    static = layer.param_bytes + layer.grad_bytes + layer.optimizer_bytes
+    static = layer.param_bytes + held_gradient_bytes(layer.grad_bytes, plan.gradient_sync, plan.dtype) \
+        + layer.optimizer_bytes
     return EmbeddingTerms(rank=rank, index=stages_of_rank[rank].index(stage),
                           removed_by_layer=tuple(sorted(removed.items())),
                           lookups_s=lookups_s, last_grads_s=last_grads_s, prefetch=prefetch,

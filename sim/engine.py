@@ -189,7 +189,9 @@ class Engine:
             capacity=self.comm.capacity_bytes,
             static={
                 "parameters": round(sum(c.param_bytes * h for c, h in zip(costs, held, strict=True))),
-                "gradients": round(sum(c.grad_bytes * h for c, h in zip(costs, held, strict=True))),
+                # the main-grad buffer in its own dtype (sim.model_state, via the program)
+                "gradients": round(sum(c.grad_bytes * h for c, h in zip(costs, held, strict=True))
+                                   * self.program.grad_buffer_scale),
                 "optimizer": round(sum(c.optimizer_bytes * h for c, h in zip(costs, held, strict=True))),
             },
         )
