@@ -28,6 +28,7 @@ from sim.delta_runtime import RankDelta, decision_name
 from sim.gradient_sync import Phase, phases_s
 from sim.meeting import instruction_variance, lateness_s
 from sim.memory import MemoryPolicy, checkpoint_bytes, held_bytes
+from sim.model_state import step_copy_bytes
 from sim.program import Instruction, Kind, Program, Stream
 from sim.tp_overlap import tp_segments_time
 
@@ -344,7 +345,13 @@ class Engine:
             # A step over part of the rank's parameters (sharded embedding tables step on their own,
             # sim.embedding_embrace) says how many bytes it updates.
             duration = self.costs.optimizer_step_s(instruction.bytes or ledger.static["parameters"])
+            # the optimizer's own copies of the gradients, held while it steps (sim.model_state)
+            scale = self.program.grad_buffer_scale
+            copies = 0 if instruction.bytes else step_copy_bytes(self.costs, round(ledger.static["gradients"] / scale),
+                                                                 scale)
+            ledger.change_buffers(copies, self.env.now, instruction.label)
             yield self.env.timeout(duration)
+            ledger.change_buffers(-copies, self.env.now, instruction.label)
             self.compute_busy[rank] += duration
             return
         # Recompute inside the backward (MemoryPolicy.recompute_in_backward): the RECOMPUTE marks the

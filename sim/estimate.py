@@ -56,7 +56,7 @@ from sim.memory import (
     received_gradient_bytes,
     selective_view,
 )
-from sim.model_state import held_gradient_bytes
+from sim.model_state import gradient_buffer_scale, held_gradient_bytes, step_copy_bytes
 from sim.program import Kind
 from sim.schedules import (
     SCHEDULES,
@@ -533,6 +533,7 @@ class Estimator:
         # the gradients as held: in an fp32 main-grad buffer where they reduce in fp32 (sim.model_state);
         # the stages counted them in the parameters' dtype
         static = [b + held_gradient_bytes(g, sync, self.dtype) - g for b, g in zip(static, pipe["grads"], strict=True)]
+        scale = gradient_buffer_scale(sync, self.dtype)
         return Estimate(
             iteration_s=iteration,
             compute_s=pipe["compute"],
@@ -542,7 +543,8 @@ class Estimator:
             p2p_s=pipe["hops"],
             dp_comm_s=dp_exposed,
             optimizer_s=opt_bottleneck,
-            peak_bytes=tuple(static[k] + held[k] + buffer
+            # the larger of the pipeline's peak and the optimizer step's copies, which it holds without activations
+            peak_bytes=tuple(static[k] + max(held[k] + buffer, step_copy_bytes(self.costs, pipe["grads"][k], scale))
                              - (embedding.static_bytes_saved if embedding is not None and k == embedding.rank else 0)
                              for k in range(pp)),
             capacity_bytes=self.comm.capacity_bytes,

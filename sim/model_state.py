@@ -11,11 +11,14 @@ the dtype of the all-reduce, so the plan's ``gradient_sync.reduce_dtype`` (``sim
 reduces_in_fp32``) decides both. Per parameter, with the optimizer state of ``sim.analytic.STATE_BYTES``
 (fp32 master weights and two fp32 Adam moments, 12 B), a Megatron bf16 model holds 2 + 4 + 12 = 18 B and
 an fp16 one 2 + 2 + 12 = 16 B, Megatron's own table (docs/distrib_optimizer.md at 23.04: 18 and 20,
-the 20 counting the fp32 copy of the gradients the fp16 optimizer makes at its step, not counted here:
-docs/memory.md). Imports neither torch nor simpy.
+the 20 counting the fp32 copy of the gradients the fp16 optimizer makes at its step: ``step_copy_bytes``,
+which the ledger holds during the step and the estimate counts; docs/memory.md). Imports neither torch
+nor simpy.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from sim.gradient_sync import GradientSyncConfig, reduces_in_fp32
 from sim.hardware import ELEMENT_BYTES
@@ -32,3 +35,12 @@ def gradient_buffer_scale(settings: GradientSyncConfig, dtype: str) -> float:
 def held_gradient_bytes(grad_bytes: float, settings: GradientSyncConfig, dtype: str) -> int:
     """Bytes of the gradient buffer that holds gradients of ``grad_bytes`` (in the parameters' dtype)."""
     return round(grad_bytes * gradient_buffer_scale(settings, dtype))
+
+
+def step_copy_bytes(costs: Any, grad_bytes: int, buffer_scale: float) -> int:
+    """Bytes the optimizer step allocates beyond the held state, for gradients of ``grad_bytes`` (the
+    parameters' dtype) held at ``buffer_scale``: the cost model's ``step_copy_bytes`` where it models
+    an optimizer that copies (sim.analytic: Megatron-LM's fp16 optimizer), else none (a fused step,
+    the runtime's torch Adam and measured profiles allocate no copies)."""
+    rule = getattr(costs, "step_copy_bytes", None)
+    return int(rule(grad_bytes, buffer_scale)) if rule is not None else 0
