@@ -35,3 +35,20 @@ def test_the_runtime_holds_the_ledgers_gradient_bytes(tmp_path: Path, choice: st
         lines = (result.paths["ranks"] / f"rank{rank}.jsonl").read_text().splitlines()
         measured = [json.loads(line)["gradient_bytes"] for line in lines if line.strip()]
         assert measured == [ledger]
+
+
+def test_fp32_main_gradients_train_as_bf16_gradients_do(tmp_path: Path) -> None:
+    """The replicas agree after a step through the fp32 buffers (the all-reduce reached them), and the
+    model is the one bf16 gradients give, to bf16's resolution (the sums round differently)."""
+    import torch
+
+    final = {}
+    for choice in ("auto", "param"):
+        out = tmp_path / choice
+        run_plan(bf16_plan(choice), iterations=2, warmup=0, out_dir=out, timeout_s=120, save_params=True)
+        ranks = [torch.load(out / "params" / f"rank{r}.pt") for r in range(2)]
+        assert all(torch.equal(ranks[0][k], ranks[1][k]) for k in ranks[0])
+        final[choice] = ranks[0]
+    for name, value in final["auto"].items():
+        assert value.dtype == torch.bfloat16
+        torch.testing.assert_close(value.float(), final["param"][name].float(), rtol=0.02, atol=0.02)
