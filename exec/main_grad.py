@@ -2,7 +2,7 @@
 (``Program.grad_buffer_scale`` > 1, sim.model_state: 16-bit parameters whose dense all-reduce runs in
 fp32, Megatron's rule for bf16), every gradient is added into an fp32 ``main_grad`` tensor per
 parameter that lives all run, and the 16-bit ``.grad`` is freed right after (Megatron-LM's DDP hook,
-megatron/model/distributed.py ``param_hook``, lines 169-177 at v2.5). The data-parallel reducer
+megatron/model/distributed.py ``param_hook``, lines 171-176 at v2.5). The data-parallel reducer
 all-reduces ``main_grad`` (exec.parallel.dp.BucketReduce), and the step sees it cast back to the
 parameters' dtype (this runtime's optimizer is torch's Adam on the parameters themselves).
 """
