@@ -53,6 +53,7 @@ from exec.delta_runtime import RuntimeDelta
 from exec.embedding import EMBEDDING_RUNTIMES, is_sharded
 from exec.faults import Fault
 from exec.gradient_sync import REDUCERS
+from exec.main_grad import MainGrads, accumulate_main
 from exec.parallel.tp import apply_tensor_parallel
 from exec.structure import torch_dtype
 from sim.lower import MemoryPolicy
@@ -109,6 +110,10 @@ class RankRuntime:
         # the per-rank record ``saved_bytes`` (0 unless a store outlives its backward).
         self.stores: weakref.WeakSet[SavedStore] = weakref.WeakSet()
         self.optimizer = make_optimizer([p for p in self.params if not is_sharded(p)])
+        # fp32 main-grad buffers where the Program holds gradients in fp32 (exec.main_grad)
+        self.main_grads = MainGrads([p for p in self.params if not is_sharded(p)]) \
+            if run.program.grad_buffer_scale > 1 else None
+        self.gradient_bytes = 0  # gradient buffers held at the last optimizer step
 
         # Split backward needs the outputs of every parameter-holding module (see _backward_input).
         self.split = any(i.kind is Kind.BWD_I for i in self.program.instructions)
@@ -165,8 +170,7 @@ class RankRuntime:
     def _memory(self) -> int:
         if self.device.type == "cuda":
             return torch.cuda.memory_allocated(self.device)
-        grads = sum(p.grad.numel() * p.grad.element_size() for p in self.params if p.grad is not None)
-        return self.static_bytes + grads + self.activation_bytes + self.buffer_bytes
+        return self.static_bytes + self._gradient_bytes() + self.activation_bytes + self.buffer_bytes
 
     def _track(self, slot: Slot) -> None:
         """Recount what ``slot`` keeps alive on the device."""
@@ -198,6 +202,8 @@ class RankRuntime:
         self.losses: list[float] = []
         self.loss_tensors: list[torch.Tensor] = []
         self.optimizer.zero_grad(set_to_none=True)
+        if self.main_grads is not None:
+            self.main_grads.zero()
         if self.embedding is not None:
             self.embedding.start_iteration(iteration)
         if self.delta is not None:
@@ -235,7 +241,8 @@ class RankRuntime:
         return {"rank": self.rank, "iteration": iteration, "t0_wall": t0_wall, "t0_mono": self.clock.t0,
                 "host": socket.gethostname(),
                 "iteration_s": self.clock.seconds(end), "rows": self.rows, "losses": self.losses,
-                "peak_memory": self.peak, "saved_bytes": self.saved_bytes(), "activation_peak": self.activation_peak}
+                "peak_memory": self.peak, "saved_bytes": self.saved_bytes(), "activation_peak": self.activation_peak,
+                "gradient_bytes": self.gradient_bytes}
 
     def _row(self, instruction: Instruction, start: Any, end: Any, nbytes: int) -> None:
         memory = self._memory()
@@ -639,10 +646,18 @@ class RankRuntime:
         if ins.method:  # a sharded embedding's own step (sim.embedding_embrace, 2D schedule)
             self.embedding.step()
         else:
+            self.gradient_bytes = self._gradient_bytes()
+            if self.main_grads is not None:
+                self.main_grads.to_grads()
             self.optimizer.step()
             if self.embedding is not None and not self.embedding.own_step:
                 self.embedding.step()
         self.static_bytes = self._static_bytes()
+
+    def _gradient_bytes(self) -> int:
+        """Bytes of the gradient buffers the rank holds: ``.grad`` and fp32 main gradients."""
+        grads = sum(p.grad.numel() * p.grad.element_size() for p in self.params if p.grad is not None)
+        return grads + (self.main_grads.nbytes() if self.main_grads is not None else 0)
 
     def _static_bytes(self) -> int:
         optimizers = [self.optimizer, *([self.embedding.optimizer] if self.embedding and self.embedding.optimizer
@@ -678,7 +693,7 @@ def _on_storage(storage: torch.UntypedStorage, like: torch.Tensor) -> torch.Tens
 
 def _accumulate(params: list[nn.Parameter], grads: tuple[torch.Tensor | None, ...]) -> None:
     for p, g in zip(params, grads, strict=True):
-        if g is None:
+        if g is None or accumulate_main(p, g):
             continue
         if p.grad is None:
             p.grad = g

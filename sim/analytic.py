@@ -576,6 +576,18 @@ class AnalyticCostModel:
         # for the weight gradient (LayerSpec.flops_bwd = 2 x flops_fwd).
         return layer.flops_bwd / 2, layer.flops_bwd / 2
 
+    def step_copy_bytes(self, grad_bytes: int, buffer_scale: float) -> int:
+        """Bytes the optimizer step allocates for the gradients held in ``grad_bytes`` (the parameters'
+        dtype; ``buffer_scale``: sim.model_state). Megatron-LM's fp16 optimizer copies 16-bit main
+        gradients to fp32 (``main_param.grad = model_param.main_grad.float()``, megatron/optimizer/
+        optimizer.py line 309 at v2.5, 311 at 739cb43, 611 at 23.04), freed by the next iteration's
+        ``zero_grad(set_to_none=True)``; an fp32 main-grad buffer is used as it is (``.float()`` of an
+        fp32 tensor is that tensor). The fused "adam" step allocates nothing."""
+        grad_element = STATE_BYTES[self.dtype][1]
+        if self.optimizer != "megatron-fp16" or buffer_scale != 1.0 or grad_element >= 4:
+            return 0
+        return grad_bytes * 4 // grad_element
+
     def optimizer_step_s(self, param_bytes: int) -> float:
         """Adam step: memory-bound, reads and writes parameters, gradients and optimizer state
         (OPTIMIZER_TRAFFIC: as one fused pass, or kernel by kernel as Megatron-LM ran it)."""

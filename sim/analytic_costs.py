@@ -42,6 +42,9 @@ class AnalyticCosts:
     def optimizer_step_s(self, param_bytes: int) -> float:
         return self.model.optimizer_step_s(param_bytes)
 
+    def step_copy_bytes(self, grad_bytes: int, buffer_scale: float) -> int:
+        return self.model.step_copy_bytes(grad_bytes, buffer_scale)
+
     def layer_weights(self, by: str) -> list[float]:
         if by == "parameters":
             return [float(spec.params) for spec in self.specs]

@@ -32,6 +32,7 @@ from sim.memory import (
     register_memory_policy,
     resident_bytes,
 )
+from sim.model_state import held_gradient_bytes
 from sim.program import Kind
 from sim.schedules import SCHEDULES, Op, generate_schedule, stage_to_rank
 
@@ -153,6 +154,9 @@ def delta_pass(draft: _Draft) -> None:
     if draft.plan.dp > 1:  # one flattened gradient bucket in flight
         plan = draft.plan
         bucket = vector_wire_bytes(plan.gradient_sync, int(plan.gradient_sync.bucket_mb * 2**20), plan.dp, plan.dtype)
+    # the gradients as held, beyond their bytes in the parameters' dtype that _static counts (sim.model_state)
+    grads = sum(draft.cost(layer).grad_bytes for s in {n.stage for n in computes} for layer in stage_layers[s])
+    bucket += held_gradient_bytes(grads, draft.plan.gradient_sync, draft.plan.dtype) - grads
     if settings.decide == "runtime":
         stages = sorted({n.stage for n in computes})
         static = _static(stages, stage_layers, draft.cost, draft.stage_rank) + bucket

@@ -51,6 +51,7 @@ from sim.embedding import (
     synchronous_exchange_pass,
 )
 from sim.hardware import ELEMENT_BYTES
+from sim.model_state import held_gradient_bytes
 from sim.program import Kind
 from traces.errors import ConfigError
 
@@ -240,7 +241,8 @@ def sharded_terms(plan: Plan, stage_layers: list[tuple[int, ...]], costs: Any, r
     full = sum(removed.values())
     shard = sum(_shard_bytes(plan, t, 0) for t in tables)
     layer = costs.layer_costs(tables[0].layer, plan.micro_batch, plan.tp)
-    static = layer.param_bytes + layer.grad_bytes + layer.optimizer_bytes
+    static = layer.param_bytes + held_gradient_bytes(layer.grad_bytes, plan.gradient_sync, plan.dtype) \
+        + layer.optimizer_bytes
     return EmbeddingTerms(rank=rank, index=stages_of_rank[rank].index(stage),
                           removed_by_layer=tuple(sorted(removed.items())),
                           lookups_s=lookups_s, last_grads_s=last_grads_s, prefetch=prefetch,

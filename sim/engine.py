@@ -29,6 +29,7 @@ from sim.embedding import exchange_s
 from sim.gradient_sync import Phase, phases_s
 from sim.meeting import instruction_variance, lateness_s
 from sim.memory import MemoryPolicy, checkpoint_bytes, held_bytes
+from sim.model_state import step_copy_bytes
 from sim.program import Instruction, Kind, Program, Stream
 from sim.tp_overlap import tp_segments_time
 
@@ -190,7 +191,9 @@ class Engine:
             capacity=self.comm.capacity_bytes,
             static={
                 "parameters": round(sum(c.param_bytes * h for c, h in zip(costs, held, strict=True))),
-                "gradients": round(sum(c.grad_bytes * h for c, h in zip(costs, held, strict=True))),
+                # the main-grad buffer in its own dtype (sim.model_state, via the program)
+                "gradients": round(sum(c.grad_bytes * h for c, h in zip(costs, held, strict=True))
+                                   * self.program.grad_buffer_scale),
                 "optimizer": round(sum(c.optimizer_bytes * h for c, h in zip(costs, held, strict=True))),
             },
         )
@@ -343,7 +346,13 @@ class Engine:
             # A step over part of the rank's parameters (sharded embedding tables step on their own,
             # sim.embedding_embrace) says how many bytes it updates.
             duration = self.costs.optimizer_step_s(instruction.bytes or ledger.static["parameters"])
+            # the optimizer's own copies of the gradients, held while it steps (sim.model_state)
+            scale = self.program.grad_buffer_scale
+            copies = 0 if instruction.bytes else step_copy_bytes(self.costs, round(ledger.static["gradients"] / scale),
+                                                                 scale)
+            ledger.change_buffers(copies, self.env.now, instruction.label)
             yield self.env.timeout(duration)
+            ledger.change_buffers(-copies, self.env.now, instruction.label)
             self.compute_busy[rank] += duration
             return
         # Recompute inside the backward (MemoryPolicy.recompute_in_backward): the RECOMPUTE marks the

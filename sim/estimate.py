@@ -56,6 +56,7 @@ from sim.memory import (
     received_gradient_bytes,
     selective_view,
 )
+from sim.model_state import gradient_buffer_scale, held_gradient_bytes, step_copy_bytes
 from sim.program import Kind
 from sim.schedules import (
     SCHEDULES,
@@ -394,8 +395,10 @@ class Estimator:
     def estimate(self, *, schedule: str, dp: int, tp: int, pp: int, chunks: int, micro_batch: int,
                  microbatches: int, stage_layers: Sequence[tuple[int, ...]], policy: MemoryPolicy,
                  tp_overlap: int, sync_method: str, bucket_mb: float,
-                 embedding: EmbeddingTerms | None = None, scatter_gather: bool = False) -> Estimate:
-        """``scatter_gather``: the plan's schedule.p2p_scatter_gather."""
+                 embedding: EmbeddingTerms | None = None, scatter_gather: bool = False,
+                 sync: GradientSyncConfig | None = None) -> Estimate:
+        """``scatter_gather``: the plan's schedule.p2p_scatter_gather; ``sync``: the plan's own gradient-sync
+        settings (default: the method's defaults with ``bucket_mb``, as the search enumerates them)."""
         tables = embedding.tp_table_layers if embedding is not None else ()
         key = (schedule, dp, tp, pp, chunks, micro_batch, microbatches, tuple(map(tuple, stage_layers)), policy,
                tp_overlap, scatter_gather, tables)
@@ -403,7 +406,7 @@ class Estimator:
         if pipe is None:
             pipe = self._pipes[key] = self._pipeline(schedule, dp, tp, pp, chunks, micro_batch, microbatches,
                                                      stage_layers, policy, tp_overlap, scatter_gather, tables)
-        return self._finish(pipe, dp, tp, pp, sync_method, bucket_mb, embedding)
+        return self._finish(pipe, dp, tp, pp, sync or self.sync_config(sync_method, bucket_mb), bucket_mb, embedding)
 
     def _pipeline(self, schedule: str, dp: int, tp: int, pp: int, chunks: int, micro_batch: int, microbatches: int,
                   stage_layers: Sequence[tuple[int, ...]], policy: MemoryPolicy, tp_overlap: int,
@@ -485,6 +488,7 @@ class Estimator:
             bubble = max(0.0, unit.makespan - max(unit.busy)) * seconds_per_unit
         tp_exposed = (per_rank[bottleneck] - compute[bottleneck] - recompute_compute[bottleneck]) * m
         return {"steady": steady, "bubble": bubble, "hops": hops, "bwd": bwd, "params": params, "static": static,
+                "grads": grads,
                 "held": held, "chunks": chunks, "variance": variance,
                 "earlier": [unit.idle_after[k] * seconds_per_unit for k in range(pp)],
                 "tp_exposed": tp_exposed, "m": m,
@@ -493,7 +497,7 @@ class Estimator:
                 "sync_layers": [tuple(tuple(stage_layers[s]) for s in stages_of[k]) for k in range(pp)],
                 "sync_slack": [tuple(slack * seconds_per_unit for slack in unit.slack[k]) for k in range(pp)]}
 
-    def _finish(self, pipe: dict, dp: int, tp: int, pp: int, sync_method: str, bucket_mb: float,
+    def _finish(self, pipe: dict, dp: int, tp: int, pp: int, sync: GradientSyncConfig, bucket_mb: float,
                 embedding: EmbeddingTerms | None = None) -> Estimate:
         params, static, held = pipe["params"], pipe["static"], pipe["held"]
         # Rank k finishes its last backward about k stage-backwards before rank 0; its gradient sync
@@ -502,7 +506,6 @@ class Estimator:
         dp_exposed = 0.0
         opt_bottleneck = 0.0
         lookups = 0.0
-        sync = self.sync_config(sync_method, bucket_mb)
         for k in range(pp):
             mine = embedding is not None and k == embedding.rank
             removed = embedding.removed_by_layer if mine else ()
@@ -527,6 +530,10 @@ class Estimator:
         # one flattened bucket of bucket_mb in flight (the memory planners count the same buffer): the
         # engine's peak rarely falls while the largest real bucket travels
         buffer = vector_wire_bytes(sync, int(bucket_mb * 2**20), dp, self.dtype) if dp > 1 else 0
+        # the gradients as held: in an fp32 main-grad buffer where they reduce in fp32 (sim.model_state);
+        # the stages counted them in the parameters' dtype
+        static = [b + held_gradient_bytes(g, sync, self.dtype) - g for b, g in zip(static, pipe["grads"], strict=True)]
+        scale = gradient_buffer_scale(sync, self.dtype)
         return Estimate(
             iteration_s=iteration,
             compute_s=pipe["compute"],
@@ -536,7 +543,8 @@ class Estimator:
             p2p_s=pipe["hops"],
             dp_comm_s=dp_exposed,
             optimizer_s=opt_bottleneck,
-            peak_bytes=tuple(static[k] + held[k] + buffer
+            # the larger of the pipeline's peak and the optimizer step's copies, which it holds without activations
+            peak_bytes=tuple(static[k] + max(held[k] + buffer, step_copy_bytes(self.costs, pipe["grads"][k], scale))
                              - (embedding.static_bytes_saved if embedding is not None and k == embedding.rank else 0)
                              for k in range(pp)),
             capacity_bytes=self.comm.capacity_bytes,

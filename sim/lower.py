@@ -17,6 +17,7 @@ from sim.embedding import EMBEDDING_METHODS
 from sim.gradient_sync import GRADIENT_SYNC, wire_bytes
 from sim.gradient_sync_context import bucket_context, bucket_layers
 from sim.memory import MemoryPolicy
+from sim.model_state import gradient_buffer_scale
 from sim.plan import Plan
 from sim.program import Coords, Instruction, Kind, Program, RankProgram
 from sim.schedules import SCHEDULES, Action, Op, generate_schedule, stage_to_rank
@@ -35,7 +36,8 @@ def lower(
                                recompute=[policy.recomputes(s) for s in range(plan.num_stages)])
     program = Program(world_size=plan.world_size, dp=plan.dp, pp=plan.pp, tp=plan.tp,
                       stage_layers=[tuple(layers) for layers in stage_layers], ranks={}, symmetric=symmetric,
-                      p2p_gather_tp=plan.schedule.p2p_scatter_gather and plan.tp > 1)
+                      p2p_gather_tp=plan.schedule.p2p_scatter_gather and plan.tp > 1,
+                      grad_buffer_scale=gradient_buffer_scale(plan.gradient_sync, plan.dtype))
     stage_rank = [stage_to_rank(s, plan.pp, plan.chunks, info.placement) for s in range(plan.num_stages)]
     ranks = [program.rank_of(0, p, 0) for p in range(plan.pp)] if symmetric else range(plan.world_size)
     for rank in ranks:

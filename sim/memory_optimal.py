@@ -281,6 +281,7 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
     from sim.comm import ClusterComm
     from sim.estimate import Estimator, _layout, unit_pipeline
     from sim.gradient_sync import vector_wire_bytes
+    from sim.model_state import held_gradient_bytes
 
     config = plan.memory
     assert isinstance(config, OptimalMemory)
@@ -306,7 +307,9 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
         whole = estimator.stage(tuple(stage_layers[s]), (), mb, tp, level, 0.0)
         base[rank_of[s]] += whole.fwd_s + whole.bwd_s
         forward.append(whole.fwd_s)
-        static[rank_of[s]] += whole.static_bytes
+        # the gradients as held (sim.model_state): the stage counted them in the parameters' dtype
+        static[rank_of[s]] += whole.static_bytes - whole.grad_bytes + held_gradient_bytes(
+            whole.grad_bytes, plan.gradient_sync, plan.dtype)
         for layer in stage_layers[s]:
             layers.append(layer)
             stage_of.append(s)

@@ -159,6 +159,9 @@ class Program:
     # Scatter/gather (schedule.p2p_scatter_gather): a SEND/RECV carries 1/tp of the tensor; the receiver
     # all-gathers the whole tensor (its bytes x tp) over its TP group before the receive ends.
     p2p_gather_tp: bool = False
+    # Bytes of the gradient buffer a rank holds per byte of its layers' gradients: 2.0 where 16-bit
+    # gradients accumulate in an fp32 main-grad buffer (Megatron-LM; sim.model_state), else 1.0.
+    grad_buffer_scale: float = 1.0
 
     def rank_of(self, dp: int, pp: int, tp: int) -> int:
         return (pp * self.dp + dp) * self.tp + tp

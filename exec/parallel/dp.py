@@ -58,16 +58,23 @@ class BucketReduce:
     def __init__(self, params: Sequence[nn.Parameter], group: object, size: int, settings: Any = None) -> None:
         params = [p for p in params if p.requires_grad]
         rows: list[torch.Tensor | None] = []
+        grads: list[torch.Tensor] = []
         for p in params:
             touched = None
+            main = getattr(p, "main_grad", None)  # Megatron's fp32 buffer (exec.main_grad): reduced in place
+            if main is not None:
+                grads.append(main)
+                rows.append(touched)
+                continue
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             elif p.grad.is_sparse:
                 touched = p.grad.coalesce().indices()[0]
                 p.grad = p.grad.to_dense()
+            grads.append(p.grad)
             rows.append(touched)
         state = _STATE.setdefault(tuple(id(p) for p in params), {})
-        self._setup([p.grad for p in params], rows, group, size, settings, state)
+        self._setup(grads, rows, group, size, settings, state)
 
     @classmethod
     def from_grads(cls, grads: Sequence[torch.Tensor], rows: Sequence[torch.Tensor | None], group: object,

@@ -1,0 +1,99 @@
+"""Peak memory of Megatron-LM configurations: the simulator's ledger against what Megatron-LM holds.
+
+    python benchmarks/megatron_memory.py [--rows 0,1,2] [--json OUT.json]
+
+Part 1, SC'21 Table 1 (Narayanan et al.; the plans of benchmarks/megatron_at_scale.py, Megatron-LM
+v2.5 mechanics, fp16): per row, the engine's peak (the rank with the highest) and its breakdown, the
+parameter count n on that rank (its fp16 parameter bytes / 2), and the model state Megatron-LM v2.5
+holds at its optimizer step, when the activations are gone: 20 B per parameter (fp16 weights 2, fp16
+gradients 2, the fp32 copies of the gradients Float16OptimizerWithFloat16Params._copy_model_grads_
+to_main_grads makes 4, fp32 master weights 4, Adam moments 8; megatron/optimizer/optimizer.py lines
+247 and 309 at v2.5; the same 20 in Megatron's docs/distrib_optimizer.md at 23.04). The ledger holds
+those copies during the step (sim.model_state.step_copy_bytes), so its peak is at least 20 n.
+
+Part 2, Korthikanti et al. 2022 (arXiv:2205.05198) section 4: activation bytes of one transformer
+layer with tensor parallelism and no sequence parallelism, s b h (10 + 24/t + 5 a s / (h t)) (their
+eq. 2), and under full recomputation 2 s b h (section 4.3: only the layer input is kept), against the
+ledger's saved bytes of one block (unfused attention, as Megatron-LM ran) and its checkpoint bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import benchmarks.korthikanti_layers as korth
+import benchmarks.megatron_at_scale as sc21
+import sim.compile
+from sim.analytic_costs import AnalyticCosts
+from sim.calibration import MEGATRON_ATTENTION
+from sim.cluster import load_cluster
+from sim.memory import checkpoint_bytes
+from sim.workloads import transformer_config, transformer_layers
+
+GiB = 2**30
+# Bytes per parameter Megatron-LM v2.5's fp16 optimizer holds at its step (module docstring).
+MEGATRON_FP16_STEP_BYTES = 20
+
+
+def table1_row(row: dict[str, Any]) -> dict[str, Any]:
+    plan = sc21.plan_for(row, "interleaved-1f1b", 1, True)
+    engine, _, _, _ = sc21.run_plan(plan, sc21.curve_of("default"))
+    rank, ledger = max(engine.ledgers.items(), key=lambda item: item[1].peak)
+    n = ledger.static["parameters"] // 2
+    step = MEGATRON_FP16_STEP_BYTES * n
+    return {"params_b": row["params_b"], "tp": int(row["tp"]), "pp": int(row["pp"]), "rank": rank,
+            "params_on_rank_b": n / 1e9, "ledger_peak_GiB": ledger.peak / GiB,
+            "breakdown_GiB": {k: v / GiB for k, v in ledger.peak_breakdown.items()},
+            "megatron_step_GiB": step / GiB, "megatron_peak_GiB": max(ledger.peak, step) / GiB,
+            "fits_80GB": max(ledger.peak, step) <= 80e9}
+
+
+def korthikanti_row(row: dict[str, Any]) -> dict[str, Any]:
+    """One block's activation bytes: the paper's formulas against the ledger's (micro-batch and tp as run)."""
+    plan = korth.row_plan(row, "none")
+    cluster = load_cluster(plan.cluster)
+    layers = transformer_layers(transformer_config(plan.workload, **plan.workload_options))
+    costs = AnalyticCosts(layers, cluster.device, "fp16", cluster, sc21.curve_of("default"),
+                          attention=MEGATRON_ATTENTION)
+    s, b, h, a, t = 2048, int(row["micro_batch"]), int(row["hidden"]), int(row["heads"]), int(row["tp"])
+    block = 2  # a middle block (layer 0 is the embedding)
+    c = costs.layer_costs(block, b, t)
+    paper = s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+    return {"model": row["model"], "tp": t, "micro_batch": b,
+            "paper_layer_MiB": paper / 2**20, "ledger_layer_MiB": c.saved_bytes / 2**20,
+            "error": c.saved_bytes / paper - 1,
+            "paper_full_recompute_MiB": 2 * s * b * h / 2**20,
+            "ledger_checkpoint_MiB": checkpoint_bytes(block, lambda layer: costs.layer_costs(layer, b, t)) / 2**20}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", help="comma-separated Table 1 row indices (default: all)")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+    table = sc21.load_table()
+    rows = [int(i) for i in args.rows.split(",")] if args.rows else range(len(table))
+    sim.compile.MAX_INSTRUCTIONS = max(sim.compile.MAX_INSTRUCTIONS, sc21.INSTRUCTION_LIMIT)  # as sc21.main does
+    results = [table1_row(table.iloc[i].to_dict()) for i in rows]
+    print(f"{'model':>7} {'tp':>2} {'pp':>3} {'n/rank':>7} {'ledger':>7} {'act':>6} {'buf':>6} "
+          f"{'step20B':>7} {'megatron':>8} fits80GB")
+    for r in results:
+        bd = r["breakdown_GiB"]
+        print(f"{r['params_b']:>6}B {r['tp']:>2} {r['pp']:>3} {r['params_on_rank_b']:>6.2f}B "
+              f"{r['ledger_peak_GiB']:>7.1f} {bd.get('activations', 0):>6.1f} {bd.get('comm_buffers', 0):>6.1f} "
+              f"{r['megatron_step_GiB']:>7.1f} {r['megatron_peak_GiB']:>8.1f} {r['fits_80GB']}")
+    layers = [korthikanti_row(row) for row in korth.load_iterations().to_dict("records")]
+    print("\nKorthikanti 2022 eq. 2 (one layer, tp, no sequence parallelism) vs the ledger, MiB")
+    for r in layers:
+        print(f"{r['model']:>5} t={r['tp']} b={r['micro_batch']}: paper {r['paper_layer_MiB']:.0f}, ledger "
+              f"{r['ledger_layer_MiB']:.0f} ({r['error']:+.1%}); full recompute paper "
+              f"{r['paper_full_recompute_MiB']:.0f}, ledger {r['ledger_checkpoint_MiB']:.0f}")
+    if args.json:
+        args.json.write_text(json.dumps({"table1": results, "korthikanti_layers": layers}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""The gradient buffer a rank holds, as Megatron-LM holds it: the one rule the memory ledger, the fast
+estimate and the memory planners (the MILP, DELTA) all apply to a layer's gradient bytes.
+
+``LayerCosts.grad_bytes`` is the gradient in the parameters' dtype (what a gradient-sync method
+sends unless told otherwise). Megatron-LM's local DDP accumulates every gradient into a ``main_grad``
+buffer that lives all iteration; its dtype is fp32 when ``--accumulate-allreduce-grads-in-fp32``,
+which bf16 forces on, else the parameters' (megatron/model/distributed.py, ``_grad_buffers``,
+``torch.float if accumulate_allreduce_grads_in_fp32 else param.dtype``, lines 124-130 at v2.5 e269e20
+and 739cb43; megatron/arguments.py lines 136-155 at v2.5: bf16 forces it). The dtype of that buffer is
+the dtype of the all-reduce, so the plan's ``gradient_sync.reduce_dtype`` (``sim.gradient_sync.
+reduces_in_fp32``) decides both. Per parameter, with the optimizer state of ``sim.analytic.STATE_BYTES``
+(fp32 master weights and two fp32 Adam moments, 12 B), a Megatron bf16 model holds 2 + 4 + 12 = 18 B and
+an fp16 one 2 + 2 + 12 = 16 B, Megatron's own table (docs/distrib_optimizer.md at 23.04: 18 and 20,
+the 20 counting the fp32 copy of the gradients the fp16 optimizer makes at its step: ``step_copy_bytes``,
+which the ledger holds during the step and the estimate counts; docs/memory.md). Imports neither torch
+nor simpy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.gradient_sync import GradientSyncConfig, reduces_in_fp32
+from sim.hardware import ELEMENT_BYTES
+
+
+def gradient_buffer_scale(settings: GradientSyncConfig, dtype: str) -> float:
+    """Bytes of the held gradient buffer per byte of ``LayerCosts.grad_bytes``: 4 / (the dtype's bytes)
+    where the gradients accumulate and all-reduce in fp32, else 1."""
+    if not reduces_in_fp32(settings, dtype):
+        return 1.0
+    return ELEMENT_BYTES["fp32"] / ELEMENT_BYTES[dtype]
+
+
+def held_gradient_bytes(grad_bytes: float, settings: GradientSyncConfig, dtype: str) -> int:
+    """Bytes of the gradient buffer that holds gradients of ``grad_bytes`` (in the parameters' dtype)."""
+    return round(grad_bytes * gradient_buffer_scale(settings, dtype))
+
+
+def step_copy_bytes(costs: Any, grad_bytes: int, buffer_scale: float) -> int:
+    """Bytes the optimizer step allocates beyond the held state, for gradients of ``grad_bytes`` (the
+    parameters' dtype) held at ``buffer_scale``: the cost model's ``step_copy_bytes`` where it models
+    an optimizer that copies (sim.analytic: Megatron-LM's fp16 optimizer), else none (a fused step,
+    the runtime's torch Adam and measured profiles allocate no copies)."""
+    rule = getattr(costs, "step_copy_bytes", None)
+    return int(rule(grad_bytes, buffer_scale)) if rule is not None else 0
