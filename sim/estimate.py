@@ -57,6 +57,7 @@ from sim.memory import (
 )
 from sim.schedules import (
     SCHEDULES,
+    Op,
     check_preconditions,
     generate_schedule,
     rank_stages,
@@ -193,6 +194,11 @@ class StageTimes:
     fwd_s: float
     bwd_s: float
     recompute_s: float
+    # A split backward (zero-bubble schedules) as the engine runs it: I with the input-gradient TP
+    # all-reduces and no weight-gradient GEMM to hide them behind, W alone; virtual stage 0 has no
+    # input gradient to send, so its I is empty and its W does the whole backward.
+    bwd_input_s: float
+    bwd_weight_s: float
     compute_s: float  # forward + backward without TP communication
     recompute_compute_s: float
     static_bytes: int  # parameters + gradients + optimizer state
@@ -250,7 +256,7 @@ class Estimator:
         self._pipes: dict[tuple, dict] = {}
 
     # -- pieces --------------------------------------------------------------------------------
-    def _tp_comm_s(self, c: LayerCosts, tp: int, sharing: int, backward: bool) -> float:
+    def _tp_comm_s(self, c: LayerCosts, tp: int, sharing: int, backward: bool, with_weight_grads: bool = True) -> float:
         if tp == 1:
             return 0.0
 
@@ -261,7 +267,7 @@ class Estimator:
                 cached = self._tp_ar[key] = self.comm.collective_s(collective, nbytes, tuple(range(tp)), sharing)
             return cached
 
-        return tp_comm_s(c, backward, price)
+        return tp_comm_s(c, backward, price, with_weight_grads)
 
     def stage(self, layers: tuple[int, ...], recomputed: tuple[int, ...], micro_batch: int, tp: int, level: int,
               swap: float | tuple[int, ...], tp_sharing: int = 1, one_at_a_time: bool = False,
@@ -296,6 +302,9 @@ class Estimator:
         rec = [i for i, layer in enumerate(layers) if layer in recomputed]
         fwd = timed([c.fwd_s for c in costs], every)
         bwd = timed([c.bwd_input_s + c.bwd_weight_s for c in costs], every, backward_tp)
+        input_only_tp = [self._tp_comm_s(c, tp, tp_sharing, True, with_weight_grads=False) for c in costs]
+        bwd_input = timed([c.bwd_input_s for c in costs], every, input_only_tp)
+        bwd_weight = sum(c.bwd_weight_s for c in costs)
         recompute = timed([c.recompute_s for c in costs], rec)
         cost_of = {layer: c for layer, c in zip(layers, costs, strict=True)}
 
@@ -312,7 +321,7 @@ class Estimator:
         extra = (max((costs[i].saved_bytes - checkpoint_bytes(layers[i], cost) for i in rec), default=0)
                  if one_at_a_time else held_bytes(layers, rec_layers, cost) - kept)
         result = StageTimes(
-            fwd_s=fwd, bwd_s=bwd, recompute_s=recompute,
+            fwd_s=fwd, bwd_s=bwd, recompute_s=recompute, bwd_input_s=bwd_input, bwd_weight_s=bwd_weight,
             compute_s=sum(c.fwd_s + c.bwd_input_s + c.bwd_weight_s for c in costs),
             recompute_compute_s=sum(costs[i].recompute_s for i in rec),
             static_bytes=sum(c.param_bytes + c.grad_bytes + c.optimizer_bytes for c in costs),
@@ -447,20 +456,14 @@ class Estimator:
         # tests/test_megatron_2021.py with hops of 3-14% of a step: +0.2-0.7% of the iteration).
         wire = (lambda nbytes: nbytes // tp) if scatter_gather and tp > 1 else (lambda nbytes: nbytes)
         m = microbatches
-        bottleneck = max(range(pp), key=per_rank.__getitem__)
-        unit_per_mb = [b / m for b in unit.busy]
-        # seconds per unit on an average rank, so that an unbalanced pipeline's ramp is priced fairly
-        seconds_per_unit = sum(per_rank) / max(sum(unit_per_mb), 1e-30)
-        steady = m * per_rank[bottleneck]
-        bubble = max(0.0, unit.makespan - max(unit.busy)) * seconds_per_unit
-        hops = 2 * (stages_n - 1) * self.p2p_hop_s(wire(max(st.output_bytes for st in stages)), dp, tp) \
-            if pp > 1 else 0.0
+        hop_s = [self.p2p_hop_s(wire(st.output_bytes), dp, tp) if pp > 1 else 0.0 for st in stages]
 
         held = []
         for k in range(pp):
             held.append(max((sum(n * stages[s].kept_bytes + x * stages[s].recompute_extra_bytes
                                  for s, (n, x) in zip(stages_of[k], state, strict=True))
                              for state in unit.states[k]), default=0))
+        delta_s = [0.0] * pp  # DELTA's re-runs per micro-batch, in the rank's backwards
         if policy.delta is not None:  # DELTA decides per micro-batch: replay it on the schedule's order
             from sim.delta_lowering import delta_estimate
 
@@ -471,20 +474,62 @@ class Estimator:
                                                                       cost, policy.delta)):
                 per_rank[k] += extra_s
                 recompute_compute[k] += extra_s
+                delta_s[k] = extra_s
                 held[k] = activations
-            bottleneck = max(range(pp), key=per_rank.__getitem__)
-            seconds_per_unit = sum(per_rank) / max(sum(unit_per_mb), 1e-30)
-            steady = m * per_rank[bottleneck]
-            bubble = max(0.0, unit.makespan - max(unit.busy)) * seconds_per_unit
+        bottleneck = max(range(pp), key=per_rank.__getitem__)
+        steady = m * per_rank[bottleneck]
+        timing = self._timed_pipeline(schedule, pp, microbatches, chunks, stages, rank_of, per_rank, hop_s,
+                                      [d / chunks for d in delta_s],
+                                      tuple(policy.recomputes(s) for s in range(stages_n)))
+        bubble = max(0.0, timing["bare"] - steady)
+        hops = max(0.0, timing["makespan"] - timing["bare"])
         tp_exposed = (per_rank[bottleneck] - compute[bottleneck] - recompute_compute[bottleneck]) * m
         return {"steady": steady, "bubble": bubble, "hops": hops, "bwd": bwd, "params": params, "static": static,
                 "held": held, "chunks": chunks,
-                "earlier": [unit.idle_after[k] * seconds_per_unit for k in range(pp)],
+                "earlier": [timing["makespan"] - end for end in timing["rank_end"]],
                 "tp_exposed": tp_exposed, "m": m,
                 "compute": compute[bottleneck] * m, "recompute": recompute_compute[bottleneck] * m,
                 "micro_batch": micro_batch,
                 "sync_layers": [tuple(tuple(stage_layers[s]) for s in stages_of[k]) for k in range(pp)],
-                "sync_slack": [tuple(slack * seconds_per_unit for slack in unit.slack[k]) for k in range(pp)]}
+                "sync_slack": [tuple(timing["rank_end"][k] - timing["grads_ready"].get(s, timing["rank_end"][k])
+                                     for s in stages_of[k]) for k in range(pp)]}
+
+    def _timed_pipeline(self, schedule: str, pp: int, microbatches: int, chunks: int, stages: Sequence[StageTimes],
+                        rank_of: Sequence[int], per_rank: Sequence[float], hop_s: Sequence[float],
+                        delta_s: Sequence[float], flags: tuple[bool, ...]) -> dict:
+        """The schedule's graph weighted with the stages' seconds (``sim.estimate_pipeline``): the
+        makespan with the hops and without them ("bare"), each rank's last compute end and each
+        stage's last backward end. Past the capped micro-batch count the steady state is extended
+        by the slowest rank's time per micro-batch."""
+        from sim.estimate_pipeline import action_graph, weighted_run
+
+        info = SCHEDULES[schedule]
+        capped = _steady_count(schedule, pp, microbatches, chunks)
+        graph = action_graph(schedule, pp, capped, chunks, flags if info.recompute_is_schedule
+                             else (False,) * len(stages))
+        # An ordinary recompute runs inside the backward, just before it (the program's RECOMPUTE
+        # waits for the output gradient); Merak's are actions of their own.
+        inline = 0.0 if info.recompute_is_schedule else 1.0
+
+        def seconds(stage: int, op: Op) -> float:
+            st = stages[stage]
+            before = inline * st.recompute_s + delta_s[rank_of[stage]]
+            if op is Op.FORWARD:
+                return st.fwd_s
+            if op is Op.RECOMPUTE:
+                return st.recompute_s
+            if op is Op.BACKWARD:
+                return before + st.bwd_s
+            if op is Op.BACKWARD_INPUT:
+                return before + (st.bwd_input_s if stage > 0 else 0.0)
+            return st.bwd_weight_s if stage > 0 else st.bwd_s  # W (stage 0: the whole backward)
+
+        bare = weighted_run(graph, seconds, [0.0] * len(stages), rank_of)
+        full = weighted_run(graph, seconds, hop_s, rank_of)
+        extend = (microbatches - capped) * max(per_rank)
+        return {"makespan": full.makespan + extend, "bare": bare.makespan + extend,
+                "rank_end": [end + extend for end in full.rank_end],
+                "grads_ready": {s: t + extend for s, t in full.stage_grads_ready.items()}}
 
     def _finish(self, pipe: dict, dp: int, tp: int, pp: int, sync_method: str, bucket_mb: float,
                 embedding: EmbeddingTerms | None = None) -> Estimate:
