@@ -4,8 +4,9 @@ The plan search ranks plans by ``sim.estimate`` and simulates only the best; whe
 search is wrong. This grid covers the regimes where a closed form can fail: every registered schedule
 (with its chunk counts), pp 2 / 4 / 8, micro-batches below, at and above pp, TP and DP degrees, no
 recompute and full recompute, a GPT whose LM head weighs about two blocks on the last stage beside one
-whose head is negligible, and pipelines inside one node or across nodes. Each plan is simulated (``sim.simulate``, symmetric mode) and estimated
-(``estimate_plan``); the relative difference is reported by regime.
+whose head is negligible, and pipelines inside one node or across nodes. Each plan is simulated
+(``sim.simulate``, symmetric mode) and estimated (``estimate_plan``); the relative difference is
+reported by regime.
 
     python -m analysis.estimate_grid --out runs/estimate-grid        # full grid, CSV + summary
     python -m analysis.estimate_grid --quick                         # the test's grid
@@ -112,7 +113,8 @@ def compare(quick: bool = False) -> pd.DataFrame:
         rows.append({**labels, "engine_s": engine, "estimate_s": estimate_plan(plan).iteration_s})
     out = pd.DataFrame(rows)
     out["rel"] = out["estimate_s"] / out["engine_s"] - 1.0
-    out["regime"] = ["m < pp" if m < pp else "m = pp" if m == pp else "m > pp" for m, pp in zip(out.m, out.pp)]
+    out["regime"] = ["m < pp" if m < pp else "m = pp" if m == pp else "m > pp"
+                     for m, pp in zip(out["m"], out["pp"], strict=True)]
     return out
 
 
