@@ -478,8 +478,8 @@ class Estimator:
                 held[k] = activations
         bottleneck = max(range(pp), key=per_rank.__getitem__)
         steady = m * per_rank[bottleneck]
-        timing = self._timed_pipeline(schedule, pp, microbatches, chunks, stages, rank_of, per_rank, hop_s,
-                                      [d / chunks for d in delta_s],
+        timing = self._timed_pipeline(schedule, pp, microbatches, chunks, stages, per_rank, hop_s,
+                                      [delta_s[rank_of[s]] / chunks for s in range(stages_n)],
                                       tuple(policy.recomputes(s) for s in range(stages_n)))
         bubble = max(0.0, timing["bare"] - steady)
         hops = max(0.0, timing["makespan"] - timing["bare"])
@@ -495,7 +495,7 @@ class Estimator:
                                      for s in stages_of[k]) for k in range(pp)]}
 
     def _timed_pipeline(self, schedule: str, pp: int, microbatches: int, chunks: int, stages: Sequence[StageTimes],
-                        rank_of: Sequence[int], per_rank: Sequence[float], hop_s: Sequence[float],
+                        per_rank: Sequence[float], hop_s: Sequence[float],
                         delta_s: Sequence[float], flags: tuple[bool, ...]) -> dict:
         """The schedule's graph weighted with the stages' seconds (``sim.estimate_pipeline``): the
         makespan with the hops and without them ("bare"), each rank's last compute end and each
@@ -513,7 +513,7 @@ class Estimator:
 
         def seconds(stage: int, op: Op) -> float:
             st = stages[stage]
-            before = inline * st.recompute_s + delta_s[rank_of[stage]]
+            before = inline * st.recompute_s + delta_s[stage]
             if op is Op.FORWARD:
                 return st.fwd_s
             if op is Op.RECOMPUTE:
@@ -524,10 +524,9 @@ class Estimator:
                 return before + (st.bwd_input_s if stage > 0 else 0.0)
             return st.bwd_weight_s if stage > 0 else st.bwd_s  # W (stage 0: the whole backward)
 
-        bare = weighted_run(graph, seconds, [0.0] * len(stages), rank_of)
-        full = weighted_run(graph, seconds, hop_s, rank_of)
+        full = weighted_run(graph, seconds, hop_s)
         extend = (microbatches - capped) * max(per_rank)
-        return {"makespan": full.makespan + extend, "bare": bare.makespan + extend,
+        return {"makespan": full.makespan + extend, "bare": full.bare + extend,
                 "rank_end": [end + extend for end in full.rank_end],
                 "grads_ready": {s: t + extend for s, t in full.stage_grads_ready.items()}}
 

@@ -37,14 +37,18 @@ from sim.schedules import (
 @dataclass(frozen=True)
 class ActionGraph:
     """One schedule's actions in a topological order (the unit run's start times): per action its
-    rank, stage and op, the index of its rank's previous action (-1 for none) and the indices of the
-    actions it waits for."""
+    rank, stage and op, the index of its rank's previous action (-1 for none), and what it waits for
+    as (action index, hop) pairs: ``hop`` is the stage boundary s (between stages s and s + 1) whose
+    transfer the edge carries when it crosses ranks, else -1. ``kinds`` are the distinct (stage, op)
+    and ``kind`` each action's index into them, so a plan prices each kind once."""
 
     rank: tuple[int, ...]
     stage: tuple[int, ...]
     op: tuple[Op, ...]
     previous: tuple[int, ...]
-    deps: tuple[tuple[int, ...], ...]
+    needs: tuple[tuple[tuple[int, int], ...], ...]
+    kinds: tuple[tuple[int, Op], ...]
+    kind: tuple[int, ...]
     pp: int
     microbatches: int
 
@@ -52,7 +56,7 @@ class ActionGraph:
 @lru_cache(maxsize=1024)
 def action_graph(name: str, pp: int, microbatches: int, chunks: int, flags: tuple[bool, ...]) -> ActionGraph:
     """The graph of ``generate_schedule(name, pp, microbatches, chunks, flags)`` (flags as
-    ``sim.estimate.unit_pipeline`` passes them: None for a schedule whose recompute is its shape)."""
+    ``sim.estimate.unit_pipeline`` passes them: ignored for a schedule whose recompute is its shape)."""
     info = SCHEDULES[name]
     recompute = None if info.recompute_is_schedule else list(flags)
     actions = generate_schedule(name, pp, microbatches, chunks, recompute)
@@ -60,59 +64,67 @@ def action_graph(name: str, pp: int, microbatches: int, chunks: int, flags: tupl
     run = simulate_unit_costs(actions, pp, chunks, info.placement, f=1.0, b=1.0, w=1.0, r=1.0)
     placed = sorted(((start, rank, position, a) for rank, row in enumerate(run["timeline"])
                      for position, (a, start, _) in enumerate(row)), key=lambda x: (x[0], x[1], x[2]))
+    rank_of = stage_ranks(pp, chunks, info.placement)
     index_of: dict[tuple, int] = {}
     last_of_rank: dict[int, int] = {}
-    ranks, stages, ops, previous, deps = [], [], [], [], []
+    kind_index: dict[tuple[int, Op], int] = {}
+    ranks, stages, ops, previous, needs, kind = [], [], [], [], [], []
     last_stage = pp * chunks - 1
     for i, (_, rank, _, a) in enumerate(placed):
         ranks.append(rank)
         stages.append(a.stage)
         ops.append(a.op)
         previous.append(last_of_rank.get(rank, -1))
-        deps.append(tuple(index_of[key] for key in action_dependencies(a, last_stage)))
+        edges = []
+        for key in action_dependencies(a, last_stage):
+            other = key[1]
+            edges.append((index_of[key], min(a.stage, other) if rank_of[other] != rank else -1))
+        needs.append(tuple(edges))
+        kind.append(kind_index.setdefault((a.stage, a.op), len(kind_index)))
         index_of[completion_key(a)] = i
         last_of_rank[rank] = i
-    return ActionGraph(tuple(ranks), tuple(stages), tuple(ops), tuple(previous), tuple(deps), pp, microbatches)
+    return ActionGraph(tuple(ranks), tuple(stages), tuple(ops), tuple(previous), tuple(needs),
+                       tuple(kind_index), tuple(kind), pp, microbatches)
 
 
 @dataclass(frozen=True)
 class WeightedRun:
-    """Seconds: the makespan, each rank's last compute end, and each virtual stage's last backward
-    action end (when its gradients are ready for the gradient sync)."""
+    """Seconds: the makespan with the hops and without them ("bare"), and with the hops each rank's
+    last compute end and each virtual stage's last backward action end (when its gradients are ready
+    for the gradient sync)."""
 
     makespan: float
+    bare: float
     rank_end: tuple[float, ...]
     stage_grads_ready: Mapping[int, float]
 
 
-def weighted_run(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s: Sequence[float],
-                 rank_of: Sequence[int]) -> WeightedRun:
-    """The longest path through ``graph`` with ``seconds(stage, op)`` per action and ``hop_s[s]`` on
-    an edge between stages s and s + 1 that crosses ranks (both directions: the activation forward,
-    its gradient back). ``rank_of``: each virtual stage's pipeline rank."""
-    duration = {}
-    end = [0.0] * len(graph.op)
-    for i, (stage, op, before, needs) in enumerate(zip(graph.stage, graph.op, graph.previous, graph.deps,
-                                                        strict=True)):
+def weighted_run(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s: Sequence[float]) -> WeightedRun:
+    """The longest path through ``graph`` with ``seconds(stage, op)`` per action and ``hop_s[s]`` on an
+    edge between stages s and s + 1 that crosses ranks (both directions: the activation forward, its
+    gradient back); the same pass also gives the path without hops."""
+    durations = [seconds(stage, op) for stage, op in graph.kinds]
+    n = len(graph.op)
+    end = [0.0] * n
+    bare = [0.0] * n
+    for i, before, needs, k in zip(range(n), graph.previous, graph.needs, graph.kind, strict=True):
         start = end[before] if before >= 0 else 0.0
-        for d in needs:
-            ready = end[d]
-            other = graph.stage[d]
-            if rank_of[other] != rank_of[stage]:
-                ready += hop_s[min(stage, other)]
+        start_bare = bare[before] if before >= 0 else 0.0
+        for d, hop in needs:
+            ready = end[d] + hop_s[hop] if hop >= 0 else end[d]
             if ready > start:
                 start = ready
-        key = (stage, op)
-        if key not in duration:
-            duration[key] = seconds(stage, op)
-        end[i] = start + duration[key]
+            if bare[d] > start_bare:
+                start_bare = bare[d]
+        end[i] = start + durations[k]
+        bare[i] = start_bare + durations[k]
     rank_end = [0.0] * graph.pp
     grads: dict[int, float] = {}
     for i, (rank, stage, op) in enumerate(zip(graph.rank, graph.stage, graph.op, strict=True)):
         rank_end[rank] = max(rank_end[rank], end[i])
         if op in (Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT):
             grads[stage] = max(grads.get(stage, 0.0), end[i])
-    return WeightedRun(max(end, default=0.0), tuple(rank_end), grads)
+    return WeightedRun(max(end, default=0.0), max(bare, default=0.0), tuple(rank_end), grads)
 
 
 def stage_ranks(pp: int, chunks: int, placement: str) -> tuple[int, ...]:
