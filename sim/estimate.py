@@ -254,6 +254,7 @@ class Estimator:
         self._buckets: dict[tuple, list[BucketPrice]] = {}
         self._tp_ar: dict[tuple, float] = {}
         self._pipes: dict[tuple, dict] = {}
+        self._runs: dict[tuple, Any] = {}  # weighted pipeline runs by their inputs (sim.estimate_pipeline)
 
     # -- pieces --------------------------------------------------------------------------------
     def _tp_comm_s(self, c: LayerCosts, tp: int, sharing: int, backward: bool, with_weight_grads: bool = True) -> float:
@@ -271,7 +272,7 @@ class Estimator:
 
     def stage(self, layers: tuple[int, ...], recomputed: tuple[int, ...], micro_batch: int, tp: int, level: int,
               swap: float | tuple[int, ...], tp_sharing: int = 1, one_at_a_time: bool = False,
-              selective: bool = False, tables: tuple[int, ...] = ()) -> StageTimes:
+              selective: bool = False, tables: tuple[int, ...] = (), split_backward: bool = False) -> StageTimes:
         """``recomputed``: the stage's recomputed layers; ``swap``: the fraction of kept bytes swapped,
         or the layers whose saved bytes are swapped (a per-layer memory policy); ``tp_sharing``: TP
         groups sharing a node's adapters (sim.comm.concurrent_groups; 1 unless a TP group spans nodes);
@@ -279,8 +280,10 @@ class Estimator:
         activations are held, not all of them; MemoryPolicy.recompute_in_backward); ``selective``:
         every layer under torch's selective checkpointing (sim.memory.selective_view); ``tables``: the
         layers of embedding tables a sharded method holds (their TP communication is its all-gather,
-        ``sim.embedding.table_tp_costs``)."""
-        key = (layers, recomputed, micro_batch, tp, level, swap, tp_sharing, one_at_a_time, selective, tables)
+        ``sim.embedding.table_tp_costs``); ``split_backward``: price the I and W steps of a split backward
+        (zero-bubble schedules; otherwise ``bwd_input_s`` is the whole backward and ``bwd_weight_s`` 0)."""
+        key = (layers, recomputed, micro_batch, tp, level, swap, tp_sharing, one_at_a_time, selective, tables,
+               split_backward)
         cached = self._stages.get(key)
         if cached is not None:
             return cached
@@ -302,9 +305,12 @@ class Estimator:
         rec = [i for i, layer in enumerate(layers) if layer in recomputed]
         fwd = timed([c.fwd_s for c in costs], every)
         bwd = timed([c.bwd_input_s + c.bwd_weight_s for c in costs], every, backward_tp)
-        input_only_tp = [self._tp_comm_s(c, tp, tp_sharing, True, with_weight_grads=False) for c in costs]
-        bwd_input = timed([c.bwd_input_s for c in costs], every, input_only_tp)
-        bwd_weight = sum(c.bwd_weight_s for c in costs)
+        if split_backward:
+            input_only_tp = [self._tp_comm_s(c, tp, tp_sharing, True, with_weight_grads=False) for c in costs]
+            bwd_input = timed([c.bwd_input_s for c in costs], every, input_only_tp)
+            bwd_weight = sum(c.bwd_weight_s for c in costs)
+        else:  # the search prices thousands of stages: only split schedules need the two steps
+            bwd_input, bwd_weight = bwd, 0.0
         recompute = timed([c.recompute_s for c in costs], rec)
         cost_of = {layer: c for layer, c in zip(layers, costs, strict=True)}
 
@@ -419,7 +425,7 @@ class Estimator:
         stages = [self.stage(tuple(stage_layers[s]), tuple(policy.recompute_layers[s]), micro_batch, tp, tp_overlap,
                              policy.swap_fraction[s] if policy.swap_layers is None else policy.swap_layers[s],
                              tp_sharing, one_at_a_time=policy.recompute_in_backward, selective=policy.selective,
-                             tables=tables)
+                             tables=tables, split_backward=info.split_backward)
                   for s in range(stages_n)]
         if info.recompute_is_schedule:
             # Merak's eager recomputes move into bubbles: their placement is the schedule's shape.
@@ -504,9 +510,12 @@ class Estimator:
         from sim.estimate_pipeline import action_graph, weighted_run
 
         info = SCHEDULES[schedule]
+        if len(stages) == 1:  # one stage: its actions back to back, the last one a backward
+            total = microbatches * per_rank[0]
+            return {"makespan": total, "bare": total, "rank_end": [total], "grads_ready": {0: total}}
         capped = _steady_count(schedule, pp, microbatches, chunks)
-        graph = action_graph(schedule, pp, capped, chunks, flags if info.recompute_is_schedule
-                             else (False,) * len(stages))
+        shape = (schedule, pp, capped, chunks, flags if info.recompute_is_schedule else (False,) * len(stages))
+        graph = action_graph(*shape)
         # An ordinary recompute runs inside the backward, just before it (the program's RECOMPUTE
         # waits for the output gradient); Merak's are actions of their own.
         inline = 0.0 if info.recompute_is_schedule else 1.0
@@ -524,7 +533,13 @@ class Estimator:
                 return before + (st.bwd_input_s if stage > 0 else 0.0)
             return st.bwd_weight_s if stage > 0 else st.bwd_s  # W (stage 0: the whole backward)
 
-        full = weighted_run(graph, seconds, hop_s)
+        # Plans that differ only where the pipeline cannot see it (a TP overlap level at tp 1, a memory
+        # policy with the same recompute) share a run.
+        key = (shape, tuple((st.fwd_s, st.bwd_s, st.recompute_s, st.bwd_input_s, st.bwd_weight_s) for st in stages),
+               tuple(delta_s), tuple(hop_s))
+        full = self._runs.get(key)
+        if full is None:
+            full = self._runs[key] = weighted_run(graph, seconds, hop_s)
         extend = (microbatches - capped) * max(per_rank)
         return {"makespan": full.makespan + extend, "bare": full.bare + extend,
                 "rank_end": [end + extend for end in full.rank_end],

@@ -51,6 +51,10 @@ class ActionGraph:
     kind: tuple[int, ...]
     pp: int
     microbatches: int
+    # A rank's actions run one after another, so its last action ends last, and so does the last
+    # backward action (B, I or W) of each stage: per rank and per stage, that action's index.
+    rank_last: tuple[int, ...]
+    stage_last_backward: tuple[tuple[int, int], ...]
 
 
 @lru_cache(maxsize=1024)
@@ -83,8 +87,11 @@ def action_graph(name: str, pp: int, microbatches: int, chunks: int, flags: tupl
         kind.append(kind_index.setdefault((a.stage, a.op), len(kind_index)))
         index_of[completion_key(a)] = i
         last_of_rank[rank] = i
+    backward_last = {stages[i]: i for i in range(len(ops)) if ops[i] in (Op.BACKWARD, Op.BACKWARD_INPUT,
+                                                                          Op.BACKWARD_WEIGHT)}
     return ActionGraph(tuple(ranks), tuple(stages), tuple(ops), tuple(previous), tuple(needs),
-                       tuple(kind_index), tuple(kind), pp, microbatches)
+                       tuple(kind_index), tuple(kind), pp, microbatches,
+                       tuple(last_of_rank.get(rank, -1) for rank in range(pp)), tuple(sorted(backward_last.items())))
 
 
 @dataclass(frozen=True)
@@ -107,24 +114,27 @@ def weighted_run(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s:
     n = len(graph.op)
     end = [0.0] * n
     bare = [0.0] * n
-    for i, before, needs, k in zip(range(n), graph.previous, graph.needs, graph.kind, strict=True):
-        start = end[before] if before >= 0 else 0.0
-        start_bare = bare[before] if before >= 0 else 0.0
-        for d, hop in needs:
+    previous, needs, kind = graph.previous, graph.needs, graph.kind
+    # The plan search runs this for every distinct pipeline it estimates: a plain loop, locals only.
+    for i in range(n):
+        before = previous[i]
+        if before >= 0:
+            start, start_bare = end[before], bare[before]
+        else:
+            start = start_bare = 0.0
+        for d, hop in needs[i]:
             ready = end[d] + hop_s[hop] if hop >= 0 else end[d]
             if ready > start:
                 start = ready
-            if bare[d] > start_bare:
-                start_bare = bare[d]
-        end[i] = start + durations[k]
-        bare[i] = start_bare + durations[k]
-    rank_end = [0.0] * graph.pp
-    grads: dict[int, float] = {}
-    for i, (rank, stage, op) in enumerate(zip(graph.rank, graph.stage, graph.op, strict=True)):
-        rank_end[rank] = max(rank_end[rank], end[i])
-        if op in (Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT):
-            grads[stage] = max(grads.get(stage, 0.0), end[i])
-    return WeightedRun(max(end, default=0.0), max(bare, default=0.0), tuple(rank_end), grads)
+            ready = bare[d]
+            if ready > start_bare:
+                start_bare = ready
+        seconds_i = durations[kind[i]]
+        end[i] = start + seconds_i
+        bare[i] = start_bare + seconds_i
+    return WeightedRun(max(end, default=0.0), max(bare, default=0.0),
+                       tuple(end[i] if i >= 0 else 0.0 for i in graph.rank_last),
+                       {stage: end[i] for stage, i in graph.stage_last_backward})
 
 
 def stage_ranks(pp: int, chunks: int, placement: str) -> tuple[int, ...]:
