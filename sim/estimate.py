@@ -60,6 +60,7 @@ from sim.model_state import gradient_buffer_scale, held_gradient_bytes, step_cop
 from sim.program import Kind
 from sim.schedules import (
     SCHEDULES,
+    Op,
     check_preconditions,
     generate_schedule,
     rank_stages,
@@ -196,6 +197,11 @@ class StageTimes:
     fwd_s: float
     bwd_s: float
     recompute_s: float
+    # A split backward (zero-bubble schedules) as the engine runs it: I with the input-gradient TP
+    # all-reduces and no weight-gradient GEMM to hide them behind, W alone; virtual stage 0 has no
+    # input gradient to send, so its I is empty and its W does the whole backward.
+    bwd_input_s: float
+    bwd_weight_s: float
     compute_s: float  # forward + backward without TP communication
     recompute_compute_s: float
     static_bytes: int  # parameters + gradients + optimizer state
@@ -252,9 +258,10 @@ class Estimator:
         self._buckets: dict[tuple, list[BucketPrice]] = {}
         self._tp_ar: dict[tuple, float] = {}
         self._pipes: dict[tuple, dict] = {}
+        self._runs: dict[tuple, Any] = {}  # weighted pipeline runs by their inputs (sim.estimate_pipeline)
 
     # -- pieces --------------------------------------------------------------------------------
-    def _tp_comm_s(self, c: LayerCosts, tp: int, sharing: int, backward: bool) -> float:
+    def _tp_comm_s(self, c: LayerCosts, tp: int, sharing: int, backward: bool, with_weight_grads: bool = True) -> float:
         if tp == 1:
             return 0.0
 
@@ -265,11 +272,11 @@ class Estimator:
                 cached = self._tp_ar[key] = self.comm.collective_s(collective, nbytes, tuple(range(tp)), sharing)
             return cached
 
-        return tp_comm_s(c, backward, price)
+        return tp_comm_s(c, backward, price, with_weight_grads)
 
     def stage(self, layers: tuple[int, ...], recomputed: tuple[int, ...], micro_batch: int, tp: int, level: int,
               swap: float | tuple[int, ...], tp_sharing: int = 1, one_at_a_time: bool = False,
-              selective: bool = False, tables: tuple[int, ...] = ()) -> StageTimes:
+              selective: bool = False, tables: tuple[int, ...] = (), split_backward: bool = False) -> StageTimes:
         """``recomputed``: the stage's recomputed layers; ``swap``: the fraction of kept bytes swapped,
         or the layers whose saved bytes are swapped (a per-layer memory policy); ``tp_sharing``: TP
         groups sharing a node's adapters (sim.comm.concurrent_groups; 1 unless a TP group spans nodes);
@@ -277,8 +284,10 @@ class Estimator:
         activations are held, not all of them; MemoryPolicy.recompute_in_backward); ``selective``:
         every layer under torch's selective checkpointing (sim.memory.selective_view); ``tables``: the
         layers of embedding tables a sharded method holds (their TP communication is its all-gather,
-        ``sim.embedding.table_tp_costs``)."""
-        key = (layers, recomputed, micro_batch, tp, level, swap, tp_sharing, one_at_a_time, selective, tables)
+        ``sim.embedding.table_tp_costs``); ``split_backward``: price the I and W steps of a split backward
+        (zero-bubble schedules; otherwise ``bwd_input_s`` is the whole backward and ``bwd_weight_s`` 0)."""
+        key = (layers, recomputed, micro_batch, tp, level, swap, tp_sharing, one_at_a_time, selective, tables,
+               split_backward)
         cached = self._stages.get(key)
         if cached is not None:
             return cached
@@ -300,6 +309,12 @@ class Estimator:
         rec = [i for i, layer in enumerate(layers) if layer in recomputed]
         fwd = timed([c.fwd_s for c in costs], every)
         bwd = timed([c.bwd_input_s + c.bwd_weight_s for c in costs], every, backward_tp)
+        if split_backward:
+            input_only_tp = [self._tp_comm_s(c, tp, tp_sharing, True, with_weight_grads=False) for c in costs]
+            bwd_input = timed([c.bwd_input_s for c in costs], every, input_only_tp)
+            bwd_weight = sum(c.bwd_weight_s for c in costs)
+        else:  # the search prices thousands of stages: only split schedules need the two steps
+            bwd_input, bwd_weight = bwd, 0.0
         recompute = timed([c.recompute_s for c in costs], rec)
         cost_of = {layer: c for layer, c in zip(layers, costs, strict=True)}
 
@@ -316,7 +331,7 @@ class Estimator:
         extra = (max((costs[i].saved_bytes - checkpoint_bytes(layers[i], cost) for i in rec), default=0)
                  if one_at_a_time else held_bytes(layers, rec_layers, cost) - kept)
         result = StageTimes(
-            fwd_s=fwd, bwd_s=bwd, recompute_s=recompute,
+            fwd_s=fwd, bwd_s=bwd, recompute_s=recompute, bwd_input_s=bwd_input, bwd_weight_s=bwd_weight,
             compute_s=sum(c.fwd_s + c.bwd_input_s + c.bwd_weight_s for c in costs),
             recompute_compute_s=sum(costs[i].recompute_s for i in rec),
             static_bytes=sum(c.param_bytes + c.grad_bytes + c.optimizer_bytes for c in costs),
@@ -418,7 +433,7 @@ class Estimator:
         stages = [self.stage(tuple(stage_layers[s]), tuple(policy.recompute_layers[s]), micro_batch, tp, tp_overlap,
                              policy.swap_fraction[s] if policy.swap_layers is None else policy.swap_layers[s],
                              tp_sharing, one_at_a_time=policy.recompute_in_backward, selective=policy.selective,
-                             tables=tables)
+                             tables=tables, split_backward=info.split_backward)
                   for s in range(stages_n)]
         if info.recompute_is_schedule:
             # Merak's eager recomputes move into bubbles: their placement is the schedule's shape.
@@ -457,20 +472,14 @@ class Estimator:
         # tests/test_megatron_2021.py with hops of 3-14% of a step: +0.2-0.7% of the iteration).
         wire = (lambda nbytes: nbytes // tp) if scatter_gather and tp > 1 else (lambda nbytes: nbytes)
         m = microbatches
-        bottleneck = max(range(pp), key=per_rank.__getitem__)
-        unit_per_mb = [b / m for b in unit.busy]
-        # seconds per unit on an average rank, so that an unbalanced pipeline's ramp is priced fairly
-        seconds_per_unit = sum(per_rank) / max(sum(unit_per_mb), 1e-30)
-        steady = m * per_rank[bottleneck]
-        bubble = max(0.0, unit.makespan - max(unit.busy)) * seconds_per_unit
-        hops = 2 * (stages_n - 1) * self.p2p_hop_s(wire(max(st.output_bytes for st in stages)), dp, tp) \
-            if pp > 1 else 0.0
+        hop_s = [self.p2p_hop_s(wire(st.output_bytes), dp, tp) if pp > 1 else 0.0 for st in stages]
 
         held = []
         for k in range(pp):
             held.append(max((sum(n * stages[s].kept_bytes + x * stages[s].recompute_extra_bytes
                                  for s, (n, x) in zip(stages_of[k], state, strict=True))
                              for state in unit.states[k]), default=0))
+        delta_s = [0.0] * pp  # DELTA's re-runs per micro-batch, in the rank's backwards
         if policy.delta is not None:  # DELTA decides per micro-batch: replay it on the schedule's order
             from sim.delta_lowering import delta_estimate
 
@@ -481,21 +490,71 @@ class Estimator:
                                                                       cost, policy.delta)):
                 per_rank[k] += extra_s
                 recompute_compute[k] += extra_s
+                delta_s[k] = extra_s
                 held[k] = activations
-            bottleneck = max(range(pp), key=per_rank.__getitem__)
-            seconds_per_unit = sum(per_rank) / max(sum(unit_per_mb), 1e-30)
-            steady = m * per_rank[bottleneck]
-            bubble = max(0.0, unit.makespan - max(unit.busy)) * seconds_per_unit
+        bottleneck = max(range(pp), key=per_rank.__getitem__)
+        steady = m * per_rank[bottleneck]
+        timing = self._timed_pipeline(schedule, pp, microbatches, chunks, stages, per_rank, hop_s,
+                                      [delta_s[rank_of[s]] / chunks for s in range(stages_n)],
+                                      tuple(policy.recomputes(s) for s in range(stages_n)))
+        bubble = max(0.0, timing["bare"] - steady)
+        hops = max(0.0, timing["makespan"] - timing["bare"])
         tp_exposed = (per_rank[bottleneck] - compute[bottleneck] - recompute_compute[bottleneck]) * m
         return {"steady": steady, "bubble": bubble, "hops": hops, "bwd": bwd, "params": params, "static": static,
                 "grads": grads,
                 "held": held, "chunks": chunks, "variance": variance,
-                "earlier": [unit.idle_after[k] * seconds_per_unit for k in range(pp)],
+                "earlier": [timing["makespan"] - end for end in timing["rank_end"]],
                 "tp_exposed": tp_exposed, "m": m,
                 "compute": compute[bottleneck] * m, "recompute": recompute_compute[bottleneck] * m,
                 "micro_batch": micro_batch,
                 "sync_layers": [tuple(tuple(stage_layers[s]) for s in stages_of[k]) for k in range(pp)],
-                "sync_slack": [tuple(slack * seconds_per_unit for slack in unit.slack[k]) for k in range(pp)]}
+                "sync_slack": [tuple(timing["rank_end"][k] - timing["grads_ready"].get(s, timing["rank_end"][k])
+                                     for s in stages_of[k]) for k in range(pp)]}
+
+    def _timed_pipeline(self, schedule: str, pp: int, microbatches: int, chunks: int, stages: Sequence[StageTimes],
+                        per_rank: Sequence[float], hop_s: Sequence[float],
+                        delta_s: Sequence[float], flags: tuple[bool, ...]) -> dict:
+        """The schedule's graph weighted with the stages' seconds (``sim.estimate_pipeline``): the
+        makespan with the hops and without them ("bare"), each rank's last compute end and each
+        stage's last backward end. Past the capped micro-batch count the steady state is extended
+        by the slowest rank's time per micro-batch."""
+        from sim.estimate_pipeline import action_graph, weighted_run
+
+        info = SCHEDULES[schedule]
+        if len(stages) == 1:  # one stage: its actions back to back, the last one a backward
+            total = microbatches * per_rank[0]
+            return {"makespan": total, "bare": total, "rank_end": [total], "grads_ready": {0: total}}
+        capped = _steady_count(schedule, pp, microbatches, chunks)
+        shape = (schedule, pp, capped, chunks, flags if info.recompute_is_schedule else (False,) * len(stages))
+        graph = action_graph(*shape)
+        # An ordinary recompute runs inside the backward, just before it (the program's RECOMPUTE
+        # waits for the output gradient); Merak's are actions of their own.
+        inline = 0.0 if info.recompute_is_schedule else 1.0
+
+        def seconds(stage: int, op: Op) -> float:
+            st = stages[stage]
+            before = inline * st.recompute_s + delta_s[stage]
+            if op is Op.FORWARD:
+                return st.fwd_s
+            if op is Op.RECOMPUTE:
+                return st.recompute_s
+            if op is Op.BACKWARD:
+                return before + st.bwd_s
+            if op is Op.BACKWARD_INPUT:
+                return before + (st.bwd_input_s if stage > 0 else 0.0)
+            return st.bwd_weight_s if stage > 0 else st.bwd_s  # W (stage 0: the whole backward)
+
+        # Plans that differ only where the pipeline cannot see it (a TP overlap level at tp 1, a memory
+        # policy with the same recompute) share a run.
+        key = (shape, tuple((st.fwd_s, st.bwd_s, st.recompute_s, st.bwd_input_s, st.bwd_weight_s) for st in stages),
+               tuple(delta_s), tuple(hop_s))
+        full = self._runs.get(key)
+        if full is None:
+            full = self._runs[key] = weighted_run(graph, seconds, hop_s)
+        extend = (microbatches - capped) * max(per_rank)
+        return {"makespan": full.makespan + extend, "bare": full.bare + extend,
+                "rank_end": [end + extend for end in full.rank_end],
+                "grads_ready": {s: t + extend for s, t in full.stage_grads_ready.items()}}
 
     def _finish(self, pipe: dict, dp: int, tp: int, pp: int, sync: GradientSyncConfig, bucket_mb: float,
                 embedding: EmbeddingTerms | None = None) -> Estimate:

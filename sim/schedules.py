@@ -682,6 +682,32 @@ def validate_schedule(
 # Unit-cost list scheduler
 
 
+DoneKey = tuple[str, int, int]  # (what ended: "F", "grad", "W", "R"; stage; micro-batch)
+
+
+def completion_key(a: Action) -> DoneKey:
+    """What an action's end makes available: a B or I ends the stage's input gradient ("grad")."""
+    if a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
+        return ("grad", a.stage, a.microbatch)
+    return (a.op.value, a.stage, a.microbatch)
+
+
+def action_dependencies(a: Action, last_stage: int) -> list[DoneKey]:
+    """The completions an action waits for, besides the previous action of its rank: F(s, mb) after
+    F(s-1, mb); B/I(s, mb) after F(s, mb) and the gradient of (s+1, mb); W after I; R after F and,
+    unless eager, after the gradient of (s+1, mb). The one rule of ``simulate_unit_costs`` and of the
+    fast estimate's weighted run (``sim.estimate_pipeline``)."""
+    s, mb = a.stage, a.microbatch
+    if a.op is Op.FORWARD:
+        return [("F", s - 1, mb)] if s > 0 else []
+    if a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
+        return [("F", s, mb)] + ([("grad", s + 1, mb)] if s < last_stage else [])
+    if a.op is Op.BACKWARD_WEIGHT:
+        return [("grad", s, mb)]
+    wait_grad = not a.eager and s < last_stage
+    return [("F", s, mb)] + ([("grad", s + 1, mb)] if wait_grad else [])
+
+
 def simulate_unit_costs(
     actions: list[list[Action]],
     pp: int,
@@ -706,29 +732,10 @@ def simulate_unit_costs(
     """
     last_stage = pp * chunks - 1
     cost = {Op.FORWARD: f, Op.BACKWARD: b + w, Op.BACKWARD_INPUT: b, Op.BACKWARD_WEIGHT: w, Op.RECOMPUTE: r}
-
-    def grad_of(stage: int, mb: int) -> tuple[str, int, int]:  # the end of B or I
-        return ("grad", stage, mb)
-
-    def deps(a: Action) -> list[tuple[str, int, int]]:
-        s, mb = a.stage, a.microbatch
-        if a.op is Op.FORWARD:
-            return [("F", s - 1, mb)] if s > 0 else []
-        if a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
-            return [("F", s, mb)] + ([grad_of(s + 1, mb)] if s < last_stage else [])
-        if a.op is Op.BACKWARD_WEIGHT:
-            return [grad_of(s, mb)]
-        wait_grad = not a.eager and s < last_stage
-        return [("F", s, mb)] + ([grad_of(s + 1, mb)] if wait_grad else [])
-
-    def done_key(a: Action) -> tuple[str, int, int]:
-        if a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
-            return grad_of(a.stage, a.microbatch)
-        return (a.op.value, a.stage, a.microbatch)
-
     # Each action's dependencies, completion key and cost, worked out once: the scheduler below
     # visits a blocked action many times (a plan search runs this for every pipeline shape).
-    prepared = [[(a, tuple(deps(a)), done_key(a), cost[a.op]) for a in row] for row in actions]
+    prepared = [[(a, tuple(action_dependencies(a, last_stage)), completion_key(a), cost[a.op]) for a in row]
+                for row in actions]
     end_of: dict[tuple[str, int, int], float] = {}
     timeline: list[list[tuple[Action, float, float]]] = [[] for _ in range(pp)]
     free = [0.0] * pp
