@@ -21,17 +21,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
-import benchmarks.korthikanti_layers as korth
-import benchmarks.megatron_at_scale as sc21
-import sim.compile
-from sim.analytic_costs import AnalyticCosts
-from sim.calibration import MEGATRON_ATTENTION
-from sim.cluster import load_cluster
-from sim.memory import checkpoint_bytes
-from sim.workloads import transformer_config, transformer_layers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+import benchmarks.korthikanti_layers as korth  # noqa: E402
+import benchmarks.megatron_at_scale as sc21  # noqa: E402
+import sim.compile  # noqa: E402
+from sim.analytic_costs import AnalyticCosts  # noqa: E402
+from sim.calibration import MEGATRON_ATTENTION  # noqa: E402
+from sim.cluster import load_cluster  # noqa: E402
+from sim.memory import checkpoint_bytes  # noqa: E402
+from sim.workloads import transformer_config, transformer_layers  # noqa: E402
 
 GiB = 2**30
 # Bytes per parameter Megatron-LM v2.5's fp16 optimizer holds at its step (module docstring).

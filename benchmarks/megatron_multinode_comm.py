@@ -24,15 +24,17 @@ and for reference the DP all-reduce's own duration and the sends' (p2p) total. N
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-import benchmarks.megatron_at_scale as sc21
-from analysis.iteration_decompose import decompose_rank
-from sim.program import Kind
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+import benchmarks.megatron_at_scale as sc21  # noqa: E402
+from analysis.iteration_decompose import decompose_rank  # noqa: E402
+from sim.program import Kind  # noqa: E402
 
 # (model, GPUs, tp, pp): every tp of 1-8 per model; dp = GPUs / (tp pp).
 GRID = [
