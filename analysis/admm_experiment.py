@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -210,7 +211,8 @@ def _run(task: str, iterations: int, out_dir: Path, seed: int, workers: int, sta
 
     summary = {"task": task, "description": data.description, "iterations": iterations, "workers": workers,
                "staleness": staleness, "hidden": hidden, "admm_config": vars(cfg),
-               "ap_admm_config": vars(ap_cfg), "settings": settings,
+               # AP always runs the local-first order (run_ap ignores cfg.sweep): record what ran
+               "ap_admm_config": vars(replace(ap_cfg, sweep="local-first")), "settings": settings,
                "measured_compute_s_per_worker_iteration": compute_s,
                "sp_comm_s_median": statistics.median(sp.comm_s),
                "stats_bytes_per_iteration": sp.bytes_per_iteration,
