@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -30,16 +31,16 @@ from exec.admm.rnn_admm import ADMMConfig, evaluate, init_params, summarize, tra
 from sim.admm_whatif import simulate_admm_parallel
 from traces.errors import ConfigError
 
-# Per task: hidden size and the baselines' learning rates, as chosen by the suite's tuning
-# (analysis/admm_suite.py: best final validation accuracy of SGD 0.1/0.3/1, Adam 0.003/0.01/0.03,
-# seed 0; docs/results/admm/tuning_<task>.csv), and the ADMM rho_o / theta_w chosen the same way on
-# the grid widened until the choice is interior (analysis/admm_grid.py; tuning_<task>_wide.csv,
+# Per task: hidden size, the baselines' learning rates and ADMM's rho_o / theta_w, as chosen by the
+# suite's tuning (analysis/admm_suite.py: best final validation accuracy, seed 0), every method's
+# grid (SGD 0.1/0.3/1, Adam 0.003/0.01/0.03, ADMM rho_o x theta_w) widened by the same rule until
+# its choice is interior (analysis/admm_grid.py; docs/results/admm/tuning_<task>_wide.csv,
 # 2026-12-01; other ADMMConfig fields at their defaults); pass ``cfg`` for another. The test split
 # is not used to choose anything.
 TASK_SETTINGS: dict[str, dict[str, float | int]] = {
     "digits": {"hidden": 32, "sgd_lr": 1.0, "adam_lr": 0.03, "rho_o": 0.01, "theta_w": 0.003},
     "shakespeare": {"hidden": 64, "sgd_lr": 1.0, "adam_lr": 0.03, "rho_o": 0.03, "theta_w": 0.001},
-    "text-source": {"hidden": 32, "sgd_lr": 0.1, "adam_lr": 0.003, "rho_o": 3.0, "theta_w": 0.1},
+    "text-source": {"hidden": 32, "sgd_lr": 0.03, "adam_lr": 0.003, "rho_o": 3.0, "theta_w": 0.1},
 }
 WHATIF_WORKERS = (2, 4, 8, 16, 32, 64, 128, 256)
 WHATIF_STRAGGLER_CV = (0.0, 0.3, 1.0)
@@ -210,7 +211,8 @@ def _run(task: str, iterations: int, out_dir: Path, seed: int, workers: int, sta
 
     summary = {"task": task, "description": data.description, "iterations": iterations, "workers": workers,
                "staleness": staleness, "hidden": hidden, "admm_config": vars(cfg),
-               "ap_admm_config": vars(ap_cfg), "settings": settings,
+               # AP always runs the local-first order (run_ap ignores cfg.sweep): record what ran
+               "ap_admm_config": vars(replace(ap_cfg, sweep="local-first")), "settings": settings,
                "measured_compute_s_per_worker_iteration": compute_s,
                "sp_comm_s_median": statistics.median(sp.comm_s),
                "stats_bytes_per_iteration": sp.bytes_per_iteration,

@@ -1,20 +1,23 @@
-"""Choosing ADMMiRNN's (and the baselines') settings on validation, and widening ADMM's grid
-until the choice is interior.
+"""Choosing ADMMiRNN's and the baselines' settings on validation, and widening every method's grid
+until its choice is interior.
 
-The suite's ADMM grid is rho_o x theta_w on a 1-3-10 ladder. A choice on the grid's edge says the
-best setting may lie outside it (on digits the suite's first grid chose its smallest corner, and
-the widened grid was one point better). ``widen`` adds one ladder step past every edge the choice
-sits on, chooses again on validation, and repeats until the choice is interior, at most
-``MAX_WIDENINGS`` steps per axis. Runs are deterministic for a seed, so points already run are
-reused. Every choice is made on the validation split only.
+The suite's grids are on a 1-3-10 ladder: ADMM's rho_o x theta_w, SGD's and Adam's learning rate.
+A choice on a grid's edge says the best setting may lie outside it (on digits the suite's first
+ADMM grid chose its smallest corner, and the widened grid was one point better; the baselines'
+first choices all sat on an edge). ``widen`` adds one ladder step past every edge the choice sits
+on, chooses again on validation, and repeats until the choice is interior, at most
+``MAX_WIDENINGS`` steps per axis; the same function for every method, so every method gets the
+same rule. Runs are deterministic for a seed, so points already run are reused. Every choice is
+made on the validation split only.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pandas as pd
 
@@ -58,32 +61,50 @@ def widened(values: set[float], chosen: float) -> set[float]:
     return values
 
 
-def grid_of(rhos: set[float], thetas: set[float], base: ADMMConfig) -> tuple[ADMMConfig, ...]:
-    """rho_o x theta_w on ``base``'s other settings (rho_a, rho_s, block order)."""
-    return tuple(ADMMConfig(rho_a=base.rho_a, rho_s=base.rho_s, rho_o=r, theta_w=t, sweep=base.sweep)
-                 for r in sorted(rhos) for t in sorted(thetas))
+Setting = ADMMConfig | float
 
 
-def widen(start: tuple[ADMMConfig, ...], known: pd.DataFrame,
-          run_point: Callable[[ADMMConfig], dict]) -> tuple[pd.DataFrame, ADMMConfig]:
-    """Widen ``start`` (a rho_o x theta_w grid) until the validation choice is interior.
+def axes(setting: Setting) -> dict[str, float]:
+    """The tuned axes of a setting: ADMM's rho_o and theta_w, a baseline's learning rate."""
+    if isinstance(setting, ADMMConfig):
+        return {"rho_o": setting.rho_o, "theta_w": setting.theta_w}
+    return {"lr": float(setting)}
 
-    ``known``: tuning rows already run (their ``setting`` strings are reused, marked
-    ``reused=True``); ``run_point(cfg)``: runs one setting and returns its tuning row. Returns every
-    ADMM row of the final grid and the choice on it."""
-    reusable = {s: row for s, row in zip(known.get("setting", []), known.to_dict("records"), strict=True)}
+
+def with_axes(base: Setting, values: dict[str, float]) -> Setting:
+    """``base`` with its tuned axes set to ``values`` (ADMM's other settings kept)."""
+    return replace(base, **values) if isinstance(base, ADMMConfig) else float(values["lr"])
+
+
+def grid(values: dict[str, set[float]], base: Setting) -> tuple[Setting, ...]:
+    """Every combination of the axes' ``values`` (sorted), on ``base``'s other settings."""
+    names = list(values)
+    return tuple(with_axes(base, dict(zip(names, combo, strict=True)))
+                 for combo in itertools.product(*(sorted(values[n]) for n in names)))
+
+
+def widen(method: str, start: tuple[Setting, ...], known: pd.DataFrame,
+          run_point: Callable[[Setting], dict]) -> tuple[pd.DataFrame, Setting]:
+    """Widen ``method``'s starting grid ``start`` until its validation choice is interior.
+
+    The same rule for every method: one ladder step past every edge of every axis the choice sits
+    on, choose again, until interior (at most ``MAX_WIDENINGS`` steps). ``known``: tuning rows
+    already run (matched on ``method`` and the ``setting`` string, reused and marked
+    ``reused=True``); ``run_point(setting)``: runs one setting and returns its tuning row. Returns
+    every row of the final grid and the choice on it."""
+    mine = known[known["method"] == method] if "method" in known else known.iloc[0:0]
+    reusable = {s: row for s, row in zip(mine.get("setting", []), mine.to_dict("records"), strict=True)}
     rows: dict[str, dict] = {}
-    rhos, thetas = {c.rho_o for c in start}, {c.theta_w for c in start}
+    values = {name: {axes(s)[name] for s in start} for name in axes(start[0])}
     for _ in range(MAX_WIDENINGS + 1):
-        for cfg in grid_of(rhos, thetas, start[0]):
-            setting = describe(cfg)
-            if setting not in rows:
-                rows[setting] = (reusable[setting] | {"reused": True} if setting in reusable
-                                 else run_point(cfg) | {"reused": False})
-        chosen = choose(pd.DataFrame(rows.values()))["admm"]
-        assert isinstance(chosen, ADMMConfig)
-        grown = widened(rhos, chosen.rho_o), widened(thetas, chosen.theta_w)
-        if grown == (rhos, thetas):
+        for setting in grid(values, start[0]):
+            key = describe(setting)
+            if key not in rows:
+                rows[key] = (reusable[key] | {"reused": True} if key in reusable
+                             else run_point(setting) | {"reused": False})
+        chosen = choose(pd.DataFrame(rows.values()))[method]
+        grown = {name: widened(vals, axes(chosen)[name]) for name, vals in values.items()}
+        if grown == values:
             break
-        rhos, thetas = grown
+        values = grown
     return pd.DataFrame(rows.values()), chosen

@@ -5,9 +5,9 @@ seeds, the robustness-to-initialisation sweep and a block-order / fix ablation, 
 
 1. **Tuning** (``tuning_<task>.csv``): for every task, a small grid per method (SGD and Adam
    learning rates, ADMM rho_o x theta_w), seed 0, default initialisation, scored by the final
-   accuracy on the validation split carved from training. The test split is not read. ADMM's grid
-   is then widened past every edge its choice sits on until the choice is interior
-   (``analysis.admm_grid``; ``tuning_<task>_wide.csv``).
+   accuracy on the validation split carved from training. The test split is not read. Every
+   method's grid is then widened past every edge its choice sits on until the choice is interior
+   (``analysis.admm_grid``, one rule for every method; ``tuning_<task>_wide.csv``).
 2. **Comparison** (``comparison.csv``): the chosen setting of every method, ``seeds`` seeds per
    task; the test split is evaluated once per run, on the final weights.
 3. **Init-scale sweep** (``init_sweep.csv``, ``init_curves.csv``): digits, every weight drawn
@@ -19,7 +19,9 @@ seeds, the robustness-to-initialisation sweep and a block-order / fix ablation, 
 5. ``tables.md`` and figures ``admm_accuracy``, ``admm_init_sweep`` (PNG + PDF).
 
 The default hidden sizes and iteration counts keep the whole suite at about 20 minutes of one
-loaded core; ``quick=True`` is a smoke run (a few iterations, one seed).
+loaded core; ``quick=True`` is a smoke run (a few iterations, one seed). Runs are deterministic for
+a (setting, seed, init scale), so a rerun into the same directory reuses every tuning, comparison
+and sweep row (and sweep curve) whose setting string is unchanged and runs only the rest.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from exec.admm.data import TASKS, TaskData, load_task
 from exec.admm.rnn_admm import ADMMConfig, evaluate, train_admm
 from traces.errors import ConfigError
 
-from .admm_grid import choose, widen
+from .admm_grid import Setting, choose, widen
 from .admm_grid import describe as _describe
 
 
@@ -60,6 +62,8 @@ ADMM_GRID = tuple(ADMMConfig(rho_o=rho_o, theta_w=theta_w, sweep="backward-forwa
                   for rho_o in (0.1, 0.3) for theta_w in (0.03, 0.1))
 # the algorithm as it stood before issue 15, for the sweep: step 1/Lipschitz, no re-anchoring
 ADMM_BEFORE = ADMMConfig(rho_o=0.1, theta_w=0.0, reanchor=False, sweep="forward")
+# every method's starting grid; each is widened by the same rule (analysis/admm_grid.py)
+START_GRIDS: dict[str, tuple[Setting, ...]] = {"sgd": SGD_LRS, "adam": ADAM_LRS, "admm": ADMM_GRID}
 INIT_SCALES = (0.01, 1.0, 4.0, 10.0)
 SWEEP_TASK = "digits"
 CURVE_EVERY = 5  # iterations between the points of init_curves.csv (keeps the CSV small)
@@ -96,10 +100,8 @@ def _tuning_row(task: str, method: str, setting: ADMMConfig | float, history: pd
 
 def tune(task: str, data: TaskData, plan: TaskPlan, iterations: int | None = None) -> pd.DataFrame:
     """Every grid point at seed 0 and default initialisation, scored on validation only."""
-    grid: list[tuple[str, ADMMConfig | float]] = [("sgd", lr) for lr in SGD_LRS] + \
-        [("adam", lr) for lr in ADAM_LRS] + [("admm", cfg) for cfg in ADMM_GRID]
     rows = []
-    for method, setting in grid:
+    for method, setting in ((m, s) for m, grid in START_GRIDS.items() for s in grid):
         _, history, seconds = train(method, setting, data, plan, 0, iterations=iterations)
         rows.append(_tuning_row(task, method, setting, history, seconds))
     return pd.DataFrame(rows)
@@ -122,23 +124,47 @@ def gradient_health_initial(history: pd.DataFrame) -> float:
     return float(history.grad_ratio_first_last.iloc[0]) if "grad_ratio_first_last" in history else float("nan")
 
 
+RUN_KEY = ["task", "method", "seed", "init_scale", "setting"]
+
+
+def _known_runs(known: pd.DataFrame | None) -> dict[tuple, dict]:
+    """Rows of an earlier run by ``RUN_KEY`` (runs are deterministic, so a matching row is reused)."""
+    if known is None or known.empty:
+        return {}
+    return {tuple(r[k] for k in RUN_KEY): r for r in known.to_dict("records")}
+
+
 def compare(task: str, data_by_seed: dict[int, TaskData], plan: TaskPlan,
-            chosen: dict[str, ADMMConfig | float], iterations: int | None = None) -> pd.DataFrame:
-    rows = []
+            chosen: dict[str, ADMMConfig | float], iterations: int | None = None,
+            known: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Test rows of every chosen setting and seed; rows of ``known`` with the same key are reused."""
+    reuse, rows = _known_runs(known), []
     for seed, data in data_by_seed.items():
         for method, setting in chosen.items():
+            key = (task, method, seed, 1.0, _describe(setting))
+            if key in reuse:
+                rows.append(reuse[key])
+                continue
             params, history, seconds = train(method, setting, data, plan, seed, iterations=iterations)
             rows.append(_test_row(task, method, setting, data, params, history, seed, 1.0, seconds))
     return pd.DataFrame(rows)
 
 
 def init_sweep(data_by_seed: dict[int, TaskData], plan: TaskPlan, chosen: dict[str, ADMMConfig | float],
-               scales: tuple[float, ...], iterations: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+               scales: tuple[float, ...], iterations: int | None = None, known: pd.DataFrame | None = None,
+               known_curves: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Sweep rows and thinned curves; a ``known`` row with the same key is reused with its curve."""
     methods = chosen  # ADMM as it was before issue 15: in the ablation (seed 0), to save compute
-    rows, curves = [], []
+    reuse, rows, curves = _known_runs(known), [], []
     for scale in scales:
         for seed, data in data_by_seed.items():
             for method, setting in methods.items():
+                key = (SWEEP_TASK, method, seed, scale, _describe(setting))
+                if key in reuse and known_curves is not None:
+                    rows.append(reuse[key])
+                    curves.append(known_curves[(known_curves.method == method) & (known_curves.seed == seed)
+                                               & (known_curves.init_scale == scale)])
+                    continue
                 params, history, seconds = train(method, setting, data, plan, seed, scale, iterations)
                 rows.append(_test_row(SWEEP_TASK, method, setting, data, params, history, seed, scale, seconds))
                 keep = ["iteration", "train_loss", "val_acc"] + (["lagrangian"] if "lagrangian" in history else [])
@@ -178,8 +204,8 @@ def write_tables(out_dir: Path, tuning: pd.DataFrame, comparison: pd.DataFrame, 
     """Markdown tables of the suite (also returned)."""
     lines = ["# ADMMiRNN suite results", "",
              "Generated by `paratwin admm-suite`; machine: a loaded 2-core CPU (timings noisy).", "",
-             "## Chosen settings (best final validation accuracy, seed 0; ADMM's grid widened until "
-             "the choice is interior)", "",
+             "## Chosen settings (best final validation accuracy, seed 0; every method's grid widened "
+             "until its choice is interior)", "",
              "| task | method | setting | val acc |", "|---|---|---|---|"]
     for (task, method), part in tuning.groupby(["task", "method"]):
         best = part.sort_values(["val_acc", "val_loss"], ascending=[False, True]).iloc[0]
@@ -262,36 +288,48 @@ def plot(out_dir: Path, fig_dir: Path, comparison: pd.DataFrame, curves: pd.Data
 PARTS = ("tasks", "robustness", "ablation", "report")
 
 
+def _read_if(path: Path) -> pd.DataFrame | None:
+    return pd.read_csv(path) if path.is_file() else None
+
+
 def _read_tuning(out_dir: Path, task: str) -> pd.DataFrame:
-    """What ``tuned`` returned, from its files (the report part reads them)."""
+    """What ``tuned`` returned, from its files (the report part reads them): a method's widened
+    grid where ``tuning_<task>_wide.csv`` has it, its starting grid otherwise."""
     tuning, wide_path = pd.read_csv(out_dir / f"tuning_{task}.csv"), out_dir / f"tuning_{task}_wide.csv"
     if not wide_path.is_file():
         return tuning
-    return pd.concat([tuning[tuning.method != "admm"], pd.read_csv(wide_path)], ignore_index=True)
+    wide = pd.read_csv(wide_path)
+    return pd.concat([tuning[~tuning.method.isin(wide.method)], wide], ignore_index=True)
 
 
 def tuned(task: str, out_dir: Path, data: TaskData, plan: TaskPlan, iterations: int | None) -> pd.DataFrame:
-    """The task's tuning table, ADMM's grid widened until its choice is interior (``admm_grid``).
+    """The task's tuning table, every method's grid widened until its choice is interior
+    (``admm_grid.widen``, the same rule for SGD, Adam and ADMM).
 
-    ``tuning_<task>.csv`` (the starting grid of every method) and ``tuning_<task>_wide.csv`` (ADMM's
-    widened grid) are read when an earlier part wrote them (runs are deterministic per seed), and
-    only missing points are run. Returns the baselines' rows and every ADMM row of the final grid."""
+    ``tuning_<task>.csv`` (the starting grid of every method) and ``tuning_<task>_wide.csv`` (the
+    widened grids) are read when an earlier part wrote them (runs are deterministic per seed), and
+    only missing points are run. Returns every row of every method's final grid."""
     path, wide_path = out_dir / f"tuning_{task}.csv", out_dir / f"tuning_{task}_wide.csv"
     if path.is_file():
         tuning = pd.read_csv(path)
     else:
         tuning = tune(task, data, plan, iterations)
         tuning.to_csv(path, index=False)
-    known = [tuning[tuning.method == "admm"]] + ([pd.read_csv(wide_path)] if wide_path.is_file() else [])
+    known = pd.concat([tuning] + ([pd.read_csv(wide_path)] if wide_path.is_file() else []),
+                      ignore_index=True).drop_duplicates(["method", "setting"])
+    finals = []
+    for method, start in START_GRIDS.items():
+        def run_point(setting: Setting, method: str = method) -> dict:
+            _, history, seconds = train(method, setting, data, plan, 0, iterations=iterations)
+            return _tuning_row(task, method, setting, history, seconds)
 
-    def run_point(cfg: ADMMConfig) -> dict:
-        _, history, seconds = train("admm", cfg, data, plan, 0, iterations=iterations)
-        return _tuning_row(task, "admm", cfg, history, seconds)
-
-    wide, chosen = widen(ADMM_GRID, pd.concat(known, ignore_index=True).drop_duplicates("setting"), run_point)
+        rows, chosen = widen(method, start, known, run_point)
+        finals.append(rows)
+        print(f"{task}: {method} chosen on the widened grid ({len(rows)} points): {_describe(chosen)}",
+              file=sys.stderr, flush=True)
+    wide = pd.concat(finals, ignore_index=True)
     wide.to_csv(wide_path, index=False)
-    print(f"{task}: ADMM chosen on the widened grid: {_describe(chosen)}", file=sys.stderr, flush=True)
-    return pd.concat([tuning[tuning.method != "admm"], wide], ignore_index=True)
+    return wide
 
 
 def run_admm_suite(out_dir: Path, fig_dir: Path | None = None, seeds: int = 3, quick: bool = False,
@@ -314,18 +352,19 @@ def run_admm_suite(out_dir: Path, fig_dir: Path | None = None, seeds: int = 3, q
     its = 3 if quick else None
     seed_list = list(range(1 if quick else seeds))
     if "tasks" in parts:
-        comparisons = []
+        comparisons, known = [], _read_if(out_dir / "comparison.csv")
         for task in TASKS:
             plan = TASK_PLANS[task]
             data_by_seed = {seed: load_task(task, seed) for seed in seed_list}
             chosen = choose(tuned(task, out_dir, data_by_seed[0], plan, its))
-            comparisons.append(compare(task, data_by_seed, plan, chosen, its))
+            comparisons.append(compare(task, data_by_seed, plan, chosen, its, known))
         pd.concat(comparisons).to_csv(out_dir / "comparison.csv", index=False)
     if "robustness" in parts:
         plan = TASK_PLANS[SWEEP_TASK]
         data_by_seed = {seed: load_task(SWEEP_TASK, seed) for seed in seed_list}
         chosen = choose(tuned(SWEEP_TASK, out_dir, data_by_seed[0], plan, its))
-        sweep, curves = init_sweep(data_by_seed, plan, chosen, INIT_SCALES, its)
+        sweep, curves = init_sweep(data_by_seed, plan, chosen, INIT_SCALES, its, _read_if(out_dir / "init_sweep.csv"),
+                                   _read_if(out_dir / "init_curves.csv"))
         sweep.to_csv(out_dir / "init_sweep.csv", index=False)
         curves.to_csv(out_dir / "init_curves.csv", index=False, float_format="%.5g")
     if "ablation" in parts:

@@ -200,20 +200,77 @@ def test_edge_widens_past_the_chosen_edge_and_stops_when_interior(tmp_path):
     import pandas as pd
 
     from analysis.admm_followup import edge
-    from analysis.admm_grid import grid_of, ladder_step, widened
+    from analysis.admm_grid import grid, ladder_step, widened
 
     assert [ladder_step(v, down=True) for v in (0.1, 0.03, 0.3)] == [0.03, 0.01, 0.1]
     assert [ladder_step(v, down=False) for v in (0.1, 0.03, 0.3)] == [0.3, 0.1, 1.0]
     assert widened({0.1, 0.3}, 0.1) == {0.03, 0.1, 0.3} and widened({0.03, 0.1, 0.3}, 0.1) == {0.03, 0.1, 0.3}
     # every point already tuned, the best (rho_o 0.1, theta_w 0.03) at the suite grid's corner: one
-    # widening makes it interior, nothing runs, and the choice did not move (no comparison)
-    wide = grid_of({0.03, 0.1, 0.3}, {0.01, 0.03, 0.1}, ADMMConfig(rho_o=0.1, theta_w=0.03, sweep="backward-forward"))
+    # widening makes it interior, nothing runs, and the choice did not move (no comparison); the
+    # baselines' starting grids have interior choices, so they run nothing either
+    wide = grid({"rho_o": {0.03, 0.1, 0.3}, "theta_w": {0.01, 0.03, 0.1}},
+                ADMMConfig(rho_o=0.1, theta_w=0.03, sweep="backward-forward"))
     from analysis.admm_suite import _describe
 
     rows = [{"task": "digits", "method": "admm", "setting": _describe(c),
              "val_acc": 0.9 if (c.rho_o, c.theta_w) == (0.1, 0.03) else 0.5, "val_loss": 1.0, "train_loss": 1.0,
              "max_train_loss": 1.0, "seconds": 0.0} for c in wide]
+    rows += [{"task": "digits", "method": method, "setting": _describe(lr), "val_acc": 0.9 if lr == best else 0.5,
+              "val_loss": 1.0, "train_loss": 1.0, "max_train_loss": 1.0, "seconds": 0.0}
+             for method, lrs, best in (("sgd", (0.1, 0.3, 1.0), 0.3), ("adam", (0.003, 0.01, 0.03), 0.01))
+             for lr in lrs]
     pd.DataFrame(rows).to_csv(tmp_path / "tuning_digits.csv", index=False)
     tuning = edge(tmp_path, seeds=1)
     assert tuning.reused.all() and len(tuning) == 9
     assert not (tmp_path / "comparison_digits_wide.csv").exists()
+    assert set(pd.read_csv(tmp_path / "tuning_digits_wide.csv").method) == {"sgd", "adam", "admm"}
+
+
+def test_the_same_widening_rule_applies_to_the_baselines_learning_rates():
+    """A baseline whose choice sits on its grid's edge is widened one rung at a time until interior;
+    ADMM's two axes go through the same function."""
+    import pandas as pd
+
+    from analysis.admm_grid import widen
+    from analysis.admm_suite import START_GRIDS, _describe
+
+    ran: list[float] = []
+
+    def run_lr(lr: float) -> dict:  # validation accuracy peaks at lr 3 (the grid stops at 1)
+        ran.append(lr)
+        return {"method": "sgd", "setting": _describe(lr), "val_acc": 1.0 - abs(math.log10(lr / 3.0)),
+                "val_loss": 1.0}
+
+    rows, chosen = widen("sgd", START_GRIDS["sgd"], pd.DataFrame(), run_lr)
+    assert chosen == 3.0 and ran == [0.1, 0.3, 1.0, 3.0, 10.0] and len(rows) == 5
+    # reusing the rows runs nothing and chooses the same; a known row of another method is not reused
+    ran.clear()
+    other = rows.assign(method="adam")
+    again, chosen_again = widen("sgd", START_GRIDS["sgd"], pd.concat([rows, other]), run_lr)
+    assert ran == [] and chosen_again == 3.0 and again.reused.all()
+
+    def run_cfg(cfg: ADMMConfig) -> dict:  # peaks at the grid's (0.3, 0.1) corner: one step past both
+        return {"method": "admm", "setting": _describe(cfg), "val_loss": 1.0,
+                "val_acc": 1.0 - abs(math.log10(cfg.rho_o / 0.3)) - abs(math.log10(cfg.theta_w / 0.1))}
+
+    admm_rows, cfg = widen("admm", START_GRIDS["admm"], pd.DataFrame(), run_cfg)
+    assert (cfg.rho_o, cfg.theta_w) == (0.3, 0.1) and len(admm_rows) == 9  # {0.1,0.3,1} x {0.03,0.1,0.3}
+
+
+def test_task_settings_are_the_validation_choices_of_the_committed_widened_grids():
+    """TASK_SETTINGS (what ``paratwin admm`` runs) must be what the suite chose on its widened grids
+    (docs/results/admm/tuning_<task>_wide.csv), for every method and task."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from analysis.admm_experiment import TASK_SETTINGS
+    from analysis.admm_grid import choose
+
+    results = Path(__file__).resolve().parents[1] / "docs" / "results" / "admm"
+    for task, settings in TASK_SETTINGS.items():
+        chosen = choose(pd.read_csv(results / f"tuning_{task}_wide.csv"))
+        admm = chosen["admm"]
+        assert isinstance(admm, ADMMConfig)
+        assert (chosen["sgd"], chosen["adam"], admm.rho_o, admm.theta_w) == (
+            settings["sgd_lr"], settings["adam_lr"], settings["rho_o"], settings["theta_w"]), task
