@@ -259,6 +259,7 @@ class Estimator:
         self._tp_ar: dict[tuple, float] = {}
         self._pipes: dict[tuple, dict] = {}
         self._runs: dict[tuple, Any] = {}  # weighted pipeline runs by their inputs (sim.estimate_pipeline)
+        self._p2p_routes: dict[int, tuple[float, float]] = {}  # (latency, bandwidth) by dp x tp
 
     # -- pieces --------------------------------------------------------------------------------
     def _tp_comm_s(self, c: LayerCosts, tp: int, sharing: int, backward: bool, with_weight_grads: bool = True) -> float:
@@ -401,9 +402,15 @@ class Estimator:
     def p2p_hop_s(self, nbytes: int, dp: int, tp: int) -> float:
         if self.comm.cluster.world_size < 2:
             return 0.0
-        # neighbouring pipeline ranks are dp x tp ranks apart (sim.program.rank_of)
-        peer = min(dp * tp, self.comm.cluster.world_size - 1)
-        _, latency, bandwidth = self.comm.p2p_route(0, peer, concurrent_senders(self.comm.cluster, dp * tp, 0, peer))
+        # Neighbouring pipeline ranks are dp x tp ranks apart (sim.program.rank_of), so the route
+        # depends on that product alone; the search asks for it once per stage of every plan.
+        route = self._p2p_routes.get(dp * tp)
+        if route is None:
+            peer = min(dp * tp, self.comm.cluster.world_size - 1)
+            senders = concurrent_senders(self.comm.cluster, dp * tp, 0, peer)
+            _, latency, bandwidth = self.comm.p2p_route(0, peer, senders)
+            route = self._p2p_routes[dp * tp] = (latency, bandwidth)
+        latency, bandwidth = route
         return latency + nbytes / bandwidth
 
     # -- the estimate --------------------------------------------------------------------------
