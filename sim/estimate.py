@@ -44,6 +44,7 @@ from typing import Any
 from sim.comm import ClusterComm, concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts, tp_comm_s
 from sim.embedding import EmbeddingTerms, table_tp_costs
+from sim.estimate_pipeline import action_graph, weighted_run
 from sim.gradient_sync import GRADIENT_SYNC, GradientSyncConfig, phases_s, vector_wire_bytes
 from sim.gradient_sync_context import BucketPlan, bucket_context, bucket_layers
 from sim.meeting import instruction_variance, lateness_s
@@ -525,8 +526,6 @@ class Estimator:
         makespan with the hops and without them ("bare"), each rank's last compute end and each
         stage's last backward end. Past the capped micro-batch count the steady state is extended
         by the slowest rank's time per micro-batch."""
-        from sim.estimate_pipeline import action_graph, weighted_run
-
         info = SCHEDULES[schedule]
         if len(stages) == 1:  # one stage: its actions back to back, the last one a backward
             total = microbatches * per_rank[0]
