@@ -1,7 +1,8 @@
 """The shaped network's communication measured as the loopback suite measures loopback (issue 12):
 ``exec.commbench`` on the two ranks of the namespaces, over the sizes the plans send, and its
 alpha-beta fits (latency, bandwidth per collective kind) put in a copy of the profile bundle, where
-``sim.comm.ClusterComm`` prices every collective and message from them instead of the tbf rate.
+``sim.comm.ClusterComm`` prices every collective from them instead of the tbf rate (from the
+samples, interpolated: ``sim.comm_curve``; a message from the fit).
 
     # in each namespace, with RANK, WORLD_SIZE=2, MASTER_ADDR, MASTER_PORT, GLOO_SOCKET_IFNAME set
     python -m analysis.netns_comm measure PLAN.yaml... --profile BASE --out RATE/comm
@@ -58,7 +59,8 @@ def spec_markdown(fits: pd.DataFrame, samples: pd.DataFrame, meta: dict) -> str:
     settings, host = meta.get("settings", {}), meta.get("hardware", {}).get("hostname", "?")
     lines = [f"Measured with exec.commbench ({settings.get('repeats', '?')} repeats per size, sizes "
              f"{min(samples['bytes'])}-{max(samples['bytes'])} B, host {host}); "
-             "the prediction prices each kind as latency + bytes / bandwidth (sim.comm.ClusterComm).", "",
+             "the prediction prices each kind from the samples, straight between two measured sizes, and "
+             "beyond them from the line latency + bytes / bandwidth (sim.comm.ClusterComm, sim.comm_curve).", "",
              "| primitive | ranks | latency (us) | bandwidth (GB/s) | R^2 |", "|---|---:|---:|---:|---:|"]
     for row in fits.itertuples(index=False):
         lines.append(f"| {row.primitive} | {row.world_size} | {row.alpha_s * 1e6:.1f} | "

@@ -2,9 +2,12 @@
 host link and device capacity.
 
 Costs come from the cluster's links and ``sim.collectives`` (alpha-beta per link class, ring /
-tree / hierarchical algorithms), or, when a trace bundle carries communication fits measured by
-``paratwin commbench`` on the same machine, from those fits directly: a measured all-reduce of
-the same group size beats any formula.
+tree / hierarchical algorithms), or, when a trace bundle carries a communication benchmark
+(``paratwin commbench``) of the same machine, from it directly: a measured all-reduce of the same
+group size beats any formula. A collective is priced from the benchmark's samples, interpolated
+between the measured sizes (``sim.comm_curve``: a shaped link is not one alpha-beta line), and
+from the fitted line where only a fit exists; point-to-point routes keep the fit's latency and
+bandwidth (the engine shares a route's bandwidth among concurrent messages, which needs a rate).
 
 Collectives of one rank launched together (the runtime's gradient buckets) share its link: on
 gloo each runs on a worker thread of its own and lasts about as long as all of them, and they end
@@ -21,19 +24,22 @@ import pandas as pd
 
 from sim.cluster import ClusterSpec
 from sim.collectives import collective_time, p2p_transfer
+from sim.comm_curve import MeasuredCurve
 
 # commbench primitive names -> the engine's names
 _FIT_NAMES = {"allreduce": "all_reduce", "alltoall": "all_to_all", "p2p": "send_recv"}
 
 
 class ClusterComm:
-    def __init__(self, cluster: ClusterSpec, fits: pd.DataFrame | None = None) -> None:
+    def __init__(self, cluster: ClusterSpec, fits: pd.DataFrame | None = None,
+                 samples: pd.DataFrame | None = None) -> None:
         self.cluster = cluster
         self.capacity_bytes = cluster.memory_per_rank_bytes
         self._fits = {}
         if fits is not None and len(fits):
             for row in fits.to_dict("records"):
                 self._fits[(row["primitive"], int(row["world_size"]))] = (row["alpha_s"], row["bandwidth_Bps"])
+        self._curves = _curves(samples, self._fits)
         self._collective_cache: dict[tuple[str, int, tuple[int, ...]], float] = {}
 
     def _fit(self, primitive: str, group_size: int) -> tuple[float, float] | None:
@@ -53,8 +59,11 @@ class ClusterComm:
         key = (primitive, int(nbytes), tuple(ranks), concurrent)
         cached = self._collective_cache.get(key)
         if cached is None:
-            fit = self._fit(primitive, len(ranks))
-            if fit is not None:
+            key_fit = (_FIT_NAMES.get(primitive, primitive), len(ranks))
+            curve, fit = self._curves.get(key_fit), self._fits.get(key_fit)
+            if curve is not None:
+                cached = curve.seconds(nbytes)
+            elif fit is not None:
                 cached = fit[0] + nbytes / fit[1]
             else:
                 cached = collective_time(primitive, int(nbytes), list(ranks), self.cluster, concurrent=concurrent)
@@ -69,6 +78,22 @@ class ClusterComm:
             # "counting read + write"), so a copy of B bytes takes 2 B / bandwidth.
             return 0.0, self.cluster.device.memory_bandwidth_Bps / 2
         return link.latency_s, link.effective_bandwidth_Bps
+
+
+def _curves(samples: pd.DataFrame | None,
+            fits: dict[tuple[str, int], tuple[float, float]]) -> dict[tuple[str, int], MeasuredCurve]:
+    """(primitive, group size) -> the samples' curve, for every fitted primitive with samples."""
+    curves: dict[tuple[str, int], MeasuredCurve] = {}
+    if samples is None or not len(samples):
+        return curves
+    for (primitive, world), group in samples.groupby(["primitive", "world_size"], sort=False):
+        fit = fits.get((str(primitive), int(world)))
+        if fit is None:  # the line that extends the curve beyond its samples is missing
+            continue
+        curve = MeasuredCurve.from_samples(group["bytes"].to_numpy(), group["median_s"].to_numpy(), *fit)
+        if curve is not None:
+            curves[(str(primitive), int(world))] = curve
+    return curves
 
 
 # ---------------------------------------------------------------------------------------------

@@ -68,6 +68,7 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
         bundle_costs.check_describes(plan.workload, plan.workload_options, config, layers, plan.dtype,
                                      cluster.device.kind)
     fits = bundle_costs.bundle.comm_fits if bundle_costs is not None else None
+    samples = bundle_costs.bundle.comm_samples if bundle_costs is not None else None
     if costs is None:
         profile_it = (f"profile it on this machine: paratwin profile --workload {plan.workload} --micro-batch "
                       f"{plan.micro_batch} --device cpu --out DIR, then set profile: DIR in the plan")
@@ -98,7 +99,7 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
     sync = GRADIENT_SYNC[plan.gradient_sync.method]
     if sync.check is not None:
         sync.check(plan)
-    comm = ClusterComm(cluster, fits)
+    comm = ClusterComm(cluster, fits, samples)
     policy = build_memory_policy(plan, stage_layers, costs, comm.capacity_bytes)
     return ResolvedPlan(plan, cluster, costs, comm, stage_layers, policy, transformer)
 
