@@ -184,20 +184,30 @@ register_embedding_method("dense", DenseEmbedding, sharded=False)
 # The ids go to their owners synchronously, on the runtime's one thread (exec.embedding.
 # EmbraceExchange._request, which the parameter server reuses): an all-to-all of the per-peer
 # counts (int64, torch.bincount), whose values size the receive buffer, then one of the ids. The
-# rows, the gradients and the push are asynchronous (async_op=True), one all-to-all each.
+# rows and the gradients are asynchronous (async_op=True), one all-to-all each. The parameter
+# server's push (exec.embedding_ps._push) is two asynchronous all-to-alls launched together, the
+# indices (int64) and the values: on gloo each runs on a worker thread of the group and they share
+# the link, so they end no earlier than one after the other would (scripts/probe_ids_exchange.py,
+# docs/embrace.md; the rule of concurrent buckets, sim.comm): priced as the two, one after the other.
 COUNTS_PHASE = "counts"
 COUNT_BYTES = 8
 SYNCHRONOUS_PHASES = frozenset({"ids"})
+INDEXED_PHASES = frozenset({"push"})  # (indices, values): two all-to-alls
 
 
 def exchange_phase(tag: str) -> str:
     return tag.split(":")[1]
 
 
-def exchange_phases(phase: str, nbytes: int, dp: int) -> tuple[tuple[str, int], ...]:
-    """The all-to-alls an exchange of ``phase`` runs, in order: (kind, bytes of one rank's send buffer)."""
+def exchange_phases(phase: str, nbytes: int, dp: int, index_bytes: int = 0) -> tuple[tuple[str, int], ...]:
+    """The all-to-alls an exchange of ``phase`` runs, in order: (kind, bytes of one rank's send
+    buffer). ``index_bytes``: of ``nbytes``, the indices an indexed exchange (the push) sends apart."""
     if phase in SYNCHRONOUS_PHASES:
         return ((COUNTS_PHASE, dp * COUNT_BYTES), ("all_to_all", nbytes))
+    if phase in INDEXED_PHASES:
+        if not 0 < index_bytes < nbytes:
+            raise ValueError(f"a {phase} exchange of {nbytes} bytes needs its index bytes (got {index_bytes})")
+        return (("all_to_all", index_bytes), ("all_to_all", nbytes - index_bytes))
     return (("all_to_all", nbytes),)
 
 

@@ -251,12 +251,12 @@ def sharded_terms(plan: Plan, stage_layers: list[tuple[int, ...]], costs: Any, r
                           blocking_s=blocking_s)
 
 
-def alltoall_s(plan: Plan, comm: Any, phase: str, nbytes: int, imbalance: float) -> float:
+def alltoall_s(plan: Plan, comm: Any, phase: str, nbytes: int, imbalance: float, index_bytes: int = 0) -> float:
     """Seconds of one exchange of ``phase`` of ``nbytes`` (one rank's send buffer) among pipeline rank
     0's replicas, every TP rank's group exchanging at once, as slow as its most loaded destination."""
     group = tuple(d * plan.tp for d in range(plan.dp))  # pipeline rank 0's replicas (sim.program.rank_of)
     sharing = concurrent_groups(comm.cluster, plan.dp * plan.tp, group)
-    return exchange_s(comm, exchange_phases(phase, nbytes, plan.dp), group, imbalance, sharing)
+    return exchange_s(comm, exchange_phases(phase, nbytes, plan.dp, index_bytes), group, imbalance, sharing)
 
 
 def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, costs: Any, rank_of_stage: list[int],
@@ -314,7 +314,7 @@ def _group(draft: Any) -> tuple[int, ...]:
 
 
 def exchange(draft: Any, phase: str, mb: int, offset: int, tables: list[Table], stage: int, deps: list,
-             nbytes: int) -> Any:
+             nbytes: int, index_bytes: int = 0) -> Any:
     """One ``ALLTOALL`` of the plan's method among this rank's replicas."""
     from sim.lower import Node
 
@@ -322,7 +322,7 @@ def exchange(draft: Any, phase: str, mb: int, offset: int, tables: list[Table], 
     return Node(Kind.ALLTOALL, stage, mb, deps=deps, group=_group(draft),
                 tag=f"emb:{phase}:{mb}:{offset}:{c.pp}:{c.tp}", bytes=nbytes,
                 layers=tuple(sorted({t.layer for t in tables})), method=draft.plan.embedding.method,
-                phases=exchange_phases(phase, nbytes, draft.plan.dp))
+                phases=exchange_phases(phase, nbytes, draft.plan.dp, index_bytes))
 
 
 def _exchange(draft: Any, phase: str, mb: int, offset: int, tables: list[Table], stage: int, deps: list) -> Any:

@@ -9,7 +9,8 @@ each worker. paratwin models exactly that:
   round-robin partitioning that keeps a frequency-ranked vocabulary balanced, as for EmbRace);
 - **pull**, once per iteration and strictly before its first forward: the worker sends the unique
   ids of its whole iteration (every micro-batch) to their servers and waits for the rows;
-- **push**, once per iteration after its last backward: the worker sends (indices, values), the
+- **push**, once per iteration after its last backward: the worker sends (indices, values), two
+  all-to-alls launched together (``sim.embedding.exchange_phases``: priced one after the other), the
   summed gradients of the rows it pulled, to their servers; a server adds every worker's push,
   divides by dp and applies the optimizer to its shard (the dense Adam over the whole shard, so the
   run stays exactly dense data parallelism's; untouched rows get a zero gradient there too);
@@ -98,7 +99,7 @@ def _lower(draft: Any, stages: tuple[int, ...]) -> None:
     for forward in forwards:
         forward.deps.append(rows)
     draft.insert_after(backwards[-1], exchange(draft, "push", backwards[-1].microbatch, 0, tables, stage,
-                                               list(backwards), sizes["push"]))
+                                               list(backwards), sizes["push"], index_bytes=sizes["ids"]))
 
 
 def _finish(draft: Any, stages: tuple[int, ...]) -> None:
@@ -120,7 +121,8 @@ def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, c
     imbalance = alltoall_imbalance(plan, iteration_tokens(plan))
     return sharded_terms(plan, stage_layers, costs, rank_of_stage, stages_of_rank,
                          lookups_s=sum(alltoall_s(plan, comm, p, sizes[p], imbalance) for p in ("ids", "rows")),
-                         last_grads_s=alltoall_s(plan, comm, "push", sizes["push"], imbalance), prefetch=False)
+                         last_grads_s=alltoall_s(plan, comm, "push", sizes["push"], imbalance, sizes["ids"]),
+                         prefetch=False)
 
 
 register_embedding_method("ps", ParameterServer, sharded=True, check=_check, lower=_lower, finish=_finish,

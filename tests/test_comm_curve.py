@@ -16,8 +16,7 @@ import pytest
 from sim.comm import ClusterComm
 from sim.comm_curve import MeasuredCurve, pooled_monotone
 from sim.compile import compile_plan
-from sim.embedding import exchange_s
-from sim.embedding_embrace import alltoall_s
+from sim.embedding import estimate_terms, exchange_s
 from sim.engine import EngineOptions
 from sim.plan import Plan
 from sim.program import Kind
@@ -113,12 +112,17 @@ def test_engine_and_estimate_price_a_plans_exchanges_from_the_samples(method: st
     assert len(t) == (6 if method == "embrace" else 3)
     for name, duration in zip(t["name"], t["end_s"] - t["start_s"], strict=True):
         assert duration == pytest.approx(exchange_s(curves, by_label[name].phases, (0, 1), imbalance), rel=1e-9)
-    # the estimate's exchanges: the same curve (the ids' 16-byte counts below the samples included)
-    for ins in by_label.values():
-        if ins.kind is Kind.ALLTOALL:
-            phase = ins.tag.split(":")[1]
-            assert alltoall_s(p, compiled.resolved.comm, phase, ins.bytes, imbalance) == \
-                pytest.approx(exchange_s(curves, ins.phases, (0, 1), imbalance), rel=1e-9)
+    # the estimate's terms: every lookup (ids + rows) and the last gradient exchange, the same curve
+    # (the ids' 16-byte counts below the samples included)
+    resolved = compiled.resolved
+    terms = estimate_terms(p, resolved.stage_layers, resolved.comm, resolved.costs, [0], [(0,)])
+    assert terms is not None
+    priced = {ins.tag: exchange_s(curves, ins.phases, (0, 1), imbalance) for ins in by_label.values()
+              if ins.kind is Kind.ALLTOALL}
+    lookups = sum(s for tag, s in priced.items() if tag.split(":")[1] in ("ids", "rows"))
+    last = [s for tag, s in priced.items() if tag.split(":")[1] in ("grads", "push")][-1]
+    assert terms.lookups_s == pytest.approx(lookups, rel=1e-9)
+    assert terms.last_grads_s == pytest.approx(last, rel=1e-9)
 
 
 def test_the_dense_plans_bucket_is_priced_from_the_samples() -> None:

@@ -16,6 +16,8 @@ from exec.contract import compile_for_run
 from sim.compile import compile_plan
 from sim.embedding import embedding_tables
 from sim.embedding_embrace import alltoall_imbalance, alltoall_s, estimate_terms, exchange_bytes
+from sim.embedding_ps import estimate_terms as ps_terms
+from sim.embedding_ps import exchange_bytes as ps_bytes
 from sim.plan import Plan
 from sim.program import Kind
 from sim.simulate import simulate
@@ -48,7 +50,12 @@ def test_the_ids_exchange_holds_the_thread_between_the_computes_around_it(embedd
         assert exchange.index in after.deps  # and runs nothing else until it has ended
         assert exchange.phases == (("counts", 2 * 8), ("all_to_all", exchange.bytes))
     others = [i for i in program if i.kind is Kind.ALLTOALL and not i.tag.startswith("emb:ids:")]
-    assert all(i.phases == (("all_to_all", i.bytes),) for i in others)  # rows, gradients, push: one each
+    for i in others:  # rows, gradients: one each; the push: its indices, then its values
+        if i.tag.startswith("emb:push:"):
+            index_bytes = next(e.bytes for e in ids)  # the pull's ids, 8 bytes each: the push's indices
+            assert i.phases == (("all_to_all", index_bytes), ("all_to_all", i.bytes - index_bytes))
+        else:
+            assert i.phases == (("all_to_all", i.bytes),)
     if embedding.get("schedule") == "2d":  # the dense step waits for every prefetched ids exchange
         dense = [i for i in program if i.kind is Kind.OPTIMIZER_STEP and not i.method]
         assert {i.index for i in ids} <= set(dense[0].deps)
@@ -71,6 +78,25 @@ def test_sequential_looks_up_once_the_thread_gets_there(schedule: str) -> None:
         before = _rows(t, f"FWD s0 mb{mb - 1}") if schedule == "gpipe" else \
             _rows(t, f"ALLTOALL s0 mb{mb - 1} emb:grads:{mb - 1}:0:0:0")
         assert ids["start_s"] == pytest.approx(before["end_s"])
+
+
+def test_the_push_costs_its_two_all_to_alls_one_after_the_other() -> None:
+    # exec.embedding_ps._push launches the indices and the values asynchronously, together; on a
+    # shared link they end when one after the other would: engine and estimate price both.
+    p = plan({**GPU, "schedule": {"micro_batch": 8, "microbatches": 2}}, {"method": "ps", "row_stats": ROWS})
+    result, compiled = simulate(p), compile_plan(p)
+    t = result.table[(result.table["rank"] == 0) & (result.table["parent"] == -1)]
+    push = t[t["name"].str.contains("emb:push:")].iloc[0]
+    comm, group = compiled.resolved.comm, tuple(range(16))
+    imbalance = compiled.program.alltoall_imbalance
+    sizes = ps_bytes(p, embedding_tables(p.workload, p.workload_options))
+    two = sum(comm.collective_s("all_to_all", round(b * imbalance), group)
+              for b in (sizes["ids"], sizes["push"] - sizes["ids"]))
+    assert push["end_s"] - push["start_s"] == pytest.approx(two)
+    assert two > comm.collective_s("all_to_all", round(sizes["push"] * imbalance), group)  # one latency more
+    resolved = compiled.resolved
+    terms = ps_terms(p, [tuple(range(resolved.costs.num_layers))], comm, resolved.costs, [0], [(0,)])
+    assert terms.last_grads_s == pytest.approx(two)
 
 
 def test_2d_dense_step_waits_for_the_ids_chain_the_estimate_charges() -> None:
