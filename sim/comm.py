@@ -31,6 +31,11 @@ _FIT_NAMES = {"allreduce": "all_reduce", "alltoall": "all_to_all", "p2p": "send_
 
 
 class ClusterComm:
+    # What a message costs in a run beyond the benchmark (a thread woken when the peer arrives
+    # late): measured by a validation calibration on its own plans (analysis.validation.calibration
+    # .CalibratedComm), nothing without one.
+    message_overhead_s = 0.0
+
     def __init__(self, cluster: ClusterSpec, fits: pd.DataFrame | None = None,
                  samples: pd.DataFrame | None = None) -> None:
         self.cluster = cluster

@@ -215,9 +215,14 @@ def exchange_s(comm: Any, phases: tuple[tuple[str, int], ...], group: tuple[int,
                sharing: int = 1) -> float:
     """Seconds of one exchange (the engine's ALLTOALL and the estimate's terms): its all-to-alls one
     after the other; the data waits for the most loaded owner (``imbalance``), the counts (the same
-    few bytes to every peer) do not."""
-    return sum(comm.collective_s("all_to_all", nbytes if kind == COUNTS_PHASE else round(nbytes * imbalance),
-                                 group, sharing) for kind, nbytes in phases)
+    few bytes to every peer) do not. A synchronous exchange (it has counts) is a meeting of the
+    ranks' threads after unaligned work, and pays the run's measured overhead of a message once
+    (``message_overhead_s``, docs/embrace.md "Why the ids request costs more")."""
+    seconds = sum(comm.collective_s("all_to_all", nbytes if kind == COUNTS_PHASE else round(nbytes * imbalance),
+                                    group, sharing) for kind, nbytes in phases)
+    if any(kind == COUNTS_PHASE for kind, _ in phases):
+        seconds += getattr(comm, "message_overhead_s", 0.0)  # 0 for a cluster without a calibration
+    return seconds
 
 
 def synchronous_exchange_pass(nodes: list[Any]) -> None:

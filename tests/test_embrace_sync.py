@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from analysis.validation.calibration import ValidationCalibration, with_calibration
 from exec.contract import compile_for_run
 from sim.compile import compile_plan
 from sim.embedding import embedding_tables
@@ -78,6 +79,30 @@ def test_sequential_looks_up_once_the_thread_gets_there(schedule: str) -> None:
         before = _rows(t, f"FWD s0 mb{mb - 1}") if schedule == "gpipe" else \
             _rows(t, f"ALLTOALL s0 mb{mb - 1} emb:grads:{mb - 1}:0:0:0")
         assert ids["start_s"] == pytest.approx(before["end_s"])
+
+
+def test_a_synchronous_exchange_pays_the_calibrations_message_overhead_once() -> None:
+    # The ids request meets the other rank's thread after unaligned work; a calibration measures what
+    # a message costs in a run beyond the benchmark (analysis.validation.runtime_costs) and the ids
+    # exchange pays it once, in the engine and the estimate. Rows and gradients are not meetings.
+    p = plan(GPU, {"method": "embrace", "schedule": "sequential", "row_stats": ROWS})
+    compiled = compile_plan(p)
+    overhead = 5e-4
+    calibrated = with_calibration(compiled.resolved, ValidationCalibration(p2p_overhead_s=overhead))
+
+    def durations(resolved) -> dict[str, float]:
+        t = simulate(p, resolved=resolved).table
+        t = t[(t["rank"] == 0) & (t["parent"] == -1) & (t["kind"] == "ALLTOALL")]
+        return dict(zip(t["name"], t["end_s"] - t["start_s"], strict=True))
+
+    plain, paid = durations(compiled.resolved), durations(calibrated)
+    assert len(plain) == 9
+    for name, seconds in plain.items():
+        assert paid[name] == pytest.approx(seconds + (overhead if "emb:ids:" in name else 0.0)), name
+    sizes = exchange_bytes(p, embedding_tables(p.workload, p.workload_options))
+    imbalance = alltoall_imbalance(p)
+    assert alltoall_s(p, calibrated.comm, "ids", sizes["ids"], imbalance) == \
+        pytest.approx(alltoall_s(p, compiled.resolved.comm, "ids", sizes["ids"], imbalance) + overhead)
 
 
 def test_the_push_costs_its_two_all_to_alls_one_after_the_other() -> None:
