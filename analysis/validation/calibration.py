@@ -27,7 +27,7 @@ class ValidationCalibration:
     compute_scale: float = 1.0  # x every compute time (layer passes and the optimizer step)
     allreduce_overhead_s: float = 0.0  # + every all-reduce, data-parallel bucket or TP (fitted)
     dispatch_s: float = 0.0  # before every compute instruction but a rank's first (measured)
-    p2p_overhead_s: float = 0.0  # + every point-to-point message (measured)
+    p2p_overhead_s: float = 0.0  # + every point-to-point message and synchronous embedding exchange (measured)
     source: str = ""
 
     @property
