@@ -11,7 +11,7 @@ exist, ``sim.comm.ClusterComm`` prices a collective from this curve instead of t
   alpha-beta line of its own, exact for a link that is alpha-beta piecewise (a token bucket is:
   burst, then rate). The samples are spaced geometrically (``analysis.validation.comm.sweep_sizes``),
   so the segments are even in log size; interpolating the time linearly in log size instead would
-  overstate a plain alpha-beta link by up to a third mid-segment (sizes 5x apart);
+  overstate a plain alpha-beta link by up to 37% mid-segment (sizes 5x apart);
 - **monotone**: a larger message never costs less than a smaller one. Medians that fall with size
   (scheduler noise at the small sizes on a shared machine) are pooled to their mean (pool adjacent
   violators), so the curve is exact at every sample of a non-decreasing series;
