@@ -27,6 +27,7 @@ from sim.delta import choose
 from sim.delta_runtime import RankDelta, decision_name
 from sim.embedding import exchange_s
 from sim.gradient_sync import Phase, phases_s
+from sim.host_cpu import cores_taken, phases_cpu_s, stretch
 from sim.meeting import instruction_variance, lateness_s
 from sim.memory import MemoryPolicy, checkpoint_bytes, held_bytes
 from sim.model_state import step_copy_bytes
@@ -143,6 +144,12 @@ class Engine:
         # compute in progress then re-times its rest: _progress)
         self.moving: dict[int, int] = defaultdict(int)
         self.moving_changed: dict[int, simpy.Event] = {}
+        # sim.host_cpu: the cores the rank's moving transfers keep busy, on a host whose cores its
+        # ranks share (a cluster with host_cores whose benchmark measured the CPU of communicating)
+        self.moving_cores: dict[int, float] = defaultdict(float)
+        self.host_cores = comm.cluster.host_cores if getattr(comm, "measures_cpu", False) else None
+        self.ranks_on_host = min(comm.cluster.devices_per_node, program.world_size)
+        self._slows = self.options.overlap_slowdown > 0 or self.host_cores is not None
         # sim.meeting: each rank's compute variance since its compute last waited on a collective, and,
         # per (rank, instruction), when a compute instruction ended and that variance at its end
         self.meet_var: dict[int, float] = defaultdict(float)
@@ -290,10 +297,12 @@ class Engine:
         if channel is None:
             channel = self.channels[(rank, link_class)] = SharedChannel(self.env, bandwidth)
         start = self.env.now
-        self._moving(rank, +1)
+        cores = cores_taken(phases_cpu_s(self.comm, (("p2p", instruction.bytes),), 2),
+                            latency + instruction.bytes / bandwidth) if self.host_cores else 0.0
+        self._moving(rank, +1, cores)
         yield self.env.timeout(latency)
         yield channel.transfer(instruction.bytes)
-        self._moving(rank, -1)
+        self._moving(rank, -1, cores)
         self.arrivals[(instruction.peer, instruction.tag)].succeed(start)
 
     def _meet(self, rank: int, instruction: Instruction):
@@ -316,18 +325,21 @@ class Engine:
         ledger.change_buffers(instruction.bytes, self.env.now, instruction.label)
         sharing = self._groups(instruction.group)
         if instruction.kind is Kind.ALLTOALL:  # sharded embedding rows, ids or gradients (sim.embedding)
-            duration = exchange_s(self.comm, instruction.phases or (("all_to_all", instruction.bytes),),
-                                  instruction.group, self.program.alltoall_imbalance, sharing)
+            steps = instruction.phases or (("all_to_all", instruction.bytes),)
+            duration = exchange_s(self.comm, steps, instruction.group, self.program.alltoall_imbalance, sharing)
         else:
             # A bucket without phases (a Program written by hand) is one all-reduce of its bytes.
             phases = [Phase(kind, nbytes) for kind, nbytes in instruction.phases  # type: ignore[arg-type]
                       ] or [Phase("allreduce", instruction.bytes)]
             duration = phases_s(phases, instruction.group, self.comm, self.comm.cluster.device, instruction.method,
                                 sharing)
+            steps = tuple((p.kind, p.nbytes) for p in phases)
+        cores = cores_taken(phases_cpu_s(self.comm, steps, len(instruction.group)), duration) \
+            if self.host_cores else 0.0
         if self.program.symmetric:
-            self._moving(rank, +1)
+            self._moving(rank, +1, cores)
             yield self.env.timeout(duration)
-            self._moving(rank, -1)
+            self._moving(rank, -1, cores)
         else:
             done = self.collective_done[instruction.tag]
             arrived = self.collective_arrivals[instruction.tag]
@@ -335,39 +347,46 @@ class Engine:
             if len(arrived) == len(instruction.group):  # data moves from the last arrival on
                 members = [m for m in instruction.group if m in self.program.ranks]
                 for member in members:
-                    self._moving(member, +1)
+                    self._moving(member, +1, cores)
 
                 def finished(_event: simpy.Event) -> None:
                     for member in members:
-                        self._moving(member, -1)
+                        self._moving(member, -1, cores)
                     done.succeed()
 
                 self.env.timeout(duration).callbacks.append(finished)
             yield done
         ledger.change_buffers(-instruction.bytes, self.env.now, instruction.label)
 
-    def _moving(self, rank: int, change: int) -> None:
+    def _moving(self, rank: int, change: int, cores: float = 0.0) -> None:
         self.moving[rank] += change
+        self.moving_cores[rank] = self.moving_cores[rank] + change * cores if self.moving[rank] else 0.0
         changed = self.moving_changed.pop(rank, None)
         if changed is not None:
             changed.succeed()
 
     def _progress(self, rank: int, seconds: float):
         """Run ``seconds`` of compute at full speed, slower while the rank moves data
-        (``EngineOptions.overlap_slowdown``), re-timed whenever a transfer starts or ends."""
-        factor = 1.0 + self.options.overlap_slowdown
-        if factor == 1.0:
+        (``EngineOptions.overlap_slowdown``, and the cores its transfers take on a shared host:
+        ``sim.host_cpu.stretch``), re-timed whenever a transfer starts or ends."""
+        if not self._slows:
             yield self.env.timeout(seconds)
             return
         remaining = seconds
         while remaining > 1e-15:
-            rate = 1.0 / factor if self.moving[rank] > 0 else 1.0
+            rate = 1.0 / self._stretch(rank)
             changed = self.moving_changed.get(rank)
             if changed is None:
                 changed = self.moving_changed[rank] = self.env.event()
             began = self.env.now
             yield self.env.any_of([self.env.timeout(remaining / rate), changed])
             remaining -= (self.env.now - began) * rate
+
+    def _stretch(self, rank: int) -> float:
+        if not self.moving[rank]:
+            return 1.0
+        return max(1.0 + self.options.overlap_slowdown,
+                   stretch(self.ranks_on_host, self.host_cores, self.moving_cores[rank]))
 
     def _copy(self, rank: int, instruction: Instruction):
         latency, bandwidth = self.comm.host_copy()

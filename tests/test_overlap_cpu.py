@@ -5,12 +5,18 @@ CPU cost slows the overlapped compute by the cores it takes (``sim.host_cpu``)."
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
+from sim.comm import ClusterComm
+from sim.compile import ResolvedPlan, compile_plan, resolve_plan
 from sim.costs import UniformCosts
 from sim.engine import EngineOptions
+from sim.host_cpu import stretch
 from sim.plan import Plan
 from sim.simulate import simulate
 
@@ -48,3 +54,50 @@ def test_the_2d_forward_is_slowed_only_while_the_gradient_exchange_moves_data(fu
 def test_a_schedule_whose_compute_overlaps_no_transfer_is_not_slowed(name: str) -> None:
     plan = Plan.load(PLANS / f"emb-{name}-dp2.yaml").replace(profile=None)
     assert rank0(plan, True, overlap_slowdown=2.0)[0] == rank0(plan, True)[0]
+
+
+def measured_comm(plan: Plan, cpu_alpha_s: float, cpu_Bps: float, host_cores: int | None) -> ResolvedPlan:
+    """``plan`` resolved with a benchmark's fits for every kind it sends (the times of the cluster's
+    own link model, at the plan's sizes: 1 ms + bytes / 1 GB/s), CPU measured as given."""
+    resolved = resolve_plan(plan, COSTS)
+    cluster = resolved.cluster.model_copy(update={"host_cores": host_cores})
+    fits = pd.DataFrame([{"primitive": p, "backend": "gloo", "world_size": 2, "alpha_s": 1e-3,
+                          "bandwidth_Bps": 1e9, "r2": 1.0, "note": "", "cpu_alpha_s": cpu_alpha_s,
+                          "cpu_bandwidth_Bps": cpu_Bps} for p in ("all_reduce", "all_to_all", "send_recv")])
+    return replace(resolved, cluster=cluster, comm=ClusterComm(cluster, fits))
+
+
+def forward_mb1(resolved: ResolvedPlan) -> tuple[float, float]:
+    """(FWD mb1's duration, the mb0 gradient exchange's duration) on rank 0 of the 2D plan."""
+    result = simulate(resolved.plan, full=True, resolved=resolved, options=EngineOptions())
+    rows = result.table[(result.table["rank"] == 0) & (result.table["parent"] < 0)].set_index("index")
+    return (float(rows.loc[3, "end_s"] - rows.loc[3, "start_s"]),
+            float(rows.loc[2, "end_s"] - rows.loc[2, "start_s"]))
+
+
+def test_a_measured_cpu_cost_slows_the_overlapped_compute_by_the_cores_it_takes() -> None:
+    plan = Plan.load(PLANS / "emb-embrace-2d-dp2.yaml").replace(profile=None)
+    free, exchange = forward_mb1(measured_comm(plan, math.nan, math.nan, 2))  # CPU not measured
+    cpu_alpha, cpu_Bps = 4e-4, 2e9
+    shared = measured_comm(plan, cpu_alpha, cpu_Bps, 2)
+    slowed, same = forward_mb1(shared)
+    assert same == exchange
+    grads = next(i for i in compile_plan(plan, resolved=shared).program.ranks[0].instructions if i.index == 2)
+    u = sum(cpu_alpha + nbytes / cpu_Bps for _, nbytes in (grads.phases or (("all_to_all", grads.bytes),))) \
+        / exchange
+    assert 0 < u < 1
+    # 2 ranks x (1 compute thread + u cores of communication) on 2 cores: compute runs 1 + u times as long
+    k = stretch(2, 2, u)
+    assert k == pytest.approx(1 + u)
+    assert slowed == pytest.approx(free + exchange * (1 - 1 / k), rel=1e-9)
+    # a host with a core for every thread, or cores not shared (a GPU), slows nothing
+    assert forward_mb1(measured_comm(plan, cpu_alpha, cpu_Bps, 4))[0] == free
+    assert forward_mb1(measured_comm(plan, cpu_alpha, cpu_Bps, None))[0] == free
+
+
+def test_the_stretch_counts_only_what_communication_adds_to_the_host() -> None:
+    assert stretch(2, 2, 0.0) == 1.0
+    assert stretch(2, 2, 0.5) == 1.5
+    assert stretch(2, 4, 0.5) == 1.0  # 3 cores wanted of 4
+    assert stretch(4, 2, 0.5) == pytest.approx(3.0 / 2.0)  # already 2x oversubscribed: 6 / 4 of that
+    assert stretch(2, None, 5.0) == 1.0
