@@ -374,12 +374,12 @@ class Engine:
             return
         remaining = seconds
         while remaining > 1e-15:
-            rate = 1.0 / self._stretch(rank)
+            rate = 1.0 / self._stretch(rank)  # 0 while the host's transfers want every core
             changed = self.moving_changed.get(rank)
             if changed is None:
                 changed = self.moving_changed[rank] = self.env.event()
             began = self.env.now
-            yield self.env.any_of([self.env.timeout(remaining / rate), changed])
+            yield self.env.any_of([self.env.timeout(remaining / rate), changed]) if rate > 0 else changed
             remaining -= (self.env.now - began) * rate
 
     def _stretch(self, rank: int) -> float:

@@ -9,17 +9,24 @@ them like the times, ``cpu_s = cpu_alpha_s + bytes / cpu_bandwidth_Bps`` (``Clus
 Waiting for a peer costs none (gloo blocks), so only the time a transfer moves data counts.
 
 While a rank's transfers move data they keep ``u`` cores busy (their CPU seconds over their
-duration). With R ranks on a host of C cores, each with one compute thread, the runnable threads
-want R (1 + u) cores; when that is more than C the scheduler shares the cores evenly and each
-compute thread runs R (1 + u) / C as slow. The profile already measured the compute with the R
-compute threads running together (exec.lockstep), so only the part the transfers add is charged:
-``stretch = max(1, R (1 + u) / C) / max(1, R / C)``. Assumes the host's other ranks move data at
-the same time (a collective moves data once its whole group is there). Not modelled: the transfer
-itself slowed by the compute (it keeps its fitted price).
+duration). With R ranks on a host of C cores, each with one compute thread, the transfers want
+R u cores. They get them first: gloo's threads sleep on every socket read and write and the
+scheduler runs a woken, mostly sleeping thread ahead of a thread that has been computing, so the
+compute threads share what is left, (C - R u) / R of a core each (at most one). Measured
+(``scripts/probe_concurrent_allreduce.py``, two ranks on the 2-core host, the three invocations in
+which the lone compute ran at CPU/wall 1.00, docs/embrace.md): 3.5 ms of matmuls took 2.08-2.33x as
+long beside an 8.5 MB all-reduce whose ranks used u = 0.43-0.71 cores; sharing the cores evenly
+(compute at 1 / (1 + u)) would give 1.5-1.6x, the rest-after-communication rule 2.2-2.6x; and the
+two together took 0.93-1.10x as long as one after the other. The profile already measured the
+compute with the R compute threads running together (exec.lockstep), so the charge is relative to
+that: ``stretch = min(1, C / R) / min(1, (C - R u) / R)``, infinite (no progress) while the
+transfers want every core. Not modelled: the transfer itself slowed by the compute (it keeps its
+fitted price, measured alone).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -43,7 +50,9 @@ def cores_taken(cpu_seconds: float, duration_s: float) -> float:
 
 def stretch(ranks_on_host: int, cores: int | None, comm_cores: float) -> float:
     """How many times as long compute takes while the host's ranks move data with ``comm_cores``
-    each (1 when the host has a core for every thread, or its cores are not shared: ``None``)."""
+    each (1 when the cores left after communication still give every compute thread a core, or
+    the cores are not shared: ``None``; infinite while communication wants them all)."""
     if cores is None or comm_cores <= 0:
         return 1.0
-    return max(1.0, ranks_on_host * (1.0 + comm_cores) / cores) / max(1.0, ranks_on_host / cores)
+    left = min(1.0, (cores - ranks_on_host * comm_cores) / ranks_on_host)
+    return math.inf if left <= 0 else min(1.0, cores / ranks_on_host) / left

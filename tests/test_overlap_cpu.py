@@ -86,10 +86,12 @@ def test_a_measured_cpu_cost_slows_the_overlapped_compute_by_the_cores_it_takes(
     u = sum(cpu_alpha + nbytes / cpu_Bps for _, nbytes in (grads.phases or (("all_to_all", grads.bytes),))) \
         / exchange
     assert 0 < u < 1
-    # 2 ranks x (1 compute thread + u cores of communication) on 2 cores: compute runs 1 + u times as long
+    # 2 ranks on 2 cores, their transfers taking u cores each first: compute runs at 1 - u
     k = stretch(2, 2, u)
-    assert k == pytest.approx(1 + u)
+    assert k == pytest.approx(1 / (1 - u))
     assert slowed == pytest.approx(free + exchange * (1 - 1 / k), rel=1e-9)
+    # communication that wants every core stops the compute until it ends
+    assert forward_mb1(measured_comm(plan, 1.0, cpu_Bps, 2))[0] == pytest.approx(free + exchange, rel=1e-9)
     # a host with a core for every thread, or cores not shared (a GPU), slows nothing
     assert forward_mb1(measured_comm(plan, cpu_alpha, cpu_Bps, 4))[0] == free
     assert forward_mb1(measured_comm(plan, cpu_alpha, cpu_Bps, None))[0] == free
@@ -97,7 +99,8 @@ def test_a_measured_cpu_cost_slows_the_overlapped_compute_by_the_cores_it_takes(
 
 def test_the_stretch_counts_only_what_communication_adds_to_the_host() -> None:
     assert stretch(2, 2, 0.0) == 1.0
-    assert stretch(2, 2, 0.5) == 1.5
-    assert stretch(2, 4, 0.5) == 1.0  # 3 cores wanted of 4
-    assert stretch(4, 2, 0.5) == pytest.approx(3.0 / 2.0)  # already 2x oversubscribed: 6 / 4 of that
+    assert stretch(2, 2, 0.5) == 2.0  # half of each core left to compute
+    assert stretch(2, 4, 0.5) == 1.0  # 3 cores wanted of 4: every compute thread keeps a core
+    assert stretch(4, 2, 0.25) == pytest.approx(2.0)  # 1 core left for 4 threads, against 2 before
+    assert stretch(2, 2, 1.0) == math.inf  # communication wants every core: compute waits
     assert stretch(2, None, 5.0) == 1.0
