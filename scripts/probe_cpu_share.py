@@ -11,7 +11,9 @@ runnable but waiting for one) around each round, and of the main thread around e
 instruction. Modes, in a rotating order per round (a barrier between rounds):
 
 - ``run``: one iteration of the plan (compute, collectives, optimizer steps);
-- ``run-pinned``: the same with every thread of rank r held on CPU r (``os.sched_setaffinity``):
+- ``run-pinned``: the same with every thread of each rank held on one CPU, the ranks swapping
+  CPUs every round (``os.sched_setaffinity``; compute wall is then also given per rank and per
+  CPU: a rank that is slower on either CPU, or a CPU that is slower for either rank):
   whether the scheduler placing both compute threads (or a compute thread and a woken
   communication thread) on one core, rather than the communication's CPU itself, is what slows
   compute: pinned, each rank's compute shares its core only with its own rank's threads;
@@ -27,7 +29,10 @@ the other methods' compute is the same model's (docs/embrace.md), so the dense p
 Per mode, medians over rounds after ``--warmup`` (per rank, then the slower rank):
 
 - compute instructions (FWD + BWD): wall, on-CPU (the main thread's), runnable-but-waiting, and
-  the main thread's involuntary switches (preempted) and migrations between CPUs (/proc/<tid>/sched);
+  the main thread's involuntary switches (preempted) and migrations between CPUs (/proc/<tid>/sched;
+  this VM's kernel reports no migrations); ``compute on one CPU``: of the time both ranks computed
+  at once, the share in which their compute threads started or ended an instruction on the same
+  CPU (sampled at the instructions' edges: a scheduler placing both on one core);
   wall / on-CPU above 1 means the compute thread was descheduled (the cores were taken);
 - per thread group (the main thread inside and outside compute, gloo's threads, the completion
   watchers, others): on-CPU milliseconds per round; what is not compute is the ranks' CPU cost of
@@ -83,6 +88,12 @@ def pin(cpus: set[int]) -> None:
             os.sched_setaffinity(int(tid), cpus)
         except (ProcessLookupError, FileNotFoundError):
             continue
+
+
+def on_cpu(tid: int) -> int:
+    """The CPU the thread last ran on (/proc/<tid>/stat, field 39)."""
+    with open(f"/proc/self/task/{tid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[36])
 
 
 def threads() -> dict[int, tuple[str, int, int]]:
@@ -153,17 +164,18 @@ def _rank(rank: int, world: int, plan_path: str, rounds: int, init: str, queue: 
 
     def measured(ins: Any) -> None:
         overlapped = in_flight()
-        (i0, g0), (c0, w0), t0 = sched_counts(main), _schedstat(own), time.perf_counter()
+        (i0, g0), (c0, w0), p0, t0 = sched_counts(main), _schedstat(own), on_cpu(main), time.perf_counter()
+        m0 = time.monotonic()  # one clock for every process: the ranks' rows line up
         execute(ins)
         c1, w1, t1 = *_schedstat(own), time.perf_counter()
         i1, g1 = sched_counts(main)
         current["rows"].append((ins.kind.value, t1 - t0, (c1 - c0) / 1e9, (w1 - w0) / 1e9, overlapped,
-                                i1 - i0, g1 - g0))
+                                i1 - i0, g1 - g0, m0, time.monotonic(), p0, on_cpu(main)))
 
     runtime._execute = measured  # type: ignore[method-assign]
     modes = ["run", "run-pinned"] + (["compute", "solo"] if runtime.embedding is None else [])
     everywhere = os.sched_getaffinity(0)
-    own_cpu = {sorted(everywhere)[rank % len(everywhere)]}
+    cpus = sorted(everywhere)
     samples = []
     for r in range(rounds):
         for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
@@ -171,7 +183,9 @@ def _rank(rank: int, world: int, plan_path: str, rounds: int, init: str, queue: 
             dist.barrier()
             computing = mode != "solo" or (r % world) == rank
             m0, t0, s0, w0 = machine(), threads(), sched_counts(main), time.perf_counter()
-            pin(own_cpu if mode == "run-pinned" else everywhere)
+            # pinned, the ranks swap CPUs every round: a slower CPU and a slower rank come apart
+            pinned_to = cpus[(rank + r) % len(cpus)]
+            pin({pinned_to} if mode == "run-pinned" else everywhere)
             if computing:
                 runtime.program = full if mode.startswith("run") else compute_only
                 runtime.run_iteration(r)  # starts with a barrier of its own
@@ -190,7 +204,8 @@ def _rank(rank: int, world: int, plan_path: str, rounds: int, init: str, queue: 
                 groups[f"main in {kind}"] = sum(row[2] for row in rows if row[0] == kind) * 1e3
             groups["main elsewhere"] = groups["main"] - sum(row[2] for row in rows) * 1e3
             samples.append({
-                "round": r, "mode": mode, "computing": computing, "wall_ms": wall * 1e3,
+                "round": r, "mode": mode, "computing": computing, "wall_ms": wall * 1e3, "rank": rank,
+                "cpu": pinned_to if mode == "run-pinned" else -1,
                 "compute_wall_ms": sum(row[1] for row in compute) * 1e3,
                 "compute_cpu_ms": sum(row[2] for row in compute) * 1e3,
                 "compute_wait_ms": sum(row[3] for row in compute) * 1e3,
@@ -202,6 +217,7 @@ def _rank(rank: int, world: int, plan_path: str, rounds: int, init: str, queue: 
                 # the main thread over the whole round: migrations happen at wake-ups, between instructions
                 "round_preempted": s1[0] - s0[0], "round_migrations": s1[1] - s0[1],
                 "groups": groups,
+                "spans": [(row[7], row[8], row[9], row[10]) for row in compute],
                 "machine": {k: (m1[k] - m0[k]) * 1e3 / os.sysconf("SC_CLK_TCK") for k in m0},
             })
     runtime.program = full
@@ -226,6 +242,20 @@ def run_probe(plan_path: Path, rounds: int) -> dict[int, list[dict]]:
         for p in ranks:
             p.join()
     return got
+
+
+def shared_cpu(row: list[dict]) -> float:
+    """Of the time both ranks' compute instructions ran at once in a round, the share in which
+    they started or ended on the same CPU (two compute threads placed on one core), from the CPU
+    each reported at its instruction's start and end: a coarse look, sampled at the edges."""
+    together = same = 0.0
+    for a0, a1, a_start, a_end in row[0]["spans"]:
+        for b0, b1, b_start, b_end in row[1]["spans"]:
+            both = max(0.0, min(a1, b1) - max(a0, b0))
+            together += both
+            if both and (a_start == b_start or a_end == b_end):
+                same += both
+    return same / together if together else float("nan")
 
 
 def summarise(samples: dict[int, list[dict]], warmup: int) -> dict[str, dict[str, float]]:
@@ -269,6 +299,11 @@ def summarise(samples: dict[int, list[dict]], warmup: int) -> dict[str, dict[str
         for k in ("busy", "softirq", "steal"):
             fig[f"machine {k}"] = med([row[0]["machine"][k] for row in rows])
         fig["cores busy (ranks)"] = fig["cpu ranks"] / fig["wall_ms"] if fig["wall_ms"] else float("nan")
+        fig["compute on one CPU"] = med([shared_cpu(row) for row in rows if len(row) == 2])
+        for key, label in (("rank", "rank"), ("cpu", "on CPU")):  # same work: who is slower, the rank or the core?
+            for value in sorted({s[key] for row in computing for s in row if s[key] >= 0}):
+                fig[f"compute_wall_ms {label} {value}"] = med([s["compute_wall_ms"] for row in computing for s in row
+                                                               if s[key] == value])
         out[mode] = fig
     return out
 
