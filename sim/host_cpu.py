@@ -13,8 +13,8 @@ duration). With R ranks on a host of C cores, each with one compute thread, the 
 R u cores. They get them first: gloo's threads sleep on every socket read and write and the
 scheduler runs a woken, mostly sleeping thread ahead of a thread that has been computing, so the
 compute threads share what is left, (C - R u) / R of a core each (at most one). Measured
-(``scripts/probe_concurrent_allreduce.py``, two ranks on the 2-core host, the three invocations in
-which the lone compute ran at CPU/wall 1.00, docs/embrace.md): 3.5 ms of matmuls took 2.08-2.33x as
+(``scripts/probe_concurrent_allreduce.py``, two ranks on the 2-core host, the invocations in which
+the lone compute ran at CPU/wall 1.00, docs/embrace.md): one-thread matmuls took 2.08-2.33x as
 long beside an 8.5 MB all-reduce whose ranks used u = 0.43-0.71 cores; sharing the cores evenly
 (compute at 1 / (1 + u)) would give 1.5-1.6x, the rest-after-communication rule 2.2-2.6x; and the
 two together took 0.93-1.10x as long as one after the other. The profile already measured the
