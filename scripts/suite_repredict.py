@@ -11,7 +11,7 @@ figures; ``--without-runtime-costs`` leaves out the measured dispatch and messag
 calibration as it was: an all-reduce overhead only); ``--without-meeting-waits`` predicts "now"
 without the expected wait for a collective's latest member (``EngineOptions.meeting_waits``,
 ``sim.meeting``), calibration fit included, to show that term's effect; ``--overlap-slowdown=X``
-predicts with ``EngineOptions.overlap_slowdown`` X (a what-if: no cluster measures it yet). Beside
+predicts with ``EngineOptions.overlap_slowdown`` X (a what-if; the measured alternative is ``--comm-cpu``). Beside
 Spearman, the ranking is judged on the pairs the stored per-iteration times resolve
 (``analysis.ranking``): how many of them the prediction orders as measured, then and now.
 
