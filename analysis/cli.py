@@ -112,13 +112,15 @@ def commbench(
         sizes.append(size)
         size *= 4
     samples, fits = run_commbench(nproc=nproc, sizes=sizes, backend=backend, repeats=repeats, out=out)
-    table = Table("primitive", "backend", "ranks", "latency us", "bandwidth GB/s", "R^2", "note",
-                  title="alpha-beta fits (time = latency + bytes / bandwidth)")
+    table = Table("primitive", "backend", "ranks", "latency us", "bandwidth GB/s", "R^2",
+                  "CPU us + GB per CPU-s", "note",
+                  title="alpha-beta fits (time = latency + bytes / bandwidth; a rank's CPU alike)")
     for row in fits.itertuples():
         # A sweep of small messages alone cannot pin the bandwidth down: say so rather than print it.
         note = "; ".join(n for n in (row.note, "poor fit: sweep larger sizes" if row.r2 < 0.5 else "") if n)
         table.add_row(row.primitive, row.backend, str(row.world_size), f"{row.alpha_s * 1e6:.1f}",
-                      f"{row.bandwidth_Bps / 1e9:.3g}", f"{row.r2:.2f}", note)
+                      f"{row.bandwidth_Bps / 1e9:.3g}", f"{row.r2:.2f}",
+                      f"{row.cpu_alpha_s * 1e6:.0f} + {row.cpu_bandwidth_Bps / 1e9:.3g}", note)
     console.print(table)
     if out:
         plain(f"wrote {out}")

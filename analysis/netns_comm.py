@@ -61,10 +61,14 @@ def spec_markdown(fits: pd.DataFrame, samples: pd.DataFrame, meta: dict) -> str:
              f"{min(samples['bytes'])}-{max(samples['bytes'])} B, host {host}); "
              "the prediction prices each kind from the samples, straight between two measured sizes, and "
              "beyond them from the line latency + bytes / bandwidth (sim.comm.ClusterComm, sim.comm_curve).", "",
-             "| primitive | ranks | latency (us) | bandwidth (GB/s) | R^2 |", "|---|---:|---:|---:|---:|"]
+             "A rank's CPU per call (every thread, sim.host_cpu) is fitted alike: CPU latency + bytes / "
+             "bytes per CPU-second.", "",
+             "| primitive | ranks | latency (us) | bandwidth (GB/s) | R^2 | CPU (us) | GB per CPU-s |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for row in fits.itertuples(index=False):
         lines.append(f"| {row.primitive} | {row.world_size} | {row.alpha_s * 1e6:.1f} | "
-                     f"{row.bandwidth_Bps / 1e9:.4g} | {row.r2:.3f} |")
+                     f"{row.bandwidth_Bps / 1e9:.4g} | {row.r2:.3f} | {row.cpu_alpha_s * 1e6:.0f} | "
+                     f"{row.cpu_bandwidth_Bps / 1e9:.3g} |")
     return "\n".join(lines) + "\n"
 
 

@@ -16,12 +16,19 @@ bytes actually moved.
 Timing: warm-up calls first, then per repeat a barrier and one call. Each repeat's time is the
 slowest rank's (an all_reduce(MAX) after the loop), so it includes barrier-exit skew; the table
 keeps median, min and max over repeats. On NCCL the device is synchronised before the clock stops.
+
+CPU: each call's process CPU time (``getrusage``: every thread of the rank, the backend's workers
+and the kernel's copies in their system calls; waiting costs none, gloo blocks) is kept too,
+``cpu_s`` (median over repeats, mean over ranks), and fitted like the times (``cpu_alpha_s``,
+``cpu_bandwidth_Bps``). On a host whose cores the ranks share this is what a transfer takes from
+the ranks' compute (``sim.host_cpu``); CPU seconds depend less on other load than wall times.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import resource
 import socket
 import tempfile
 import time
@@ -116,7 +123,11 @@ def fit_alpha_beta(samples: pd.DataFrame, statistic: str = "median_s") -> pd.Dat
         y = group[statistic].to_numpy(dtype=float)
         alpha, bandwidth, r2 = _fit_one(x, y)
         note = IMPLEMENTATION_NOTES.get((str(backend), str(primitive)), "")
-        rows.append([primitive, backend, int(world), alpha, bandwidth, r2, note])
+        cpu = group["cpu_s"].to_numpy(dtype=float)
+        measured = np.isfinite(cpu)
+        cpu_alpha, cpu_bandwidth, _ = _fit_one(x[measured], cpu[measured]) if measured.any() \
+            else (math.nan, math.nan, math.nan)
+        rows.append([primitive, backend, int(world), alpha, bandwidth, r2, note, cpu_alpha, cpu_bandwidth])
     fits = pd.DataFrame(rows, columns=COMM_FIT_TABLE.column_names)
     return conform(fits, COMM_FIT_TABLE, "comm fits")
 
@@ -249,19 +260,25 @@ def _measure(sizes: list[int], primitives: list[str], repeats: int, warmup: int)
             call = _operation(primitive, elements, device)
             for _ in range(warmup):
                 call()
-            elapsed = []
+            elapsed, cpu = [], []
             for _ in range(repeats):
                 dist.barrier()
                 _sync(device)
-                start = time.perf_counter()
+                cpu0, start = _process_cpu_s(), time.perf_counter()
                 call()
                 _sync(device)
                 elapsed.append(time.perf_counter() - start)
+                cpu.append(_process_cpu_s() - cpu0)
             times = torch.tensor(elapsed, dtype=torch.float64, device=device)
             if primitive == "send_recv":
                 times /= 2  # a ping-pong is two messages
             dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a repeat lasts until its slowest rank ends
             values = times.cpu().numpy()
+            # the mean over ranks of each rank's median CPU per call (send_recv: per message)
+            cpu_s = torch.tensor([float(np.median(cpu)) / (2 if primitive == "send_recv" else 1)],
+                                 dtype=torch.float64, device=device)
+            dist.all_reduce(cpu_s)
+            cpu_s /= world
             rows.append(
                 [
                     primitive,
@@ -272,11 +289,18 @@ def _measure(sizes: list[int], primitives: list[str], repeats: int, warmup: int)
                     float(values.min()),
                     float(values.max()),
                     repeats,
+                    float(cpu_s.item()),
                 ]
             )
             del call
     table = pd.DataFrame(rows, columns=COMM_SAMPLE_TABLE.column_names)
     return conform(table, COMM_SAMPLE_TABLE, "comm samples")
+
+
+def _process_cpu_s() -> float:
+    """CPU seconds of this process so far, every thread, user and system."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _elements(size: int, world: int) -> int:

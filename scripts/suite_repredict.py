@@ -11,7 +11,7 @@ figures; ``--without-runtime-costs`` leaves out the measured dispatch and messag
 calibration as it was: an all-reduce overhead only); ``--without-meeting-waits`` predicts "now"
 without the expected wait for a collective's latest member (``EngineOptions.meeting_waits``,
 ``sim.meeting``), calibration fit included, to show that term's effect; ``--overlap-slowdown=X``
-predicts with ``EngineOptions.overlap_slowdown`` X (a what-if: no cluster measures it yet). Beside
+predicts with ``EngineOptions.overlap_slowdown`` X (a what-if; the measured alternative is ``--comm-cpu``). Beside
 Spearman, the ranking is judged on the pairs the stored per-iteration times resolve
 (``analysis.ranking``): how many of them the prediction orders as measured, then and now.
 
@@ -22,11 +22,21 @@ with that rate's commbench fits, analysis.netns_comm), from that. ``--comm=DIR``
 ``DIR/<rate>/profile`` instead (a benchmark made afterwards: ``COMM_ONLY=1 scripts/netns_embedding.sh
 DIR``), to show what a measured link changes in a stored run; ``--rate-only`` ignores every
 benchmark (the tbf rate alone prices the link).
+
+``--comm-cpu=DIR`` (issue 12, seventh session): an ``exec.commbench`` folder whose fits have the CPU
+of communicating (``cpu_alpha_s``, ``cpu_bandwidth_Bps``; measured after the stored run): each
+plan is predicted from a copy of its bundle with those CPU columns added to its own fits (matched
+by primitive and ranks), so on a host whose cores the ranks share (``cluster.host_cores``) compute
+that overlaps data moving is slowed by the cores the transfers take (``sim.host_cpu``). The
+calibration plans keep their bundles as stored. A shaped-network folder's rates take the CPU of
+the loopback benchmark too (its kernel path differs: veth, tbf).
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,8 +45,10 @@ from scipy.stats import spearmanr
 
 from analysis.ranking import describe, rank_pairs
 from analysis.validation.calibration import ValidationCalibration, fit_calibration, with_calibration
+from analysis.validation.comm import merge_cpu_fits
 from analysis.validation.report import ValidationReport
 from analysis.validation_suite import stored_times, unsteadiness
+from exec.commbench import read_comm_results
 from sim.compile import resolve_plan
 from sim.engine import EngineOptions
 from sim.plan import Plan
@@ -44,7 +56,18 @@ from sim.simulate import simulate
 from traces.errors import ConfigError
 
 
-def repredict(suite: Path, runtime_costs: bool, options: EngineOptions) -> tuple[ValidationCalibration, pd.DataFrame]:
+def with_cpu(profile: Path, cpu: pd.DataFrame | None, scratch: Path) -> Path:
+    """``profile``, or a copy of it in ``scratch`` with ``cpu``'s CPU columns (``--comm-cpu``)."""
+    if cpu is None:
+        return profile
+    copy = scratch / f"{len(list(scratch.iterdir()))}-{profile.parent.name}"
+    shutil.copytree(profile, copy)
+    merge_cpu_fits(copy, cpu)
+    return copy
+
+
+def repredict(suite: Path, runtime_costs: bool, options: EngineOptions, cpu: pd.DataFrame | None = None,
+              scratch: Path | None = None) -> tuple[ValidationCalibration, pd.DataFrame]:
     attempts: dict[str, list[ValidationReport]] = {}
     for folder in sorted((suite / "calibration").iterdir()):
         if (folder / "report.json").is_file():
@@ -61,6 +84,8 @@ def repredict(suite: Path, runtime_costs: bool, options: EngineOptions) -> tuple
     for _, row in table.iterrows():
         folder = Path(str(row["timeline"])).parent if str(row["timeline"]) else suite / "plans" / row["plan"]
         plan = Plan.load(folder / "plan.yaml")
+        if cpu is not None and scratch is not None:
+            plan = plan.model_copy(update={"profile": str(with_cpu(Path(str(plan.profile)), cpu, scratch))})
         resolved = with_calibration(resolve_plan(plan), calibration)
         now = simulate(plan, full=True, options=calibration.engine_options(options), resolved=resolved)
         rows.append({"plan": row["plan"], "measured_s": row["measured_median_s"], "then": row["error"],
@@ -94,14 +119,18 @@ def netns_profile(folder: Path, rate: str, comm: Path | None, rate_only: bool) -
 
 
 def repredict_netns(folder: Path, options: EngineOptions, comm: Path | None = None,
-                    rate_only: bool = False) -> pd.DataFrame:
+                    rate_only: bool = False, cpu: pd.DataFrame | None = None,
+                    scratch: Path | None = None) -> pd.DataFrame:
     """Every ``<rate>/<method>`` of a shaped-network folder, predicted again (``netns_profile``)."""
     rows = []
     for report_path in sorted(folder.glob("*/*/report/report.json")):
         report = ValidationReport.load(report_path)
         rate, method = report_path.parts[-4], report_path.parts[-3]
         plan = Plan.load(report_path.parent / "plan.yaml")
-        plan = plan.model_copy(update={"profile": str(netns_profile(folder, rate, comm, rate_only))})
+        profile = netns_profile(folder, rate, comm, rate_only)
+        if cpu is not None and scratch is not None:
+            profile = with_cpu(profile, cpu, scratch)
+        plan = plan.model_copy(update={"profile": str(profile)})
         now = simulate(plan, full=True, options=options)
         rows.append({"plan": f"{rate} {method}", "rate": rate, "measured_s": report.measured_s,
                      "then": report.error, "now": now.iteration_s / report.measured_s - 1,
@@ -129,15 +158,23 @@ def main(argv: list[str]) -> None:
     options = EngineOptions(meeting_waits="--without-meeting-waits" not in argv,
                             overlap_slowdown=slowdown[-1] if slowdown else 0.0)
     comm = [Path(a.split("=", 1)[1]) for a in argv if a.startswith("--comm=")]
+    cpu_dirs = [Path(a.split("=", 1)[1]) for a in argv if a.startswith("--comm-cpu=")]
+    cpu = read_comm_results(cpu_dirs[-1])[1] if cpu_dirs else None
+    with tempfile.TemporaryDirectory(prefix="paratwin-repredict-") as scratch:
+        run_all(argv, options, runtime_costs, comm, cpu, Path(scratch))
+
+
+def run_all(argv: list[str], options: EngineOptions, runtime_costs: bool, comm: list[Path],
+            cpu: pd.DataFrame | None, scratch: Path) -> None:
     for suite in [Path(a) for a in argv if not a.startswith("--")]:
         if any(suite.glob("*/*/report/report.json")):  # scripts/netns_embedding.sh's <rate>/<method>/report
-            table = repredict_netns(suite, options, comm[-1] if comm else None, "--rate-only" in argv)
+            table = repredict_netns(suite, options, comm[-1] if comm else None, "--rate-only" in argv, cpu, scratch)
             for rate, part in table.groupby("rate", sort=False):
                 source = netns_profile(suite, str(rate), comm[-1] if comm else None, "--rate-only" in argv)
                 print(f"\n{suite.name} {rate} (uncalibrated, as validated; now from {source})")
                 print_table(part)
             continue
-        calibration, table = repredict(suite, runtime_costs, options)
+        calibration, table = repredict(suite, runtime_costs, options, cpu, scratch)
         print(f"\n{suite.name}: {calibration.source}: +{calibration.allreduce_overhead_s * 1e3:.2f} ms per "
               f"all-reduce (fitted), +{calibration.dispatch_s * 1e3:.3f} ms dispatch per compute instruction and "
               f"+{calibration.p2p_overhead_s * 1e3:.3f} ms per message (measured)")

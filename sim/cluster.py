@@ -22,7 +22,7 @@ from traces.errors import ConfigError
 
 _LINK_FIELDS = ("intra_node_link", "inter_node_link")
 _KNOWN_KEYS = {"name", "nodes", "devices_per_node", "device", *_LINK_FIELDS, "nics_per_node", "p2p_channels",
-               "overrides", "source"}
+               "host_cores", "overrides", "source"}
 
 
 class ClusterSpec(BaseModel):
@@ -44,6 +44,12 @@ class ClusterSpec(BaseModel):
     # src/graph/paths.cc ncclTopoComputeP2pChannels), so n - 1 peers cost ceil((n - 1) / p2p_channels)
     # latencies, not n - 1 (sim.collectives). 1: one peer at a time (a pairwise exchange).
     p2p_channels: int = 1
+    # Cores per node that its ranks' compute threads share with their communication (CPU ranks on
+    # gloo: the backend's threads and the kernel's socket copies run on the same cores); None: each
+    # rank's compute has a processor of its own (a GPU). With a benchmark that measured the CPU
+    # cost of communicating (exec.commbench cpu_s), the engine slows compute that overlaps data
+    # moving when the node's threads want more cores than it has (sim.host_cpu).
+    host_cores: int | None = None
     source: str = ""
 
     @model_validator(mode="before")
@@ -64,6 +70,8 @@ class ClusterSpec(BaseModel):
             _positive_int(data, key)
         _positive_int(data, "nics_per_node", default=1)
         _positive_int(data, "p2p_channels", default=1)
+        if data.get("host_cores") is not None:
+            _positive_int(data, "host_cores")
         if "device" not in data:
             raise ConfigError("cluster.device", "missing", "name a catalog device, e.g. A100-80GB")
 
@@ -218,7 +226,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "h200-1": dict(nodes=1, devices_per_node=1, device="H200",
                    source="the single H200 the project can borrow for device checks"),
     "local-cpu-2": dict(nodes=1, devices_per_node=2, device="local-cpu", intra_node_link="loopback-gloo",
-                        source="two gloo ranks on the development machine"),
+                        host_cores=2,
+                        source="two gloo ranks on the development machine; host_cores: lscpu there, "
+                               "2 vCPUs (AMD EPYC, 1 thread per core, KVM)"),
 }
 
 

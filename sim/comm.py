@@ -18,6 +18,7 @@ them one after the other at these prices: the same end, different intervals per 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import pandas as pd
@@ -41,9 +42,13 @@ class ClusterComm:
         self.cluster = cluster
         self.capacity_bytes = cluster.memory_per_rank_bytes
         self._fits = {}
+        self._cpu_fits: dict[tuple[str, int], tuple[float, float]] = {}  # exec.commbench cpu_s fits
         if fits is not None and len(fits):
             for row in fits.to_dict("records"):
                 self._fits[(row["primitive"], int(row["world_size"]))] = (row["alpha_s"], row["bandwidth_Bps"])
+                cpu = (float(row.get("cpu_alpha_s", math.nan)), float(row.get("cpu_bandwidth_Bps", math.nan)))
+                if math.isfinite(cpu[0]) and cpu[1] > 0:  # NaN compares False: not measured
+                    self._cpu_fits[(row["primitive"], int(row["world_size"]))] = cpu
         self._curves = _curves(samples, self._fits)
         self._collective_cache: dict[tuple[str, int, tuple[int, ...]], float] = {}
 
@@ -74,6 +79,15 @@ class ClusterComm:
                 cached = collective_time(primitive, int(nbytes), list(ranks), self.cluster, concurrent=concurrent)
             self._collective_cache[key] = cached
         return cached
+
+    def cpu_s(self, primitive: str, nbytes: int, group_size: int) -> float:
+        """CPU seconds one rank spends on the collective (its measured fit; 0 where none was measured)."""
+        fit = self._cpu_fits.get((_FIT_NAMES.get(primitive, primitive), group_size))
+        return fit[0] + nbytes / fit[1] if fit is not None else 0.0
+
+    @property
+    def measures_cpu(self) -> bool:
+        return bool(self._cpu_fits)
 
     def host_copy(self) -> tuple[float, float]:
         link = self.cluster.host_link

@@ -27,6 +27,7 @@ from sim.delta import choose
 from sim.delta_runtime import RankDelta, decision_name
 from sim.embedding import exchange_s
 from sim.gradient_sync import Phase, phases_s
+from sim.host_cpu import cores_taken, phases_cpu_s, stretch
 from sim.meeting import instruction_variance, lateness_s
 from sim.memory import MemoryPolicy, checkpoint_bytes, held_bytes
 from sim.model_state import step_copy_bytes
@@ -56,7 +57,11 @@ class CommModel(Protocol):
 
 @dataclass(frozen=True)
 class EngineOptions:
-    overlap_slowdown: float = 0.0  # compute runs this much slower while the device communicates
+    # Compute (forwards, backwards, optimizer steps) progresses 1 / (1 + overlap_slowdown) as fast
+    # while the rank moves data (a send, or a collective once its whole group has arrived): on a
+    # host whose cores the communication shares, the time the transfer takes from the compute.
+    # Waiting for a peer costs no CPU (gloo blocks; docs/embrace.md), so it does not count.
+    overlap_slowdown: float = 0.0
     # The runtime's own cost of starting a compute instruction once it may start (Python dispatch,
     # hooks, posting its sends): measured on calibration runs (analysis.validation.runtime_costs).
     dispatch_s: float = 0.0
@@ -135,7 +140,16 @@ class Engine:
         self.collective_arrivals: dict[str, list[int]] = defaultdict(list)
         self.collective_done: dict[str, simpy.Event] = defaultdict(self.env.event)
         self.channels: dict[tuple[int, str], SharedChannel] = {}
-        self.comm_active: dict[int, int] = defaultdict(int)
+        # per rank: transfers moving data now, and an event fired when that count changes (the
+        # compute in progress then re-times its rest: _progress)
+        self.moving: dict[int, int] = defaultdict(int)
+        self.moving_changed: dict[int, simpy.Event] = {}
+        # sim.host_cpu: the cores the rank's moving transfers keep busy, on a host whose cores its
+        # ranks share (a cluster with host_cores whose benchmark measured the CPU of communicating)
+        self.moving_cores: dict[int, float] = defaultdict(float)
+        self.host_cores = comm.cluster.host_cores if getattr(comm, "measures_cpu", False) else None
+        self.ranks_on_host = min(comm.cluster.devices_per_node, program.world_size)
+        self._slows = self.options.overlap_slowdown > 0 or self.host_cores is not None
         # sim.meeting: each rank's compute variance since its compute last waited on a collective, and,
         # per (rank, instruction), when a compute instruction ended and that variance at its end
         self.meet_var: dict[int, float] = defaultdict(float)
@@ -283,10 +297,12 @@ class Engine:
         if channel is None:
             channel = self.channels[(rank, link_class)] = SharedChannel(self.env, bandwidth)
         start = self.env.now
-        self.comm_active[rank] += 1
+        cores = cores_taken(phases_cpu_s(self.comm, (("p2p", instruction.bytes),), 2),
+                            latency + instruction.bytes / bandwidth) if self.host_cores else 0.0
+        self._moving(rank, +1, cores)
         yield self.env.timeout(latency)
         yield channel.transfer(instruction.bytes)
-        self.comm_active[rank] -= 1
+        self._moving(rank, -1, cores)
         self.arrivals[(instruction.peer, instruction.tag)].succeed(start)
 
     def _meet(self, rank: int, instruction: Instruction):
@@ -307,28 +323,70 @@ class Engine:
         once the whole group has arrived, in symmetric mode the identical peers arrive together."""
         ledger = self.ledgers[rank]
         ledger.change_buffers(instruction.bytes, self.env.now, instruction.label)
-        self.comm_active[rank] += 1
         sharing = self._groups(instruction.group)
         if instruction.kind is Kind.ALLTOALL:  # sharded embedding rows, ids or gradients (sim.embedding)
-            duration = exchange_s(self.comm, instruction.phases or (("all_to_all", instruction.bytes),),
-                                  instruction.group, self.program.alltoall_imbalance, sharing)
+            steps = instruction.phases or (("all_to_all", instruction.bytes),)
+            duration = exchange_s(self.comm, steps, instruction.group, self.program.alltoall_imbalance, sharing)
         else:
             # A bucket without phases (a Program written by hand) is one all-reduce of its bytes.
             phases = [Phase(kind, nbytes) for kind, nbytes in instruction.phases  # type: ignore[arg-type]
                       ] or [Phase("allreduce", instruction.bytes)]
             duration = phases_s(phases, instruction.group, self.comm, self.comm.cluster.device, instruction.method,
                                 sharing)
+            steps = tuple((p.kind, p.nbytes) for p in phases)
+        cores = cores_taken(phases_cpu_s(self.comm, steps, len(instruction.group)), duration) \
+            if self.host_cores else 0.0
         if self.program.symmetric:
+            self._moving(rank, +1, cores)
             yield self.env.timeout(duration)
+            self._moving(rank, -1, cores)
         else:
             done = self.collective_done[instruction.tag]
             arrived = self.collective_arrivals[instruction.tag]
             arrived.append(rank)
-            if len(arrived) == len(instruction.group):
-                self.env.timeout(duration).callbacks.append(lambda _event: done.succeed())
+            if len(arrived) == len(instruction.group):  # data moves from the last arrival on
+                members = [m for m in instruction.group if m in self.program.ranks]
+                for member in members:
+                    self._moving(member, +1, cores)
+
+                def finished(_event: simpy.Event) -> None:
+                    for member in members:
+                        self._moving(member, -1, cores)
+                    done.succeed()
+
+                self.env.timeout(duration).callbacks.append(finished)
             yield done
-        self.comm_active[rank] -= 1
         ledger.change_buffers(-instruction.bytes, self.env.now, instruction.label)
+
+    def _moving(self, rank: int, change: int, cores: float = 0.0) -> None:
+        self.moving[rank] += change
+        self.moving_cores[rank] = self.moving_cores[rank] + change * cores if self.moving[rank] else 0.0
+        changed = self.moving_changed.pop(rank, None)
+        if changed is not None:
+            changed.succeed()
+
+    def _progress(self, rank: int, seconds: float):
+        """Run ``seconds`` of compute at full speed, slower while the rank moves data
+        (``EngineOptions.overlap_slowdown``, and the cores its transfers take on a shared host:
+        ``sim.host_cpu.stretch``), re-timed whenever a transfer starts or ends."""
+        if not self._slows:
+            yield self.env.timeout(seconds)
+            return
+        remaining = seconds
+        while remaining > 1e-15:
+            rate = 1.0 / self._stretch(rank)  # 0 while the host's transfers want every core
+            changed = self.moving_changed.get(rank)
+            if changed is None:
+                changed = self.moving_changed[rank] = self.env.event()
+            began = self.env.now
+            yield self.env.any_of([self.env.timeout(remaining / rate), changed]) if rate > 0 else changed
+            remaining -= (self.env.now - began) * rate
+
+    def _stretch(self, rank: int) -> float:
+        if not self.moving[rank]:
+            return 1.0
+        return max(1.0 + self.options.overlap_slowdown,
+                   stretch(self.ranks_on_host, self.host_cores, self.moving_cores[rank]))
 
     def _copy(self, rank: int, instruction: Instruction):
         latency, bandwidth = self.comm.host_copy()
@@ -351,9 +409,10 @@ class Engine:
             copies = 0 if instruction.bytes else step_copy_bytes(self.costs, round(ledger.static["gradients"] / scale),
                                                                  scale)
             ledger.change_buffers(copies, self.env.now, instruction.label)
-            yield self.env.timeout(duration)
+            began = self.env.now
+            yield from self._progress(rank, duration)
             ledger.change_buffers(-copies, self.env.now, instruction.label)
-            self.compute_busy[rank] += duration
+            self.compute_busy[rank] += self.env.now - began
             return
         # Recompute inside the backward (MemoryPolicy.recompute_in_backward): the RECOMPUTE marks the
         # point; its layers are re-run by the backward, one at a time, just before their own backward.
@@ -386,7 +445,6 @@ class Engine:
              max(c.tp_allreduces, 1))
             for c in layers
         ]
-        slowdown = 1.0 + (self.options.overlap_slowdown if self.comm_active[rank] > 0 else 0.0)
         per_layer = tp_segments_time(segments, self.tp_overlap if with_tp else 0)
         start = self.env.now
         if (kind is Kind.FWD and not self.delta) or kind is Kind.RECOMPUTE:
@@ -403,18 +461,18 @@ class Engine:
             self.meet_var[rank] += sum(c.recompute_sd_s ** 2
                                        for layer, c in zip(instruction.layers, layers, strict=True) if layer in rerun)
             ledger.change_activations(one_layer, start, instruction.label)
-        t = start
-        for layer_index, layer_time in zip(instruction.layers, per_layer, strict=True):
-            if self.options.layer_rows:
-                self.rows.append(Row(rank, instruction.index, instruction.kind.value, instruction.stage,
-                                     instruction.microbatch, Stream.COMPUTE.value, t, t + layer_time * slowdown, 0,
-                                     ledger.in_use, instruction.index, layer_index, f"layer {layer_index}"))
-            t += layer_time * slowdown
         if kind is Kind.FWD and self.delta:  # run-time DELTA decides after each layer
-            yield from self._delta_forward(rank, instruction, [seconds * slowdown for seconds in per_layer])
+            self._layer_rows(rank, instruction, start, per_layer, 1.0)  # at full speed (any slowdown not shown)
+            yield from self._delta_forward(rank, instruction, per_layer)
             return
-        yield self.env.timeout(t - start)
-        self.compute_busy[rank] += t - start
+        end = start
+        for layer_time in per_layer:  # summed from the start, as the golden predictions were
+            end += layer_time
+        nominal = end - start
+        yield from self._progress(rank, nominal)
+        self.compute_busy[rank] += self.env.now - start
+        # each layer its share of the time taken (an overlap's slowdown spread evenly)
+        self._layer_rows(rank, instruction, start, per_layer, (self.env.now - start) / nominal if nominal else 1.0)
         if kind is Kind.BWD and in_backward:  # what the forward kept, and the one layer re-run last
             kept = self.policy.forward_kept_bytes(instruction.stage, instruction.layers, False, self._layer,
                                                   self.recomputed[(rank, instruction.stage, instruction.microbatch)])
@@ -428,6 +486,17 @@ class Engine:
             received = self.grad_buffers.pop((rank, instruction.stage, instruction.microbatch), 0)
             ledger.change_buffers(-received, self.env.now, instruction.label)
 
+    def _layer_rows(self, rank: int, instruction: Instruction, start: float, per_layer: list[float],
+                    stretch: float) -> None:
+        if not self.options.layer_rows:
+            return
+        t, in_use = start, self.ledgers[rank].in_use
+        for layer_index, layer_time in zip(instruction.layers, per_layer, strict=True):
+            self.rows.append(Row(rank, instruction.index, instruction.kind.value, instruction.stage,
+                                 instruction.microbatch, Stream.COMPUTE.value, t, t + layer_time * stretch, 0,
+                                 in_use, instruction.index, layer_index, f"layer {layer_index}"))
+            t += layer_time * stretch
+
     # -- DELTA at run time ------------------------------------------------------------------------
     def _delta_forward(self, rank: int, ins: Instruction, layer_s: list[float]):
         """A forward under run-time DELTA, as exec.interpreter runs it: once a layer has run, its
@@ -437,8 +506,9 @@ class Engine:
         state, ledger = self.delta[rank], self.ledgers[rank]
         key = (ins.stage, ins.microbatch)
         for layer, seconds in zip(ins.layers, layer_s, strict=True):
-            yield self.env.timeout(seconds)
-            self.compute_busy[rank] += seconds
+            began = self.env.now
+            yield from self._progress(rank, seconds)
+            self.compute_busy[rank] += self.env.now - began
             ledger.change_activations(state.layer_start(key, ins.layers), self.env.now, ins.label)
             state.layer_used(key, layer, self.env.now)
             yield from self._release(rank, ins, self._activation_budget[rank])

@@ -34,6 +34,9 @@ def test_commbench_two_gloo_ranks(tmp_path: Path) -> None:
     assert sorted(fits["primitive"]) == sorted(PRIMITIVES)
     assert (fits["alpha_s"] >= 0).all()
     assert (fits["bandwidth_Bps"] > 0).all() and np.isfinite(fits["bandwidth_Bps"]).all()
+    # the CPU each call costs a rank (every thread of its process), fitted like the times
+    assert (samples["cpu_s"] > 0).all() and np.isfinite(samples["cpu_s"]).all()
+    assert (fits["cpu_alpha_s"] >= 0).all() and (fits["cpu_bandwidth_Bps"] > 0).all()
     rs_note = fits.set_index("primitive").loc["reduce_scatter", "note"]
     assert "all_reduce" in rs_note  # gloo's reduce_scatter is an all_reduce underneath, and we say so
 

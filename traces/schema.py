@@ -109,7 +109,11 @@ COMM_SAMPLE_TABLE = TableSchema(
         "min_s": "float64",
         "max_s": "float64",
         "repeats": "int64",
+        # median over repeats of one rank's process CPU seconds (every thread: the backend's, and
+        # the kernel's work in their system calls) per call, the mean over ranks; NaN: not measured
+        "cpu_s": "float64",
     },
+    defaults={"cpu_s": float("nan")},
     finite_nonnegative=("world_size", "bytes", "median_s", "min_s", "max_s", "repeats"),
 )
 
@@ -124,9 +128,13 @@ COMM_FIT_TABLE = TableSchema(
         "bandwidth_Bps": "float64",
         "r2": "float64",
         "note": "string",  # how the backend implements the primitive, when that matters for the fit
+        # a rank's CPU seconds per call = cpu_alpha_s + bytes / cpu_bandwidth_Bps (the samples'
+        # cpu_s, fitted as the times are); NaN where the CPU was not measured
+        "cpu_alpha_s": "float64",
+        "cpu_bandwidth_Bps": "float64",
     },
-    defaults={"note": ""},
-    nonnegative=("alpha_s", "bandwidth_Bps"),  # NaN: the samples could not be fitted
+    defaults={"note": "", "cpu_alpha_s": float("nan"), "cpu_bandwidth_Bps": float("nan")},
+    nonnegative=("alpha_s", "bandwidth_Bps", "cpu_alpha_s", "cpu_bandwidth_Bps"),  # NaN: not fitted
 )
 
 # The table that the simulator and the runtime both write, one row per executed instruction

@@ -86,6 +86,13 @@ class CalibratedComm:
     def host_copy(self) -> tuple[float, float]:
         return self.base.host_copy()
 
+    def cpu_s(self, primitive: str, nbytes: int, group_size: int) -> float:
+        return self.base.cpu_s(primitive, nbytes, group_size) if hasattr(self.base, "cpu_s") else 0.0
+
+    @property
+    def measures_cpu(self) -> bool:
+        return bool(getattr(self.base, "measures_cpu", False))
+
 
 def with_calibration(resolved: ResolvedPlan, calibration: ValidationCalibration) -> ResolvedPlan:
     """``resolved`` with the calibration applied (swapped in after ``resolve_plan``, which keeps the

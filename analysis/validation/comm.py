@@ -68,3 +68,18 @@ def copy_comm_fits(source: Path, bundle_dir: Path) -> None:
     bundle.comm_samples, bundle.comm_fits = donor.comm_samples, donor.comm_fits
     write_bundle(bundle, bundle_dir)
 
+
+
+def merge_cpu_fits(bundle_dir: Path, fits: pd.DataFrame) -> pd.DataFrame:
+    """Give the bundle's communication fits the CPU columns (``cpu_alpha_s``, ``cpu_bandwidth_Bps``)
+    of ``fits``, matched by primitive and world size, keeping the bundle's own times: what a run
+    benchmarked before the CPU was measured would have had (issue 12; scripts/suite_repredict.py)."""
+    bundle = read_bundle(bundle_dir)
+    if bundle.comm_fits is None:
+        raise ConfigError("comm_fits", f"{bundle_dir} has no communication fits to add the CPU to",
+                          "benchmark the bundle first (paratwin validate runs exec.commbench)")
+    cpu = fits.set_index(["primitive", "world_size"])[["cpu_alpha_s", "cpu_bandwidth_Bps"]]
+    own = bundle.comm_fits.drop(columns=["cpu_alpha_s", "cpu_bandwidth_Bps"], errors="ignore")
+    bundle.comm_fits = own.join(cpu, on=["primitive", "world_size"])
+    write_bundle(bundle, bundle_dir)
+    return bundle.comm_fits

@@ -1,0 +1,58 @@
+"""Communication that takes CPU from compute on a host whose cores the ranks share (issue 12,
+seventh session).
+
+On a GPU the collective runs on the device's copy engines and SMs and the host's proxy thread has
+a core of its own; on a CPU cluster (gloo over TCP) the ranks' compute threads, the backend's
+worker threads and the kernel's socket copies share the host's cores. A transfer then costs CPU
+seconds: ``exec.commbench`` measures them per call (every thread of a rank, ``getrusage``) and fits
+them like the times, ``cpu_s = cpu_alpha_s + bytes / cpu_bandwidth_Bps`` (``ClusterComm.cpu_s``).
+Waiting for a peer costs none (gloo blocks), so only the time a transfer moves data counts.
+
+While a rank's transfers move data they keep ``u`` cores busy (their CPU seconds over their
+duration). With R ranks on a host of C cores, each with one compute thread, the transfers want
+R u cores. They get them first: gloo's threads sleep on every socket read and write and the
+scheduler runs a woken, mostly sleeping thread ahead of a thread that has been computing, so the
+compute threads share what is left, (C - R u) / R of a core each (at most one). Measured
+(``scripts/probe_concurrent_allreduce.py``, two ranks on the 2-core host, the invocations in which
+the lone compute ran at CPU/wall 1.00, docs/embrace.md): one-thread matmuls took 2.08-2.33x as
+long beside an 8.5 MB all-reduce whose ranks used u = 0.43-0.71 cores; sharing the cores evenly
+(compute at 1 / (1 + u)) would give 1.5-1.6x, the rest-after-communication rule 2.2-2.6x; and the
+two together took 0.93-1.10x as long as one after the other. The profile already measured the
+compute with the R compute threads running together (exec.lockstep), so the charge is relative to
+that: ``stretch = min(1, C / R) / min(1, (C - R u) / R)``, infinite (no progress) while the
+transfers want every core. Not modelled: the transfer itself slowed by the compute (it keeps its
+fitted price, measured alone).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from sim.embedding import COUNTS_PHASE
+
+
+def phases_cpu_s(comm: Any, phases: Iterable[tuple[str, int]], group_size: int) -> float:
+    """CPU seconds one rank spends on a collective's phases (0 for phases without a measured CPU
+    cost, e.g. a codec's memory pass, or a cluster whose benchmark did not measure the CPU)."""
+    cpu_s = getattr(comm, "cpu_s", None)
+    if cpu_s is None:
+        return 0.0
+    return sum(cpu_s("all_to_all" if kind == COUNTS_PHASE else kind, nbytes, group_size)
+               for kind, nbytes in phases if kind != "memory")
+
+
+def cores_taken(cpu_seconds: float, duration_s: float) -> float:
+    """Cores a transfer keeps busy while it moves data."""
+    return cpu_seconds / duration_s if duration_s > 0 else 0.0
+
+
+def stretch(ranks_on_host: int, cores: int | None, comm_cores: float) -> float:
+    """How many times as long compute takes while the host's ranks move data with ``comm_cores``
+    each (1 when the cores left after communication still give every compute thread a core, or
+    the cores are not shared: ``None``; infinite while communication wants them all)."""
+    if cores is None or comm_cores <= 0:
+        return 1.0
+    left = min(1.0, (cores - ranks_on_host * comm_cores) / ranks_on_host)
+    return math.inf if left <= 0 else min(1.0, cores / ranks_on_host) / left

@@ -1,0 +1,106 @@
+"""Compute slowed while its rank moves data (issue 12, seventh session): ``EngineOptions.overlap_slowdown``
+counts only the time a transfer overlaps the compute, and only while data moves (not while a
+collective waits for its group); on a host whose cores the ranks share, a measured communication
+CPU cost slows the overlapped compute by the cores it takes (``sim.host_cpu``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sim.comm import ClusterComm
+from sim.compile import ResolvedPlan, compile_plan, resolve_plan
+from sim.costs import UniformCosts
+from sim.engine import EngineOptions
+from sim.host_cpu import stretch
+from sim.plan import Plan
+from sim.simulate import simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANS = ROOT / "examples" / "validation" / "embedding"
+COSTS = UniformCosts(num_layers=6, fwd_s=1e-3, bwd_input_s=1e-3, bwd_weight_s=1e-3, saved_bytes=1 << 20,
+                     output_bytes=1 << 16, param_bytes=1 << 22)
+
+
+def rank0(plan: Plan, full: bool, **options: object) -> tuple[float, dict[int, tuple[float, float]]]:
+    result = simulate(plan, costs=COSTS, full=full, options=EngineOptions(**options))  # type: ignore[arg-type]
+    rows = result.table[(result.table["rank"] == 0) & (result.table["parent"] < 0)]
+    return result.iteration_s, {int(i): (float(b), float(e)) for i, b, e in zip(rows["index"], rows["start_s"],
+                                                                                 rows["end_s"], strict=True)}
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_the_2d_forward_is_slowed_only_while_the_gradient_exchange_moves_data(full: bool) -> None:
+    plan = Plan.load(PLANS / "emb-embrace-2d-dp2.yaml").replace(profile=None)
+    _, before = rank0(plan, full)
+    s = 1.0
+    _, after = rank0(plan, full, overlap_slowdown=s)
+    fwd, exchange = 3, 2  # FWD mb1 starts with the gradient exchange of mb0 (docs/embrace.md, 2D schedule)
+    assert plan.embedding.schedule == "2d"
+    assert before[fwd][0] == before[exchange][0]
+    moving = before[exchange][1] - before[exchange][0]
+    compute = before[fwd][1] - before[fwd][0]
+    assert 0 < moving < compute
+    # while it moves, the forward progresses 1 / (1 + s) as fast: it ends moving x s / (1 + s) later
+    assert after[fwd][1] - after[fwd][0] == pytest.approx(compute + moving * s / (1 + s), rel=1e-9)
+    assert after[0] == before[0] and after[1] == before[1]  # nothing overlaps the first micro-batch
+
+
+@pytest.mark.parametrize("name", ["dense", "embrace-seq"])
+def test_a_schedule_whose_compute_overlaps_no_transfer_is_not_slowed(name: str) -> None:
+    plan = Plan.load(PLANS / f"emb-{name}-dp2.yaml").replace(profile=None)
+    assert rank0(plan, True, overlap_slowdown=2.0)[0] == rank0(plan, True)[0]
+
+
+def measured_comm(plan: Plan, cpu_alpha_s: float, cpu_Bps: float, host_cores: int | None) -> ResolvedPlan:
+    """``plan`` resolved with a benchmark's fits for every kind it sends (the times of the cluster's
+    own link model, at the plan's sizes: 1 ms + bytes / 1 GB/s), CPU measured as given."""
+    resolved = resolve_plan(plan, COSTS)
+    cluster = resolved.cluster.model_copy(update={"host_cores": host_cores})
+    fits = pd.DataFrame([{"primitive": p, "backend": "gloo", "world_size": 2, "alpha_s": 1e-3,
+                          "bandwidth_Bps": 1e9, "r2": 1.0, "note": "", "cpu_alpha_s": cpu_alpha_s,
+                          "cpu_bandwidth_Bps": cpu_Bps} for p in ("all_reduce", "all_to_all", "send_recv")])
+    return replace(resolved, cluster=cluster, comm=ClusterComm(cluster, fits))
+
+
+def forward_mb1(resolved: ResolvedPlan) -> tuple[float, float]:
+    """(FWD mb1's duration, the mb0 gradient exchange's duration) on rank 0 of the 2D plan."""
+    result = simulate(resolved.plan, full=True, resolved=resolved, options=EngineOptions())
+    rows = result.table[(result.table["rank"] == 0) & (result.table["parent"] < 0)].set_index("index")
+    return (float(rows.loc[3, "end_s"] - rows.loc[3, "start_s"]),
+            float(rows.loc[2, "end_s"] - rows.loc[2, "start_s"]))
+
+
+def test_a_measured_cpu_cost_slows_the_overlapped_compute_by_the_cores_it_takes() -> None:
+    plan = Plan.load(PLANS / "emb-embrace-2d-dp2.yaml").replace(profile=None)
+    free, exchange = forward_mb1(measured_comm(plan, math.nan, math.nan, 2))  # CPU not measured
+    cpu_alpha, cpu_Bps = 4e-4, 2e9
+    shared = measured_comm(plan, cpu_alpha, cpu_Bps, 2)
+    slowed, same = forward_mb1(shared)
+    assert same == exchange
+    grads = next(i for i in compile_plan(plan, resolved=shared).program.ranks[0].instructions if i.index == 2)
+    u = sum(cpu_alpha + nbytes / cpu_Bps for _, nbytes in (grads.phases or (("all_to_all", grads.bytes),))) \
+        / exchange
+    assert 0 < u < 1
+    # 2 ranks on 2 cores, their transfers taking u cores each first: compute runs at 1 - u
+    k = stretch(2, 2, u)
+    assert k == pytest.approx(1 / (1 - u))
+    assert slowed == pytest.approx(free + exchange * (1 - 1 / k), rel=1e-9)
+    # communication that wants every core stops the compute until it ends
+    assert forward_mb1(measured_comm(plan, 1.0, cpu_Bps, 2))[0] == pytest.approx(free + exchange, rel=1e-9)
+    # a host with a core for every thread, or cores not shared (a GPU), slows nothing
+    assert forward_mb1(measured_comm(plan, cpu_alpha, cpu_Bps, 4))[0] == free
+    assert forward_mb1(measured_comm(plan, cpu_alpha, cpu_Bps, None))[0] == free
+
+
+def test_the_stretch_counts_only_what_communication_adds_to_the_host() -> None:
+    assert stretch(2, 2, 0.0) == 1.0
+    assert stretch(2, 2, 0.5) == 2.0  # half of each core left to compute
+    assert stretch(2, 4, 0.5) == 1.0  # 3 cores wanted of 4: every compute thread keeps a core
+    assert stretch(4, 2, 0.25) == pytest.approx(2.0)  # 1 core left for 4 threads, against 2 before
+    assert stretch(2, 2, 1.0) == math.inf  # communication wants every core: compute waits
+    assert stretch(2, None, 5.0) == 1.0
