@@ -57,7 +57,7 @@ from sim.memory import (
     received_gradient_bytes,
     selective_view,
 )
-from sim.model_state import gradient_buffer_scale, held_gradient_bytes, step_copy_bytes
+from sim.model_state import held_gradient_bytes, step_peak_bytes
 from sim.program import Kind
 from sim.schedules import (
     SCHEDULES,
@@ -449,6 +449,7 @@ class Estimator:
             grads[k] += st.grad_bytes
             params[k] += st.param_bytes
             static[k] += st.static_bytes
+        model_state = list(static)  # what the optimizer step holds (sim.model_state.step_peak_bytes)
         for k in range(pp):  # the received gradient a rank holds at once, as the engine and the runtime do
             static[k] += received_gradient_bytes(stages_of[k], rank_of, stage_layers,
                                                  lambda layer: self.costs.layer_costs(layer, micro_batch, tp))
@@ -488,7 +489,7 @@ class Estimator:
         hops = max(0.0, timing.makespan - timing.bare)
         tp_exposed = (per_rank[bottleneck] - compute[bottleneck] - recompute_compute[bottleneck]) * m
         return {"steady": steady, "bubble": bubble, "hops": hops, "bwd": bwd, "params": params, "static": static,
-                "grads": grads,
+                "grads": grads, "model_state": model_state,
                 "held": held, "chunks": chunks, "variance": variance,
                 "earlier": [timing.makespan - end for end in timing.rank_end],
                 "tp_exposed": tp_exposed, "m": m,
@@ -540,7 +541,9 @@ class Estimator:
         # the gradients as held: in an fp32 main-grad buffer where they reduce in fp32 (sim.model_state);
         # the stages counted them in the parameters' dtype
         static = [b + held_gradient_bytes(g, sync, self.dtype) - g for b, g in zip(static, pipe["grads"], strict=True)]
-        scale = gradient_buffer_scale(sync, self.dtype)
+        # the optimizer step holds its model state and its copies of the gradients, nothing else
+        at_step = [step_peak_bytes(self.costs, b, g, sync, self.dtype)
+                   for b, g in zip(pipe["model_state"], pipe["grads"], strict=True)]
         return Estimate(
             iteration_s=iteration,
             compute_s=pipe["compute"],
@@ -550,8 +553,8 @@ class Estimator:
             p2p_s=pipe["hops"],
             dp_comm_s=dp_exposed,
             optimizer_s=opt_bottleneck,
-            # the larger of the pipeline's peak and the optimizer step's copies, which it holds without activations
-            peak_bytes=tuple(static[k] + max(held[k] + buffer, step_copy_bytes(self.costs, pipe["grads"][k], scale))
+            # the larger of the pipeline's peak and the optimizer step's
+            peak_bytes=tuple(max(static[k] + held[k] + buffer, at_step[k])
                              - (embedding.static_bytes_saved if embedding is not None and k == embedding.rank else 0)
                              for k in range(pp)),
             capacity_bytes=self.comm.capacity_bytes,
