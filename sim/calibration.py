@@ -111,7 +111,7 @@ def depth_splits(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame, pd.DataFrame
             (f"layers {min(shallow)}-{max(shallow)} (fit on {min(deep)}-{max(deep)})", high, low)]
 
 
-# --- a 1F1B predictor without lowering -------------------------------------------------------------------------
+# --- a 1F1B predictor without lowering ----------------------------------------------------------------------
 
 @lru_cache(maxsize=256)
 def _layer_costs(model: AnalyticCostModel, hidden: int, heads: int, layers: int, seq: int,
