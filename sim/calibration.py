@@ -6,7 +6,8 @@ shipped as ``sim/data/a100_single_node_megatron.csv`` (source and licence in
 (hidden, heads, seq) with every layer count of it, so no held-out row has a fitted row of the same
 width at another depth (a straight line through those would predict it almost exactly);
 ``model_splits`` gives one such split per shape. ``fit_efficiency`` fits the efficiency curve's two
-parameters to any predictor; ``quick_predict`` is a closed-form 1F1B predictor.
+parameters to any predictor; ``quick_predict`` is a 1F1B predictor from per-layer costs (no lowering,
+no event simulation; its pipeline is the fast estimate's, ``sim.estimate_pipeline``).
 
 Run ``python -m sim.calibration`` to fit the closed form on each split and print every split's errors.
 """
@@ -25,6 +26,7 @@ import pandas as pd
 from sim.analytic import AnalyticCostModel, EfficiencyCurve, LayerCosts, tp_comm_times, uncalibrated_curve
 from sim.cluster import ClusterSpec, load_cluster
 from sim.collectives import collective_time, p2p_time
+from sim.estimate_pipeline import StageTime, pipeline_time
 from sim.hardware import get_device
 from sim.workloads import TransformerConfig, transformer_layers
 from traces.errors import BundleError, ConfigError
@@ -109,7 +111,7 @@ def depth_splits(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame, pd.DataFrame
             (f"layers {min(shallow)}-{max(shallow)} (fit on {min(deep)}-{max(deep)})", high, low)]
 
 
-# --- a closed-form 1F1B predictor -------------------------------------------------------------------------
+# --- a 1F1B predictor without lowering ----------------------------------------------------------------------
 
 @lru_cache(maxsize=256)
 def _layer_costs(model: AnalyticCostModel, hidden: int, heads: int, layers: int, seq: int,
@@ -121,19 +123,22 @@ def _layer_costs(model: AnalyticCostModel, hidden: int, heads: int, layers: int,
     return tuple(model.layer_costs(spec, micro_batch, tp) for spec in (embed, block, head))  # type: ignore
 
 
-def _layer_step_s(c: LayerCosts, tp_fwd_s: float, tp_bwd_s: float) -> float:
-    # Full recompute: forward, re-forward before backward (its TP all-reduces again), backward.
-    return c.fwd_s + c.recompute_s + c.bwd_s + 2 * tp_fwd_s + tp_bwd_s
-
-
 def quick_predict(row: Mapping[str, Any], model: AnalyticCostModel,
                   cluster: ClusterSpec | None = None) -> float:
-    """Seconds per Megatron iteration: 1F1B with full recompute, closed form.
+    """Seconds per Megatron iteration: 1F1B with full recompute, from per-layer costs without lowering.
 
-    (m + p - 1) x the slowest stage's per-micro-batch time (compute, TP all-reduces, p2p sends),
-    then the un-overlapped data-parallel gradient all-reduce (no bucketing), the tied-embedding
-    gradient all-reduce between first and last stage, and the Adam step. Megatron's rank order puts
-    TP ranks innermost, then DP, then PP.
+    The pipeline is priced by the rule the fast estimate and the engine share
+    (``sim.estimate_pipeline.pipeline_time``: the 1F1B action graph weighted with each stage's own
+    forward, recompute and backward seconds, TP all-reduces included, and one point-to-point hop on
+    every edge that crosses stages), then the un-overlapped data-parallel gradient all-reduce (no
+    bucketing), the tied-embedding gradient all-reduce between first and last stage, and the Adam
+    step. Megatron's rank order puts TP ranks innermost, then DP, then PP; its partition puts
+    layers / pp blocks on each stage, the embedding on the first and the head on the last.
+
+    Until session 7 the pipeline was (m + pp - 1) x the slowest stage (each stage paying both hops
+    per micro-batch), which charges the ramp at the slowest stage: with the LM head (about 3.5
+    blocks at hidden 1,024) on the last stage it overpriced the vTrain pp 4 rows (docs/accuracy.md,
+    section 9).
     """
     cluster = cluster or load_cluster(MEGATRON_CLUSTER)
     tp, dp, pp, b = int(row["tp"]), int(row["dp"]), int(row["pp"]), int(row["micro_batch"])
@@ -147,17 +152,23 @@ def quick_predict(row: Mapping[str, Any], model: AnalyticCostModel,
     tp_time = {id(c): tp_comm_times(c, tp_ranks, cluster) for c in (embed, block, head)}
     per_stage_blocks = [len(a) for a in np.array_split(np.arange(int(row["layers"])), pp)]
 
-    stage_s, stage_grad_bytes, stage_param_bytes = [], [], []
+    stages, stage_grad_bytes, stage_param_bytes = [], [], []
     for s, n_blocks in enumerate(per_stage_blocks):
         members = [(block, n_blocks)] + [(embed, 1)] * (s == 0) + [(head, 1)] * (s == pp - 1)
-        t = sum(n * _layer_step_s(c, *tp_time[id(c)]) for c, n in members)
-        if pp > 1:  # send the activation forward and the gradient back, once each per micro-batch
-            t += 2 * p2p_time(block.output_bytes, 0, tp * dp, cluster)
-        stage_s.append(t)
+        # Full recompute: the forward, then the re-forward before the backward (its TP all-reduces
+        # again), then the backward with its own.
+        fwd = sum(n * (c.fwd_s + tp_time[id(c)][0]) for c, n in members)
+        recompute = sum(n * (c.recompute_s + tp_time[id(c)][0]) for c, n in members)
+        bwd_input = sum(n * (c.bwd_input_s + tp_time[id(c)][1]) for c, n in members)
+        bwd_weight = sum(n * c.bwd_weight_s for c, n in members)
+        stages.append(StageTime(fwd, bwd_input + bwd_weight, recompute, bwd_input, bwd_weight))
         stage_grad_bytes.append(sum(n * c.grad_bytes for c, n in members))
         stage_param_bytes.append(sum(n * c.param_bytes for c, n in members))
 
-    total = (m + pp - 1) * max(stage_s)
+    # the activation forward and its gradient back, between ranks tp x dp apart
+    hop = p2p_time(block.output_bytes, 0, tp * dp, cluster) if pp > 1 else 0.0
+    total = pipeline_time("1f1b", pp, m, 1, stages, [st.fwd_s + st.recompute_s + st.bwd_s for st in stages],
+                          [hop] * pp).makespan
     if dp > 1:
         dp_ranks = [tp * d for d in range(dp)]
         total += max(collective_time("all_reduce", g, dp_ranks, cluster) for g in stage_grad_bytes)

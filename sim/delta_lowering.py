@@ -10,7 +10,9 @@ through ``sim.delta.decide`` and writes the decisions down, per (stage, micro-ba
   prefetches it (SWAP_IN one compute step before the backward) as for every swap.
 
 Both engines read a checkpointed forward's layers from its RECOMPUTE, and a swap's from its
-SWAP_OUT, so no per-micro-batch table lives anywhere else. Imports neither torch nor simpy.
+SWAP_OUT, so no per-micro-batch table lives anywhere else. A rank whose optimizer step (no
+activations, the optimizer's gradient copies: ``sim.model_state.step_peak_bytes``) exceeds the
+budget is refused: no release makes it fit. Imports neither torch nor simpy.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from sim.memory import (
     register_memory_policy,
     resident_bytes,
 )
-from sim.model_state import held_gradient_bytes
+from sim.model_state import held_gradient_bytes, step_peak_bytes, step_problem
 from sim.program import Kind
 from sim.schedules import SCHEDULES, Op, generate_schedule, stage_to_rank
 
@@ -81,9 +83,26 @@ def build_delta(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostMo
                             "1f1b, gpipe or interleaved-1f1b, or memory.decide: lowering")
     latency, bandwidth = ClusterComm(load_cluster(plan.cluster), None).host_copy()
     budget = capacity_bytes if config.budget_gb is None else min(capacity_bytes, int(config.budget_gb * 2**30))
+    problem = step_problem(_step_bytes(plan, stage_layers, costs), budget)
+    if problem:  # DELTA releases activations; the optimizer step holds none
+        return MemoryPolicy(none, (0.0,) * stages_n, problem=problem)
     settings = DeltaSettings(budget_bytes=budget, tiny_bytes=int(config.tiny_mb * 2**20), host_latency_s=latency,
                              host_bandwidth_Bps=bandwidth, director=config.director, decide=config.decide)
     return MemoryPolicy(none, (0.0,) * stages_n, delta=settings)
+
+
+def _step_bytes(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostModel) -> list[int]:
+    """Per pipeline rank, what it holds during the optimizer step (``sim.model_state.step_peak_bytes``)."""
+    placement = SCHEDULES[plan.schedule.name].placement
+    model_state, grads = [0] * plan.pp, [0] * plan.pp
+    for s, layers in enumerate(stage_layers):
+        k = stage_to_rank(s, plan.pp, plan.chunks, placement)
+        for layer in layers:
+            c = costs.layer_costs(layer, plan.micro_batch, plan.tp)
+            model_state[k] += c.param_bytes + c.grad_bytes + c.optimizer_bytes
+            grads[k] += c.grad_bytes
+    return [step_peak_bytes(costs, b, g, plan.gradient_sync, plan.dtype)
+            for b, g in zip(model_state, grads, strict=True)]
 
 
 def _replay(steps: list[Step], stage_layers: Sequence[Sequence[int]], cost: Callable[[int], LayerCosts],

@@ -44,7 +44,7 @@ from typing import Any
 from sim.comm import ClusterComm, concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts, tp_comm_s
 from sim.embedding import EmbeddingTerms, table_tp_costs
-from sim.estimate_pipeline import action_graph, weighted_run
+from sim.estimate_pipeline import PipelineTime, pipeline_time, steady_count
 from sim.gradient_sync import GRADIENT_SYNC, GradientSyncConfig, phases_s, vector_wire_bytes
 from sim.gradient_sync_context import BucketPlan, bucket_context, bucket_layers
 from sim.meeting import instruction_variance, lateness_s
@@ -57,21 +57,18 @@ from sim.memory import (
     received_gradient_bytes,
     selective_view,
 )
-from sim.model_state import gradient_buffer_scale, held_gradient_bytes, step_copy_bytes
+from sim.model_state import held_gradient_bytes, step_peak_bytes
 from sim.program import Kind
 from sim.schedules import (
     SCHEDULES,
-    Op,
-    check_preconditions,
     generate_schedule,
     rank_stages,
     simulate_unit_costs,
     stage_to_rank,
 )
-from traces.errors import ConfigError
 
-# Past this many micro-batches per pipeline rank the unit schedule is run at fewer and extended.
-STEADY_MICROBATCHES_PER_RANK = 2
+# Past STEADY_MICROBATCHES_PER_RANK micro-batches per pipeline rank the unit schedule is run at fewer
+# and extended (sim.estimate_pipeline.steady_count).
 
 
 @dataclass(frozen=True)
@@ -96,7 +93,7 @@ def unit_pipeline(name: str, pp: int, microbatches: int, chunks: int, flags: tup
                   r: float) -> UnitPipeline:
     """The schedule's makespan and in-flight micro-batches with F = I = W = 1 and recompute r."""
     info = SCHEDULES[name]
-    m = _steady_count(name, pp, microbatches, chunks)
+    m = steady_count(name, pp, microbatches, chunks)
     recompute = None if info.recompute_is_schedule else list(flags)
     actions = generate_schedule(name, pp, m, chunks, recompute)
     run = simulate_unit_costs(actions, pp, chunks, info.placement, f=1.0, b=1.0, w=1.0, r=r)
@@ -171,24 +168,6 @@ def _peak_states(row: list, pp: int, chunks: int, placement: str, rank: int, m: 
         if not any(covers(other, state) for other in kept):
             kept.append(state)
     return tuple(sorted(scaled(c) for c in kept))
-
-
-def _steady_count(name: str, pp: int, microbatches: int, chunks: int) -> int:
-    """A smaller micro-batch count with the same steady state (a divisor m / k >= 2 pp that the
-    schedule accepts), or the count itself."""
-    floor = STEADY_MICROBATCHES_PER_RANK * pp
-    best = microbatches
-    k = 2
-    while microbatches // k >= floor:
-        if microbatches % k == 0:
-            try:
-                check_preconditions(name, pp, microbatches // k, chunks)
-            except ConfigError:
-                pass
-            else:
-                best = microbatches // k
-        k += 1
-    return best
 
 
 @dataclass(frozen=True)
@@ -470,6 +449,7 @@ class Estimator:
             grads[k] += st.grad_bytes
             params[k] += st.param_bytes
             static[k] += st.static_bytes
+        model_state = list(static)  # what the optimizer step holds (sim.model_state.step_peak_bytes)
         for k in range(pp):  # the received gradient a rank holds at once, as the engine and the runtime do
             static[k] += received_gradient_bytes(stages_of[k], rank_of, stage_layers,
                                                  lambda layer: self.costs.layer_costs(layer, micro_batch, tp))
@@ -505,62 +485,25 @@ class Estimator:
         timing = self._timed_pipeline(schedule, pp, microbatches, chunks, stages, per_rank, hop_s,
                                       [delta_s[rank_of[s]] / chunks for s in range(stages_n)],
                                       tuple(policy.recomputes(s) for s in range(stages_n)))
-        bubble = max(0.0, timing["bare"] - steady)
-        hops = max(0.0, timing["makespan"] - timing["bare"])
+        bubble = max(0.0, timing.bare - steady)
+        hops = max(0.0, timing.makespan - timing.bare)
         tp_exposed = (per_rank[bottleneck] - compute[bottleneck] - recompute_compute[bottleneck]) * m
         return {"steady": steady, "bubble": bubble, "hops": hops, "bwd": bwd, "params": params, "static": static,
-                "grads": grads,
+                "grads": grads, "model_state": model_state,
                 "held": held, "chunks": chunks, "variance": variance,
-                "earlier": [timing["makespan"] - end for end in timing["rank_end"]],
+                "earlier": [timing.makespan - end for end in timing.rank_end],
                 "tp_exposed": tp_exposed, "m": m,
                 "compute": compute[bottleneck] * m, "recompute": recompute_compute[bottleneck] * m,
                 "micro_batch": micro_batch,
                 "sync_layers": [tuple(tuple(stage_layers[s]) for s in stages_of[k]) for k in range(pp)],
-                "sync_slack": [tuple(timing["rank_end"][k] - timing["grads_ready"].get(s, timing["rank_end"][k])
+                "sync_slack": [tuple(timing.rank_end[k] - timing.grads_ready.get(s, timing.rank_end[k])
                                      for s in stages_of[k]) for k in range(pp)]}
 
     def _timed_pipeline(self, schedule: str, pp: int, microbatches: int, chunks: int, stages: Sequence[StageTimes],
                         per_rank: Sequence[float], hop_s: Sequence[float],
-                        delta_s: Sequence[float], flags: tuple[bool, ...]) -> dict:
-        """The schedule's graph weighted with the stages' seconds (``sim.estimate_pipeline``): the
-        makespan with the hops and without them ("bare"), each rank's last compute end and each
-        stage's last backward end. Past the capped micro-batch count the steady state is extended
-        by the slowest rank's time per micro-batch."""
-        info = SCHEDULES[schedule]
-        if len(stages) == 1:  # one stage: its actions back to back, the last one a backward
-            total = microbatches * per_rank[0]
-            return {"makespan": total, "bare": total, "rank_end": [total], "grads_ready": {0: total}}
-        capped = _steady_count(schedule, pp, microbatches, chunks)
-        shape = (schedule, pp, capped, chunks, flags if info.recompute_is_schedule else (False,) * len(stages))
-        graph = action_graph(*shape)
-        # An ordinary recompute runs inside the backward, just before it (the program's RECOMPUTE
-        # waits for the output gradient); Merak's are actions of their own.
-        inline = 0.0 if info.recompute_is_schedule else 1.0
-
-        def seconds(stage: int, op: Op) -> float:
-            st = stages[stage]
-            before = inline * st.recompute_s + delta_s[stage]
-            if op is Op.FORWARD:
-                return st.fwd_s
-            if op is Op.RECOMPUTE:
-                return st.recompute_s
-            if op is Op.BACKWARD:
-                return before + st.bwd_s
-            if op is Op.BACKWARD_INPUT:
-                return before + (st.bwd_input_s if stage > 0 else 0.0)
-            return st.bwd_weight_s if stage > 0 else st.bwd_s  # W (stage 0: the whole backward)
-
-        # Plans that differ only where the pipeline cannot see it (a TP overlap level at tp 1, a memory
-        # policy with the same recompute) share a run.
-        key = (shape, tuple((st.fwd_s, st.bwd_s, st.recompute_s, st.bwd_input_s, st.bwd_weight_s) for st in stages),
-               tuple(delta_s), tuple(hop_s))
-        full = self._runs.get(key)
-        if full is None:
-            full = self._runs[key] = weighted_run(graph, seconds, hop_s)
-        extend = (microbatches - capped) * max(per_rank)
-        return {"makespan": full.makespan + extend, "bare": full.bare + extend,
-                "rank_end": [end + extend for end in full.rank_end],
-                "grads_ready": {s: t + extend for s, t in full.stage_grads_ready.items()}}
+                        delta_s: Sequence[float], flags: tuple[bool, ...]) -> PipelineTime:
+        """``sim.estimate_pipeline.pipeline_time`` with this estimator's cache of weighted runs."""
+        return pipeline_time(schedule, pp, microbatches, chunks, stages, per_rank, hop_s, delta_s, flags, self._runs)
 
     def _finish(self, pipe: dict, dp: int, tp: int, pp: int, sync: GradientSyncConfig, bucket_mb: float,
                 embedding: EmbeddingTerms | None = None) -> Estimate:
@@ -598,7 +541,9 @@ class Estimator:
         # the gradients as held: in an fp32 main-grad buffer where they reduce in fp32 (sim.model_state);
         # the stages counted them in the parameters' dtype
         static = [b + held_gradient_bytes(g, sync, self.dtype) - g for b, g in zip(static, pipe["grads"], strict=True)]
-        scale = gradient_buffer_scale(sync, self.dtype)
+        # the optimizer step holds its model state and its copies of the gradients, nothing else
+        at_step = [step_peak_bytes(self.costs, b, g, sync, self.dtype)
+                   for b, g in zip(pipe["model_state"], pipe["grads"], strict=True)]
         return Estimate(
             iteration_s=iteration,
             compute_s=pipe["compute"],
@@ -608,8 +553,8 @@ class Estimator:
             p2p_s=pipe["hops"],
             dp_comm_s=dp_exposed,
             optimizer_s=opt_bottleneck,
-            # the larger of the pipeline's peak and the optimizer step's copies, which it holds without activations
-            peak_bytes=tuple(static[k] + max(held[k] + buffer, step_copy_bytes(self.costs, pipe["grads"][k], scale))
+            # the larger of the pipeline's peak and the optimizer step's
+            peak_bytes=tuple(max(static[k] + held[k] + buffer, at_step[k])
                              - (embedding.static_bytes_saved if embedding is not None and k == embedding.rank else 0)
                              for k in range(pp)),
             capacity_bytes=self.comm.capacity_bytes,

@@ -15,23 +15,32 @@ average overprices the ramp by (slowest - average) per pass, +6% median and +13.
 vTrain pp 4 rows with 2 micro-batches; full recompute makes B three forwards, not two, which moves
 the interleaved and zero-bubble ramps; and adding every hop to the total ignores the hops that a
 warm-up forward hides. Weighting the graph prices all three as the engine does.
+
+``pipeline_time`` is the one entry: the fast estimate (``sim.estimate.Estimator``) and the
+calibration's closed form (``sim.calibration.quick_predict``) both price a pipeline through it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Protocol
 
 from sim.schedules import (
     SCHEDULES,
     Op,
     action_dependencies,
+    check_preconditions,
     completion_key,
     generate_schedule,
     simulate_unit_costs,
     stage_to_rank,
 )
+from traces.errors import ConfigError
+
+# Past this many micro-batches per pipeline rank the schedule is run at fewer and extended.
+STEADY_MICROBATCHES_PER_RANK = 2
 
 
 @dataclass(frozen=True)
@@ -140,3 +149,107 @@ def weighted_run(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s:
 def stage_ranks(pp: int, chunks: int, placement: str) -> tuple[int, ...]:
     """Each virtual stage's pipeline rank."""
     return tuple(stage_to_rank(s, pp, chunks, placement) for s in range(pp * chunks))
+
+
+def steady_count(name: str, pp: int, microbatches: int, chunks: int) -> int:
+    """A smaller micro-batch count with the same steady state (a divisor m / k >= 2 pp that the
+    schedule accepts), or the count itself."""
+    floor = STEADY_MICROBATCHES_PER_RANK * pp
+    best = microbatches
+    k = 2
+    while microbatches // k >= floor:
+        if microbatches % k == 0:
+            try:
+                check_preconditions(name, pp, microbatches // k, chunks)
+            except ConfigError:
+                pass
+            else:
+                best = microbatches // k
+        k += 1
+    return best
+
+
+class StageSeconds(Protocol):
+    """One virtual stage's seconds per micro-batch, TP communication included (``sim.estimate.
+    StageTimes`` is one): forward, whole backward, recompute, and a split backward's I and W."""
+
+    fwd_s: float
+    bwd_s: float
+    recompute_s: float
+    bwd_input_s: float
+    bwd_weight_s: float
+
+
+@dataclass(frozen=True)
+class StageTime:
+    """A plain ``StageSeconds`` (for callers without ``sim.estimate.StageTimes``)."""
+
+    fwd_s: float
+    bwd_s: float
+    recompute_s: float
+    bwd_input_s: float
+    bwd_weight_s: float
+
+
+@dataclass(frozen=True)
+class PipelineTime:
+    """A whole iteration's pipeline, in seconds: ``WeightedRun``'s fields at the plan's micro-batch count."""
+
+    makespan: float
+    bare: float
+    rank_end: tuple[float, ...]
+    grads_ready: Mapping[int, float]
+
+
+def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages: Sequence[StageSeconds],
+                  per_rank: Sequence[float], hop_s: Sequence[float], delta_s: Sequence[float] | None = None,
+                  flags: tuple[bool, ...] | None = None,
+                  runs: MutableMapping[tuple, WeightedRun] | None = None) -> PipelineTime:
+    """The schedule's graph weighted with the stages' seconds: the makespan with the hops and without
+    them ("bare"), each rank's last compute end and each stage's last backward end.
+
+    ``per_rank``: each pipeline rank's seconds per micro-batch (its stages' forward, backward and
+    recompute, plus ``delta_s``); past the capped micro-batch count (``steady_count``) the steady
+    state is extended by the slowest rank's. ``hop_s[s]``: one point-to-point transfer between
+    stages s and s + 1. ``delta_s``: per stage, seconds of re-runs DELTA adds before each backward.
+    ``flags``: per stage, whether it recomputes (read only by a schedule whose recompute is its
+    shape, Merak's). ``runs``: a cache of weighted runs by their inputs."""
+    info = SCHEDULES[schedule]
+    n_stages = len(stages)
+    delta_s = delta_s if delta_s is not None else (0.0,) * n_stages
+    if n_stages == 1:  # one stage: its actions back to back, the last one a backward
+        total = microbatches * per_rank[0]
+        return PipelineTime(total, total, (total,), {0: total})
+    capped = steady_count(schedule, pp, microbatches, chunks)
+    flags = flags if flags is not None and info.recompute_is_schedule else (False,) * n_stages
+    shape = (schedule, pp, capped, chunks, flags)
+    graph = action_graph(*shape)
+    # An ordinary recompute runs inside the backward, just before it (the program's RECOMPUTE
+    # waits for the output gradient); Merak's are actions of their own.
+    inline = 0.0 if info.recompute_is_schedule else 1.0
+
+    def seconds(stage: int, op: Op) -> float:
+        st = stages[stage]
+        before = inline * st.recompute_s + delta_s[stage]
+        if op is Op.FORWARD:
+            return st.fwd_s
+        if op is Op.RECOMPUTE:
+            return st.recompute_s
+        if op is Op.BACKWARD:
+            return before + st.bwd_s
+        if op is Op.BACKWARD_INPUT:
+            return before + (st.bwd_input_s if stage > 0 else 0.0)
+        return st.bwd_weight_s if stage > 0 else st.bwd_s  # W (stage 0: the whole backward)
+
+    # Plans that differ only where the pipeline cannot see it (a TP overlap level at tp 1, a memory
+    # policy with the same recompute) share a run.
+    key = (shape, tuple((st.fwd_s, st.bwd_s, st.recompute_s, st.bwd_input_s, st.bwd_weight_s) for st in stages),
+           tuple(delta_s), tuple(hop_s))
+    full = runs.get(key) if runs is not None else None
+    if full is None:
+        full = weighted_run(graph, seconds, hop_s)
+        if runs is not None:
+            runs[key] = full
+    extend = (microbatches - capped) * max(per_rank)
+    return PipelineTime(full.makespan + extend, full.bare + extend, tuple(end + extend for end in full.rank_end),
+                        {s: t + extend for s, t in full.stage_grads_ready.items()})

@@ -24,6 +24,10 @@ estimate (``sim.estimate``) and the engine's memory ledger use:
   from its prefetch one compute step before the backward, hence ``min(n, 2)`` of them. That holds
   while a swap-out ends within the next forward, so a stage swaps no more than its forward time
   can move (in the warm-up forwards run back to back, and a slower copy would pile them up).
+- **The optimizer step.** It holds no activations but the model state with the optimizer's own
+  copies of the gradients (``sim.model_state.step_peak_bytes``: Megatron's fp16 optimizer copies
+  them to fp32), which may exceed the pipeline's peak. No choice changes it, so a rank whose step
+  does not fit is refused (``step_problem``) rather than planned for.
 
 The model is in plain numbers (``LayerChoiceModel``) with ``time`` and ``fits`` for any choice, so
 tests brute-force small cases against ``solve``. What the model leaves out (the order of the copy
@@ -91,6 +95,9 @@ class LayerChoiceModel:
     # ReLU output is the next convolution's input): counted once while both keep it, or while the
     # previous layer keeps it and this one is recomputed (its checkpoint), as sim.memory.forward_bytes
     shared: tuple[int, ...] = ()
+    # per rank: bytes held during the optimizer step (sim.model_state.step_peak_bytes), which no choice
+    # changes; a rank's peak is the larger of its pipeline's and this
+    step: tuple[int, ...] = ()
 
     # -- the objective and the constraints, for any choice ---------------------------------------
     def rank_times(self, choice: Choice) -> list[float]:
@@ -144,9 +151,10 @@ class LayerChoiceModel:
             s = self.stage_of[i]
             back[s] = back.get(s, 0) + (self.saved[i] - self.checkpoint[i] if c == RECOMPUTE else 0)
             swapped[s] = swapped.get(s, 0) + (self.saved[i] if c == SWAP else 0)
-        return [self.static[k] + max((sum(n * kept.get(s, 0) + x * back.get(s, 0) + min(n, 2) * swapped.get(s, 0)
-                                          for s, (n, x) in zip(self.local_stages[k], state, strict=True))
-                                      for state in self.states[k]), default=0)
+        return [max(self.static[k] + max((sum(n * kept.get(s, 0) + x * back.get(s, 0) + min(n, 2) * swapped.get(s, 0)
+                                              for s, (n, x) in zip(self.local_stages[k], state, strict=True))
+                                          for state in self.states[k]), default=0),
+                    self.step[k] if self.step else 0)
                 for k in range(len(self.base_s))]
 
     def allowed(self, choice: Choice) -> bool:
@@ -181,6 +189,8 @@ class LayerChoiceModel:
         import numpy as np
         from scipy.optimize import Bounds, LinearConstraint, milp
 
+        if any(b > self.capacity for b in self.step):  # the optimizer step does not fit, whatever the choice
+            return None
         n, pp, stages_n = len(self.layers), len(self.base_s), len(self.forward_s)
         # Variables: r_i (recompute layer i), w_i (swap it), z_s (stage s recomputes anything),
         # e_s (exposed swap-in of stage s), t_k (rank k per micro-batch), T (the slowest rank).
@@ -281,7 +291,7 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
     from sim.comm import ClusterComm
     from sim.estimate import Estimator, _layout, unit_pipeline
     from sim.gradient_sync import vector_wire_bytes
-    from sim.model_state import held_gradient_bytes
+    from sim.model_state import held_gradient_bytes, step_peak_bytes
 
     config = plan.memory
     assert isinstance(config, OptimalMemory)
@@ -302,6 +312,7 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
     layers, stage_of, recompute_s, copy_s, saved, ckpt, shared = [], [], [], [], [], [], []
     base = [0.0] * pp
     static = [0] * pp
+    model_state, grads = [0] * pp, [0] * pp  # what the optimizer step holds: sim.model_state.step_peak_bytes
     forward = []
     for s in range(stages_n):
         whole = estimator.stage(tuple(stage_layers[s]), (), mb, tp, level, 0.0)
@@ -310,6 +321,8 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
         # the gradients as held (sim.model_state): the stage counted them in the parameters' dtype
         static[rank_of[s]] += whole.static_bytes - whole.grad_bytes + held_gradient_bytes(
             whole.grad_bytes, plan.gradient_sync, plan.dtype)
+        model_state[rank_of[s]] += whole.static_bytes
+        grads[rank_of[s]] += whole.grad_bytes
         for layer in stage_layers[s]:
             layers.append(layer)
             stage_of.append(s)
@@ -331,7 +344,9 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
         copy_s=tuple(copy_s),
         saved=tuple(saved), checkpoint=tuple(ckpt), static=tuple(static), states=unit.states,
         local_stages=stages_of, capacity=capacity, swap_cap=swap_cap,
-        allow_swap=config.allow_swap, allow_recompute=config.allow_recompute, shared=tuple(shared))
+        allow_swap=config.allow_swap, allow_recompute=config.allow_recompute, shared=tuple(shared),
+        step=tuple(step_peak_bytes(costs, b, g, plan.gradient_sync, plan.dtype)
+                   for b, g in zip(model_state, grads, strict=True)))
 
 
 def policy_of(model: LayerChoiceModel, choice: Choice, num_stages: int) -> MemoryPolicy:
@@ -354,10 +369,15 @@ def build_optimal(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: Cost
                             (0.0,) * stages_n,
                             problem=f"schedule {plan.schedule.name} fixes its own recomputation; the optimal "
                             "memory policy needs an ordinary schedule (1f1b, gpipe, interleaved-1f1b, zb-*)")
+    from sim.model_state import step_problem
+
     model = layer_choice_model(plan, stage_layers, costs, capacity_bytes)
     choice = model.solve()
     if choice is not None:
         return policy_of(model, choice, stages_n)
+    problem = step_problem(model.step, model.capacity)
+    if problem:  # the pipeline may fit; the step, which no choice changes, does not
+        return replace(policy_of(model, (KEEP,) * len(model.layers), stages_n), problem=problem)
     # Nothing fits: recompute everything (or swap everything, if recompute is off), with the reason.
     frugal = tuple(RECOMPUTE if model.allow_recompute else SWAP if model.allow_swap else KEEP for _ in model.layers)
     peaks = model.peaks(frugal)

@@ -12,12 +12,14 @@ reduces_in_fp32``) decides both. Per parameter, with the optimizer state of ``si
 (fp32 master weights and two fp32 Adam moments, 12 B), a Megatron bf16 model holds 2 + 4 + 12 = 18 B and
 an fp16 one 2 + 2 + 12 = 16 B, Megatron's own table (docs/distrib_optimizer.md at 23.04: 18 and 20,
 the 20 counting the fp32 copy of the gradients the fp16 optimizer makes at its step: ``step_copy_bytes``,
-which the ledger holds during the step and the estimate counts; docs/memory.md). Imports neither torch
-nor simpy.
+which the ledger holds during the step; ``step_peak_bytes`` is what a rank holds then, which the
+estimate and the memory planners (the MILP, DELTA) count, and ``step_problem`` the planners' refusal
+when it exceeds what they plan for; docs/memory.md). Imports neither torch nor simpy.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sim.gradient_sync import GradientSyncConfig, reduces_in_fp32
@@ -44,3 +46,29 @@ def step_copy_bytes(costs: Any, grad_bytes: int, buffer_scale: float) -> int:
     the runtime's torch Adam and measured profiles allocate no copies)."""
     rule = getattr(costs, "step_copy_bytes", None)
     return int(rule(grad_bytes, buffer_scale)) if rule is not None else 0
+
+
+def step_peak_bytes(costs: Any, static_bytes: int, grad_bytes: int, settings: GradientSyncConfig, dtype: str) -> int:
+    """Bytes a pipeline rank holds while its optimizer steps. ``static_bytes``: its parameters, optimizer
+    state and gradients, these counted in the parameters' dtype (``grad_bytes`` of them, the sum of
+    ``LayerCosts.grad_bytes``); the gradients are held as ``held_gradient_bytes`` says, and the step adds
+    its copies (``step_copy_bytes``). Nothing else is alive then: the step follows the last backward
+    (which frees the activations and the received gradient) and the gradient sync (its buckets), as
+    the engine's ledger runs it (sim.engine, OPTIMIZER_STEP)."""
+    held = held_gradient_bytes(grad_bytes, settings, dtype)
+    return static_bytes - grad_bytes + held + step_copy_bytes(costs, grad_bytes, gradient_buffer_scale(settings, dtype))
+
+
+def step_problem(at_step: Sequence[int], capacity: int) -> str:
+    """The memory planners' refusal when a rank's ``step_peak_bytes`` exceed the bytes they plan for
+    (``capacity``), else "". No choice of theirs (keep, recompute, swap, release) changes the step:
+    it holds no activations."""
+    if not at_step:
+        return ""
+    worst = max(range(len(at_step)), key=at_step.__getitem__)
+    if at_step[worst] <= capacity:
+        return ""
+    return (f"no per-layer choice fits {capacity / 2**30:.3g} GiB per device: pipeline rank {worst} holds "
+            f"{at_step[worst] / 2**30:.3g} GiB during the optimizer step, with no activations (parameters, "
+            "gradients, optimizer state, and the optimizer's copies of the gradients where it makes them); spread "
+            "the model over more pipeline or tensor-parallel ranks, or raise the budget")

@@ -106,3 +106,59 @@ def test_megatrons_fp16_optimizer_holds_fp32_gradient_copies_during_its_step() -
     # (25 MiB buckets: the estimate counts one bucket_mb bucket in flight, and the plan's one bucket of
     # 1e6 MiB stands for "everything at once", which the estimate does not clip to the rank's gradients)
     assert estimate.peak_bytes[0] == 20 * n
+
+
+def _step_case(policy: str, budget_gb: float | None) -> Plan:
+    """GPT-2 medium on one DGX A100 (dp 2, tp 2, pp 2, 4 micro-batches of 1): its pipeline's peak is
+    below its optimizer step's under Megatron's fp16 optimizer (20 B per parameter at the step)."""
+    return Plan.from_dict({
+        "name": "step", "workload": "gpt2-medium", "cluster": {"preset": "dgx-a100-8"}, "dtype": "fp16",
+        "parallelism": {"dp": 2, "tp": 2, "pp": 2}, "schedule": {"name": "1f1b", "micro_batch": 1, "microbatches": 4},
+        "memory": {"policy": policy, "budget_gb": budget_gb}})
+
+
+def test_the_memory_planners_plan_against_the_optimizer_steps_copies() -> None:
+    """The MILP and DELTA count what a rank holds during the optimizer step (``step_peak_bytes``: the
+    ledger's bytes there, exactly). Under a budget between the pipeline's peak and the step's, the MILP
+    without that term (the planner before session 7) returns a plan it says fits, and the engine's
+    ledger overflows the budget at the step; the planners now refuse it (no per-layer choice changes
+    the step). Under a budget above the step, both plan, and the engine stays within it."""
+    from dataclasses import replace
+
+    from sim.analytic_costs import AnalyticCosts
+    from sim.cluster import load_cluster
+    from sim.memory_optimal import RECOMPUTE, policy_of
+    from sim.workloads import transformer_config, transformer_layers
+    from traces.errors import ConfigError
+
+    p = _step_case("optimal", None)
+    cluster = load_cluster(p.cluster)
+    costs = AnalyticCosts(transformer_layers(transformer_config(p.workload)), cluster.device, "fp16", cluster,
+                          optimizer="megatron-fp16")
+    resolved = resolve_plan(p, costs)
+    model = layer_choice_model(p, resolved.stage_layers, costs, resolved.comm.capacity_bytes)
+    without_step = replace(model, step=())
+    frugal = max(without_step.peaks((RECOMPUTE,) * len(model.layers)))
+    assert frugal < min(model.step)  # the case: recomputing everything fits a budget the step overflows
+
+    low = (frugal + min(model.step)) // 2
+    old = replace(without_step, capacity=low)
+    choice = old.solve()
+    assert choice is not None and old.fits(choice)  # the old planner: "fits"
+    tight = _step_case("optimal", low / 2**30)
+    ran = simulate(tight, costs=costs, resolved=replace(resolved, plan=tight,
+                                                        policy=policy_of(old, choice, tight.num_stages)))
+    peaks = [ran.memory[r] for r in sorted(ran.memory)]
+    assert max(m.peak_bytes for m in peaks) > low  # ... and the engine overflows its budget, at the step:
+    assert all(m.breakdown["activations"] == 0 for m in peaks)
+    assert [m.peak_bytes for m in peaks] == list(model.step)  # the one rule is the ledger's bytes there
+    assert replace(model, capacity=low).solve() is None
+    for policy in ("optimal", "delta"):
+        with pytest.raises(ConfigError, match="optimizer step") as error:
+            resolve_plan(_step_case(policy, low / 2**30), costs)
+        assert error.value.field == "memory"
+
+    roomy = max(model.step) * 1.02
+    for policy in ("optimal", "delta"):
+        result = simulate(_step_case(policy, roomy / 2**30), costs=costs)
+        assert max(m.peak_bytes for m in result.memory.values()) <= roomy, policy
