@@ -48,16 +48,16 @@ load than wall times, and the runnable-but-waiting time says how much other load
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import re
 import statistics
-import tempfile
 import threading
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+from probe_ranks import gather_ranks  # scripts/ is the script's own path
 
 COMPUTE_KINDS = ("FWD", "BWD")
 
@@ -230,18 +230,7 @@ def _rank(rank: int, world: int, plan_path: str, rounds: int, init: str, queue: 
 def run_probe(plan_path: Path, rounds: int) -> dict[int, list[dict]]:
     from sim.plan import Plan
 
-    world = Plan.load(plan_path).world_size
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="paratwin-cpu-") as tmp:
-        init = f"file://{tmp}/rendezvous"
-        ranks = [ctx.Process(target=_rank, args=(r, world, str(plan_path), rounds, init, queue)) for r in range(world)]
-        for p in ranks:
-            p.start()
-        got = dict(queue.get() for _ in ranks)
-        for p in ranks:
-            p.join()
-    return got
+    return gather_ranks(_rank, Plan.load(plan_path).world_size, str(plan_path), rounds, prefix="paratwin-cpu-")
 
 
 def shared_cpu(row: list[dict]) -> float:

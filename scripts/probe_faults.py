@@ -18,22 +18,22 @@ side on a loaded machine.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import resource
 import statistics
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+from probe_ranks import gather_ranks  # scripts/ is the script's own path
 
 
 def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
 
 
-def _rank(rank: int, world: int, plan_path: str, iterations: int, init: str, queue: Any, alternate: bool) -> None:
+def _rank(rank: int, world: int, plan_path: str, iterations: int, alternate: bool, init: str, queue: Any) -> None:
     import torch
     import torch.distributed as dist
 
@@ -80,19 +80,7 @@ def _rank(rank: int, world: int, plan_path: str, iterations: int, init: str, que
 def run_faults(plan_path: Path, iterations: int, alternate: bool = False) -> dict[int, dict[str, list]]:
     from sim.plan import Plan
 
-    world = Plan.load(plan_path).world_size
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="paratwin-probe-") as tmp:
-        init = f"file://{tmp}/rendezvous"
-        ranks = [ctx.Process(target=_rank, args=(r, world, str(plan_path), iterations, init, queue, alternate))
-                 for r in range(world)]
-        for p in ranks:
-            p.start()
-        got = dict(queue.get() for _ in ranks)
-        for p in ranks:
-            p.join()
-    return got
+    return gather_ranks(_rank, Plan.load(plan_path).world_size, str(plan_path), iterations, alternate)
 
 
 def profile_faults(plan_path: Path) -> dict[tuple[str, str], list[int]]:
