@@ -79,3 +79,31 @@ def test_without_dropout_the_masks_and_the_dropout_output_are_not_kept():
     held, ln_stats, _ = ledger(row, t, dropout=0.0)
     sbh = SEQ * b * h
     assert held - ln_stats == 8 * sbh + 24 * sbh // t + 2 * a * SEQ * SEQ * b // t
+
+
+def test_the_fast_estimate_holds_the_masks_like_the_ledger():
+    # Dropout's bytes reach the search's estimate through the same LayerCosts: its peak moves with the
+    # engine's, and its time too (the dropout kernels), on a plan without recomputation.
+    from sim.compile import compile_plan
+    from sim.estimate import Estimator
+    from sim.plan import Plan
+    from sim.simulate import simulate
+
+    def run(p: float):
+        plan = Plan.from_dict({"workload": "gpt2-small", "workload_options": {"attention": "unfused", "dropout": p},
+                               "cluster": {"preset": "dgx-a100-8"}, "dtype": "fp16",
+                               "parallelism": {"pp": 2, "tp": 2, "dp": 2}, "memory": {"policy": "none"},
+                               "schedule": {"name": "1f1b", "micro_batch": 2, "microbatches": 4}})
+        resolved = compile_plan(plan).resolved
+        fast = Estimator(resolved.costs, resolved.comm, plan.dtype).estimate(
+            schedule="1f1b", dp=2, tp=2, pp=2, chunks=1, micro_batch=2, microbatches=4,
+            stage_layers=resolved.stage_layers, policy=resolved.policy, tp_overlap=0,
+            sync_method=plan.gradient_sync.method, bucket_mb=plan.gradient_sync.bucket_mb)
+        engine = simulate(plan)
+        return fast, [engine.memory[r].peak_bytes for r in sorted(engine.memory)], engine.iteration_s
+
+    (fast0, ledger0, t0), (fast1, ledger1, t1) = run(0.0), run(0.1)
+    grown_ledger = max(ledger1) - max(ledger0)
+    grown_fast = max(fast1.peak_bytes) - max(fast0.peak_bytes)
+    assert grown_ledger > 0 and grown_fast == pytest.approx(grown_ledger, rel=0.02)
+    assert t1 > t0 and fast1.iteration_s > fast0.iteration_s
