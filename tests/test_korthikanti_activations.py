@@ -107,3 +107,17 @@ def test_the_fast_estimate_holds_the_masks_like_the_ledger():
     grown_fast = max(fast1.peak_bytes) - max(fast0.peak_bytes)
     assert grown_ledger > 0 and grown_fast == pytest.approx(grown_ledger, rel=0.02)
     assert t1 > t0 and fast1.iteration_s > fast0.iteration_s
+
+
+def test_a_dropout_outside_0_1_is_refused_naming_the_field():
+    from sim.plan import Plan
+    from sim.simulate import simulate
+    from traces.errors import ConfigError
+
+    for bad in (1.0, -0.1, "0.1"):
+        with pytest.raises(ConfigError, match="workload_options.dropout"):
+            transformer_config("gpt-tiny", dropout=bad)
+    plan = Plan.from_dict({"workload": "gpt2-small", "workload_options": {"dropout": 1.5},
+                           "cluster": {"preset": "dgx-a100-8"}, "parallelism": {"dp": 8}})
+    with pytest.raises(ConfigError, match="workload_options.dropout"):
+        simulate(plan)
