@@ -14,7 +14,9 @@ those copies during the step (sim.model_state.step_copy_bytes), so its peak is a
 Part 2, Korthikanti et al. 2022 (arXiv:2205.05198) section 4: activation bytes of one transformer
 layer with tensor parallelism and no sequence parallelism, s b h (10 + 24/t + 5 a s / (h t)) (their
 eq. 2), and under full recomputation 2 s b h (section 4.3: only the layer input is kept), against the
-ledger's saved bytes of one block (unfused attention, as Megatron-LM ran) and its checkpoint bytes.
+ledger's saved bytes of one block (unfused attention and dropout 0.1, as Megatron-LM ran: the
+ledger equals eq. 2 plus the layernorms' statistics, tests/test_korthikanti_activations.py) and its
+checkpoint bytes.
 """
 
 from __future__ import annotations

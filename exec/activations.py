@@ -4,7 +4,9 @@ memory and back) and the segments of the stage's autograd graph."""
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +106,7 @@ class Segment:
     grad_out: torch.Tensor | None = None  # gradient entering the segment (set by BWD_I)
     captured_grads: dict[int, torch.Tensor] = field(default_factory=dict)  # id(tensor) -> grad
     deferred: bool = False  # BWD_I could not split it (input needs no grad): BWD_W does it all
+    rng: RngState | None = None  # its forward's RNG state, where a run-time policy may re-run it (Run.rng)
 
     @property
     def identity(self) -> bool:
@@ -123,6 +126,28 @@ class Run:
     # The last stage's last run: the loss is part of it (the profiled last layer includes the loss),
     # so the forward computes it without grad and the RECOMPUTE computes it again with grad.
     loss: bool = False
+    # The RNG state its forward began with, for a workload with dropout (exec.workloads.base.Workload.
+    # stochastic): the RECOMPUTE draws the same masks, as torch.utils.checkpoint's preserve_rng_state.
+    rng: RngState | None = None
+
+
+@dataclass(frozen=True)
+class RngState:
+    cpu: torch.Tensor
+    cuda: torch.Tensor | None  # the device's generator, on a CUDA device
+
+    @staticmethod
+    def take(device: torch.device) -> RngState:
+        return RngState(torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+
+    @contextlib.contextmanager
+    def replayed(self, device: torch.device) -> Iterator[None]:
+        """Run the body from this state and leave the generators as they were before it."""
+        with torch.random.fork_rng(devices=[device] if self.cuda is not None else []):
+            torch.set_rng_state(self.cpu)
+            if self.cuda is not None:
+                torch.cuda.set_rng_state(self.cuda, device)
+            yield
 
 
 def runs_of(flags: list[bool]) -> list[tuple[int, int, bool]]:

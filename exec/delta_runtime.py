@@ -178,7 +178,7 @@ class RuntimeDelta:
             if owner == layer:
                 slot.store.tensors[p] = None  # the segment's graph goes with the segment below
         last = s == self.rt.num_stages - 1 and position == len(state.layers) - 1
-        slot.checkpointed.append(Run(position, position + 1, segment.inp, position, loss=last))
+        slot.checkpointed.append(Run(position, position + 1, segment.inp, position, loss=last, rng=segment.rng))
         slot.segments[position] = None
         state.where[layer] = DROPPED
         self.rt._track(slot)

@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from exec.activations import Run, SavedStore, Segment, Slot, runs_of, storage_key, unique_bytes
+from exec.activations import RngState, Run, SavedStore, Segment, Slot, runs_of, storage_key, unique_bytes
 from exec.clock import Clock, Pending
 from exec.contract import ExecutablePlan, batch_seed, make_optimizer
 from exec.delta_runtime import RuntimeDelta
@@ -481,18 +481,21 @@ class RankRuntime:
                 slot.saved_at.append(len(slot.store.tensors))
                 inp = h if h is x else h.detach().requires_grad_(h.is_floating_point())
                 if checkpointed:  # keep only the run's input (a leaf); RECOMPUTE fills its segment
+                    rng = RngState.take(self.device) if self.workload.stochastic else None
                     with torch.no_grad():
                         out = self._walk(slot, s, start, end, inp)
-                    slot.checkpointed.append(Run(start, end, inp, len(slot.segments)))
+                    slot.checkpointed.append(Run(start, end, inp, len(slot.segments), rng=rng))
                     slot.segments.append(None)
                     h = out.detach().requires_grad_(out.is_floating_point())
                 else:
                     if self.delta is None:  # consecutive kept layers: one graph from the run's input
                         inp = h
                     captures: list = []
+                    # DELTA may drop this layer and re-run it: the re-run draws the forward's masks
+                    rng = RngState.take(self.device) if self.delta is not None and self.workload.stochastic else None
                     with self._capturing(captures):
                         out = self._walk(slot, s, start, end, inp)
-                    slot.segments.append(Segment(inp, out, captures))
+                    slot.segments.append(Segment(inp, out, captures, rng=rng))
                     h = out
                     if self.delta is not None:  # the last stage's last layer releases once its loss is on
                         self.delta.forward_layer(ins, layers[start], release=not (last_stage and end == len(layers)))
@@ -541,7 +544,8 @@ class RankRuntime:
         """Re-run a checkpointed layer with grad (and the loss after it, where it is the last stage's
         last layer): its segment of the stage's graph."""
         captures: list = []
-        with self._recording(slot, captures), torch.enable_grad():
+        replay = run.rng.replayed(self.device) if run.rng is not None else contextlib.nullcontext()
+        with self._recording(slot, captures), torch.enable_grad(), replay:
             out = self._walk(slot, s, run.start, run.end, run.inp)
             if run.loss:
                 out = self._loss(out, mb)

@@ -113,6 +113,12 @@ MEGATRON_LAUNCHES = {  # kind: ((forward, input gradient, weight gradient), (the
     "embedding": ((14, 1, 14), (7, 0, 0)),
     "head": ((34, 12, 4), (0, 0, 0)),
 }
+# Of those, the launches that exist only with dropout (p > 0; Megatron's default 0.1,
+# sim.workloads.TransformerConfig.dropout): a block's attention dropout forward and backward and its two
+# bias-dropout-adds' backward mask multiplies (without dropout, the gradient of a sum is its input's
+# and nothing is launched; the forward's bias add and residual add stay), the embedding's dropout
+# forward and backward. A p 0 workload does not launch them.
+DROPOUT_LAUNCHES = {"block": (1, 3, 0), "embedding": (1, 1, 0), "head": (0, 0, 0)}
 # Host seconds per counted kernel launch. Public figures bound it from below: a torch function on a
 # plain tensor costs ~2 us in the framework alone (pytorch/pytorch benchmarks/overrides_benchmark/
 # README.md), and cudaLaunchKernel adds a few us; a Megatron layer's Python between launches (nn.Module
@@ -265,7 +271,9 @@ class KernelTimes:
     bwd_weight_s: float
     elementwise_bytes_fwd: float
     elementwise_bytes_bwd: float
-    attention_saved_bytes: float  # what unfused attention saves beyond LayerSpec's count (probabilities, mask)
+    # Bytes kept beyond LayerSpec's count (which is flash attention's without dropout): unfused attention's
+    # softmax output (and with dropout its mask and output; less flash's log-sum-exp), dropout masks.
+    extra_saved_bytes: float
     # Seconds by kind of work, (forward, input gradient, weight gradient) each; they sum to the three
     # times above. Kinds: "gemm" (the weight GEMMs of a block), "attention" (score and context bmms,
     # softmax, dropout and the context copy; a flash kernel), "memory" (a block's layernorms,
@@ -302,6 +310,9 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
       dropout (read dy, mask, write dx: 2S e + S), context copy (2X / t), each dropout-add (read dy,
       mask, write dx, and dy again for the bias gradient: 3X e + X), GELU (read dy, x, write dx: 3F),
       the residual-gradient sums (2 x (read 2X, write X));
+    without dropout (``layer.extra["dropout"]`` 0, the default) no dropout kernel runs and no mask is
+      written or read: the attention dropout's forward and backward and the masks' X bytes of the
+      bias-dropout-adds go (the bias and residual adds stay), and the embedding's dropout;
     head: final LN (2X / 3X), logits GEMM [b s, h] x [h, V/t], vocabulary-parallel cross-entropy on the
       [b s, V/t] logits in fp32 (megatron/core/tensor_parallel/cross_entropy.py: cast, max, subtract,
       exp, sum, divide: 38 bytes per logit forward; gradient and cast back: 14 bytes backward);
@@ -315,6 +326,7 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
                           f"use one of {', '.join(ATTENTION_IMPLEMENTATIONS)}")
     x = layer.extra
     s, h, a, f = int(x["seq"]), int(x["hidden"]), int(x["heads"]), int(x["ffn"])
+    drop = 1.0 if x.get("dropout", 0.0) > 0 else 0.0  # whether the dropout kernels run (TransformerConfig.dropout)
     e = ACTIVATION_BYTES[normalize_dtype(dtype)]
     peak = device.peak(dtype)
     bw = device.memory_bandwidth_Bps * curve.mem_eff
@@ -352,19 +364,20 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
             for m, n, k in ((s, s, d), (s, d, s)):
                 add("attention", gemm_time(m, n, k, heads, peak, eff, bw, e, sms),
                     gemm_time(m, k, n, heads, peak, eff, bw, e, sms) + gemm_time(k, n, m, heads, peak, eff, bw, e, sms))
-            att_f = e * 2 * S + (e * 2 * S + S) + e * 2 * X / t
-            att_b = e * 3 * S + (e * 2 * S + S) + e * 2 * X / t
+            att_f = e * 2 * S + drop * (e * 2 * S + S) + e * 2 * X / t
+            att_b = e * 3 * S + drop * (e * 2 * S + S) + e * 2 * X / t
             add("attention", att_f / bw, att_b / bw)
             mem_f, mem_b = mem_f + att_f, mem_b + att_b
-            saved_extra = e * S + S  # the probabilities (input of the context bmm) and the dropout mask
+            saved_extra = unfused_attention_saved_bytes(b, t, s, a, e, drop)
         else:
             causal = 0.5 if x.get("causal", 1.0) else 1.0
             flops = 4.0 * heads * s * s * d * causal
             add("attention", flops / (FLASH_EFF_FWD * peak), 2.5 * flops / (FLASH_EFF_BWD * peak))
-        blk_f = e * 2 * X + (e * 3 * X + X) + e * 2 * X + e * 2 * F + (e * 3 * X + X)
-        blk_b = e * 3 * X * 2 + 2 * (e * 3 * X + X) + e * 3 * F + 2 * e * 3 * X
+        blk_f = e * 2 * X + (e * 3 * X + drop * X) + e * 2 * X + e * 2 * F + (e * 3 * X + drop * X)
+        blk_b = e * 3 * X * 2 + 2 * (e * 3 * X + drop * X) + e * 3 * F + 2 * e * 3 * X
         add("memory", blk_f / bw, blk_b / bw)
         mem_f, mem_b = mem_f + blk_f, mem_b + blk_b
+        saved_extra += drop * 2 * X  # the two bias-dropout-adds' 1-byte masks (hidden size: not split by t)
     elif layer.kind == "head":
         v = padded_vocab(int(x["vocab"]), t)
         logits = float(T * v / t)
@@ -373,9 +386,10 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
         add("lm_head_loss", g[0] + mem_f / bw, g[1] + mem_b / bw, g[2])
         pointwise_f = e * 2 * X  # the final LN; the cross-entropy runs outside the checkpointed layer
     elif layer.kind == "embedding":
-        mem_f = e * 2 * X + e * 3 * X + (e * 2 * X + X)
-        mem_b = (e * 2 * X + X) + e * 3 * X
+        mem_f = e * 2 * X + e * 3 * X + drop * (e * 2 * X + X)
+        mem_b = drop * (e * 2 * X + X) + e * 3 * X
         add("embedding", mem_f / bw, mem_b / bw)
+        saved_extra = drop * X  # the embedding dropout's mask
     else:
         raise ConfigError("layer", f"no kernel model for a {layer.kind!r} layer", "use a transformer layer")
     if layer.kind != "head":
@@ -388,7 +402,7 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
         # input- and weight-gradient kernels interleaved), each take max(GPU, host); the excess is
         # its own kind, the backward's split between its two sides by their launches.
         gpu = [sum(part[i] for part in parts.values()) for i in range(3)]
-        n_f, n_bi, n_bw = host_launches(layer.kind, t)
+        n_f, n_bi, n_bw = host_launches(layer.kind, t, dropout=bool(drop))
         c = curve.host_launch_s
         extra_b = max(0.0, (n_bi + n_bw) * c - gpu[1] - gpu[2])
         share = n_bi / (n_bi + n_bw)
@@ -396,18 +410,31 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
     fwd, bi, bw_ = (sum(part[i] for part in parts.values()) for i in range(3))
     return KernelTimes(
         fwd_s=fwd, bwd_input_s=bi, bwd_weight_s=bw_,
-        elementwise_bytes_fwd=mem_f, elementwise_bytes_bwd=mem_b, attention_saved_bytes=saved_extra,
+        elementwise_bytes_fwd=mem_f, elementwise_bytes_bwd=mem_b, extra_saved_bytes=saved_extra,
         parts=tuple((kind, (part[0], part[1], part[2])) for kind, part in parts.items()),
         selective_recompute_s=pointwise_f / bw,
         column_wgrad_s=column_wgrad,
     )
 
 
-def host_launches(kind: str, tp: int) -> tuple[int, int, int]:
+def host_launches(kind: str, tp: int, dropout: bool = True) -> tuple[int, int, int]:
     """Kernel launches of one layer call (forward, input gradient, weight gradient) as Megatron-LM v2.5
-    issues them (MEGATRON_LAUNCHES)."""
+    issues them (MEGATRON_LAUNCHES), less its dropout kernels where the workload has no dropout
+    (DROPOUT_LAUNCHES)."""
     base, with_tp = MEGATRON_LAUNCHES[kind]
-    return tuple(b + (x if tp > 1 else 0) for b, x in zip(base, with_tp, strict=True))  # type: ignore[return-value]
+    gone = (0, 0, 0) if dropout else DROPOUT_LAUNCHES[kind]
+    return tuple(b + (x if tp > 1 else 0) - g for b, x, g in zip(base, with_tp, gone, strict=True))  # type: ignore[return-value]
+
+
+def unfused_attention_saved_bytes(b: int, t: int, s: int, a: int, e: int, dropout: float) -> float:
+    """Bytes unfused attention keeps beyond ``sim.workloads.transformer_layers``' count (which is flash
+    attention's) on one TP rank, S = b (a / t) s^2: the softmax output (e S; its backward's input and,
+    without dropout, the context bmm's), and with dropout its 1-byte mask (S) and its output (e S, the
+    context bmm's input), as Korthikanti et al. 2022 section 4.1 itemise them (2as^2b + as^2b +
+    2as^2b at fp16); less the flash kernel's log-sum-exp (b (a / t) s elements), which unfused
+    attention does not have."""
+    S = b * a / t * s * s
+    return e * S + (S + e * S if dropout else 0.0) - b * a / t * s * e
 
 
 _KERNEL_KEYS = ("seq", "hidden", "heads", "ffn", "vocab")
@@ -525,7 +552,7 @@ class AnalyticCostModel:
             k = transformer_layer_times(layer, b, t, self.device, self.dtype, self.efficiency, self.attention)
             fwd, bwd_i, bwd_w = k.fwd_s, k.bwd_input_s, k.bwd_weight_s
             column_wgrad = k.column_wgrad_s
-            saved_bytes += k.attention_saved_bytes
+            saved_bytes += k.extra_saved_bytes
             if layer.selective_elems >= 0:
                 kept = (layer.selective_elems - layer.selective_elems_sharded) + layer.selective_elems_sharded / t
                 # Unfused attention keeps its score matmul's output too (b a/t s^2: the bmm is kept).

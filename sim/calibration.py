@@ -55,6 +55,11 @@ MEGATRON_CLUSTER = "dgx-a100-8"
 # scale-mask-softmax kernel (megatron/model/transformer.py CoreAttention, 2021-2023; FlashAttention
 # came to Megatron-LM as --use-flash-attn in 2023). See sim.analytic.ATTENTION_IMPLEMENTATIONS.
 MEGATRON_ATTENTION = "unfused"
+# Megatron-LM's dropout, --attention-dropout and --hidden-dropout, both 0.1 by default (megatron/arguments.py
+# lines 341-344 at v2.5, 440-443 at 739cb43, 631-634 at 23.04; the GPT example scripts at v2.5 do not
+# change them). Neither the vTrain data nor SC'21 or Korthikanti 2022 state another value, so their runs
+# are taken to have the default (sim.workloads.TransformerConfig.dropout).
+MEGATRON_DROPOUT = 0.1
 
 
 def load_megatron_a100(path: str | Path = MEGATRON_A100_CSV) -> pd.DataFrame:
@@ -117,7 +122,7 @@ def depth_splits(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame, pd.DataFrame
 def _layer_costs(model: AnalyticCostModel, hidden: int, heads: int, layers: int, seq: int,
                  micro_batch: int, tp: int) -> tuple[LayerCosts, LayerCosts, LayerCosts]:
     cfg = TransformerConfig("gpt", vocab=MEGATRON_VOCAB, hidden=hidden, heads=heads, num_layers=layers,
-                            seq=seq)
+                            seq=seq, dropout=MEGATRON_DROPOUT)
     specs = transformer_layers(cfg)
     embed, block, head = specs[0], specs[1], specs[-1]  # all blocks are identical
     return tuple(model.layer_costs(spec, micro_batch, tp) for spec in (embed, block, head))  # type: ignore

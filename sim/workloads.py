@@ -39,6 +39,14 @@ class TransformerConfig:
     # sum as separate kernels with the probabilities saved, as Megatron-LM ran it in 2021-2023
     # (sim.analytic prices both; exec.workloads.gpt runs both).
     attention: str = "flash"
+    # Dropout probability p of Megatron-LM's GPT, one p for its three places (megatron/model at v2.5:
+    # transformer.py line 178/308, attention dropout on the softmax probabilities; lines 357-380 and
+    # 476-502, the bias-dropout-add after the attention projection and after fc2, --hidden-dropout;
+    # language_model.py line 299, the embedding dropout, also --hidden-dropout). Megatron's default
+    # is 0.1 for both flags (megatron/arguments.py lines 341-344 at v2.5, 440-443 at 739cb43, 631-634
+    # at 23.04): MEGATRON_DROPOUT, which the plans that claim to be Megatron's runs set. 0 (no dropout
+    # anywhere, as before the option existed) for every preset: runs agree bit for bit with one process.
+    dropout: float = 0.0
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -212,7 +220,8 @@ ATTENTION_IMPLEMENTATIONS = ("flash", "unfused")
 
 # Configuration fields added after bundles were first written, with the value every bundle written
 # before them ran: a bundle that does not record such a field describes a plan that has that value.
-ADDED_CONFIG_FIELDS: dict[str, object] = {"attention": "flash"}  # torch SDPA, before the option existed
+ADDED_CONFIG_FIELDS: dict[str, object] = {"attention": "flash",  # torch SDPA, before the option existed
+                                          "dropout": 0.0}  # no dropout, before the option existed
 
 
 def transformer_config(name: str, **overrides: object) -> TransformerConfig:
@@ -221,6 +230,9 @@ def transformer_config(name: str, **overrides: object) -> TransformerConfig:
     if cfg.attention not in ATTENTION_IMPLEMENTATIONS:
         raise ConfigError("workload_options.attention", f"unknown attention implementation {cfg.attention!r}",
                           f"use one of {', '.join(ATTENTION_IMPLEMENTATIONS)}")
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise ConfigError("workload_options.dropout", f"a dropout probability must lie in [0, 1), got {cfg.dropout}",
+                          "use 0 (no dropout) or Megatron-LM's 0.1")
     if cfg.hidden % cfg.heads:
         raise ConfigError("workload_options.heads", f"{cfg.heads} heads do not divide hidden size {cfg.hidden}",
                           "choose heads that divide hidden")
@@ -284,7 +296,7 @@ def transformer_layers(cfg: TransformerConfig) -> list[LayerSpec]:
     # The shape, for sim.analytic's kernel-by-kernel costs (GEMM shapes after the TP split, the
     # memory-bound kernels, the vocabulary padded as Megatron pads it). A causal GPT masks attention.
     shape = {"seq": float(s), "hidden": float(h), "heads": float(a), "ffn": float(f), "vocab": float(v),
-             "causal": 1.0 if cfg.family == "gpt" else 0.0}
+             "causal": 1.0 if cfg.family == "gpt" else 0.0, "dropout": float(cfg.dropout)}
     # Megatron's vocabulary-parallel table (megatron/core/tensor_parallel/layers.py,
     # VocabParallelEmbedding.forward): each rank looks up its vocabulary slice and the partial
     # outputs are summed by reduce_from_tensor_model_parallel_region, the identity backward

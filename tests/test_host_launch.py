@@ -14,6 +14,7 @@ from sim.analytic import (
     host_launches,
     transformer_layer_times,
 )
+from sim.calibration import MEGATRON_DROPOUT
 from sim.hardware import get_device
 from sim.workloads import transformer_config, transformer_layers
 from traces.errors import ConfigError
@@ -24,7 +25,8 @@ SLOW_HOST = replace(PHYSICAL, host_launch_s=40e-6)
 
 
 def gpt(hidden: int, heads: int = 16, seq: int = 1024):
-    return transformer_layers(transformer_config("gpt2-medium", hidden=hidden, heads=heads, num_layers=2, seq=seq))
+    return transformer_layers(transformer_config("gpt2-medium", hidden=hidden, heads=heads, num_layers=2, seq=seq,
+                                                dropout=MEGATRON_DROPOUT))  # Megatron-LM's launches
 
 
 def phases(k):

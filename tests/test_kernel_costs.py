@@ -11,6 +11,7 @@ from sim.analytic import (
     AnalyticCostModel,
     EfficiencyCurve,
     gemm_time,
+    host_launches,
     padded_vocab,
     transformer_layer_times,
 )
@@ -58,34 +59,54 @@ def test_small_gemm_is_memory_bound():
     assert t == pytest.approx(2 * (4096 + 4096 * 4096 + 4096) / 1.8e12)
 
 
-def test_layernorm_and_elementwise_bytes_of_a_block_in_closed_form():
+@pytest.mark.parametrize("dropout", [0.1, 0.0])
+def test_layernorm_and_elementwise_bytes_of_a_block_in_closed_form(dropout):
     # hidden 1,024, seq 1,024, micro-batch 2, fp16, tp 1, flash attention: X = 2 x 1,024 x 1,024,
-    # F = 4X. Forward: LN1 2eX, dropout-add (3e + 1)X twice, LN2 2eX, bias-GELU 2eF.
-    block = layers(hidden=1024, heads=16, num_layers=1, seq=1024)[1]
+    # F = 4X. Forward: LN1 2eX, dropout-add (3e + 1)X twice (3eX without dropout: no mask), LN2 2eX,
+    # bias-GELU 2eF.
+    block = layers(hidden=1024, heads=16, num_layers=1, seq=1024, dropout=dropout)[1]
     e, X = 2, 2 * 1024 * 1024
     F = 4 * X
+    mask = X if dropout else 0
     k = transformer_layer_times(block, 2, 1, A100, "fp16", PHYSICAL, "flash")
-    assert k.elementwise_bytes_fwd == pytest.approx(2 * e * X + 2 * (3 * e * X + X) + 2 * e * X + 2 * e * F)
+    assert k.elementwise_bytes_fwd == pytest.approx(2 * e * X + 2 * (3 * e * X + mask) + 2 * e * X + 2 * e * F)
+    assert k.extra_saved_bytes == pytest.approx(2 * mask)  # the two hidden dropout masks, 1 byte each
     # Under TP the hidden-size kernels are replicated on every rank; only GELU's F divides by t.
     k8 = transformer_layer_times(block, 2, 8, A100, "fp16", PHYSICAL, "flash")
     assert k.elementwise_bytes_fwd - k8.elementwise_bytes_fwd == pytest.approx(2 * e * F * (1 - 1 / 8))
 
 
-def test_unfused_attention_moves_the_score_tensors():
-    # Unfused adds, per micro-batch and TP rank, S = b (a/t) s^2 elements: softmax 2eS, dropout 2eS + S,
-    # and the context copy 2eX/t; it saves the probabilities and the mask, eS + S bytes.
-    block = layers(hidden=2048, heads=16, num_layers=1, seq=2048)[1]
+@pytest.mark.parametrize("dropout", [0.1, 0.0])
+def test_unfused_attention_moves_the_score_tensors(dropout):
+    # Unfused adds, per micro-batch and TP rank, S = b (a/t) s^2 elements: softmax 2eS, with dropout its
+    # kernel 2eS + S, and the context copy 2eX/t; it saves the softmax output eS, with dropout its mask
+    # S and output eS, and not flash's log-sum-exp (b a/t s elements).
+    block = layers(hidden=2048, heads=16, num_layers=1, seq=2048, dropout=dropout)[1]
     b, t, e = 1, 2, ACTIVATION_BYTES["fp16"]
     S, X = b * 16 / t * 2048 * 2048, b * 2048 * 2048
+    drop = 1 if dropout else 0
+    lse = b * 16 / t * 2048 * e
     flash = transformer_layer_times(block, b, t, A100, "fp16", PHYSICAL, "flash")
     unfused = transformer_layer_times(block, b, t, A100, "fp16", PHYSICAL, "unfused")
     assert unfused.elementwise_bytes_fwd - flash.elementwise_bytes_fwd == pytest.approx(
-        2 * e * S + 2 * e * S + S + 2 * e * X / t)
-    assert unfused.attention_saved_bytes == pytest.approx(e * S + S) and flash.attention_saved_bytes == 0
+        2 * e * S + drop * (2 * e * S + S) + 2 * e * X / t)
+    assert unfused.extra_saved_bytes - flash.extra_saved_bytes == pytest.approx(e * S + drop * (S + e * S) - lse)
     assert unfused.fwd_s > flash.fwd_s
     costs_u = AnalyticCostModel(A100, "fp16", PHYSICAL, attention="unfused").layer_costs(block, b, t)
     costs_f = AnalyticCostModel(A100, "fp16", PHYSICAL, attention="flash").layer_costs(block, b, t)
-    assert costs_u.saved_bytes - costs_f.saved_bytes == pytest.approx(e * S + S, abs=1)
+    assert costs_u.saved_bytes - costs_f.saved_bytes == pytest.approx(e * S + drop * (S + e * S) - lse, abs=1)
+
+
+def test_no_dropout_runs_no_dropout_kernel():
+    # A p 0 workload pays for no dropout kernel: its block is faster than Megatron's p 0.1 one by the
+    # dropout bytes alone, and launches 1 + 3 fewer kernels (sim.analytic.DROPOUT_LAUNCHES).
+    on, off = (layers(hidden=1024, heads=16, num_layers=1, seq=1024, dropout=p)[1] for p in (0.1, 0.0))
+    k_on = transformer_layer_times(on, 2, 1, A100, "fp16", PHYSICAL, "unfused")
+    k_off = transformer_layer_times(off, 2, 1, A100, "fp16", PHYSICAL, "unfused")
+    assert k_off.fwd_s < k_on.fwd_s and k_off.bwd_input_s < k_on.bwd_input_s
+    assert k_on.bwd_weight_s == k_off.bwd_weight_s
+    assert host_launches("block", 1, dropout=False) == (16, 18, 24)
+    assert host_launches("embedding", 1, dropout=False) == (13, 0, 14)
 
 
 def test_vocabulary_padded_to_a_multiple_of_128_tp():

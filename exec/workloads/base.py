@@ -27,6 +27,9 @@ class Workload(ABC):
     """A model described as ``num_layers`` cuttable layers plus data and loss."""
 
     name: str
+    # Whether a forward draws random numbers (dropout): a re-run forward (RECOMPUTE) must then draw
+    # the same ones, so the interpreter keeps the RNG state of each checkpointed forward.
+    stochastic: bool = False
 
     @abstractmethod
     def layer_names(self) -> list[str]:

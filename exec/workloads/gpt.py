@@ -2,7 +2,10 @@
 
 The layers are exactly those of ``sim.workloads.transformer_layers`` (same names, same order,
 same parameter counts), so the simulator's closed forms and the profiler's measurements describe
-the same modules. No dropout anywhere, so two runs with the same seed agree bit for bit.
+the same modules. Dropout (``TransformerConfig.dropout``, p) where Megatron-LM's GPT has it: after the
+embedding, on the attention probabilities, and after the attention projection and fc2 before each
+residual add; with p 0 (every preset's default) no dropout runs at all, so two runs with the same
+seed agree bit for bit.
 
 Tensor parallelism is applied later from outside (torchtitan style); the modules only keep the
 four matmuls as plainly named ``nn.Linear`` attributes (``attn.qkv``, ``attn.proj``,
@@ -30,15 +33,21 @@ MASK_FRACTION = 0.15
 class Embedding(nn.Module):
     """Token plus learned position embedding: ids [b, s] int64 -> [b, s, h]."""
 
-    def __init__(self, vocab: int, hidden: int, seq: int, sparse: bool = False) -> None:
+    def __init__(self, vocab: int, hidden: int, seq: int, sparse: bool = False, dropout: float = 0.0) -> None:
         super().__init__()
+        self.dropout = dropout
         # sparse: the token table's gradient is its touched rows (row-sparse gradient sync, issue 11)
         self.tok = nn.Embedding(vocab, hidden, sparse=sparse)
         self.pos = nn.Embedding(seq, hidden)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(ids.shape[1], device=ids.device)
-        return self.tok(ids) + self.pos(positions)
+        return _dropout(self.tok(ids) + self.pos(positions), self.dropout, self.training)
+
+
+def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Dropout where the workload has it; with p 0 nothing runs (no kernel, no RNG draw)."""
+    return F.dropout(x, p, training) if p else x
 
 
 class Attention(nn.Module):
@@ -50,7 +59,8 @@ class Attention(nn.Module):
     ``heads`` to heads / t. ``forward`` reads every size from the modules, not from a config.
     """
 
-    def __init__(self, hidden: int, heads: int, causal: bool, implementation: str = "flash") -> None:
+    def __init__(self, hidden: int, heads: int, causal: bool, implementation: str = "flash",
+                 dropout: float = 0.0) -> None:
         super().__init__()
         if hidden % heads:
             raise ConfigError("heads", f"hidden size {hidden} is not divisible by {heads} heads",
@@ -59,6 +69,7 @@ class Attention(nn.Module):
         self.head_dim = hidden // heads
         self.causal = causal
         self.implementation = implementation  # sim.workloads.ATTENTION_IMPLEMENTATIONS
+        self.dropout = dropout  # on the probabilities (Megatron-LM's attention dropout)
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
 
@@ -69,20 +80,21 @@ class Attention(nn.Module):
         if self.implementation == "unfused":
             out = self._unfused(q, k, v)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+            p = self.dropout if self.training else 0.0  # the fused kernel draws its mask itself, keeps none
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=p)
         return self.proj(out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
 
 
     def _unfused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Scores, masked softmax and weighted sum as separate kernels: the [b, heads, s, s] scores and
         probabilities go through memory and autograd saves the probabilities (Megatron-LM's
-        CoreAttention without dropout, which no paratwin workload uses)."""
+        CoreAttention), and with dropout its mask and output."""
         scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
         if self.causal:
             s = scores.shape[-1]
             mask = torch.ones(s, s, dtype=torch.bool, device=scores.device).triu(1)
             scores = scores.masked_fill(mask, float("-inf"))
-        return torch.matmul(torch.softmax(scores, dim=-1), v)
+        return torch.matmul(_dropout(torch.softmax(scores, dim=-1), self.dropout, self.training), v)
 
 
 class MLP(nn.Module):
@@ -103,14 +115,15 @@ class Block(nn.Module):
         super().__init__()
         causal = cfg.family == "gpt"
         self.ln1 = nn.LayerNorm(cfg.hidden)
-        self.attn = Attention(cfg.hidden, cfg.heads, causal=causal, implementation=cfg.attention)
+        self.attn = Attention(cfg.hidden, cfg.heads, causal=causal, implementation=cfg.attention, dropout=cfg.dropout)
+        self.dropout = cfg.dropout  # Megatron-LM's bias-dropout-add: dropout(linear + bias) + residual
         self.ln2 = nn.LayerNorm(cfg.hidden)
         # GPT-2 uses the tanh approximation of GELU, BERT the exact one.
         self.mlp = MLP(cfg.hidden, cfg.ffn_mult * cfg.hidden, "tanh" if causal else "none")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        x = x + _dropout(self.attn(self.ln1(x)), self.dropout, self.training)
+        return x + _dropout(self.mlp(self.ln2(x)), self.dropout, self.training)
 
 
 class Head(nn.Module):
@@ -142,6 +155,7 @@ class TransformerWorkload(Workload):
                               "leave sparse out")
         self.name = name
         self.cfg = cfg
+        self.stochastic = cfg.dropout > 0
         self.data = check_data_source(data)
         self.sparse = bool(sparse)
         self.seq = cfg.seq
@@ -155,7 +169,7 @@ class TransformerWorkload(Workload):
     def build_layer(self, index: int) -> nn.Module:
         cfg = self.cfg
         if index == 0:
-            return Embedding(cfg.vocab, cfg.hidden, cfg.seq, sparse=self.sparse)
+            return Embedding(cfg.vocab, cfg.hidden, cfg.seq, sparse=self.sparse, dropout=cfg.dropout)
         if index == self.num_layers - 1:
             return Head(cfg.hidden, cfg.vocab)
         return Block(cfg)
@@ -185,7 +199,8 @@ class TransformerWorkload(Workload):
             "data": self.data,
             "target": "next token" if self.cfg.family == "gpt" else
                       f"masked-LM style: {MASK_FRACTION:.0%} of inputs masked, loss on all positions",
-            "definition": "paratwin exec.workloads.gpt (pre-LN, fused QKV, torch SDPA, no dropout)",
+            "definition": "paratwin exec.workloads.gpt (pre-LN, fused QKV, torch SDPA, "
+                          + (f"dropout {self.cfg.dropout})" if self.cfg.dropout else "no dropout)"),
             **({"sparse_embedding": True} if self.sparse else {}),  # absent: dense, as every older bundle
         }
 

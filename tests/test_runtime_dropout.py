@@ -1,0 +1,54 @@
+"""Dropout in the runtime's GPT (``workload_options: {dropout: p}``, Megatron-LM's places): it runs,
+it changes training, a recomputed forward draws the masks its forward drew (real gloo runs), and
+p 0 builds the same modules and draws no random number."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from exec.launcher import run_plan
+from exec.workloads import get_workload
+from tests.test_runtime import plan_of
+
+
+def dropout_plan(p: float, recompute: list[float], name: str):
+    plan = plan_of(pp=2, schedule="1f1b", recompute=recompute)
+    return plan.replace(name=name, workload_options={"dropout": p})
+
+
+def final_params(plan, tmp_path: Path) -> tuple[list[float], dict[str, torch.Tensor]]:
+    result = run_plan(plan, iterations=1, warmup=1, out_dir=tmp_path / plan.name, timeout_s=120, save_params=True)
+    params = {}
+    for rank in range(plan.world_size):
+        params.update({f"{rank}:{k}": v for k, v in torch.load(result.paths["params"] / f"rank{rank}.pt").items()})
+    return result.losses, params
+
+
+def test_recompute_replays_the_forwards_dropout_masks(tmp_path: Path) -> None:
+    kept_losses, kept = final_params(dropout_plan(0.1, [0.0, 0.0], "kept"), tmp_path)
+    rec_losses, recomputed = final_params(dropout_plan(0.1, [1.0, 1.0], "recomputed"), tmp_path)
+    assert rec_losses == kept_losses
+    assert kept.keys() == recomputed.keys()
+    for name, value in kept.items():  # the same masks in the re-run forward: the same gradients
+        torch.testing.assert_close(recomputed[name], value, rtol=0, atol=1e-7, msg=name)
+
+
+def test_p0_draws_no_random_number_and_p_draws_in_train_mode_only() -> None:
+    ids = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
+    for p, draws in ((0.0, False), (0.1, True)):
+        workload = get_workload("gpt-tiny", dropout=p) if p else get_workload("gpt-tiny")
+        assert workload.stochastic is draws
+        layers = workload.build_layers()
+        state = torch.get_rng_state()
+        h = ids
+        for layer in layers[:-1]:
+            h = layer(h)
+        assert torch.equal(torch.get_rng_state(), state) is not draws, p
+        layers.eval()
+        state = torch.get_rng_state()
+        h = ids
+        for layer in layers[:-1]:
+            h = layer(h)
+        assert torch.equal(torch.get_rng_state(), state), p  # no dropout in eval mode
