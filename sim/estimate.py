@@ -310,6 +310,7 @@ class Estimator:
         self._tp_ar: dict[tuple, float] = {}
         self._pipes: dict[tuple, dict] = {}
         self._figures: dict[tuple, dict] = {}  # _rank_figures by the estimate's key
+        self._raw: dict[tuple, tuple[float, float, int]] = {}  # group_bound's per-stage sums
         self._runs: dict[tuple, Any] = {}  # weighted pipeline runs by their inputs (sim.estimate_pipeline)
         self._p2p_routes: dict[int, tuple[float, float]] = {}  # (latency, bandwidth) by dp x tp
 
@@ -480,6 +481,28 @@ class Estimator:
         if pipe is None:
             pipe = self._pipes[key] = self._pipeline(self._figures_of(key))
         return self._finish(pipe, dp, tp, pp, sync or self.sync_config(sync_method, bucket_mb), bucket_mb, embedding)
+
+    def group_bound(self, pp: int, chunks: int, placement: str, micro_batch: int, microbatches: int,
+                    stage_layers: Sequence[tuple[int, ...]], tp: int) -> float:
+        """``pipeline_lower_bound`` from the layers' raw costs (no TP communication, no recompute, no
+        memory policy): at most the bound ``screen`` gives any plan with these stages, micro-batch and
+        schedule layout, whatever its memory policy, TP overlap, gradient sync or embedding method (a
+        policy's selective view only lengthens the backward; a sharded table's view keeps the times)."""
+        rank_of, stages_of = _layout(pp, chunks, placement)
+        fwd, compute, params = [], [0.0] * pp, [0] * pp
+        for s, layers in enumerate(stage_layers):
+            key = (tuple(layers), micro_batch, tp)
+            raw = self._raw.get(key)
+            if raw is None:
+                costs = [self.costs.layer_costs(layer, micro_batch, tp) for layer in layers]
+                raw = self._raw[key] = (sum(c.fwd_s for c in costs),
+                                        sum(c.fwd_s + c.bwd_input_s + c.bwd_weight_s for c in costs),
+                                        sum(c.param_bytes for c in costs))
+            fwd.append(raw[0])
+            compute[rank_of[s]] += raw[1]
+            params[rank_of[s]] += raw[2]
+        heads = [sum(fwd[:min(stages_of[k])]) for k in range(pp)]
+        return pipeline_lower_bound(0.0, heads, compute, microbatches, [self.costs.optimizer_step_s(p) for p in params])
 
     def screen(self, *, schedule: str, dp: int, tp: int, pp: int, chunks: int, micro_batch: int,
                microbatches: int, stage_layers: Sequence[tuple[int, ...]], policy: MemoryPolicy,
