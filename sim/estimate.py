@@ -212,6 +212,7 @@ class StageTimes:
     recompute_extra_bytes: int  # what a recompute brings back
     output_bytes: int
     variance_s2: float = 0.0  # of the stage's forward, backward and recompute times (sim.meeting)
+    fwd_compute_s: float = 0.0  # the forward without TP communication
 
 
 Removed = tuple[tuple[int, int], ...]  # (layer, gradient bytes) that leave the buckets
@@ -248,9 +249,11 @@ class Estimate:
 class Screen:
     """``Estimator.screen``: the estimate's peak bytes per pipeline rank and a lower bound of its time."""
 
-    peak_bytes: tuple[int, ...]
+    peak_bytes: tuple[int, ...]  # the same at every TP overlap level (it changes seconds, not bytes)
     capacity_bytes: int
     lower_bound_s: float
+    # a lower bound for the same plan at any TP overlap level: compute and recompute without TP communication
+    any_level_bound_s: float
 
     @property
     def fits(self) -> bool:
@@ -305,6 +308,10 @@ class Estimator:
         self.costs, self.comm, self.dtype = costs, comm, dtype
         self.workload, self.workload_options = workload, dict(workload_options or {})
         self._stages: dict[tuple, StageTimes] = {}
+        self._stages_shared: dict[tuple, StageTimes] = {}  # by the layers' cost kinds (stage())
+        self._kinds: dict[LayerCosts, int] = {}
+        self._kinds_of: dict[tuple[int, int, int], int] = {}
+        self._buffers: dict[tuple, int] = {}  # bucket_buffer_bytes by its inputs
         self._configs: dict[tuple[str, float], GradientSyncConfig] = {}
         self._buckets: dict[tuple, list[BucketPrice]] = {}
         self._tp_ar: dict[tuple, float] = {}
@@ -345,6 +352,36 @@ class Estimator:
         cached = self._stages.get(key)
         if cached is not None:
             return cached
+        # Stages whose layers cost the same (a GPT's blocks), with the same choices at the same positions,
+        # are priced once: the result depends on the layers only through their costs and the cost of the
+        # layer before the first (its output is the stage input, sim.memory.checkpoint_bytes).
+        chosen = set(recomputed)
+        shared_key = (tuple(self._kind(layer, micro_batch, tp) for layer in (layers[0] - 1, *layers)),
+                      tuple(layer in chosen for layer in layers), micro_batch, tp, level,
+                      swap if isinstance(swap, (int, float)) else tuple(layer in swap for layer in layers),
+                      tp_sharing, one_at_a_time, selective, tuple(layer in tables for layer in layers), split_backward)
+        cached = self._stages_shared.get(shared_key)
+        if cached is None:
+            cached = self._stages_shared[shared_key] = self._price_stage(
+                layers, recomputed, micro_batch, tp, level, swap, tp_sharing, one_at_a_time, selective, tables,
+                split_backward)
+        self._stages[key] = cached
+        return cached
+
+    def _kind(self, layer: int, micro_batch: int, tp: int) -> int:
+        """A number per distinct LayerCosts value (-1 before the first layer)."""
+        if layer < 0:
+            return -1
+        key = (layer, micro_batch, tp)
+        kind = self._kinds_of.get(key)
+        if kind is None:
+            costs = self.costs.layer_costs(layer, micro_batch, tp)
+            kind = self._kinds_of[key] = self._kinds.setdefault(costs, len(self._kinds))
+        return kind
+
+    def _price_stage(self, layers: tuple[int, ...], recomputed: tuple[int, ...], micro_batch: int, tp: int,
+                     level: int, swap: float | tuple[int, ...], tp_sharing: int, one_at_a_time: bool,
+                     selective: bool, tables: tuple[int, ...], split_backward: bool) -> StageTimes:
         from sim.tp_overlap import tp_segments_time
 
         costs = [self.costs.layer_costs(layer, micro_batch, tp) for layer in layers]
@@ -387,6 +424,7 @@ class Estimator:
         result = StageTimes(
             fwd_s=fwd, bwd_s=bwd, recompute_s=recompute, bwd_input_s=bwd_input, bwd_weight_s=bwd_weight,
             compute_s=sum(c.fwd_s + c.bwd_input_s + c.bwd_weight_s for c in costs),
+            fwd_compute_s=sum(c.fwd_s for c in costs),
             recompute_compute_s=sum(costs[i].recompute_s for i in rec),
             static_bytes=sum(c.param_bytes + c.grad_bytes + c.optimizer_bytes for c in costs),
             param_bytes=sum(c.param_bytes for c in costs),
@@ -397,7 +435,6 @@ class Estimator:
             variance_s2=sum(instruction_variance(Kind.FWD, [c]) + instruction_variance(Kind.BWD, [c]) for c in costs)
             + sum(instruction_variance(Kind.RECOMPUTE, [costs[i]]) for i in rec),
         )
-        self._stages[key] = result
         return result
 
     def sync_config(self, method: str, bucket_mb: float) -> GradientSyncConfig:
@@ -517,7 +554,7 @@ class Estimator:
                tp_overlap, scatter_gather, tables)
         fig = self._figures_of(key)
         peaks = self._peaks(fig, dp, pp, sync or self.sync_config(sync_method, bucket_mb), bucket_mb, embedding)
-        return Screen(peaks, self.comm.capacity_bytes, fig["bound"])
+        return Screen(peaks, self.comm.capacity_bytes, fig["bound"], fig["level_free_bound"])
 
     def _figures_of(self, key: tuple) -> dict:
         fig = self._figures.get(key)
@@ -598,13 +635,17 @@ class Estimator:
         bottleneck = max(range(pp), key=per_rank.__getitem__)
         steady = m * per_rank[bottleneck]
         heads = [sum(stages[s].fwd_s for s in range(min(stages_of[k]))) for k in range(pp)]
+        optimizer = [self.costs.optimizer_step_s(p) for p in params]
+        # The same bound without TP communication (what the overlap level changes): true of every level.
+        raw_heads = [sum(stages[s].fwd_compute_s for s in range(min(stages_of[k]))) for k in range(pp)]
+        raw_steady = m * max(c + r for c, r in zip(compute, recompute_compute, strict=True))
         return {"schedule": schedule, "pp": pp, "microbatches": microbatches, "stages": stages,
                 "per_rank": per_rank, "hop_s": hop_s, "delta_s": delta_s, "rank_of": rank_of,
                 "flags": tuple(policy.recomputes(s) for s in range(stages_n)),
                 "steady": steady, "bwd": bwd, "params": params, "static": static, "grads": grads,
                 "held": held, "chunks": chunks, "variance": variance,
-                "bound": pipeline_lower_bound(steady, heads, compute, m,
-                                              [self.costs.optimizer_step_s(p) for p in params]),
+                "bound": pipeline_lower_bound(steady, heads, compute, m, optimizer),
+                "level_free_bound": pipeline_lower_bound(raw_steady, raw_heads, compute, m, optimizer),
                 "tp_exposed": (per_rank[bottleneck] - compute[bottleneck] - recompute_compute[bottleneck]) * m,
                 "m": m, "compute": compute[bottleneck] * m, "recompute": recompute_compute[bottleneck] * m,
                 "micro_batch": micro_batch,
@@ -726,7 +767,10 @@ class Estimator:
             # one flattened bucket in flight (the memory planners count the same buffer), never more than
             # the gradients the rank syncs (sim.gradient_sync.bucket_buffer_bytes)
             synced = grads[k] - (sum(b for _, b in embedding.removed_by_layer) if mine else 0)
-            buffer = bucket_buffer_bytes(sync, bucket_mb, synced, dp, self.dtype)
+            key = (sync, bucket_mb, synced, dp)
+            buffer = self._buffers.get(key)
+            if buffer is None:
+                buffer = self._buffers[key] = bucket_buffer_bytes(sync, bucket_mb, synced, dp, self.dtype)
             peaks.append(static[k] + held_gradient_bytes(grads[k], sync, self.dtype) - grads[k]
                          + max(held[k] + buffer, step_copy_bytes(self.costs, grads[k], scale))
                          - (embedding.static_bytes_saved if mine else 0))

@@ -191,6 +191,7 @@ class SearchResult:
     timings: dict[str, float]
     base: dict[str, Any]  # the plan fields every candidate shares
     top_k: int = 0  # how many of the estimate's best were simulated
+    estimated_top: list[Ranked] = field(default_factory=list)  # those, in estimate order
 
     @property
     def simulated(self) -> list[Ranked]:
@@ -453,6 +454,7 @@ class _Enumerator:
                         out.pruned[terms] += len(g.overlaps) * k
                         leaf += len(g.overlaps) * k
                         continue
+                    first_level = None
                     for level in g.overlaps:
                         here, leaf = leaf, leaf + k
                         if only is not None and not any(here <= i < leaf for i in only):
@@ -461,12 +463,13 @@ class _Enumerator:
                                      micro_batch=g.micro_batch, microbatches=g.microbatches, stage_layers=split,
                                      policy=policy, tp_overlap=level, sync_method=sync["method"],
                                      bucket_mb=sync.get("bucket_mb", 25.0), embedding=terms)
-                        if limit < math.inf:  # memory first, then the bound, then the estimate
-                            screen = self.estimator.screen(**asked)
-                            if not screen.fits:
+                        if limit < math.inf:  # memory and the bound for any level first, then this level's
+                            first_level = first_level or self.estimator.screen(**{**asked, "tp_overlap": g.overlaps[0]})
+                            if not first_level.fits:
                                 out.pruned[DOES_NOT_FIT] += k
                                 continue
-                            if beyond(screen.lower_bound_s, limit):
+                            if beyond(first_level.any_level_bound_s, limit) or beyond(
+                                    self.estimator.screen(**asked).lower_bound_s, limit):
                                 out.pruned[BOUNDED] += k
                                 continue
                         try:  # e.g. row sparsity not measured for this many windows
@@ -716,7 +719,7 @@ def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
     timings = {"estimate_s": estimated_at - started, "engine_top_s": top_done_at - estimated_at,
                "engine_sample_s": simulated_at - top_done_at, "total_s": simulated_at - started}
     return SearchResult(space, world, global_batch, considered, pruned, ranked, sampled, agreement, skipped,
-                        timings, base, len(top))
+                        timings, base, len(top), top)
 
 
 def _estimate_order(r: Ranked) -> tuple[float, tuple[int, ...]]:
