@@ -415,10 +415,11 @@ class _Enumerator:
                         tuple(p2ps)))
         return out, groups
 
-    def expand(self, group: PlanGroup, limit: float = math.inf, only: set[int] | None = None) -> _ShapePlans:
-        """The group's plans pruned and estimated. With a finite ``limit``, a plan that fits is estimated
-        only when its lower bound (``Estimator.screen``) is at most ``limit`` (else it is counted under
-        ``BOUNDED``); ``only``: just these leaves (indices into the group's enumeration order)."""
+    def expand(self, group: PlanGroup, limit: float | None = None, only: set[int] | None = None) -> _ShapePlans:
+        """The group's plans pruned and estimated. With a ``limit`` (branch and bound; may be infinite), a
+        plan is screened first (``Estimator.screen``): one that does not fit is dropped before its time is
+        worked out, and one whose lower bound is above ``limit`` is counted under ``BOUNDED``; ``only``:
+        just these leaves (indices into the group's enumeration order)."""
         g, base, out = group, self.base, _ShapePlans()
         dp, tp, pp, chunks, partition, schedule = g.dp, g.tp, g.pp, g.chunks, g.partition, g.schedule
         split = list(g.split)
@@ -463,7 +464,7 @@ class _Enumerator:
                                      micro_batch=g.micro_batch, microbatches=g.microbatches, stage_layers=split,
                                      policy=policy, tp_overlap=level, sync_method=sync["method"],
                                      bucket_mb=sync.get("bucket_mb", 25.0), embedding=terms)
-                        if limit < math.inf:  # memory and the bound for any level first, then this level's
+                        if limit is not None:  # memory and the bound for any level first, then this level's
                             first_level = first_level or self.estimator.screen(**{**asked, "tp_overlap": g.overlaps[0]})
                             if not first_level.fits:
                                 out.pruned[DOES_NOT_FIT] += k
@@ -645,7 +646,7 @@ def estimate_phase(space: SearchSpace, top_k: int = 50, workers: int | None = No
             bound = True
     if bound and top_k > 0:
         cutoff = Cutoff(top_k, space.refine_shapes, lambda c: replace(c, memory=()))
-        found_pruned, survivors, _ = _best_first(groups, cutoff, here, probe_plan, workers)
+        found_pruned, survivors, _ = best_first(groups, cutoff, here.expand)
         pruned.update(found_pruned)
         if progress:
             progress("estimate", considered, None)
@@ -672,14 +673,15 @@ def estimate_phase(space: SearchSpace, top_k: int = 50, workers: int | None = No
 def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
            progress: Progress | None = None, workers: int | None = None, bound: bool | None = None) -> SearchResult:
     """Enumerate, prune, estimate, simulate the best ``top_k`` and a random ``sample`` of survivors
-    (for the agreement figures). Both phases run in ``workers`` processes (default: one per core)
-    when there is enough work to repay starting them; the result is the same as in one process.
+    (for the agreement figures). The engine runs in ``workers`` processes (default: one per core), and
+    so does the exhaustive estimate, when there is enough work to repay starting them; the result is
+    the same as in one process.
 
     ``bound``: estimate only plans whose lower bound can reach the best ``top_k`` (branch and bound,
-    ``sim.search_bound``): the same best ``top_k`` and refined shapes as the exhaustive search, with
-    fewer plans estimated (``ranked`` holds those; the rest are counted under ``BOUNDED``) and the
-    random sample drawn from every plan, then estimated. Default: on when ``top_k`` > 0 and the space
-    has at least ``MIN_BOUNDED_PLANS`` plans past the structural checks."""
+    ``sim.search_bound``, in this process): the same best ``top_k`` and refined shapes as the
+    exhaustive search, with fewer plans estimated (``ranked`` holds those; the rest are counted under
+    ``BOUNDED``) and the random sample drawn from every plan, then estimated. Default: on when
+    ``top_k`` > 0 and the space has at least ``MIN_BOUNDED_PLANS`` plans past the structural checks."""
     started = time.perf_counter()
     phase = estimate_phase(space, top_k, workers, bound, progress)
     considered, pruned, survivors, skipped = phase.considered, phase.pruned, phase.survivors, phase.skipped
@@ -726,21 +728,6 @@ def _estimate_order(r: Ranked) -> tuple[float, tuple[int, ...]]:
     """By estimate; equal estimates in enumeration order (optimised policies last), as a stable sort
     of the exhaustive enumeration orders them."""
     return (r.estimate.iteration_s, r.order or (math.inf,))
-
-
-def _best_first(groups: list[PlanGroup], cutoff: Cutoff, here: _Enumerator, probe_plan: dict[str, Any],
-                workers: int | None) -> tuple[Counter, list[Ranked], int]:
-    """``sim.search_bound.best_first`` in this process or, for many groups, in worker processes
-    (two groups in flight per worker, so one's result updates the threshold while the next runs)."""
-    workers = min(workers or os.cpu_count() or 1, len(groups))
-    if workers <= 1 or len(groups) < MIN_PARALLEL_COMBINATIONS:
-        return best_first(groups, cutoff, here.expand)
-    from concurrent.futures import ProcessPoolExecutor
-
-    context = multiprocessing.get_context("forkserver")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start,
-                             initargs=(probe_plan, here.space, here.base, here.global_batch)) as pool:
-        return best_first(groups, cutoff, here.expand, pool, _worker_expand, window=2 * workers)
 
 
 def _sample_groups(groups: list[PlanGroup], here: _Enumerator, sample: int, rng: random.Random) -> list[Ranked]:
@@ -859,11 +846,6 @@ def _worker_start(probe_plan: dict[str, Any], space: SearchSpace | None = None, 
 def _worker_shape(shape: tuple[int, int, int], index: int = 0) -> _ShapePlans:
     assert _worker_enumerator is not None
     return _worker_enumerator.shape(*shape, index)
-
-
-def _worker_expand(group: PlanGroup, limit: float) -> _ShapePlans:
-    assert _worker_enumerator is not None
-    return _worker_enumerator.expand(group, limit)
 
 
 def _worker_simulate(candidate: Candidate, base: dict[str, Any], name: str) -> Simulated:

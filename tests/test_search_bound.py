@@ -78,14 +78,6 @@ def test_the_bounded_search_hands_the_engine_what_the_exhaustive_search_would(ex
     assert bounded.pruned[BOUNDED] > 0 and len(bounded.survivors) < len(exhaustive.survivors) / 2
 
 
-def test_the_bounded_search_in_worker_processes_gives_the_one_process_pick(exhaustive, monkeypatch) -> None:
-    import sim.search as search_module
-
-    monkeypatch.setattr(search_module, "MIN_PARALLEL_COMBINATIONS", 0)  # this small space, in 2 workers
-    two = estimate_phase(SPACE, top_k=8, workers=2, bound=True)
-    assert [r.candidate for r in two.survivors[:8]] == [r.candidate for r in exhaustive.survivors[:8]]
-
-
 def test_the_estimate_clips_a_huge_bucket_to_the_rank_gradients() -> None:
     """A 1e6 MiB bucket is one bucket of the rank's gradients (the reducer never holds more), not a TB."""
     plan = Plan.from_dict({"name": "clip", "workload": "gpt2-small", "cluster": "dgx-a100-8", "dtype": "fp16",
