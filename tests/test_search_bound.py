@@ -108,3 +108,16 @@ def test_the_estimate_clips_a_huge_bucket_to_the_rank_gradients() -> None:
     assert bucket_buffer_bytes(sync, 1e6, grads, 4, "fp16") == vector_wire_bytes(sync, grads, 4, "fp16")
     assert bucket_buffer_bytes(sync, 1.0, grads, 4, "fp16") == vector_wire_bytes(sync, 2**20, 4, "fp16")
     assert bucket_buffer_bytes(sync, 1e6, grads, 1, "fp16") == 0
+
+
+def test_the_bounded_search_samples_fitting_plans_from_every_plan_and_simulates_the_exhaustive_best(exhaustive):
+    from sim.search import search
+
+    result = search(SPACE, top_k=4, sample=6, seed=3, workers=1, bound=True)
+    every = {r.candidate: r.estimate for r in exhaustive["space"].survivors}
+    assert [r.candidate for r in result.estimated_top] == [r.candidate for r in exhaustive["space"].survivors[:4]]
+    assert len(result.sampled) == 6 and result.agreement is not None
+    for r in result.sampled:  # survivors of the exhaustive search, estimated alike, simulated
+        assert every[r.candidate] == r.estimate and r.simulated is not None and r in result.ranked
+    assert not {r.candidate for r in result.sampled} <= {r.candidate for r in exhaustive["space"].survivors[:50]}
+    assert result.considered == sum(result.pruned.values()) + len(result.ranked)
