@@ -370,6 +370,9 @@ def search(
                                                       "gradients (fp16, top-k, S2, PowerSGD)")] = False,
     blocking_p2p: Annotated[bool, typer.Option(help="also search blocking pipeline exchanges (schedule.p2p: "
                                                "blocking, Megatron-LM 2021) on pipelined plans")] = False,
+    exhaustive: Annotated[bool, typer.Option(help="estimate every plan (ranked.parquet then holds them all); by "
+                                             "default a large space estimates only plans whose lower bound can "
+                                             "reach the best --simulate-top (the same best plans)")] = False,
 ) -> None:
     """Search plans: enumerate every registered choice, prune, rank by a fast estimate, simulate the best."""
     import yaml
@@ -387,7 +390,8 @@ def search(
                         profile=str(profile) if profile else None, lossy_gradient_sync=lossy_gradient_sync,
                         p2p=("async", "blocking") if blocking_p2p else ("async",))
     target = out or fresh_run_folder(Path("runs") / f"search-{safe_name(workload)}-{safe_name(Path(cluster).stem)}")
-    run_search(space, top=top, simulate_top=simulate_top, sample=sample, out=target, workers=workers)
+    run_search(space, top=top, simulate_top=simulate_top, sample=sample, out=target, workers=workers,
+               bound=False if exhaustive else None)
 
 
 @app.command()

@@ -18,7 +18,7 @@ from traces.atomic import atomic_path, atomic_write_text
 
 
 def run_search(space: SearchSpace, top: int, simulate_top: int, sample: int, out: Path,
-               workers: int | None = None) -> SearchResult:
+               workers: int | None = None, bound: bool | None = None) -> SearchResult:
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
         tasks: dict[str, Any] = {}
@@ -29,7 +29,7 @@ def run_search(space: SearchSpace, top: int, simulate_top: int, sample: int, out
                 tasks[phase] = bar.add_task(label, total=total)
             bar.update(tasks[phase], completed=done, total=total)
 
-        result = search(space, top_k=simulate_top, sample=sample, progress=progress, workers=workers)
+        result = search(space, top_k=simulate_top, sample=sample, progress=progress, workers=workers, bound=bound)
     print_search(result, top)
     write_search(result, out)
     return result

@@ -24,7 +24,7 @@ from pydantic import Field
 
 from sim.costs import CostModel, LayerCosts
 from sim.delta import Decisions, DeltaSettings, LayerFacts, Step, decide
-from sim.gradient_sync import vector_wire_bytes
+from sim.gradient_sync import bucket_buffer_bytes
 from sim.memory import (
     MemoryConfig,
     MemoryPolicy,
@@ -169,13 +169,12 @@ def delta_pass(draft: _Draft) -> None:
     assert settings is not None
     stage_layers = draft.program.stage_layers
     computes = [n for n in draft.nodes if n.kind in _STEP_OF]
-    bucket = 0
-    if draft.plan.dp > 1:  # one flattened gradient bucket in flight
-        plan = draft.plan
-        bucket = vector_wire_bytes(plan.gradient_sync, int(plan.gradient_sync.bucket_mb * 2**20), plan.dp, plan.dtype)
-    # the gradients as held, beyond their bytes in the parameters' dtype that _static counts (sim.model_state)
+    plan = draft.plan
     grads = sum(draft.cost(layer).grad_bytes for s in {n.stage for n in computes} for layer in stage_layers[s])
-    bucket += held_gradient_bytes(grads, draft.plan.gradient_sync, draft.plan.dtype) - grads
+    # one flattened gradient bucket in flight (clipped to the rank's gradients), and the gradients as held,
+    # beyond their bytes in the parameters' dtype that _static counts (sim.model_state)
+    bucket = bucket_buffer_bytes(plan.gradient_sync, plan.gradient_sync.bucket_mb, grads, plan.dp, plan.dtype)
+    bucket += held_gradient_bytes(grads, plan.gradient_sync, plan.dtype) - grads
     if settings.decide == "runtime":
         stages = sorted({n.stage for n in computes})
         static = _static(stages, stage_layers, draft.cost, draft.stage_rank) + bucket

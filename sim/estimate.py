@@ -45,7 +45,7 @@ from sim.comm import ClusterComm, concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts, tp_comm_s
 from sim.embedding import EmbeddingTerms, table_tp_costs
 from sim.estimate_pipeline import PipelineTime, pipeline_time, steady_count
-from sim.gradient_sync import GRADIENT_SYNC, GradientSyncConfig, phases_s, vector_wire_bytes
+from sim.gradient_sync import GRADIENT_SYNC, GradientSyncConfig, bucket_buffer_bytes, phases_s
 from sim.gradient_sync_context import BucketPlan, bucket_context, bucket_layers
 from sim.meeting import instruction_variance, lateness_s
 from sim.memory import (
@@ -191,6 +191,7 @@ class StageTimes:
     recompute_extra_bytes: int  # what a recompute brings back
     output_bytes: int
     variance_s2: float = 0.0  # of the stage's forward, backward and recompute times (sim.meeting)
+    fwd_compute_s: float = 0.0  # the forward without TP communication
 
 
 Removed = tuple[tuple[int, int], ...]  # (layer, gradient bytes) that leave the buckets
@@ -223,6 +224,58 @@ class Estimate:
         return max(self.peak_bytes) <= self.capacity_bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Screen:
+    """``Estimator.screen``: the estimate's peak bytes per pipeline rank and a lower bound of its time."""
+
+    peak_bytes: tuple[int, ...]  # the same at every TP overlap level (it changes seconds, not bytes)
+    capacity_bytes: int
+    lower_bound_s: float
+    # a lower bound for the same plan at any TP overlap level: compute and recompute without TP communication
+    any_level_bound_s: float
+
+    @property
+    def fits(self) -> bool:
+        return max(self.peak_bytes) <= self.capacity_bytes
+
+
+def pipeline_lower_bound(steady_s: float, head_s: Sequence[float], compute_s: Sequence[float], microbatches: int,
+                         optimizer_s: Sequence[float]) -> float:
+    """A lower bound of the estimate's iteration time (``Estimator.estimate``), from figures that need
+    no pipeline run: ``max(steady_s, max_k head_s[k] + microbatches x compute_s[k]) + min_k optimizer_s[k]``.
+
+    ``steady_s``: micro-batches x the slowest rank's seconds per micro-batch (``per_rank``: forward,
+    backward and recompute with TP communication); ``head_s[k]``: the forward seconds of the virtual
+    stages below rank k's lowest one; ``compute_s[k]``: rank k's forward + backward seconds per
+    micro-batch without TP communication; ``optimizer_s[k]``: its optimizer step.
+
+    Proof. The estimate is ``steady + bubble + hops + tail + lookups`` with ``bubble = max(0, bare -
+    steady)``, ``hops = max(0, makespan - bare)``, ``tail >= 0`` and ``lookups >= 0``, so it is at
+    least ``max(steady, bare) + tail``.
+    (1) ``bare`` is the longest path of the weighted run without hops (plus, past the capped
+    micro-batch count c, ``(m - c) x max_k per_rank[k]``). Every action on rank k belongs to a stage
+    s >= s_k (its lowest) and waits, directly or through its own forward, for F(s - 1, mb), which
+    waits for F(s - 2, mb) and so on down to stage 0 (``sim.schedules.action_dependencies``): it
+    starts no earlier than ``head_s[k]``. Rank k's actions run one after another, so its last one
+    ends no earlier than ``head_s[k]`` + the sum of their durations. Per stage and micro-batch these
+    are F = ``fwd_s`` and B = recompute + ``bwd_s``, or I + W = recompute + ``bwd_input_s`` +
+    ``bwd_weight_s`` (stage 0: 0 + ``bwd_s``), or Merak's separate recompute: each at least the
+    layers' compute, because ``sim.tp_overlap.tp_segments_time`` never finishes before the compute
+    it schedules (its compute resource runs every piece back to back at best) and recompute,
+    DELTA's re-runs and TP communication are >= 0. So the c micro-batches of the run give
+    ``head_s[k] + c x compute_s[k]``, and the extension ``(m - c) x max per_rank >= (m - c) x
+    compute_s[k]``: ``bare >= head_s[k] + m x compute_s[k]`` for every k.
+    (2) ``tail`` is the largest ``exposed_k + opt_k - earlier_k`` (and 0) where ``earlier_k`` is the
+    makespan less rank k's last end: the rank whose last action ends the run has ``earlier = 0``
+    exactly (the makespan is that end), its exposed gradient sync is >= 0 and its step is its
+    ``optimizer_s`` or longer (the prefetching embedding rank waits for its ids first). So ``tail >=
+    min_k optimizer_s[k]``. The two sums are formed in another order than the estimate's, so a
+    caller compares with a relative margin (``sim.search_bound.MARGIN``).
+    ``tests/test_search_bound.py`` checks bound <= estimate on the grid of ``analysis.estimate_grid``."""
+    bare = max(h + microbatches * c for h, c in zip(head_s, compute_s, strict=True))
+    return max(steady_s, bare) + min(optimizer_s)
+
+
 class Estimator:
     """Estimates for plans of one workload on one cluster (one cost model, one communication model)."""
 
@@ -234,10 +287,16 @@ class Estimator:
         self.costs, self.comm, self.dtype = costs, comm, dtype
         self.workload, self.workload_options = workload, dict(workload_options or {})
         self._stages: dict[tuple, StageTimes] = {}
+        self._stages_shared: dict[tuple, StageTimes] = {}  # by the layers' cost kinds (stage())
+        self._kinds: dict[LayerCosts, int] = {}
+        self._kinds_of: dict[tuple[int, int, int], int] = {}
+        self._buffers: dict[tuple, int] = {}  # bucket_buffer_bytes by its inputs
         self._configs: dict[tuple[str, float], GradientSyncConfig] = {}
         self._buckets: dict[tuple, list[BucketPrice]] = {}
         self._tp_ar: dict[tuple, float] = {}
         self._pipes: dict[tuple, dict] = {}
+        self._figures: dict[tuple, dict] = {}  # _rank_figures by the estimate's key
+        self._raw: dict[tuple, tuple[float, float, int]] = {}  # group_bound's per-stage sums
         self._runs: dict[tuple, Any] = {}  # weighted pipeline runs by their inputs (sim.estimate_pipeline)
         self._p2p_routes: dict[int, tuple[float, float]] = {}  # (latency, bandwidth) by dp x tp
 
@@ -272,6 +331,36 @@ class Estimator:
         cached = self._stages.get(key)
         if cached is not None:
             return cached
+        # Stages whose layers cost the same (a GPT's blocks), with the same choices at the same positions,
+        # are priced once: the result depends on the layers only through their costs and the cost of the
+        # layer before the first (its output is the stage input, sim.memory.checkpoint_bytes).
+        chosen = set(recomputed)
+        shared_key = (tuple(self._kind(layer, micro_batch, tp) for layer in (layers[0] - 1, *layers)),
+                      tuple(layer in chosen for layer in layers), micro_batch, tp, level,
+                      swap if isinstance(swap, (int, float)) else tuple(layer in swap for layer in layers),
+                      tp_sharing, one_at_a_time, selective, tuple(layer in tables for layer in layers), split_backward)
+        cached = self._stages_shared.get(shared_key)
+        if cached is None:
+            cached = self._stages_shared[shared_key] = self._price_stage(
+                layers, recomputed, micro_batch, tp, level, swap, tp_sharing, one_at_a_time, selective, tables,
+                split_backward)
+        self._stages[key] = cached
+        return cached
+
+    def _kind(self, layer: int, micro_batch: int, tp: int) -> int:
+        """A number per distinct LayerCosts value (-1 before the first layer)."""
+        if layer < 0:
+            return -1
+        key = (layer, micro_batch, tp)
+        kind = self._kinds_of.get(key)
+        if kind is None:
+            costs = self.costs.layer_costs(layer, micro_batch, tp)
+            kind = self._kinds_of[key] = self._kinds.setdefault(costs, len(self._kinds))
+        return kind
+
+    def _price_stage(self, layers: tuple[int, ...], recomputed: tuple[int, ...], micro_batch: int, tp: int,
+                     level: int, swap: float | tuple[int, ...], tp_sharing: int, one_at_a_time: bool,
+                     selective: bool, tables: tuple[int, ...], split_backward: bool) -> StageTimes:
         from sim.tp_overlap import tp_segments_time
 
         costs = [self.costs.layer_costs(layer, micro_batch, tp) for layer in layers]
@@ -314,6 +403,7 @@ class Estimator:
         result = StageTimes(
             fwd_s=fwd, bwd_s=bwd, recompute_s=recompute, bwd_input_s=bwd_input, bwd_weight_s=bwd_weight,
             compute_s=sum(c.fwd_s + c.bwd_input_s + c.bwd_weight_s for c in costs),
+            fwd_compute_s=sum(c.fwd_s for c in costs),
             recompute_compute_s=sum(costs[i].recompute_s for i in rec),
             static_bytes=sum(c.param_bytes + c.grad_bytes + c.optimizer_bytes for c in costs),
             param_bytes=sum(c.param_bytes for c in costs),
@@ -324,7 +414,6 @@ class Estimator:
             variance_s2=sum(instruction_variance(Kind.FWD, [c]) + instruction_variance(Kind.BWD, [c]) for c in costs)
             + sum(instruction_variance(Kind.RECOMPUTE, [costs[i]]) for i in rec),
         )
-        self._stages[key] = result
         return result
 
     def sync_config(self, method: str, bucket_mb: float) -> GradientSyncConfig:
@@ -406,14 +495,57 @@ class Estimator:
                tp_overlap, scatter_gather, tables)
         pipe = self._pipes.get(key)
         if pipe is None:
-            pipe = self._pipes[key] = self._pipeline(schedule, dp, tp, pp, chunks, micro_batch, microbatches,
-                                                     stage_layers, policy, tp_overlap, scatter_gather, tables)
+            pipe = self._pipes[key] = self._pipeline(self._figures_of(key))
         return self._finish(pipe, dp, tp, pp, sync or self.sync_config(sync_method, bucket_mb), bucket_mb, embedding)
 
-    def _pipeline(self, schedule: str, dp: int, tp: int, pp: int, chunks: int, micro_batch: int, microbatches: int,
-                  stage_layers: Sequence[tuple[int, ...]], policy: MemoryPolicy, tp_overlap: int,
-                  scatter_gather: bool = False, tables: tuple[int, ...] = ()) -> dict:
-        """Everything but the gradient sync: the pipeline's time and the per-rank figures."""
+    def group_bound(self, pp: int, chunks: int, placement: str, micro_batch: int, microbatches: int,
+                    stage_layers: Sequence[tuple[int, ...]], tp: int) -> float:
+        """``pipeline_lower_bound`` from the layers' raw costs (no TP communication, no recompute, no
+        memory policy): at most the bound ``screen`` gives any plan with these stages, micro-batch and
+        schedule layout, whatever its memory policy, TP overlap, gradient sync or embedding method (a
+        policy's selective view only lengthens the backward; a sharded table's view keeps the times)."""
+        rank_of, stages_of = _layout(pp, chunks, placement)
+        fwd, compute, params = [], [0.0] * pp, [0] * pp
+        for s, layers in enumerate(stage_layers):
+            key = (tuple(layers), micro_batch, tp)
+            raw = self._raw.get(key)
+            if raw is None:
+                costs = [self.costs.layer_costs(layer, micro_batch, tp) for layer in layers]
+                raw = self._raw[key] = (sum(c.fwd_s for c in costs),
+                                        sum(c.fwd_s + c.bwd_input_s + c.bwd_weight_s for c in costs),
+                                        sum(c.param_bytes for c in costs))
+            fwd.append(raw[0])
+            compute[rank_of[s]] += raw[1]
+            params[rank_of[s]] += raw[2]
+        heads = [sum(fwd[:min(stages_of[k])]) for k in range(pp)]
+        return pipeline_lower_bound(0.0, heads, compute, microbatches, [self.costs.optimizer_step_s(p) for p in params])
+
+    def screen(self, *, schedule: str, dp: int, tp: int, pp: int, chunks: int, micro_batch: int,
+               microbatches: int, stage_layers: Sequence[tuple[int, ...]], policy: MemoryPolicy,
+               tp_overlap: int, sync_method: str, bucket_mb: float,
+               embedding: EmbeddingTerms | None = None, scatter_gather: bool = False,
+               sync: GradientSyncConfig | None = None) -> Screen:
+        """What ``estimate`` would say about memory (the same peak, exactly) and a lower bound of its
+        iteration time (``pipeline_lower_bound``), without the weighted pipeline run and the gradient
+        buckets: what the search's branch and bound (``sim.search_bound``) asks of every plan."""
+        tables = embedding.tp_table_layers if embedding is not None else ()
+        key = (schedule, dp, tp, pp, chunks, micro_batch, microbatches, tuple(map(tuple, stage_layers)), policy,
+               tp_overlap, scatter_gather, tables)
+        fig = self._figures_of(key)
+        peaks = self._peaks(fig, dp, pp, sync or self.sync_config(sync_method, bucket_mb), bucket_mb, embedding)
+        return Screen(peaks, self.comm.capacity_bytes, fig["bound"], fig["level_free_bound"])
+
+    def _figures_of(self, key: tuple) -> dict:
+        fig = self._figures.get(key)
+        if fig is None:
+            fig = self._figures[key] = self._rank_figures(*key)
+        return fig
+
+    def _rank_figures(self, schedule: str, dp: int, tp: int, pp: int, chunks: int, micro_batch: int,
+                      microbatches: int, stage_layers: Sequence[tuple[int, ...]], policy: MemoryPolicy,
+                      tp_overlap: int, scatter_gather: bool = False, tables: tuple[int, ...] = ()) -> dict:
+        """Everything but the weighted pipeline run and the gradient sync: the stages, each rank's
+        time per micro-batch, bytes and held activations, and the lower bound of the iteration."""
         info = SCHEDULES[schedule]
         stages_n = pp * chunks
         tp_sharing = concurrent_groups(self.comm.cluster, dp * tp, tuple(range(tp)))
@@ -482,20 +614,37 @@ class Estimator:
                 held[k] = activations
         bottleneck = max(range(pp), key=per_rank.__getitem__)
         steady = m * per_rank[bottleneck]
-        timing = self._timed_pipeline(schedule, pp, microbatches, chunks, stages, per_rank, hop_s,
-                                      [delta_s[rank_of[s]] / chunks for s in range(stages_n)],
-                                      tuple(policy.recomputes(s) for s in range(stages_n)))
-        bubble = max(0.0, timing.bare - steady)
-        hops = max(0.0, timing.makespan - timing.bare)
-        tp_exposed = (per_rank[bottleneck] - compute[bottleneck] - recompute_compute[bottleneck]) * m
-        return {"steady": steady, "bubble": bubble, "hops": hops, "bwd": bwd, "params": params, "static": static,
-                "grads": grads, "model_state": model_state,
+        heads = [sum(stages[s].fwd_s for s in range(min(stages_of[k]))) for k in range(pp)]
+        optimizer = [self.costs.optimizer_step_s(p) for p in params]
+        # The same bound without TP communication (what the overlap level changes): true of every level.
+        raw_heads = [sum(stages[s].fwd_compute_s for s in range(min(stages_of[k]))) for k in range(pp)]
+        raw_steady = m * max(c + r for c, r in zip(compute, recompute_compute, strict=True))
+        return {"schedule": schedule, "pp": pp, "microbatches": microbatches, "stages": stages,
+                "per_rank": per_rank, "hop_s": hop_s, "delta_s": delta_s, "rank_of": rank_of,
+                "flags": tuple(policy.recomputes(s) for s in range(stages_n)),
+                "steady": steady, "bwd": bwd, "params": params, "static": static, "grads": grads,
+                "model_state": model_state,
                 "held": held, "chunks": chunks, "variance": variance,
-                "earlier": [timing.makespan - end for end in timing.rank_end],
-                "tp_exposed": tp_exposed, "m": m,
-                "compute": compute[bottleneck] * m, "recompute": recompute_compute[bottleneck] * m,
+                "bound": pipeline_lower_bound(steady, heads, compute, m, optimizer),
+                "level_free_bound": pipeline_lower_bound(raw_steady, raw_heads, compute, m, optimizer),
+                "tp_exposed": (per_rank[bottleneck] - compute[bottleneck] - recompute_compute[bottleneck]) * m,
+                "m": m, "compute": compute[bottleneck] * m, "recompute": recompute_compute[bottleneck] * m,
                 "micro_batch": micro_batch,
                 "sync_layers": [tuple(tuple(stage_layers[s]) for s in stages_of[k]) for k in range(pp)],
+                "stages_of": stages_of}
+
+    def _pipeline(self, fig: dict) -> dict:
+        """The rank figures with the pipeline's time: the weighted run's bubble and hops, when each
+        rank ends and when each stage's gradients are ready."""
+        chunks, pp, stages_of = fig["chunks"], fig["pp"], fig["stages_of"]
+        timing = self._timed_pipeline(fig["schedule"], pp, fig["microbatches"], chunks, fig["stages"],
+                                      fig["per_rank"], fig["hop_s"],
+                                      [fig["delta_s"][fig["rank_of"][s]] / chunks for s in range(pp * chunks)],
+                                      fig["flags"])
+        steady = fig["steady"]
+        return {**fig, "bubble": max(0.0, timing.bare - steady),
+                "hops": max(0.0, timing.makespan - timing.bare),
+                "earlier": [timing.makespan - end for end in timing.rank_end],
                 "sync_slack": [tuple(timing.rank_end[k] - timing.grads_ready.get(s, timing.rank_end[k])
                                      for s in stages_of[k]) for k in range(pp)]}
 
@@ -507,7 +656,7 @@ class Estimator:
 
     def _finish(self, pipe: dict, dp: int, tp: int, pp: int, sync: GradientSyncConfig, bucket_mb: float,
                 embedding: EmbeddingTerms | None = None) -> Estimate:
-        params, static, held = pipe["params"], pipe["static"], pipe["held"]
+        params = pipe["params"]
         # Rank k finishes its last backward about k stage-backwards before rank 0; its gradient sync
         # overlaps that backward and its optimizer step follows.
         tail = 0.0
@@ -535,15 +684,6 @@ class Estimator:
             if exposed + opt - earlier > tail:
                 tail, dp_exposed, opt_bottleneck = exposed + opt - earlier, exposed, opt
         iteration = pipe["steady"] + pipe["bubble"] + pipe["hops"] + tail + lookups
-        # one flattened bucket of bucket_mb in flight (the memory planners count the same buffer): the
-        # engine's peak rarely falls while the largest real bucket travels
-        buffer = vector_wire_bytes(sync, int(bucket_mb * 2**20), dp, self.dtype) if dp > 1 else 0
-        # the gradients as held: in an fp32 main-grad buffer where they reduce in fp32 (sim.model_state);
-        # the stages counted them in the parameters' dtype
-        static = [b + held_gradient_bytes(g, sync, self.dtype) - g for b, g in zip(static, pipe["grads"], strict=True)]
-        # the optimizer step holds its model state and its copies of the gradients, nothing else
-        at_step = [step_peak_bytes(self.costs, b, g, sync, self.dtype)
-                   for b, g in zip(pipe["model_state"], pipe["grads"], strict=True)]
         return Estimate(
             iteration_s=iteration,
             compute_s=pipe["compute"],
@@ -553,12 +693,31 @@ class Estimator:
             p2p_s=pipe["hops"],
             dp_comm_s=dp_exposed,
             optimizer_s=opt_bottleneck,
-            # the larger of the pipeline's peak and the optimizer step's
-            peak_bytes=tuple(max(static[k] + held[k] + buffer, at_step[k])
-                             - (embedding.static_bytes_saved if embedding is not None and k == embedding.rank else 0)
-                             for k in range(pp)),
+            peak_bytes=self._peaks(pipe, dp, pp, sync, bucket_mb, embedding),
             capacity_bytes=self.comm.capacity_bytes,
         )
+
+    def _peaks(self, fig: dict, dp: int, pp: int, sync: GradientSyncConfig, bucket_mb: float,
+               embedding: EmbeddingTerms | None) -> tuple[int, ...]:
+        """Each pipeline rank's peak bytes: the larger of the pipeline's peak and the optimizer step's
+        (its model state and its copies of the gradients, nothing else: sim.model_state.step_peak_bytes)."""
+        static, held, grads, model_state = fig["static"], fig["held"], fig["grads"], fig["model_state"]
+        peaks = []
+        for k in range(pp):
+            mine = embedding is not None and k == embedding.rank
+            # one flattened bucket in flight (the memory planners count the same buffer), never more than
+            # the gradients the rank syncs (sim.gradient_sync.bucket_buffer_bytes)
+            synced = grads[k] - (sum(b for _, b in embedding.removed_by_layer) if mine else 0)
+            key = (sync, bucket_mb, synced, dp)
+            buffer = self._buffers.get(key)
+            if buffer is None:
+                buffer = self._buffers[key] = bucket_buffer_bytes(sync, bucket_mb, synced, dp, self.dtype)
+            # the gradients as held: in an fp32 main-grad buffer where they reduce in fp32 (sim.model_state);
+            # the stages counted them in the parameters' dtype
+            pipeline = static[k] + held_gradient_bytes(grads[k], sync, self.dtype) - grads[k] + held[k] + buffer
+            at_step = step_peak_bytes(self.costs, model_state[k], grads[k], sync, self.dtype)
+            peaks.append(max(pipeline, at_step) - (embedding.static_bytes_saved if mine else 0))
+        return tuple(peaks)
 
 
 @lru_cache(maxsize=1024)

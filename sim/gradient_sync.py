@@ -185,6 +185,16 @@ def vector_wire_bytes(settings: GradientSyncConfig, dense: int, dp: int, dtype: 
     return wire_bytes(GRADIENT_SYNC[settings.method].plan(vector_bucket(settings, dense, dp, dtype)))
 
 
+def bucket_buffer_bytes(settings: GradientSyncConfig, bucket_mb: float, grad_bytes: int, dp: int, dtype: str) -> int:
+    """The buffer of the largest gradient bucket a rank holding ``grad_bytes`` of synced gradients has in
+    flight: ``bucket_mb`` of them, clipped to the rank's gradients (a bucket closes once it holds
+    ``bucket_mb``, as torch DDP's ``bucket_cap_mb`` does, and never holds more than there is:
+    ``sim.gradient_sync_context.bucket_layers``, the runtime's DDP reducer). 0 without replicas."""
+    if dp <= 1 or grad_bytes <= 0:
+        return 0
+    return vector_wire_bytes(settings, min(int(bucket_mb * 2**20), grad_bytes), dp, dtype)
+
+
 CODEC_FILE = Path(__file__).parent / "data" / "codec_rates.csv"
 
 

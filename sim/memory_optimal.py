@@ -290,7 +290,7 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
     from sim.cluster import load_cluster
     from sim.comm import ClusterComm
     from sim.estimate import Estimator, _layout, unit_pipeline
-    from sim.gradient_sync import vector_wire_bytes
+    from sim.gradient_sync import bucket_buffer_bytes
     from sim.model_state import held_gradient_bytes, step_peak_bytes
 
     config = plan.memory
@@ -333,9 +333,9 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
             copy_s.append(2 * (latency + saved[-1] / bandwidth))
     for k in range(pp):  # the received gradient a rank holds at once, as the engine and the runtime do
         static[k] += received_gradient_bytes(stages_of[k], rank_of, stage_layers, cost)
-    if plan.dp > 1:  # one flattened gradient bucket in flight, as the estimate counts it
-        bucket = vector_wire_bytes(plan.gradient_sync, int(plan.gradient_sync.bucket_mb * 2**20), plan.dp, plan.dtype)
-        static = [b + bucket for b in static]
+    # one flattened gradient bucket in flight, clipped to the rank's gradients, as the estimate counts it
+    static = [b + bucket_buffer_bytes(plan.gradient_sync, plan.gradient_sync.bucket_mb, g, plan.dp, plan.dtype)
+              for b, g in zip(static, grads, strict=True)]
     capacity = capacity_bytes if config.budget_gb is None else min(capacity_bytes, int(config.budget_gb * 2**30))
     swap_cap = tuple(config.swap) if config.swap is not None else (1.0,) * stages_n
     return LayerChoiceModel(

@@ -51,6 +51,7 @@ from sim.memory import MEMORY_POLICIES
 from sim.partition import balanced_partition, uniform_partition
 from sim.plan import Plan
 from sim.schedules import SCHEDULES
+from sim.search_bound import BOUNDED, Cutoff, best_first, beyond
 from traces.errors import ConfigError
 
 DOES_NOT_FIT = "does not fit in memory (estimate)"
@@ -159,6 +160,8 @@ class Ranked:
     candidate: Candidate
     estimate: Estimate
     simulated: Simulated | None = None
+    # (shape, group, leaf): the position in the exhaustive enumeration, which orders equal estimates
+    order: tuple[int, ...] = field(default=(), compare=False)
 
 
 @dataclass
@@ -188,6 +191,7 @@ class SearchResult:
     timings: dict[str, float]
     base: dict[str, Any]  # the plan fields every candidate shares
     top_k: int = 0  # how many of the estimate's best were simulated
+    estimated_top: list[Ranked] = field(default_factory=list)  # those, in estimate order
 
     @property
     def simulated(self) -> list[Ranked]:
@@ -304,6 +308,34 @@ class _ShapePlans:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class PlanGroup:
+    """The plans of one shape that share micro-batch, schedule, chunks and partition (what the lower
+    bound ``Estimator.group_bound`` needs): their other choices as the enumeration nests them, so
+    leaf i of the group is a fixed plan."""
+
+    order: tuple[int, int]  # (shape index, group index in the shape's enumeration)
+    bound: float  # lower bound of every plan's estimated iteration time
+    dp: int
+    tp: int
+    pp: int
+    chunks: int
+    partition: str
+    schedule: str
+    micro_batch: int
+    microbatches: int
+    split: tuple[tuple[int, ...], ...]
+    memories: tuple[dict[str, Any], ...]
+    methods: tuple[dict[str, Any], ...]
+    embeddings: tuple[dict[str, Any], ...]
+    overlaps: tuple[int, ...]
+    p2ps: tuple[str, ...]
+
+    @property
+    def leaves(self) -> int:
+        return len(self.memories) * len(self.methods) * len(self.embeddings) * len(self.overlaps) * len(self.p2ps)
+
+
 class _Enumerator:
     """Enumerates, prunes and estimates the plans of one (dp, tp, pp) shape at a time, with the
     caches (partitions, memory policies, checks, the estimator's) of the process it runs in."""
@@ -330,8 +362,19 @@ class _Enumerator:
             self.partitions[key] = [tuple(range(a, b)) for a, b in ranges]
         return self.partitions[key]
 
-    def shape(self, dp: int, tp: int, pp: int) -> _ShapePlans:
-        space, base, out = self.space, self.base, _ShapePlans(skipped=dict(self.skipped))
+    def shape(self, dp: int, tp: int, pp: int, shape_index: int = 0) -> _ShapePlans:
+        """Every plan of the shape, each estimated (the exhaustive search)."""
+        out, groups = self.groups(dp, tp, pp, shape_index)
+        for group in groups:
+            part = self.expand(group)
+            out.pruned.update(part.pruned)
+            out.survivors += part.survivors
+        return out
+
+    def groups(self, dp: int, tp: int, pp: int, shape_index: int = 0) -> tuple[_ShapePlans, list[PlanGroup]]:
+        """The shape's plans counted and pruned by the checks that need no memory policy, and the rest
+        as groups of one (micro-batch, schedule, chunks, partition), in enumeration order."""
+        space, out, groups = self.space, _ShapePlans(skipped=dict(self.skipped)), []
         per_replica = self.global_batch // dp if self.global_batch % dp == 0 else 0
         micro_batches = [b for b in _divisors(per_replica) if b <= space.max_micro_batch
                          and (space.micro_batch_sizes is None or b in space.micro_batch_sizes)] if per_replica else []
@@ -352,61 +395,97 @@ class _Enumerator:
                 embeddings = self.embeddings if dp > 1 else [
                     e for e in self.embeddings if not EMBEDDING_METHODS[e["method"]].sharded]
                 p2ps = space.p2p if pp > 1 else ("async",)  # one stage has no exchanges to block on
-                k = len(p2ps)
-                leaves = len(partitions) * len(memories) * len(overlaps) * len(methods) * len(embeddings) * k
-                out.considered += leaves
+                leaves = len(memories) * len(overlaps) * len(methods) * len(embeddings) * len(p2ps)
+                out.considered += leaves * len(partitions)
                 reason = tp_reason or _shape_problem(schedule, pp, m, chunks, self.layers)
                 if reason:
-                    out.pruned[reason] += leaves
+                    out.pruned[reason] += leaves * len(partitions)
                     continue
                 seen_splits: list[list[tuple[int, ...]]] = []
                 for partition in partitions:
                     split = self.stage_layers(pp * chunks, partition)
                     if split in seen_splits:  # e.g. time-balanced = uniform on identical layers
-                        out.pruned[SAME_SPLIT] += len(memories) * len(overlaps) * len(methods) * len(embeddings) * k
+                        out.pruned[SAME_SPLIT] += leaves
                         continue
                     seen_splits.append(split)
-                    for memory in memories:
-                        shape = {"parallelism": {"dp": dp, "tp": tp, "pp": pp, "chunks": chunks,
-                                                 "partition": partition},
-                                 "schedule": {"name": schedule, "micro_batch": micro_batch, "microbatches": m},
-                                 "memory": memory}
-                        key = (pp, chunks, partition, schedule, _freeze(memory))
-                        policy = self.policies.get(key)
-                        if policy is None:
-                            plan = Plan.from_dict({**base, **shape})
-                            policy = self.policies[key] = MEMORY_POLICIES[memory["policy"]].build(
-                                plan, split, self.costs, self.comm.capacity_bytes)
-                        if policy.problem:  # e.g. selective checkpointing under a split-backward schedule
-                            out.pruned[REFUSED] += len(methods) * len(embeddings) * len(overlaps) * k
+                    bound = self.estimator.group_bound(pp, chunks, info.placement, micro_batch, m, split, tp)
+                    groups.append(PlanGroup(
+                        (shape_index, len(groups)), bound, dp, tp, pp, chunks, partition, schedule, micro_batch, m,
+                        tuple(split), tuple(memories), tuple(methods), tuple(embeddings), tuple(overlaps),
+                        tuple(p2ps)))
+        return out, groups
+
+    def expand(self, group: PlanGroup, limit: float | None = None, only: set[int] | None = None) -> _ShapePlans:
+        """The group's plans pruned and estimated. With a ``limit`` (branch and bound; may be infinite), a
+        plan is screened first (``Estimator.screen``): one that does not fit is dropped before its time is
+        worked out, and one whose lower bound is above ``limit`` is counted under ``BOUNDED``; ``only``:
+        just these leaves (indices into the group's enumeration order)."""
+        g, base, out = group, self.base, _ShapePlans()
+        dp, tp, pp, chunks, partition, schedule = g.dp, g.tp, g.pp, g.chunks, g.partition, g.schedule
+        split = list(g.split)
+        k = len(g.p2ps)
+        per_memory = len(g.methods) * len(g.embeddings) * len(g.overlaps) * k
+        for mi, memory in enumerate(g.memories):
+            first = mi * per_memory
+            if only is not None and not any(first <= i < first + per_memory for i in only):
+                continue
+            shape = {"parallelism": {"dp": dp, "tp": tp, "pp": pp, "chunks": chunks, "partition": partition},
+                     "schedule": {"name": schedule, "micro_batch": g.micro_batch, "microbatches": g.microbatches},
+                     "memory": memory}
+            key = (pp, chunks, partition, schedule, _freeze(memory))
+            policy = self.policies.get(key)
+            if policy is None:
+                plan = Plan.from_dict({**base, **shape})
+                policy = self.policies[key] = MEMORY_POLICIES[memory["policy"]].build(
+                    plan, split, self.costs, self.comm.capacity_bytes)
+            if policy.problem:  # e.g. selective checkpointing under a split-backward schedule
+                out.pruned[REFUSED] += per_memory
+                continue
+            leaf = first
+            for sync in g.methods:
+                per_sync = len(g.embeddings) * len(g.overlaps) * k
+                problem = _sync_problem(sync, base, shape, self.checks)
+                if problem:
+                    out.pruned[problem] += per_sync
+                    leaf += per_sync
+                    continue
+                for embedding in g.embeddings:
+                    terms = self.embedding_of(embedding, shape, split)
+                    if isinstance(terms, str):
+                        out.pruned[terms] += len(g.overlaps) * k
+                        leaf += len(g.overlaps) * k
+                        continue
+                    first_level = None
+                    for level in g.overlaps:
+                        here, leaf = leaf, leaf + k
+                        if only is not None and not any(here <= i < leaf for i in only):
                             continue
-                        for sync in methods:
-                            problem = _sync_problem(sync, base, shape, self.checks)
-                            if problem:
-                                out.pruned[problem] += len(overlaps) * len(embeddings) * k
+                        asked = dict(schedule=schedule, dp=dp, tp=tp, pp=pp, chunks=chunks,
+                                     micro_batch=g.micro_batch, microbatches=g.microbatches, stage_layers=split,
+                                     policy=policy, tp_overlap=level, sync_method=sync["method"],
+                                     bucket_mb=sync.get("bucket_mb", 25.0), embedding=terms)
+                        if limit is not None:  # memory and the bound for any level first, then this level's
+                            first_level = first_level or self.estimator.screen(**{**asked, "tp_overlap": g.overlaps[0]})
+                            if not first_level.fits:
+                                out.pruned[DOES_NOT_FIT] += k
                                 continue
-                            for embedding in embeddings:
-                                terms = self.embedding_of(embedding, shape, split)
-                                if isinstance(terms, str):
-                                    out.pruned[terms] += len(overlaps) * k
-                                    continue
-                                for level in overlaps:
-                                    try:  # e.g. row sparsity not measured for this many windows
-                                        estimate = self.estimator.estimate(
-                                            schedule=schedule, dp=dp, tp=tp, pp=pp, chunks=chunks,
-                                            micro_batch=micro_batch, microbatches=m, stage_layers=split,
-                                            policy=policy, tp_overlap=level, sync_method=sync["method"],
-                                            bucket_mb=sync.get("bucket_mb", 25.0), embedding=terms)
-                                    except ConfigError as exc:
-                                        out.pruned[exc.field] += k
-                                        continue
-                                    if not estimate.fits:
-                                        out.pruned[DOES_NOT_FIT] += k
-                                        continue
-                                    out.survivors.extend(Ranked(
-                                        Candidate(dp, tp, pp, chunks, partition, level, schedule, micro_batch, m,
-                                                  _freeze(memory), _freeze(sync), _freeze(embedding), p2p), estimate)
-                                        for p2p in p2ps)
+                            if beyond(first_level.any_level_bound_s, limit) or beyond(
+                                    self.estimator.screen(**asked).lower_bound_s, limit):
+                                out.pruned[BOUNDED] += k
+                                continue
+                        try:  # e.g. row sparsity not measured for this many windows
+                            estimate = self.estimator.estimate(**asked)
+                        except ConfigError as exc:
+                            out.pruned[exc.field] += k
+                            continue
+                        if not estimate.fits:
+                            out.pruned[DOES_NOT_FIT] += k
+                            continue
+                        out.survivors.extend(Ranked(
+                            Candidate(dp, tp, pp, chunks, partition, level, schedule, g.micro_batch, g.microbatches,
+                                      _freeze(memory), _freeze(sync), _freeze(embedding), p2p), estimate,
+                            order=(*g.order, here + i))
+                            for i, p2p in enumerate(g.p2ps) if only is None or here + i in only)
         return out
 
     def refine(self, ranked: list[Ranked], shapes: int) -> _ShapePlans:
@@ -488,8 +567,8 @@ def _estimate_all(shapes: list[tuple[int, int, int]], here: _Enumerator, probe_p
     """Each shape's plans, in ``shapes`` order (so the result is the one-process result)."""
     workers = min(workers or os.cpu_count() or 1, len(shapes))
     if workers <= 1 or len(shapes) * len(here.pairs) < MIN_PARALLEL_COMBINATIONS:
-        for dp, tp, pp in shapes:
-            yield here.shape(dp, tp, pp)
+        for i, (dp, tp, pp) in enumerate(shapes):
+            yield here.shape(dp, tp, pp, i)
         return
     from concurrent.futures import ProcessPoolExecutor
 
@@ -499,20 +578,43 @@ def _estimate_all(shapes: list[tuple[int, int, int]], here: _Enumerator, probe_p
         # Largest pipelines first (their unit-cost runs dominate), so no worker is left with the
         # longest at the end; results are taken back in the given order.
         order = sorted(range(len(shapes)), key=lambda i: -shapes[i][2])
-        futures = {i: pool.submit(_worker_shape, shapes[i]) for i in order}
+        futures = {i: pool.submit(_worker_shape, shapes[i], i) for i in order}
         for i in range(len(shapes)):
             yield futures[i].result()
 
 
 
 
-def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
-           progress: Progress | None = None, workers: int | None = None) -> SearchResult:
-    """Enumerate, prune, estimate every survivor, simulate the best ``top_k`` and a random
-    ``sample`` of survivors (for the agreement figures). Both phases run in ``workers`` processes
-    (default: one per core) when there is enough work to repay starting them; the result is the
-    same as in one process."""
-    started = time.perf_counter()
+# Below this many plans in groups the search estimates every plan (the exhaustive ranking and pruning
+# counts are cheap there, and ``paratwin search`` writes them); above it, with top_k > 0, it estimates
+# only the plans that can be among the best (sim.search_bound).
+MIN_BOUNDED_PLANS = 20_000
+
+
+@dataclass
+class EstimatePhase:
+    """What the search hands the engine: every estimated plan in estimate order (``survivors``, the
+    refined ones included), the counts, and what the rest of the search reuses."""
+
+    considered: int
+    pruned: Counter
+    survivors: list[Ranked]
+    skipped: dict[str, str]
+    bounded: bool  # branch and bound (else every plan was estimated)
+    groups: list[PlanGroup]
+    enumerator: _Enumerator
+    base: dict[str, Any]
+    probe_plan: dict[str, Any]
+    probe: ResolvedPlan
+    world: int
+    global_batch: int
+    name: str
+
+
+def estimate_phase(space: SearchSpace, top_k: int = 50, workers: int | None = None, bound: bool | None = None,
+                   progress: Progress | None = None) -> EstimatePhase:
+    """Enumerate, prune and estimate (exhaustively, or by branch and bound for the best ``top_k``: see
+    ``search``), then build the optimising memory policies for the best shapes."""
     cluster = load_cluster(space.cluster)
     world = cluster.world_size
     global_batch = space.global_batch or 2 * world
@@ -530,27 +632,79 @@ def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
     skipped: dict[str, str] = {}
     considered = 0
     here = _Enumerator(space, base, global_batch, probe)
-    for part in _estimate_all(shapes, here, probe_plan, workers):
-        considered += part.considered
-        pruned.update(part.pruned)
-        survivors += part.survivors
-        skipped.update(part.skipped)
+    groups: list[PlanGroup] = []
+    if bound is not False and top_k > 0:
+        for i, (dp, tp, pp) in enumerate(shapes):
+            part, found = here.groups(dp, tp, pp, i)
+            considered += part.considered
+            pruned.update(part.pruned)
+            skipped.update(part.skipped)
+            groups += found
+        if bound is None and sum(g.leaves for g in groups) < MIN_BOUNDED_PLANS:
+            groups, considered, pruned, skipped = [], 0, Counter(), {}
+        else:
+            bound = True
+    if bound and top_k > 0:
+        cutoff = Cutoff(top_k, space.refine_shapes, lambda c: replace(c, memory=()))
+        found_pruned, survivors, _ = best_first(groups, cutoff, here.expand)
+        pruned.update(found_pruned)
         if progress:
             progress("estimate", considered, None)
+    else:
+        bound = False
+        for part in _estimate_all(shapes, here, probe_plan, workers):
+            considered += part.considered
+            pruned.update(part.pruned)
+            survivors += part.survivors
+            skipped.update(part.skipped)
+            if progress:
+                progress("estimate", considered, None)
     # Optimising memory policies, for the best shapes only (one build each is an optimisation).
-    survivors.sort(key=lambda r: r.estimate.iteration_s)
+    survivors.sort(key=_estimate_order)
     refined = here.refine(survivors, space.refine_shapes)
     considered += refined.considered
     pruned.update(refined.pruned)
     survivors += refined.survivors
+    survivors.sort(key=_estimate_order)
+    return EstimatePhase(considered, pruned, survivors, skipped, bool(bound), groups, here, base, probe_plan, probe,
+                         world, global_batch, name)
+
+
+def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
+           progress: Progress | None = None, workers: int | None = None, bound: bool | None = None) -> SearchResult:
+    """Enumerate, prune, estimate, simulate the best ``top_k`` and a random ``sample`` of survivors
+    (for the agreement figures). The engine runs in ``workers`` processes (default: one per core), and
+    so does the exhaustive estimate, when there is enough work to repay starting them; the result is
+    the same as in one process.
+
+    ``bound``: estimate only plans whose lower bound can reach the best ``top_k`` (branch and bound,
+    ``sim.search_bound``, in this process): the same best ``top_k`` and refined shapes as the
+    exhaustive search, with fewer plans estimated (``ranked`` holds those; the rest are counted under
+    ``BOUNDED``) and the random sample drawn from every plan, then estimated. Default: on when
+    ``top_k`` > 0 and the space has at least ``MIN_BOUNDED_PLANS`` plans past the structural checks."""
+    started = time.perf_counter()
+    phase = estimate_phase(space, top_k, workers, bound, progress)
+    considered, pruned, survivors, skipped = phase.considered, phase.pruned, phase.survivors, phase.skipped
+    base, probe_plan, probe, name, here = phase.base, phase.probe_plan, phase.probe, phase.name, phase.enumerator
+    world, global_batch, groups = phase.world, phase.global_batch, phase.groups
     estimated_at = time.perf_counter()
-    survivors.sort(key=lambda r: r.estimate.iteration_s)
 
     # The engine on the estimate's best K, then on a random sample of the rest.
     rng = random.Random(seed)
     top = survivors[:top_k]
+    if phase.bounded:
+        sampled = _sample_groups(groups, here, sample, rng)
+        known = {r.candidate: r for r in survivors}
+        for j, r in enumerate(sampled):
+            if r.candidate in known:
+                sampled[j] = known[r.candidate]
+            else:  # estimated now, so ranked; the bound had counted it
+                survivors.append(r)
+                pruned[BOUNDED] -= 1
+        survivors.sort(key=_estimate_order)
+    else:
+        sampled = rng.sample(survivors, min(sample, len(survivors))) if sample else []
     rest = survivors[top_k:]
-    sampled = rng.sample(survivors, min(sample, len(survivors))) if sample else []
     to_run = top + [r for r in sampled if r not in top]
     top_done_at = estimated_at
     simulated = _simulate_all([r.candidate for r in to_run], base, probe_plan, probe.costs, name, workers, progress)
@@ -567,7 +721,35 @@ def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
     timings = {"estimate_s": estimated_at - started, "engine_top_s": top_done_at - estimated_at,
                "engine_sample_s": simulated_at - top_done_at, "total_s": simulated_at - started}
     return SearchResult(space, world, global_batch, considered, pruned, ranked, sampled, agreement, skipped,
-                        timings, base, len(top))
+                        timings, base, len(top), top)
+
+
+def _estimate_order(r: Ranked) -> tuple[float, tuple[int, ...]]:
+    """By estimate; equal estimates in enumeration order (optimised policies last), as a stable sort
+    of the exhaustive enumeration orders them."""
+    return (r.estimate.iteration_s, r.order or (math.inf,))
+
+
+def _sample_groups(groups: list[PlanGroup], here: _Enumerator, sample: int, rng: random.Random) -> list[Ranked]:
+    """``sample`` plans drawn uniformly from the plans that survive pruning and fit, by rejection: a
+    random leaf of the groups, estimated (at most 200 draws per plan asked for)."""
+    import bisect
+    import itertools
+
+    ends = list(itertools.accumulate(g.leaves for g in groups))
+    drawn: set[int] = set()
+    sampled: list[Ranked] = []
+    for _ in range(200 * sample):
+        if len(sampled) == sample or not ends or len(drawn) == ends[-1]:
+            break
+        leaf = rng.randrange(ends[-1])
+        if leaf in drawn:
+            continue
+        drawn.add(leaf)
+        i = bisect.bisect_right(ends, leaf)
+        part = here.expand(groups[i], only={leaf - (ends[i - 1] if i else 0)})
+        sampled += part.survivors
+    return sampled
 
 
 def _one_per_method(syncs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -661,9 +843,9 @@ def _worker_start(probe_plan: dict[str, Any], space: SearchSpace | None = None, 
         _worker_enumerator = _Enumerator(space, base, global_batch, probe)
 
 
-def _worker_shape(shape: tuple[int, int, int]) -> _ShapePlans:
+def _worker_shape(shape: tuple[int, int, int], index: int = 0) -> _ShapePlans:
     assert _worker_enumerator is not None
-    return _worker_enumerator.shape(*shape)
+    return _worker_enumerator.shape(*shape, index)
 
 
 def _worker_simulate(candidate: Candidate, base: dict[str, Any], name: str) -> Simulated:
