@@ -232,7 +232,10 @@ class Engine:
             raise RuntimeError(f"simulation deadlocked: rank {rank} never finished "
                                f"{self.program.ranks[rank].instructions[index].label} "
                                f"({len(unfinished)} instructions unfinished)")
-        return self.env.now
+        # The iteration ends with the last instruction (or copy) that ran, not at env.now: a compute
+        # re-timed by _progress leaves its superseded timeout in simpy's queue (a timeout cannot be
+        # cancelled), and env.run() advances the clock to it after the work is done.
+        return max((row.end_s for row in self.rows), default=self.env.now)
 
     # -- streams -------------------------------------------------------------------------------
     def _stream(self, rank: int, stream: Stream, instructions: list[Instruction]):
