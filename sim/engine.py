@@ -27,7 +27,7 @@ from sim.delta import choose
 from sim.delta_runtime import RankDelta, decision_name
 from sim.embedding import exchange_s
 from sim.gradient_sync import Phase, phases_s
-from sim.host_cpu import cores_taken, phases_cpu_s, stretch
+from sim.host_cpu import cores_taken, host_share, phases_cpu_s, stretch
 from sim.meeting import instruction_variance, lateness_s
 from sim.memory import MemoryPolicy, checkpoint_bytes, held_bytes
 from sim.model_state import step_copy_bytes
@@ -147,8 +147,7 @@ class Engine:
         # sim.host_cpu: the cores the rank's moving transfers keep busy, on a host whose cores its
         # ranks share (a cluster with host_cores whose benchmark measured the CPU of communicating)
         self.moving_cores: dict[int, float] = defaultdict(float)
-        self.host_cores = comm.cluster.host_cores if getattr(comm, "measures_cpu", False) else None
-        self.ranks_on_host = min(comm.cluster.devices_per_node, program.world_size)
+        self.ranks_on_host, self.host_cores = host_share(comm, program.world_size, comm.cluster.devices_per_node)
         self._slows = self.options.overlap_slowdown > 0 or self.host_cores is not None
         # sim.meeting: each rank's compute variance since its compute last waited on a collective, and,
         # per (rank, instruction), when a compute instruction ended and that variance at its end
