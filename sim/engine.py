@@ -375,13 +375,18 @@ class Engine:
             yield self.env.timeout(seconds)
             return
         remaining = seconds
-        while remaining > 1e-15:
+        while remaining > 0.0:
             rate = 1.0 / self._stretch(rank)  # 0 while the host's transfers want every core
             changed = self.moving_changed.get(rank)
             if changed is None:
                 changed = self.moving_changed[rank] = self.env.event()
             began = self.env.now
-            yield self.env.any_of([self.env.timeout(remaining / rate), changed]) if rate > 0 else changed
+            if rate > 0:
+                done = self.env.timeout(remaining / rate)
+                if done in (yield self.env.any_of([done, changed])):
+                    return  # ran to its end (what is left may be below the clock's resolution)
+            else:
+                yield changed
             remaining -= (self.env.now - began) * rate
 
     def _stretch(self, rank: int) -> float:
@@ -464,7 +469,6 @@ class Engine:
                                        for layer, c in zip(instruction.layers, layers, strict=True) if layer in rerun)
             ledger.change_activations(one_layer, start, instruction.label)
         if kind is Kind.FWD and self.delta:  # run-time DELTA decides after each layer
-            self._layer_rows(rank, instruction, start, per_layer, 1.0)  # at full speed (any slowdown not shown)
             yield from self._delta_forward(rank, instruction, per_layer)
             return
         end = start
@@ -489,11 +493,13 @@ class Engine:
             ledger.change_buffers(-received, self.env.now, instruction.label)
 
     def _layer_rows(self, rank: int, instruction: Instruction, start: float, per_layer: list[float],
-                    stretch: float) -> None:
+                    stretch: float, layers: tuple[int, ...] | None = None) -> None:
+        """Child rows of ``instruction``'s ``layers`` (default: all), run one after the other from
+        ``start``, each ``stretch`` times its nominal time."""
         if not self.options.layer_rows:
             return
         t, in_use = start, self.ledgers[rank].in_use
-        for layer_index, layer_time in zip(instruction.layers, per_layer, strict=True):
+        for layer_index, layer_time in zip(instruction.layers if layers is None else layers, per_layer, strict=True):
             self.rows.append(Row(rank, instruction.index, instruction.kind.value, instruction.stage,
                                  instruction.microbatch, Stream.COMPUTE.value, t, t + layer_time * stretch, 0,
                                  in_use, instruction.index, layer_index, f"layer {layer_index}"))
@@ -509,8 +515,10 @@ class Engine:
         key = (ins.stage, ins.microbatch)
         for layer, seconds in zip(ins.layers, layer_s, strict=True):
             began = self.env.now
-            yield from self._progress(rank, seconds)
+            yield from self._progress(rank, seconds)  # slowed while the rank moves data, as any compute
             self.compute_busy[rank] += self.env.now - began
+            self._layer_rows(rank, ins, began, [seconds], (self.env.now - began) / seconds if seconds else 1.0,
+                             (layer,))
             ledger.change_activations(state.layer_start(key, ins.layers), self.env.now, ins.label)
             state.layer_used(key, layer, self.env.now)
             yield from self._release(rank, ins, self._activation_budget[rank])
@@ -546,7 +554,7 @@ class Engine:
                                            self.tp_overlap if tp else 0)
                 for layer, duration in zip(layers, seconds, strict=True):
                     began = self.env.now
-                    yield self.env.timeout(duration)
+                    yield from self._progress(rank, duration)
                     self.compute_busy[rank] += self.env.now - began
                     self._decision_row(rank, ins, "RECOMPUTE", (*key, layer), began, self.env.now, 0, "compute")
         self.rows.append(Row(rank, ins.index, ins.kind.value, ins.stage, ins.microbatch, ins.stream.value, start,
