@@ -28,7 +28,7 @@ from sim.delta_runtime import RankDelta, decision_name
 from sim.embedding import exchange_s
 from sim.gradient_sync import Phase, phases_s
 from sim.host_cpu import cores_taken, host_share, phases_cpu_s, stretch
-from sim.meeting import instruction_variance, lateness_s
+from sim.meeting import add_offsets, instruction_offsets, instruction_variance, lateness_s, offset_variance
 from sim.memory import MemoryPolicy, checkpoint_bytes, held_bytes
 from sim.model_state import step_copy_bytes
 from sim.program import Instruction, Kind, Program, Stream
@@ -70,6 +70,10 @@ class EngineOptions:
     # group's ranks, from the variance of each rank's compute since the ranks last met (sim.meeting;
     # measured by the profile, zero for a cost model without spreads).
     meeting_waits: bool = True
+    # ... and from the profiling processes' systematic differences (each process's own per-layer
+    # medians, where the profile kept them: sim.meeting, "A systematic difference between processes").
+    # On by default: a measurement of the profile, not a fit to validation runs (docs/validation.md).
+    process_offsets: bool = True
 
 
 class Row(NamedTuple):
@@ -152,6 +156,7 @@ class Engine:
         # sim.meeting: each rank's compute variance since its compute last waited on a collective, and,
         # per (rank, instruction), when a compute instruction ended and that variance at its end
         self.meet_var: dict[int, float] = defaultdict(float)
+        self.meet_offsets: dict[int, tuple[float, ...]] = defaultdict(tuple)  # per profiling process
         self.ended: dict[tuple[int, int], tuple[float, float]] = {}
         self.ledgers: dict[int, MemoryLedger] = {}
         self.compute_busy: dict[int, float] = defaultdict(float)
@@ -253,8 +258,10 @@ class Engine:
             if stream is Stream.COMPUTE:
                 if any(self.program.ranks[rank].instructions[d].stream is Stream.COLLECTIVE for d in instruction.deps):
                     self.meet_var[rank] = 0.0  # it waited on a meeting: the ranks' compute restarts together
+                    self.meet_offsets[rank] = ()
                 yield from self._compute(rank, instruction)
-                self.ended[(rank, instruction.index)] = (self.env.now, self.meet_var[rank])
+                self.ended[(rank, instruction.index)] = (self.env.now, self.meet_var[rank]
+                                                         + offset_variance(self.meet_offsets[rank]))
             elif stream is Stream.P2P_SEND:
                 yield from self._send(rank, instruction)
             elif stream is Stream.P2P_RECV:
@@ -432,6 +439,9 @@ class Engine:
         # work in the W step (as exec.runtime runs it) and its I step is empty.
         whole_backward_in_w = instruction.stage == 0
         self.meet_var[rank] += instruction_variance(kind, layers, whole_backward_in_w)
+        if self.options.process_offsets:
+            self.meet_offsets[rank] = add_offsets(self.meet_offsets[rank],
+                                                  instruction_offsets(kind, layers, whole_backward_in_w))
         phase_time = {
             Kind.FWD: lambda c: c.fwd_s,
             Kind.RECOMPUTE: lambda c: c.recompute_s,
@@ -467,6 +477,9 @@ class Engine:
             one_layer = max((self._recompute_bytes(layer) for layer in rerun), default=0)
             self.meet_var[rank] += sum(c.recompute_sd_s ** 2
                                        for layer, c in zip(instruction.layers, layers, strict=True) if layer in rerun)
+            if self.options.process_offsets:
+                self.meet_offsets[rank] = add_offsets(self.meet_offsets[rank], instruction_offsets(
+                    Kind.RECOMPUTE, [c for layer, c in zip(instruction.layers, layers, strict=True) if layer in rerun]))
             ledger.change_activations(one_layer, start, instruction.label)
         if kind is Kind.FWD and self.delta:  # run-time DELTA decides after each layer
             yield from self._delta_forward(rank, instruction, per_layer)

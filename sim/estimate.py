@@ -48,7 +48,7 @@ from sim.estimate_pipeline import PipelineTime, pipeline_time, steady_count
 from sim.gradient_sync import GRADIENT_SYNC, GradientSyncConfig, phases_s, vector_wire_bytes
 from sim.gradient_sync_context import BucketPlan, bucket_context, bucket_layers
 from sim.host_cpu import cores_taken, host_share, overlapped_s, phases_cpu_s, stretch
-from sim.meeting import instruction_variance, lateness_s
+from sim.meeting import add_offsets, instruction_offsets, instruction_variance, lateness_s, offset_variance
 from sim.memory import (
     MemoryPolicy,
     checkpoint_bytes,
@@ -192,6 +192,7 @@ class StageTimes:
     recompute_extra_bytes: int  # what a recompute brings back
     output_bytes: int
     variance_s2: float = 0.0  # of the stage's forward, backward and recompute times (sim.meeting)
+    offsets_s: tuple[float, ...] = ()  # per profiling process, of the same times (sim.meeting)
 
 
 Removed = tuple[tuple[int, int], ...]  # (layer, gradient bytes) that leave the buckets
@@ -325,6 +326,9 @@ class Estimator:
             output_bytes=costs[-1].output_bytes,
             variance_s2=sum(instruction_variance(Kind.FWD, [c]) + instruction_variance(Kind.BWD, [c]) for c in costs)
             + sum(instruction_variance(Kind.RECOMPUTE, [costs[i]]) for i in rec),
+            offsets_s=add_offsets(add_offsets(instruction_offsets(Kind.FWD, costs),
+                                              instruction_offsets(Kind.BWD, costs)),
+                                  instruction_offsets(Kind.RECOMPUTE, [costs[i] for i in rec])),
         )
         self._stages[key] = result
         return result
@@ -456,9 +460,11 @@ class Estimator:
         params = [0] * pp
         static = [0] * pp
         variance = [0.0] * pp
+        offsets: list[tuple[float, ...]] = [()] * pp
         for s, st in enumerate(stages):
             k = rank_of[s]
             variance[k] += st.variance_s2 * microbatches
+            offsets[k] = add_offsets(offsets[k], st.offsets_s, microbatches)  # a process's offset adds up
             per_rank[k] += st.fwd_s + st.bwd_s + st.recompute_s
             compute[k] += st.compute_s
             recompute_compute[k] += st.recompute_compute_s
@@ -508,7 +514,7 @@ class Estimator:
         return {"steady": steady, "bubble": bubble, "hops": hops, "bwd": bwd, "params": params, "static": static,
                 "per_rank": per_rank,
                 "grads": grads, "model_state": model_state,
-                "held": held, "chunks": chunks, "variance": variance,
+                "held": held, "chunks": chunks, "variance": variance, "offsets": offsets,
                 "earlier": [timing.makespan - end for end in timing.rank_end],
                 "tp_exposed": tp_exposed, "m": m,
                 "compute": compute[bottleneck] * m, "recompute": recompute_compute[bottleneck] * m,
@@ -561,7 +567,8 @@ class Estimator:
                 # the last bucket waits for the replicas' latest arrival (sim.meeting), once per stretch
                 # of compute between meetings (sequential EmbRace: each micro-batch's; else the iteration's)
                 meetings = embedding.meetings if mine else 1
-                exposed += meetings * lateness_s(pipe["variance"][k] / meetings, dp)
+                exposed += meetings * lateness_s(pipe["variance"][k] / meetings
+                                                 + offset_variance(pipe["offsets"][k]) / meetings ** 2, dp)
             # the rank steps over its own shard of the tables only (under 2D in a step of their own)
             opt = self.costs.optimizer_step_s(
                 params[k] - (embedding.step_bytes_saved + embedding.table_step_bytes if mine else 0))
