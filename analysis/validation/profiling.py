@@ -100,7 +100,22 @@ def _merge_profiles(bundles: list[ProfileBundle], statistic: str = "median") -> 
                                  "process_layers")
     return ProfileBundle({**first.meta, "settings": settings}, conform(layers, LAYER_TABLE, "merged profile"),
                          first.ops, first.comm_samples, first.comm_fits,
-                         process_layers(bundles) if statistic == "median" else None)
+                         process_layers(bundles) if statistic == "median" else _mean_process_layers(bundles))
+
+
+def _mean_process_layers(bundles: list[ProfileBundle]) -> pd.DataFrame | None:
+    """Profiles taken one after the other (``bracket_profile``): each process's times averaged, as the
+    merged times are, where every profile kept them for the same processes and layers."""
+    tables = [b.process_layers for b in bundles]
+    if any(t is None for t in tables) or len({len(t) for t in tables}) != 1:  # type: ignore[arg-type]
+        return None
+    keys = [t.sort_values(["process", "layer"]).reset_index(drop=True) for t in tables]  # type: ignore[union-attr]
+    if any(not k[["process", "layer"]].equals(keys[0][["process", "layer"]]) for k in keys):
+        return None
+    mean = keys[0].copy()
+    for column in [c for c in PROCESS_LAYER_TABLE.columns if c not in ("process", "layer")]:
+        mean[column] = np.mean([k[column].to_numpy(dtype=float) for k in keys], axis=0)
+    return conform(mean, PROCESS_LAYER_TABLE, "bracketed per-process profile")
 
 
 def process_layers(bundles: list[ProfileBundle]) -> pd.DataFrame:
