@@ -10,7 +10,9 @@ Prints, per suite, each plan's error as validated then and as predicted now, and
 figures; ``--without-runtime-costs`` leaves out the measured dispatch and message costs (the
 calibration as it was: an all-reduce overhead only); ``--without-meeting-waits`` predicts "now"
 without the expected wait for a collective's latest member (``EngineOptions.meeting_waits``,
-``sim.meeting``), calibration fit included, to show that term's effect; ``--overlap-slowdown=X``
+``sim.meeting``), calibration fit included, to show that term's effect; ``--without-process-offsets``
+without the part of that wait the profiling processes' systematic differences add (bundles with
+``process_layers`` only, ``EngineOptions.process_offsets``); ``--overlap-slowdown=X``
 predicts with ``EngineOptions.overlap_slowdown`` X (a what-if; the measured alternative is ``--comm-cpu``). Beside
 Spearman, the ranking is judged on the pairs the stored per-iteration times resolve
 (``analysis.ranking``): how many of them the prediction orders as measured, then and now.
@@ -156,6 +158,7 @@ def main(argv: list[str]) -> None:
     runtime_costs = "--without-runtime-costs" not in argv
     slowdown = [float(a.split("=", 1)[1]) for a in argv if a.startswith("--overlap-slowdown=")]
     options = EngineOptions(meeting_waits="--without-meeting-waits" not in argv,
+                            process_offsets="--without-process-offsets" not in argv,
                             overlap_slowdown=slowdown[-1] if slowdown else 0.0)
     comm = [Path(a.split("=", 1)[1]) for a in argv if a.startswith("--comm=")]
     cpu_dirs = [Path(a.split("=", 1)[1]) for a in argv if a.startswith("--comm-cpu=")]

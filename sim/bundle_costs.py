@@ -43,6 +43,16 @@ class BundleCostModel:
         self.profiled_micro_batch = micro_batch
         self.optimizer_s_per_byte = float(settings.get("optimizer_s_per_param_byte", 0.0))
         self._rows = self.layers.to_dict("records")
+        # Per layer and timed phase, each co-located profiling process's median minus the merged
+        # median (bundle.process_layers; sim.meeting): empty without the table.
+        self._offsets: dict[int, dict[str, tuple[float, ...]]] = {}
+        if bundle.process_layers is not None and len(bundle.process_layers):
+            by_layer = bundle.process_layers.sort_values(["layer", "process"]).groupby("layer")
+            merged = self.layers.set_index("layer")
+            self._offsets = {int(layer): {phase: tuple(float(v) - float(merged.loc[layer, f"{phase}_s"])
+                                                       for v in rows[f"{phase}_s"])
+                                          for phase in _TIMED_PHASES}
+                             for layer, rows in by_layer if layer in merged.index}
 
     @classmethod
     def load(cls, directory: str | Path) -> BundleCostModel:
@@ -114,6 +124,8 @@ class BundleCostModel:
             **{f"{phase}_sd_s": sd_from_spread(row[f"{phase}_s"] * scale * compute_share,
                                                row.get(f"{phase}_spread", 0.0))
                for phase in _TIMED_PHASES},
+            **{f"{phase}_offsets_s": tuple(v * scale * compute_share for v in offsets)
+               for phase, offsets in self._offsets.get(int(row["layer"]), {}).items()},
         )
 
     def _shared_input(self, layer: int) -> int:

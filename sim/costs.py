@@ -63,6 +63,14 @@ class LayerCosts:
     bwd_input_sd_s: float = 0.0
     bwd_weight_sd_s: float = 0.0
     recompute_sd_s: float = 0.0
+    # Each co-located profiling process's time of the phase minus the profile's (the median over the
+    # processes), where the profile kept them (bundle process_layers): a systematic per-process
+    # offset, which adds up over the layers a rank runs between meetings (sim.meeting); (): unknown.
+    fwd_offsets_s: tuple[float, ...] = ()
+    bwd_offsets_s: tuple[float, ...] = ()
+    bwd_input_offsets_s: tuple[float, ...] = ()
+    bwd_weight_offsets_s: tuple[float, ...] = ()
+    recompute_offsets_s: tuple[float, ...] = ()
 
     @property
     def bwd_s(self) -> float:

@@ -76,6 +76,16 @@ class EmbeddingTerms:
     # the step waits for each synchronous ids exchange (``synchronous_exchange_pass``), so for
     # every ids exchange but the last, the rows queued before it too.
     blocking_s: float = 0.0
+    # Parameter bytes of the other ranks' shards: the rank's optimizer steps leave them out.
+    step_bytes_saved: int = 0
+    # 2D: the tables take their own step over the rank's shard (these bytes) once their gradients
+    # have arrived, beside the buckets; the lookups wait for it (0: the shard steps in the rank's one step).
+    table_step_bytes: int = 0
+    # Cores one gradient exchange and one rows exchange keep busy while they move data
+    # (sim.host_cpu; 0 where the benchmark did not measure the CPU): under 2D the next micro-batch's
+    # compute runs beside a gradient exchange, the dense step beside the last rows exchange.
+    grads_cores: float = 0.0
+    rows_cores: float = 0.0
 
 
 # terms(plan, stage_layers, comm, costs, rank_of_stage, stages_of_rank): the estimate's terms.

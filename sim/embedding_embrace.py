@@ -51,6 +51,7 @@ from sim.embedding import (
     synchronous_exchange_pass,
 )
 from sim.hardware import ELEMENT_BYTES
+from sim.host_cpu import cores_taken, phases_cpu_s
 from sim.model_state import held_gradient_bytes
 from sim.program import Kind
 from traces.errors import ConfigError
@@ -232,8 +233,10 @@ def exchange_bytes(plan: Plan, tables: list[Table]) -> dict[str, int]:
 
 def sharded_terms(plan: Plan, stage_layers: list[tuple[int, ...]], costs: Any, rank_of_stage: list[int],
                   stages_of_rank: list[tuple[int, ...]], lookups_s: float, last_grads_s: float,
-                  prefetch: bool, meetings: int = 1, blocking_s: float = 0.0) -> EmbeddingTerms:
-    """The estimate's terms of a method with sharded tables, given the seconds of its exchanges."""
+                  prefetch: bool, meetings: int = 1, blocking_s: float = 0.0, table_step: bool = False,
+                  grads_cores: float = 0.0, rows_cores: float = 0.0) -> EmbeddingTerms:
+    """The estimate's terms of a method with sharded tables, given the seconds of its exchanges;
+    ``table_step``: the tables step on their own (EmbRace 2D, ``_finish``)."""
     tables = embedding_tables(plan.workload, plan.workload_options)
     stage = next(s for s, layers in enumerate(stage_layers) if tables[0].layer in layers)
     rank = rank_of_stage[stage]
@@ -248,7 +251,9 @@ def sharded_terms(plan: Plan, stage_layers: list[tuple[int, ...]], costs: Any, r
                           lookups_s=lookups_s, last_grads_s=last_grads_s, prefetch=prefetch,
                           static_bytes_saved=round((full - shard) / layer.param_bytes * static),
                           tp_table_layers=tuple(sorted({t.layer for t in tables})), meetings=meetings,
-                          blocking_s=blocking_s)
+                          blocking_s=blocking_s, step_bytes_saved=full - shard,
+                          table_step_bytes=shard if table_step else 0, grads_cores=grads_cores,
+                          rows_cores=rows_cores)
 
 
 def alltoall_s(plan: Plan, comm: Any, phase: str, nbytes: int, imbalance: float, index_bytes: int = 0) -> float:
@@ -259,20 +264,27 @@ def alltoall_s(plan: Plan, comm: Any, phase: str, nbytes: int, imbalance: float,
     return exchange_s(comm, exchange_phases(phase, nbytes, plan.dp, index_bytes), group, imbalance, sharing)
 
 
+def alltoall_cores(plan: Plan, comm: Any, phase: str, nbytes: int, seconds: float) -> float:
+    """Cores one exchange of ``phase`` keeps busy while it moves data for ``seconds`` (as the engine
+    counts them: the CPU fit at the send buffer's bytes, ``sim.host_cpu``)."""
+    return cores_taken(phases_cpu_s(comm, exchange_phases(phase, nbytes, plan.dp), plan.dp), seconds)
+
+
 def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, costs: Any, rank_of_stage: list[int],
                    stages_of_rank: list[tuple[int, ...]]) -> EmbeddingTerms:
-    """EmbRace's estimate terms: every micro-batch's lookup, the last micro-batch's gradient exchange."""
+    """EmbRace's estimate terms: every micro-batch's lookup, the last micro-batch's gradient exchange;
+    under 2D the tables' own step and the cores the exchanges that overlap compute take."""
     assert isinstance(plan.embedding, Embrace)
     sizes, imbalance = exchange_bytes(plan, embedding_tables(plan.workload, plan.workload_options)), \
         alltoall_imbalance(plan)
-    ids_s, rows_s = (alltoall_s(plan, comm, p, sizes[p], imbalance) for p in ("ids", "rows"))
+    ids_s, rows_s, grads_s = (alltoall_s(plan, comm, p, sizes[p], imbalance) for p in ("ids", "rows", "grads"))
     m = plan.microbatches
+    two_d = plan.embedding.schedule == "2d"
     return sharded_terms(plan, stage_layers, costs, rank_of_stage, stages_of_rank,
-                         lookups_s=m * (ids_s + rows_s),
-                         last_grads_s=alltoall_s(plan, comm, "grads", sizes["grads"], imbalance),
-                         prefetch=plan.embedding.schedule == "2d",
-                         meetings=1 if plan.embedding.schedule == "2d" else m,
-                         blocking_s=m * ids_s + (m - 1) * rows_s)
+                         lookups_s=m * (ids_s + rows_s), last_grads_s=grads_s, prefetch=two_d,
+                         meetings=1 if two_d else m, blocking_s=m * ids_s + (m - 1) * rows_s, table_step=two_d,
+                         grads_cores=alltoall_cores(plan, comm, "grads", sizes["grads"], grads_s) if two_d else 0.0,
+                         rows_cores=alltoall_cores(plan, comm, "rows", sizes["rows"], rows_s) if two_d else 0.0)
 
 
 def table_bytes(plan: Plan, table: Table) -> int:

@@ -27,8 +27,8 @@ from sim.delta import choose
 from sim.delta_runtime import RankDelta, decision_name
 from sim.embedding import exchange_s
 from sim.gradient_sync import Phase, phases_s
-from sim.host_cpu import cores_taken, phases_cpu_s, stretch
-from sim.meeting import instruction_variance, lateness_s
+from sim.host_cpu import cores_taken, host_share, phases_cpu_s, stretch
+from sim.meeting import add_offsets, instruction_offsets, instruction_variance, lateness_s, offset_variance
 from sim.memory import MemoryPolicy, checkpoint_bytes, held_bytes
 from sim.model_state import step_copy_bytes
 from sim.program import Instruction, Kind, Program, Stream
@@ -70,6 +70,10 @@ class EngineOptions:
     # group's ranks, from the variance of each rank's compute since the ranks last met (sim.meeting;
     # measured by the profile, zero for a cost model without spreads).
     meeting_waits: bool = True
+    # ... and from the profiling processes' systematic differences (each process's own per-layer
+    # medians, where the profile kept them: sim.meeting, "A systematic difference between processes").
+    # On by default: a measurement of the profile, not a fit to validation runs (docs/validation.md).
+    process_offsets: bool = True
 
 
 class Row(NamedTuple):
@@ -147,12 +151,12 @@ class Engine:
         # sim.host_cpu: the cores the rank's moving transfers keep busy, on a host whose cores its
         # ranks share (a cluster with host_cores whose benchmark measured the CPU of communicating)
         self.moving_cores: dict[int, float] = defaultdict(float)
-        self.host_cores = comm.cluster.host_cores if getattr(comm, "measures_cpu", False) else None
-        self.ranks_on_host = min(comm.cluster.devices_per_node, program.world_size)
+        self.ranks_on_host, self.host_cores = host_share(comm, program.world_size, comm.cluster.devices_per_node)
         self._slows = self.options.overlap_slowdown > 0 or self.host_cores is not None
         # sim.meeting: each rank's compute variance since its compute last waited on a collective, and,
         # per (rank, instruction), when a compute instruction ended and that variance at its end
         self.meet_var: dict[int, float] = defaultdict(float)
+        self.meet_offsets: dict[int, tuple[float, ...]] = defaultdict(tuple)  # per profiling process
         self.ended: dict[tuple[int, int], tuple[float, float]] = {}
         self.ledgers: dict[int, MemoryLedger] = {}
         self.compute_busy: dict[int, float] = defaultdict(float)
@@ -232,7 +236,10 @@ class Engine:
             raise RuntimeError(f"simulation deadlocked: rank {rank} never finished "
                                f"{self.program.ranks[rank].instructions[index].label} "
                                f"({len(unfinished)} instructions unfinished)")
-        return self.env.now
+        # The iteration ends with the last instruction (or copy) that ran, not at env.now: a compute
+        # re-timed by _progress leaves its superseded timeout in simpy's queue (a timeout cannot be
+        # cancelled), and env.run() advances the clock to it after the work is done.
+        return max((row.end_s for row in self.rows), default=self.env.now)
 
     # -- streams -------------------------------------------------------------------------------
     def _stream(self, rank: int, stream: Stream, instructions: list[Instruction]):
@@ -251,8 +258,10 @@ class Engine:
             if stream is Stream.COMPUTE:
                 if any(self.program.ranks[rank].instructions[d].stream is Stream.COLLECTIVE for d in instruction.deps):
                     self.meet_var[rank] = 0.0  # it waited on a meeting: the ranks' compute restarts together
+                    self.meet_offsets[rank] = ()
                 yield from self._compute(rank, instruction)
-                self.ended[(rank, instruction.index)] = (self.env.now, self.meet_var[rank])
+                self.ended[(rank, instruction.index)] = (self.env.now, self.meet_var[rank]
+                                                         + offset_variance(self.meet_offsets[rank]))
             elif stream is Stream.P2P_SEND:
                 yield from self._send(rank, instruction)
             elif stream is Stream.P2P_RECV:
@@ -373,13 +382,18 @@ class Engine:
             yield self.env.timeout(seconds)
             return
         remaining = seconds
-        while remaining > 1e-15:
+        while remaining > 0.0:
             rate = 1.0 / self._stretch(rank)  # 0 while the host's transfers want every core
             changed = self.moving_changed.get(rank)
             if changed is None:
                 changed = self.moving_changed[rank] = self.env.event()
             began = self.env.now
-            yield self.env.any_of([self.env.timeout(remaining / rate), changed]) if rate > 0 else changed
+            if rate > 0:
+                done = self.env.timeout(remaining / rate)
+                if done in (yield self.env.any_of([done, changed])):
+                    return  # ran to its end (what is left may be below the clock's resolution)
+            else:
+                yield changed
             remaining -= (self.env.now - began) * rate
 
     def _stretch(self, rank: int) -> float:
@@ -425,6 +439,9 @@ class Engine:
         # work in the W step (as exec.runtime runs it) and its I step is empty.
         whole_backward_in_w = instruction.stage == 0
         self.meet_var[rank] += instruction_variance(kind, layers, whole_backward_in_w)
+        if self.options.process_offsets:
+            self.meet_offsets[rank] = add_offsets(self.meet_offsets[rank],
+                                                  instruction_offsets(kind, layers, whole_backward_in_w))
         phase_time = {
             Kind.FWD: lambda c: c.fwd_s,
             Kind.RECOMPUTE: lambda c: c.recompute_s,
@@ -460,9 +477,11 @@ class Engine:
             one_layer = max((self._recompute_bytes(layer) for layer in rerun), default=0)
             self.meet_var[rank] += sum(c.recompute_sd_s ** 2
                                        for layer, c in zip(instruction.layers, layers, strict=True) if layer in rerun)
+            if self.options.process_offsets:
+                self.meet_offsets[rank] = add_offsets(self.meet_offsets[rank], instruction_offsets(
+                    Kind.RECOMPUTE, [c for layer, c in zip(instruction.layers, layers, strict=True) if layer in rerun]))
             ledger.change_activations(one_layer, start, instruction.label)
         if kind is Kind.FWD and self.delta:  # run-time DELTA decides after each layer
-            self._layer_rows(rank, instruction, start, per_layer, 1.0)  # at full speed (any slowdown not shown)
             yield from self._delta_forward(rank, instruction, per_layer)
             return
         end = start
@@ -487,11 +506,13 @@ class Engine:
             ledger.change_buffers(-received, self.env.now, instruction.label)
 
     def _layer_rows(self, rank: int, instruction: Instruction, start: float, per_layer: list[float],
-                    stretch: float) -> None:
+                    stretch: float, layers: tuple[int, ...] | None = None) -> None:
+        """Child rows of ``instruction``'s ``layers`` (default: all), run one after the other from
+        ``start``, each ``stretch`` times its nominal time."""
         if not self.options.layer_rows:
             return
         t, in_use = start, self.ledgers[rank].in_use
-        for layer_index, layer_time in zip(instruction.layers, per_layer, strict=True):
+        for layer_index, layer_time in zip(instruction.layers if layers is None else layers, per_layer, strict=True):
             self.rows.append(Row(rank, instruction.index, instruction.kind.value, instruction.stage,
                                  instruction.microbatch, Stream.COMPUTE.value, t, t + layer_time * stretch, 0,
                                  in_use, instruction.index, layer_index, f"layer {layer_index}"))
@@ -507,8 +528,10 @@ class Engine:
         key = (ins.stage, ins.microbatch)
         for layer, seconds in zip(ins.layers, layer_s, strict=True):
             began = self.env.now
-            yield from self._progress(rank, seconds)
+            yield from self._progress(rank, seconds)  # slowed while the rank moves data, as any compute
             self.compute_busy[rank] += self.env.now - began
+            self._layer_rows(rank, ins, began, [seconds], (self.env.now - began) / seconds if seconds else 1.0,
+                             (layer,))
             ledger.change_activations(state.layer_start(key, ins.layers), self.env.now, ins.label)
             state.layer_used(key, layer, self.env.now)
             yield from self._release(rank, ins, self._activation_budget[rank])
@@ -544,7 +567,7 @@ class Engine:
                                            self.tp_overlap if tp else 0)
                 for layer, duration in zip(layers, seconds, strict=True):
                     began = self.env.now
-                    yield self.env.timeout(duration)
+                    yield from self._progress(rank, duration)
                     self.compute_busy[rank] += self.env.now - began
                     self._decision_row(rank, ins, "RECOMPUTE", (*key, layer), began, self.env.now, 0, "compute")
         self.rows.append(Row(rank, ins.index, ins.kind.value, ins.stage, ins.microbatch, ins.stream.value, start,

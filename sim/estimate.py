@@ -47,7 +47,8 @@ from sim.embedding import EmbeddingTerms, table_tp_costs
 from sim.estimate_pipeline import PipelineTime, pipeline_time, steady_count
 from sim.gradient_sync import GRADIENT_SYNC, GradientSyncConfig, bucket_buffer_bytes, phases_s
 from sim.gradient_sync_context import BucketPlan, bucket_context, bucket_layers
-from sim.meeting import instruction_variance, lateness_s
+from sim.host_cpu import cores_taken, host_share, overlapped_s, phases_cpu_s, stretch
+from sim.meeting import add_offsets, instruction_offsets, instruction_variance, lateness_s, offset_variance
 from sim.memory import (
     MemoryPolicy,
     checkpoint_bytes,
@@ -192,6 +193,7 @@ class StageTimes:
     output_bytes: int
     variance_s2: float = 0.0  # of the stage's forward, backward and recompute times (sim.meeting)
     fwd_compute_s: float = 0.0  # the forward without TP communication
+    offsets_s: tuple[float, ...] = ()  # per profiling process, of the same times (sim.meeting)
 
 
 Removed = tuple[tuple[int, int], ...]  # (layer, gradient bytes) that leave the buckets
@@ -204,6 +206,7 @@ class BucketPrice:
 
     stages: tuple[int, ...]
     seconds: float
+    cores: float = 0.0  # that a rank's transfer keeps busy while it moves data (sim.host_cpu)
 
 
 @dataclass(slots=True)
@@ -413,6 +416,9 @@ class Estimator:
             output_bytes=costs[-1].output_bytes,
             variance_s2=sum(instruction_variance(Kind.FWD, [c]) + instruction_variance(Kind.BWD, [c]) for c in costs)
             + sum(instruction_variance(Kind.RECOMPUTE, [costs[i]]) for i in rec),
+            offsets_s=add_offsets(add_offsets(instruction_offsets(Kind.FWD, costs),
+                                              instruction_offsets(Kind.BWD, costs)),
+                                  instruction_offsets(Kind.RECOMPUTE, [costs[i] for i in rec])),
         )
         return result
 
@@ -451,8 +457,9 @@ class Estimator:
         for layers in bucket_layers(ordered, grad_bytes, sync.bucket_mb * 2**20):
             phases = method.plan(bucket_context(source, layers, grad_bytes))
             stages = tuple(i for i, st in enumerate(stage_layers) if set(layers) & set(st))
-            cached.append(BucketPrice(stages, phases_s(phases, group, self.comm, self.comm.cluster.device,
-                                                       sync.method, sharing)))
+            seconds = phases_s(phases, group, self.comm, self.comm.cluster.device, sync.method, sharing)
+            cpu = phases_cpu_s(self.comm, [(p.kind, p.nbytes) for p in phases], dp)
+            cached.append(BucketPrice(stages, seconds, cores_taken(cpu, seconds)))
         self._buckets[key] = cached
         return cached
 
@@ -467,6 +474,20 @@ class Estimator:
         for at, seconds in sorted(ready, key=lambda r: r[0]):
             free = (at if free is None else max(free, at)) + seconds
         return max(0.0, free or 0.0)
+
+    @staticmethod
+    def _dp_after(buckets: Sequence[BucketPrice], slacks: Sequence[float]) -> list[tuple[float, float]]:
+        """The buckets that move after a rank's last compute, in ``_dp_exposed``'s order, as (seconds
+        after the last compute, cores they keep busy)."""
+        free = None
+        after = []
+        ready = [(-min(slacks[i] for i in b.stages), b.seconds, b.cores) for b in buckets]
+        for at, seconds, cores in sorted(ready, key=lambda r: r[0]):
+            start = at if free is None else max(free, at)
+            free = start + seconds
+            if free > 0.0:
+                after.append((free - max(start, 0.0), cores))
+        return after
 
     def p2p_hop_s(self, nbytes: int, dp: int, tp: int) -> float:
         if self.comm.cluster.world_size < 2:
@@ -571,9 +592,11 @@ class Estimator:
         params = [0] * pp
         static = [0] * pp
         variance = [0.0] * pp
+        offsets: list[tuple[float, ...]] = [()] * pp
         for s, st in enumerate(stages):
             k = rank_of[s]
             variance[k] += st.variance_s2 * microbatches
+            offsets[k] = add_offsets(offsets[k], st.offsets_s, microbatches)  # a process's offset adds up
             per_rank[k] += st.fwd_s + st.bwd_s + st.recompute_s
             compute[k] += st.compute_s
             recompute_compute[k] += st.recompute_compute_s
@@ -624,7 +647,7 @@ class Estimator:
                 "flags": tuple(policy.recomputes(s) for s in range(stages_n)),
                 "steady": steady, "bwd": bwd, "params": params, "static": static, "grads": grads,
                 "model_state": model_state,
-                "held": held, "chunks": chunks, "variance": variance,
+                "held": held, "chunks": chunks, "variance": variance, "offsets": offsets,
                 "bound": pipeline_lower_bound(steady, heads, compute, m, optimizer),
                 "level_free_bound": pipeline_lower_bound(raw_steady, raw_heads, compute, m, optimizer),
                 "tp_exposed": (per_rank[bottleneck] - compute[bottleneck] - recompute_compute[bottleneck]) * m,
@@ -654,6 +677,26 @@ class Estimator:
         """``sim.estimate_pipeline.pipeline_time`` with this estimator's cache of weighted runs."""
         return pipeline_time(schedule, pp, microbatches, chunks, stages, per_rank, hop_s, delta_s, flags, self._runs)
 
+    def _prefetched(self, e: EmbeddingTerms, dense_step_s: float, buckets: Sequence[tuple[float, float]],
+                    per_microbatch_s: float, m: int, world_size: int) -> tuple[float, float]:
+        """EmbRace 2D after the last gradient exchange (``sim.embedding_embrace._finish``): the tables'
+        own step runs beside the buckets (``buckets``: seconds and cores of those after the last
+        compute) and the synchronous ids wait for both; the dense step waits for the ids and runs
+        beside the last rows exchange. On a host whose cores the ranks share, the transfers that move
+        beside compute take cores from it (``sim.host_cpu.stretch``, the engine's rule), also each
+        micro-batch's gradient exchange beside the next micro-batch's compute. Returns (seconds added
+        before the dense step's lookups, the lookups and the dense step)."""
+        ranks, cores = host_share(self.comm, world_size, self.comm.cluster.devices_per_node)
+        beside = e.lookups_s - e.blocking_s  # the last rows exchange
+        table_s = self.costs.optimizer_step_s(e.table_step_bytes)
+        if cores is None:  # the cores are not shared (every GPU cluster): nothing is stretched
+            return max(0.0, table_s - sum(s for s, _ in buckets)), e.blocking_s + max(dense_step_s, beside)
+        table_s = overlapped_s(table_s, [(s, stretch(ranks, cores, u)) for s, u in buckets])
+        extra = max(0.0, table_s - sum(s for s, _ in buckets))
+        dense_s = overlapped_s(dense_step_s, [(beside, stretch(ranks, cores, e.rows_cores))])
+        forward = overlapped_s(per_microbatch_s, [(e.last_grads_s, stretch(ranks, cores, e.grads_cores))])
+        return extra + (m - 1) * (forward - per_microbatch_s), e.blocking_s + max(dense_s, beside)
+
     def _finish(self, pipe: dict, dp: int, tp: int, pp: int, sync: GradientSyncConfig, bucket_mb: float,
                 embedding: EmbeddingTerms | None = None) -> Estimate:
         params = pipe["params"]
@@ -672,12 +715,17 @@ class Estimator:
                 # the last bucket waits for the replicas' latest arrival (sim.meeting), once per stretch
                 # of compute between meetings (sequential EmbRace: each micro-batch's; else the iteration's)
                 meetings = embedding.meetings if mine else 1
-                exposed += meetings * lateness_s(pipe["variance"][k] / meetings, dp)
-            opt = self.costs.optimizer_step_s(params[k])
+                exposed += meetings * lateness_s(pipe["variance"][k] / meetings
+                                                 + offset_variance(pipe["offsets"][k]) / meetings ** 2, dp)
+            # the rank steps over its own shard of the tables only (under 2D in a step of their own)
+            opt = self.costs.optimizer_step_s(
+                params[k] - (embedding.step_bytes_saved + embedding.table_step_bytes if mine else 0))
             if mine:
                 exposed += embedding.last_grads_s
-                if embedding.prefetch:  # the step waits for the synchronous ids; the last rows run beside it
-                    opt = embedding.blocking_s + max(opt, embedding.lookups_s - embedding.blocking_s)
+                if embedding.prefetch:
+                    extra, opt = self._prefetched(embedding, opt, self._dp_after(buckets, pipe["sync_slack"][k]),
+                                                  pipe["per_rank"][k], pipe["m"], dp * tp * pp)
+                    exposed += extra
                 else:
                     lookups = embedding.lookups_s
             earlier = pipe["earlier"][k]

@@ -22,6 +22,12 @@ compute with the R compute threads running together (exec.lockstep), so the char
 that: ``stretch = min(1, C / R) / min(1, (C - R u) / R)``, infinite (no progress) while the
 transfers want every core. Not modelled: the transfer itself slowed by the compute (it keeps its
 fitted price, measured alone).
+
+The fast estimate (``sim.estimate``) prices the same term with the same ``stretch``: where its
+closed form knows a compute runs beside a transfer (EmbRace 2D: the next micro-batch's forward
+beside a gradient exchange, the tables' optimizer step beside the buckets, the dense step beside
+the last rows exchange), ``overlapped_s`` gives the compute's wall time as the engine's
+``_progress`` would.
 """
 
 from __future__ import annotations
@@ -56,3 +62,27 @@ def stretch(ranks_on_host: int, cores: int | None, comm_cores: float) -> float:
         return 1.0
     left = min(1.0, (cores - ranks_on_host * comm_cores) / ranks_on_host)
     return math.inf if left <= 0 else min(1.0, cores / ranks_on_host) / left
+
+
+def host_share(comm: Any, world_size: int, devices_per_node: int) -> tuple[int, int | None]:
+    """(ranks sharing a host, the host's cores) as the engine and the estimate price them: the cores
+    only where the cluster says how many its hosts have and its benchmark measured the CPU of
+    communicating (``None`` otherwise: the cores are not shared, nothing is stretched)."""
+    cores = comm.cluster.host_cores if getattr(comm, "measures_cpu", False) else None
+    return min(devices_per_node, world_size), cores
+
+
+def overlapped_s(seconds: float, beside: Iterable[tuple[float, float]]) -> float:
+    """Wall time of ``seconds`` of compute that starts as transfers begin to move data one after the
+    other, each ``(its duration, the stretch while it moves)``, and runs at full speed after them
+    (the engine's ``_progress`` over a known sequence of transfers)."""
+    elapsed = 0.0
+    for duration, k in beside:
+        if seconds <= 0.0:
+            break
+        done = duration / k  # compute done while this transfer moves (none while k is infinite)
+        if done >= seconds:
+            return elapsed + seconds * k
+        seconds -= done
+        elapsed += duration
+    return elapsed + seconds

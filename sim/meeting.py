@@ -14,6 +14,25 @@ spread / 1.349 (``LayerCosts.*_sd_s``, ``sim.bundle_costs``). Layers and micro-b
 independent: the variance of a rank's compute between two meetings is the sum of its phases'
 variances. A cost model without spreads (the analytic models) has zero variance, so no wait.
 
+**A systematic difference between processes** (issue 12, seventh session). Two ranks doing the
+same work on the same host ran 11-36 ms apart per iteration, in streaks, against the 1-8 ms the
+per-repeat spreads explain (docs/embrace.md): one process is slower at the same layers round after
+round. That is not a per-repeat spread. Model each rank r's compute between two meetings as
+T_r = mu + O_r + e_r: e_r the per-repeat noise, independent between layers, so its variance adds
+up layer by layer (the sum above); O_r the process's own offset, the same every round, so it adds
+up *linearly* over the layers and micro-batches the rank runs between meetings (a process slower
+by d at each of k layers is k d late, not sqrt(k) d). Which rank of a run gets which offset is not
+known in advance (the profile's processes are not the run's ranks; the slower rank changes from
+run to run), so the offsets are a random effect: O_r drawn from a normal of variance tau^2, which
+the profile's P co-located processes estimate as the sample variance (P - 1 in the denominator) of
+their offsets summed over the same stretch of compute. O and e independent: T_r - mu is normal
+with variance sigma^2 + tau^2, and the wait at the meeting is e_n sqrt(sigma^2 + tau^2). Each
+process's per-layer medians come from the bundle (``process_layers``; ``LayerCosts.*_offsets_s``,
+each process's median minus the merged median); ``instruction_offsets`` sums them per process
+over an instruction's layers, ``offset_variance`` is tau^2 of a stretch. Bundles without the table
+(every bundle profiled before it, every analytic model) give no offsets, so no change. With two
+profiling processes tau^2 rests on one difference: an estimate with one degree of freedom.
+
 The engine (``sim.engine``, ``EngineOptions.meeting_waits``) and the fast estimate
 (``sim.estimate``) both take the wait from here: ``instruction_variance`` per compute instruction,
 ``lateness_s`` at a meeting.
@@ -89,3 +108,49 @@ def phase_variance(kind: Kind, c: LayerCosts, whole_backward_in_w: bool = False)
 def instruction_variance(kind: Kind, layers: Sequence[LayerCosts], whole_backward_in_w: bool = False) -> float:
     """Variance of a compute instruction over ``layers`` (independent layers: the sum)."""
     return sum(phase_variance(kind, c, whole_backward_in_w) for c in layers)
+
+
+def phase_offsets(kind: Kind, c: LayerCosts, whole_backward_in_w: bool = False) -> tuple[float, ...]:
+    """Each profiling process's offset (s) of one layer's share of a compute instruction of ``kind``
+    (as ``phase_variance`` prices the phase; () where the profile kept no per-process times)."""
+    if kind is Kind.FWD:
+        return c.fwd_offsets_s
+    if kind is Kind.RECOMPUTE:
+        return c.recompute_offsets_s
+    if kind is Kind.BWD:
+        return c.bwd_offsets_s
+    if kind is Kind.BWD_I:
+        return () if whole_backward_in_w else c.bwd_input_offsets_s
+    if kind is Kind.BWD_W:
+        return c.bwd_offsets_s if whole_backward_in_w else c.bwd_weight_offsets_s
+    return ()
+
+
+def add_offsets(a: Sequence[float], b: Sequence[float], times: float = 1.0) -> tuple[float, ...]:
+    """``a + times x b`` per process (() is zero; processes counted differently: ``a`` kept)."""
+    if not b:
+        return tuple(a)
+    if not a:
+        return tuple(times * y for y in b)
+    if len(a) != len(b):
+        return tuple(a)
+    return tuple(x + times * y for x, y in zip(a, b, strict=True))
+
+
+def instruction_offsets(kind: Kind, layers: Sequence[LayerCosts], whole_backward_in_w: bool = False
+                        ) -> tuple[float, ...]:
+    """Each process's offset over an instruction's layers: the same process at every layer, so the sum."""
+    total: tuple[float, ...] = ()
+    for c in layers:
+        total = add_offsets(total, phase_offsets(kind, c, whole_backward_in_w))
+    return total
+
+
+def offset_variance(offsets: Sequence[float]) -> float:
+    """tau^2: the sample variance over the profiling processes of their offsets summed over a stretch
+    of compute (0 with fewer than two)."""
+    n = len(offsets)
+    if n < 2:
+        return 0.0
+    mean = sum(offsets) / n
+    return sum((x - mean) ** 2 for x in offsets) / (n - 1)

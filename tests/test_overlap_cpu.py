@@ -6,12 +6,14 @@ CPU cost slows the overlapped compute by the cores it takes (``sim.host_cpu``)."
 from __future__ import annotations
 
 import math
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from analysis.validation.comm import merge_cpu_fits
 from sim.comm import ClusterComm
 from sim.compile import ResolvedPlan, compile_plan, resolve_plan
 from sim.costs import UniformCosts
@@ -104,3 +106,67 @@ def test_the_stretch_counts_only_what_communication_adds_to_the_host() -> None:
     assert stretch(4, 2, 0.25) == pytest.approx(2.0)  # 1 core left for 4 threads, against 2 before
     assert stretch(2, 2, 1.0) == math.inf  # communication wants every core: compute waits
     assert stretch(2, None, 5.0) == 1.0
+
+
+# the run-7 loopback profile of the 2D plan (tests/data/comm/README.md) and the CPU of communicating
+# measured on the same host (runs/comm-cpu-12a, docs/embrace.md "The host's CPU"; loaded machine)
+LOOPBACK_2D = ROOT / "tests" / "data" / "comm" / "loopback-2d-run7"
+LOOPBACK_CPU = pd.DataFrame([("all_reduce", 2, 3.19e-4, 2.27e9), ("all_to_all", 2, 1.21e-4, 5.40e9),
+                             ("send_recv", 2, 6.8e-5, 4.85e9)],
+                            columns=["primitive", "world_size", "cpu_alpha_s", "cpu_bandwidth_Bps"])
+
+
+def loopback_plan(tmp_path: Path, name: str = "embrace-2d", cpu: pd.DataFrame | None = LOOPBACK_CPU) -> Plan:
+    """The validation plan on the run-7 loopback profile, with ``cpu`` added to its link fits."""
+    bundle = tmp_path / "profile"
+    if not bundle.exists():
+        shutil.copytree(LOOPBACK_2D, bundle)
+        if cpu is not None:
+            merge_cpu_fits(bundle, cpu)
+    return Plan.load(PLANS / f"emb-{name}-dp2.yaml").replace(profile=str(bundle))
+
+
+def test_the_iteration_ends_with_its_last_instruction_not_a_superseded_timeout(tmp_path: Path) -> None:
+    """A compute re-timed while transfers start and end leaves its earlier wake-up in simpy's queue
+    (a timeout cannot be cancelled); the iteration is the last instruction's end, not the clock after
+    those wake-ups (they put the 2D plan's iteration 3.3 ms past its last instruction)."""
+    plan = loopback_plan(tmp_path)
+    for options in (EngineOptions(), EngineOptions(overlap_slowdown=1.0), EngineOptions(meeting_waits=False)):
+        result = simulate(plan, full=True, options=options)
+        assert result.iteration_s == float(result.table["end_s"].max())
+
+
+def test_a_runtime_delta_forward_is_slowed_layer_by_layer_while_its_rank_sends() -> None:
+    """Run-time DELTA runs a forward layer by layer (``Engine._delta_forward``); each layer goes
+    through ``_progress`` like any compute, and its row shows the time it took. Times of whole
+    seconds (UniformCosts) also check that a compute whose rest falls below the clock's resolution
+    ends (it looped forever, so the test gives up after 60 s)."""
+    import signal
+
+    def give_up(*_: object) -> None:
+        raise TimeoutError("the simulation did not end")
+
+    plan = Plan.from_dict({"workload": "gpt-tiny", "parallelism": {"pp": 2},
+                           "schedule": {"name": "gpipe", "microbatches": 4},
+                           "memory": {"policy": "delta", "budget_gb": 0.008, "decide": "runtime", "tiny_mb": 0}})
+    costs = UniformCosts(num_layers=4, saved_bytes=1 << 16, output_bytes=1 << 12, param_bytes=1 << 20)
+    previous = signal.signal(signal.SIGALRM, give_up)
+    signal.alarm(60)
+    try:
+        tables = {s: simulate(plan, full=True, costs=costs, options=EngineOptions(overlap_slowdown=s, layer_rows=True))
+                  .table for s in (0.0, 1.0)}
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    s = 1.0
+    rows = {k: t[(t["rank"] == 0) & (t["parent"] < 0)].set_index("index") for k, t in tables.items()}
+    fwd, send = 2, 1  # FWD mb1 starts as the send of mb0's output does and outlasts it
+    assert rows[0.0].loc[fwd, "kind"] == "FWD" and rows[0.0].loc[send, "kind"] == "SEND_ACT"
+    moving = rows[0.0].loc[send, "end_s"] - rows[0.0].loc[send, "start_s"]
+    took = {k: r.loc[fwd, "end_s"] - r.loc[fwd, "start_s"] for k, r in rows.items()}
+    assert took[s] == pytest.approx(took[0.0] + moving * s / (1 + s), rel=1e-12)
+    # the layers' rows add up to the compute, slowdown included (the releases between them are copies)
+    layers = {k: t[(t["rank"] == 0) & (t["parent"] == fwd) & (t["kind"] == "FWD")] for k, t in tables.items()}
+    assert len(layers[s]) == 2
+    spent = {k: float((x["end_s"] - x["start_s"]).sum()) for k, x in layers.items()}
+    assert spent[s] - spent[0.0] == pytest.approx(moving * s / (1 + s), rel=1e-9)

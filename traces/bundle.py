@@ -7,6 +7,7 @@
       ops.parquet            OP_TABLE               (may have no rows)
       comm_samples.parquet   COMM_SAMPLE_TABLE      (optional)
       comm_fits.parquet      COMM_FIT_TABLE         (optional)
+      process_layers.parquet PROCESS_LAYER_TABLE    (optional: each co-located profiling process's medians)
 
 A bundle is written to a temporary directory and renamed into place, so a failed write leaves
 no partial bundle and keeps the bundle that was there. Reading checks format, version, checksums,
@@ -38,6 +39,7 @@ from traces.schema import (
     COMM_SAMPLE_TABLE,
     LAYER_TABLE,
     OP_TABLE,
+    PROCESS_LAYER_TABLE,
     PROFILE_BUNDLE_FORMAT,
     PROFILE_BUNDLE_VERSION,
     TableSchema,
@@ -56,6 +58,7 @@ class ProfileBundle:
     ops: pd.DataFrame = field(default_factory=lambda: _empty(OP_TABLE))  # OP_TABLE, may be empty
     comm_samples: pd.DataFrame | None = None  # COMM_SAMPLE_TABLE
     comm_fits: pd.DataFrame | None = None  # COMM_FIT_TABLE
+    process_layers: pd.DataFrame | None = None  # PROCESS_LAYER_TABLE (None: one process, or an older bundle)
 
 
 def write_bundle(bundle: ProfileBundle, directory: Path, fmt: str = "parquet") -> Path:
@@ -71,6 +74,7 @@ def write_bundle(bundle: ProfileBundle, directory: Path, fmt: str = "parquet") -
         "ops": (_empty(OP_TABLE) if bundle.ops is None else bundle.ops, OP_TABLE),
         "comm_samples": (bundle.comm_samples, COMM_SAMPLE_TABLE),
         "comm_fits": (bundle.comm_fits, COMM_FIT_TABLE),
+        "process_layers": (bundle.process_layers, PROCESS_LAYER_TABLE),
     }
     extra = {"meta": meta}
     return write_table_dir(directory, PROFILE_BUNDLE_FORMAT, PROFILE_BUNDLE_VERSION, tables, extra, fmt,
@@ -97,6 +101,7 @@ def read_bundle(directory: Path) -> ProfileBundle:
         "ops": OP_TABLE,
         "comm_samples": COMM_SAMPLE_TABLE,
         "comm_fits": COMM_FIT_TABLE,
+        "process_layers": PROCESS_LAYER_TABLE,
     }
     manifest, tables = read_table_dir(
         directory, PROFILE_BUNDLE_FORMAT, PROFILE_BUNDLE_VERSION, schemas, required=("layers", "ops")
@@ -110,7 +115,8 @@ def read_bundle(directory: Path) -> ProfileBundle:
         raise BundleError(manifest_path, "'meta' is not covered by 'extra_sha256' (re-create the bundle)")
     _check_layer_rows(tables["layers"], meta["settings"], directory / manifest["tables"]["layers"]["file"])
     return ProfileBundle(
-        meta, tables["layers"], tables["ops"], tables.get("comm_samples"), tables.get("comm_fits")
+        meta, tables["layers"], tables["ops"], tables.get("comm_samples"), tables.get("comm_fits"),
+        tables.get("process_layers"),
     )
 
 

@@ -79,6 +79,25 @@ LAYER_TABLE = TableSchema(
     ),
 )
 
+# Each co-located profiling process's own per-layer medians (analysis.validation.profiling, issue 12):
+# LAYER_TABLE keeps the median over the processes; this keeps what each measured, so a systematic
+# difference between processes (one doing the same work slower, every round) is a measurement the
+# simulator can use (sim.meeting). Optional in a bundle: absent from single-process and older ones.
+PROCESS_LAYER_TABLE = TableSchema(
+    "process_layers",
+    1,
+    {
+        "process": "int64",
+        "layer": "int64",
+        "fwd_s": "float64",
+        "bwd_input_s": "float64",
+        "bwd_weight_s": "float64",
+        "bwd_s": "float64",
+        "recompute_s": "float64",
+    },
+    finite_nonnegative=("fwd_s", "bwd_input_s", "bwd_weight_s", "bwd_s", "recompute_s"),
+)
+
 # The per-op drill-down, from torch.profiler (Kineto) or an imported Chrome-trace JSON.
 OP_TABLE = TableSchema(
     "ops",
@@ -159,4 +178,5 @@ INSTRUCTION_TABLE = TableSchema(
     },
 )
 
-TABLES = {t.name: t for t in (LAYER_TABLE, OP_TABLE, COMM_SAMPLE_TABLE, COMM_FIT_TABLE, INSTRUCTION_TABLE)}
+TABLES = {t.name: t for t in (LAYER_TABLE, PROCESS_LAYER_TABLE, OP_TABLE, COMM_SAMPLE_TABLE, COMM_FIT_TABLE,
+                              INSTRUCTION_TABLE)}

@@ -52,7 +52,9 @@ class CalibratedCosts:
         return replace(c, fwd_s=c.fwd_s * k, bwd_input_s=c.bwd_input_s * k, bwd_weight_s=c.bwd_weight_s * k,
                        recompute_s=c.recompute_s * k, fwd_sd_s=c.fwd_sd_s * k, bwd_sd_s=c.bwd_sd_s * k,
                        bwd_input_sd_s=c.bwd_input_sd_s * k, bwd_weight_sd_s=c.bwd_weight_sd_s * k,
-                       recompute_sd_s=c.recompute_sd_s * k)
+                       recompute_sd_s=c.recompute_sd_s * k,
+                       **{f"{p}_offsets_s": tuple(v * k for v in getattr(c, f"{p}_offsets_s"))
+                          for p in ("fwd", "bwd", "bwd_input", "bwd_weight", "recompute")})
 
     def optimizer_step_s(self, param_bytes: int) -> float:
         return self.base.optimizer_step_s(param_bytes) * self.compute_scale

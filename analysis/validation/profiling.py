@@ -17,7 +17,7 @@ from analysis.validation.comm import calibrate_comm, comm_sizes, sweep_sizes
 from sim.plan import Plan
 from traces.bundle import ProfileBundle, read_bundle, write_bundle
 from traces.errors import ConfigError
-from traces.schema import LAYER_TABLE
+from traces.schema import LAYER_TABLE, PROCESS_LAYER_TABLE
 from traces.tables import conform
 
 PLAN_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -96,9 +96,35 @@ def _merge_profiles(bundles: list[ProfileBundle], statistic: str = "median") -> 
         settings["rounds_run_per_process"] = [[int(r) for r in b.layers["rounds_run"]] for b in bundles]
         settings["statistic"] = ("median over repeats in each process, then median over the concurrent "
                                  "processes; spread = the largest of the processes' spreads; a layer is "
-                                 "unsteady when it is in any process")
+                                 "unsteady when it is in any process; each process's medians in "
+                                 "process_layers")
     return ProfileBundle({**first.meta, "settings": settings}, conform(layers, LAYER_TABLE, "merged profile"),
-                         first.ops, first.comm_samples, first.comm_fits)
+                         first.ops, first.comm_samples, first.comm_fits,
+                         process_layers(bundles) if statistic == "median" else _mean_process_layers(bundles))
+
+
+def _mean_process_layers(bundles: list[ProfileBundle]) -> pd.DataFrame | None:
+    """Profiles taken one after the other (``bracket_profile``): each process's times averaged, as the
+    merged times are, where every profile kept them for the same processes and layers."""
+    tables = [b.process_layers for b in bundles]
+    if any(t is None for t in tables) or len({len(t) for t in tables}) != 1:  # type: ignore[arg-type]
+        return None
+    keys = [t.sort_values(["process", "layer"]).reset_index(drop=True) for t in tables]  # type: ignore[union-attr]
+    if any(not k[["process", "layer"]].equals(keys[0][["process", "layer"]]) for k in keys):
+        return None
+    mean = keys[0].copy()
+    for column in [c for c in PROCESS_LAYER_TABLE.columns if c not in ("process", "layer")]:
+        mean[column] = np.mean([k[column].to_numpy(dtype=float) for k in keys], axis=0)
+    return conform(mean, PROCESS_LAYER_TABLE, "bracketed per-process profile")
+
+
+def process_layers(bundles: list[ProfileBundle]) -> pd.DataFrame:
+    """Each concurrent process's own per-layer medians (PROCESS_LAYER_TABLE): the merged profile keeps
+    their median, and a systematic difference between the processes is lost there (sim.meeting)."""
+    columns = [c for c in PROCESS_LAYER_TABLE.columns if c not in ("process", "layer")]
+    parts = [b.layers[["layer", *columns]].assign(process=i) for i, b in enumerate(bundles)]
+    return conform(pd.concat(parts, ignore_index=True)[list(PROCESS_LAYER_TABLE.columns)], PROCESS_LAYER_TABLE,
+                   "per-process profile")
 
 
 def bracket_profile(before: ProfileBundle, after: ProfileBundle, bundle_dir: Path) -> float:
