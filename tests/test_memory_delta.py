@@ -251,7 +251,7 @@ def test_one_estimator_keeps_delta_plans_of_different_gradient_syncs_apart() -> 
 
     plans = [_bf16_plan("param"), _bf16_plan("auto")]
     resolved = [resolve_plan(p) for p in plans]
-    pass  #  # the cache key tells them apart
+    assert resolved[0].policy != resolved[1].policy  # the cache key tells them apart
     shared = Estimator(resolved[0].costs, resolved[0].comm, "bf16")
     together = [_estimate(shared, p, r) for p, r in zip(plans, resolved, strict=True)]
     alone = [_estimate(Estimator(r.costs, r.comm, "bf16"), p, r) for p, r in zip(plans, resolved, strict=True)]
