@@ -178,6 +178,12 @@ def quick_predict(row: Mapping[str, Any], model: AnalyticCostModel,
         dp_ranks = [tp * d for d in range(dp)]
         total += max(collective_time("all_reduce", g, dp_ranks, cluster) for g in stage_grad_bytes)
     if pp > 1:
+        # Megatron ties the word embedding to the LM head by default (--untie-embeddings-and-output-weights
+        # is store_true: megatron/arguments.py line 558 at 23.04 2360d73; v2.5 has no flag, GPTModel always
+        # shares) and, with more than one stage, all-reduces that weight's gradient between the first and
+        # last stage after the DP all-reduce and before the step (megatron/training.py lines 371-394 at v2.5
+        # e269e20; optimizer.py allreduce_word_embedding_grads, lines 202-228 at 23.04). The engine's GPT
+        # has an untied head and does not run it (docs/planner-gradients.md).
         total += collective_time("all_reduce", embed.grad_bytes, [0, tp * dp * (pp - 1)], cluster)
     total += model.optimizer_step_s(max(stage_param_bytes))
     return total

@@ -39,6 +39,12 @@ class DeltaSettings:
     # lowering: decided once, by ``decide``, and written into the Program; runtime: each engine
     # decides at the Program's DECIDE instructions from what it holds (sim.delta_runtime, exec.delta_runtime)
     decide: str = "lowering"
+    # per pipeline rank, bytes it holds beyond what the replay's static counts (parameters, gradients in
+    # the parameters' dtype, optimizer state, received gradient): the held gradients' extra over their
+    # dtype and one gradient bucket (sim.delta_lowering.gradient_extra_bytes). Part of the settings, so a
+    # policy built for one gradient sync is never taken for another's (the estimate caches by policy).
+    # Empty: none (hand-made settings).
+    gradient_extra_bytes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -83,16 +83,21 @@ def build_delta(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostMo
                             "1f1b, gpipe or interleaved-1f1b, or memory.decide: lowering")
     latency, bandwidth = ClusterComm(load_cluster(plan.cluster), None).host_copy()
     budget = capacity_bytes if config.budget_gb is None else min(capacity_bytes, int(config.budget_gb * 2**30))
-    problem = step_problem(_step_bytes(plan, stage_layers, costs), budget)
+    model_state, grads = _rank_model_state(plan, stage_layers, costs)
+    problem = step_problem([step_peak_bytes(costs, b, g, plan.gradient_sync, plan.dtype)
+                            for b, g in zip(model_state, grads, strict=True)], budget)
     if problem:  # DELTA releases activations; the optimizer step holds none
         return MemoryPolicy(none, (0.0,) * stages_n, problem=problem)
     settings = DeltaSettings(budget_bytes=budget, tiny_bytes=int(config.tiny_mb * 2**20), host_latency_s=latency,
-                             host_bandwidth_Bps=bandwidth, director=config.director, decide=config.decide)
+                             host_bandwidth_Bps=bandwidth, director=config.director, decide=config.decide,
+                             gradient_extra_bytes=tuple(gradient_extra_bytes(plan, g) for g in grads))
     return MemoryPolicy(none, (0.0,) * stages_n, delta=settings)
 
 
-def _step_bytes(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostModel) -> list[int]:
-    """Per pipeline rank, what it holds during the optimizer step (``sim.model_state.step_peak_bytes``)."""
+def _rank_model_state(plan: Plan, stage_layers: Sequence[Sequence[int]],
+                      costs: CostModel) -> tuple[list[int], list[int]]:
+    """Per pipeline rank, its parameters, gradients and optimizer state (the gradients in the parameters'
+    dtype), and those gradients' bytes: what ``sim.model_state.step_peak_bytes`` starts from."""
     placement = SCHEDULES[plan.schedule.name].placement
     model_state, grads = [0] * plan.pp, [0] * plan.pp
     for s, layers in enumerate(stage_layers):
@@ -101,8 +106,23 @@ def _step_bytes(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostMo
             c = costs.layer_costs(layer, plan.micro_batch, plan.tp)
             model_state[k] += c.param_bytes + c.grad_bytes + c.optimizer_bytes
             grads[k] += c.grad_bytes
-    return [step_peak_bytes(costs, b, g, plan.gradient_sync, plan.dtype)
-            for b, g in zip(model_state, grads, strict=True)]
+    return model_state, grads
+
+
+def gradient_extra_bytes(plan: Plan, grad_bytes: int) -> int:
+    """What a pipeline rank with gradients of ``grad_bytes`` (the parameters' dtype) holds beyond them
+    all iteration, by the plan's gradient sync: one flattened gradient bucket in flight (clipped to the
+    rank's gradients: ``sim.gradient_sync.bucket_buffer_bytes``) and the held gradients' bytes over
+    ``grad_bytes`` (an fp32 main-grad buffer where they reduce in fp32: ``sim.model_state``), as the
+    engine's ledger holds them. The lowering and the estimate's replay decide with it."""
+    sync = plan.gradient_sync
+    bucket = bucket_buffer_bytes(sync, sync.bucket_mb, grad_bytes, plan.dp, plan.dtype)
+    return bucket + held_gradient_bytes(grad_bytes, sync, plan.dtype) - grad_bytes
+
+
+def _extra(settings: DeltaSettings, rank: int) -> int:
+    """``settings.gradient_extra_bytes`` of pipeline rank ``rank`` (none in hand-made settings)."""
+    return settings.gradient_extra_bytes[rank] if settings.gradient_extra_bytes else 0
 
 
 def _replay(steps: list[Step], stage_layers: Sequence[Sequence[int]], cost: Callable[[int], LayerCosts],
@@ -143,16 +163,17 @@ def delta_estimate(schedule: str, pp: int, microbatches: int, chunks: int, stage
                    cost: Callable[[int], LayerCosts], settings: DeltaSettings) -> list[tuple[float, int]]:
     """For the fast estimate (``sim.estimate``), per pipeline rank: the recompute seconds per
     micro-batch DELTA's decisions add, and the activation bytes it holds at its settled peak. The
-    same replay as ``delta_pass`` on the schedule's own order (without a gradient bucket, which the
-    estimate adds itself); swaps are priced as hidden behind compute. Deciding at run time, the
+    same replay as ``delta_pass`` on the schedule's own order, with the same gradient bytes beyond the
+    static ones (``gradient_extra_bytes``: the estimate adds them to the peak itself); swaps are
+    priced as hidden behind compute. Deciding at run time, the
     engines release after each layer of a forward, so a rank that releases holds up to one layer
     more: added."""
     out = []
     placement = SCHEDULES[schedule].placement
     rank_of = [stage_to_rank(s, pp, chunks, placement) for s in range(len(stage_layers))]
-    for actions in generate_schedule(schedule, pp, microbatches, chunks, None):
+    for k, actions in enumerate(generate_schedule(schedule, pp, microbatches, chunks, None)):
         steps = [Step(_STEP_OF_OP[a.op], a.stage, a.microbatch) for a in actions if a.op in _STEP_OF_OP]
-        decisions, facts, static = _replay(steps, stage_layers, cost, settings, rank_of, 0)
+        decisions, facts, static = _replay(steps, stage_layers, cost, settings, rank_of, _extra(settings, k))
         recompute = sum(facts[layer].recompute_s for layers in decisions.dropped.values() for layer in layers)
         held = max(0, decisions.settled_peak_bytes - static)
         if settings.decide == "runtime" and (decisions.dropped or decisions.swapped):
@@ -169,12 +190,9 @@ def delta_pass(draft: _Draft) -> None:
     assert settings is not None
     stage_layers = draft.program.stage_layers
     computes = [n for n in draft.nodes if n.kind in _STEP_OF]
-    plan = draft.plan
-    grads = sum(draft.cost(layer).grad_bytes for s in {n.stage for n in computes} for layer in stage_layers[s])
-    # one flattened gradient bucket in flight (clipped to the rank's gradients), and the gradients as held,
-    # beyond their bytes in the parameters' dtype that _static counts (sim.model_state)
-    bucket = bucket_buffer_bytes(plan.gradient_sync, plan.gradient_sync.bucket_mb, grads, plan.dp, plan.dtype)
-    bucket += held_gradient_bytes(grads, plan.gradient_sync, plan.dtype) - grads
+    # one flattened gradient bucket in flight and the gradients as held, beyond their bytes in the
+    # parameters' dtype that _static counts: what build_delta set for this pipeline rank
+    bucket = _extra(settings, draft.coords.pp)
     if settings.decide == "runtime":
         stages = sorted({n.stage for n in computes})
         static = _static(stages, stage_layers, draft.cost, draft.stage_rank) + bucket

@@ -186,3 +186,74 @@ def test_fast_estimate_replays_delta() -> None:
     """The plan search's estimate prices DELTA by the same replay (it averages the per-micro-batch
     recomputes; measured 7% fast at this budget)."""
     assert_estimate_agrees_with_engine(gpt_plan(24.0))
+
+
+def _bf16_plan(reduce_dtype: str) -> Plan:
+    """GPT-2 medium in bf16 on one DGX A100 (dp 2, tp 2, pp 2, 8 micro-batches of 4) under a 3 GiB DELTA
+    budget, where the held gradients decide releases: ``reduce_dtype`` auto keeps Megatron's fp32
+    main-grad buffer (2 B per parameter over the bf16 gradients, sim.model_state), param does not."""
+    return Plan.from_dict({
+        "name": "delta-bf16", "workload": "gpt2-medium", "cluster": {"preset": "dgx-a100-8"}, "dtype": "bf16",
+        "parallelism": {"dp": 2, "tp": 2, "pp": 2}, "schedule": {"name": "1f1b", "micro_batch": 4, "microbatches": 8},
+        "gradient_sync": {"method": "allreduce", "reduce_dtype": reduce_dtype},
+        "memory": {"policy": "delta", "budget_gb": 3.0}})
+
+
+def _estimate(estimator, plan: Plan, resolved):  # noqa: ANN001, ANN202 - sim.estimate types
+    return estimator.estimate(schedule="1f1b", dp=2, tp=2, pp=2, chunks=1, micro_batch=4, microbatches=8,
+                              stage_layers=resolved.stage_layers, policy=resolved.policy, tp_overlap=0,
+                              sync_method="allreduce", bucket_mb=25.0, sync=plan.gradient_sync)
+
+
+@pytest.mark.parametrize("reduce_dtype", ["auto", "param"])
+def test_the_estimates_delta_replay_holds_the_gradients_as_the_ledger_does(reduce_dtype: str) -> None:
+    """The estimate replays DELTA with the bytes the lowering decides with (the held gradients' fp32
+    extra and one bucket: ``gradient_extra_bytes``), so it makes the lowering's decisions: per rank the
+    same recompute seconds as the Program's RECOMPUTE instructions. Without them (before session 7's
+    9d) it released less (3.84 ms recomputed per micro-batch on rank 0 against the lowering's 6.40 under
+    auto) and put a plan the engine runs at 2.90 GiB at 3.23 GiB: over budget, pruned by the search."""
+    from sim.compile import resolve_plan
+    from sim.delta_lowering import delta_estimate
+    from sim.estimate import Estimator
+    from sim.program import Kind
+
+    plan = _bf16_plan(reduce_dtype)
+    resolved = resolve_plan(plan)
+
+    def cost(layer: int):  # noqa: ANN202 - LayerCosts
+        return resolved.costs.layer_costs(layer, plan.micro_batch, plan.tp)
+
+    replayed = delta_estimate("1f1b", 2, 8, 1, resolved.stage_layers, cost, resolved.policy.delta)
+    program = compile_plan(plan).program
+    for k, (recompute_s, _) in enumerate(replayed):
+        lowered = program.ranks[program.rank_of(0, k, 0)].instructions
+        written = sum(cost(layer).recompute_s for i in lowered if i.kind is Kind.RECOMPUTE for layer in i.layers)
+        assert recompute_s == pytest.approx(written / 8, rel=1e-9, abs=1e-12), k
+    assert replayed[0][0] > 0  # the case: DELTA releases on rank 0
+
+    estimate = _estimate(Estimator(resolved.costs, resolved.comm, plan.dtype), plan, resolved)
+    engine = simulate(plan)
+    peaks = [m.peak_bytes for _, m in sorted(engine.memory.items())][:2]  # dp 0, tp 0: pipeline ranks 0, 1
+    assert max(peaks) <= 3 * 2**30
+    assert estimate.fits
+    for predicted, simulated in zip(estimate.peak_bytes, peaks, strict=True):
+        # the estimate holds one bucket beside the activations' peak (conservative, as the MILP)
+        assert predicted == pytest.approx(simulated, rel=0.02)
+
+
+def test_one_estimator_keeps_delta_plans_of_different_gradient_syncs_apart() -> None:
+    """The search prices every candidate with one Estimator, which caches a pipeline's figures by its
+    memory policy. Two DELTA candidates that differ only in ``gradient_sync.reduce_dtype`` hold different
+    gradients, so DELTA releases differently (rank 0 recomputes 6.40 vs 4.48 ms per micro-batch): each
+    must get its own figures, as a fresh Estimator gives it, whichever came first."""
+    from sim.compile import resolve_plan
+    from sim.estimate import Estimator
+
+    plans = [_bf16_plan("param"), _bf16_plan("auto")]
+    resolved = [resolve_plan(p) for p in plans]
+    assert resolved[0].policy != resolved[1].policy  # the cache key tells them apart
+    shared = Estimator(resolved[0].costs, resolved[0].comm, "bf16")
+    together = [_estimate(shared, p, r) for p, r in zip(plans, resolved, strict=True)]
+    alone = [_estimate(Estimator(r.costs, r.comm, "bf16"), p, r) for p, r in zip(plans, resolved, strict=True)]
+    assert together == alone
+    assert together[0].recompute_s != together[1].recompute_s
