@@ -9,8 +9,11 @@ settings chosen on the validation split, the test split read once per run.
   grid's, it is tested over the seeds. Writes ``tuning_digits_wide.csv`` and
   ``comparison_digits_wide.csv``.
 - ``longer``: Shakespeare and text-source ran 40 iterations in the suite. Tune every method again
-  at ``--iterations`` (the best setting at 40 iterations need not be the best at 120) and test the
-  choices over the seeds. Writes ``long/tuning_<task>.csv`` and ``long/comparison.csv``.
+  at ``--iterations`` (the best setting at 40 iterations need not be the best at 120), every grid
+  widened by the suite's rule until its choice is interior (``admm_suite.tuned`` on ``long/``),
+  and test the choices over the seeds. Writes ``long/tuning_<task>.csv`` (starting grids),
+  ``long/tuning_<task>_wide.csv`` and ``long/comparison.csv``; rows of the same length already
+  there are reused.
 
 - ``ap``: AP-ADMMiRNN (2 workers, staleness 2, as ``paratwin admm`` runs it) tuned on its own:
   AP takes one weight update per worker message, so the serial algorithm's validated setting need
@@ -38,7 +41,7 @@ from exec.admm.parallel import run_ap
 from exec.admm.rnn_admm import ADMMConfig, evaluate, init_params
 
 from .admm_grid import Setting, at_iterations, choose, describe, widen
-from .admm_suite import ADMM_GRID, TASK_PLANS, compare, tune, tuned
+from .admm_suite import ADMM_GRID, TASK_PLANS, compare, tuned
 
 AP_WORKERS, AP_STALENESS = 2, 2  # paratwin admm's defaults: the SP/AP table's AP run
 AP_LOSS_POINTS = 100  # weight versions evaluated for AP's largest training loss along the run
@@ -62,16 +65,16 @@ def edge(out_dir: Path, seeds: int = 3, iterations: int | None = None) -> pd.Dat
 
 
 def longer(out_dir: Path, iterations: int, seeds: int = 3, tasks: tuple[str, ...] = LONG_TASKS) -> pd.DataFrame:
-    """Tune and test every method on ``tasks`` at ``iterations`` iterations."""
+    """Tune (widened grids) and test every method on ``tasks`` at ``iterations`` iterations."""
     long_dir = out_dir / "long"
     long_dir.mkdir(parents=True, exist_ok=True)
+    known = pd.read_csv(long_dir / "comparison.csv") if (long_dir / "comparison.csv").is_file() else None
     comparisons = []
     for task in tasks:
         plan = TASK_PLANS[task]
         data_by_seed = {seed: load_task(task, seed) for seed in range(seeds)}
-        tuning = tune(task, data_by_seed[0], plan, iterations)
-        tuning.assign(iterations=iterations).to_csv(long_dir / f"tuning_{task}.csv", index=False)
-        comparisons.append(compare(task, data_by_seed, plan, choose(tuning), iterations).assign(iterations=iterations))
+        tuning = tuned(task, long_dir, data_by_seed[0], plan, iterations)
+        comparisons.append(compare(task, data_by_seed, plan, choose(tuning), iterations, known))
     comparison = pd.concat(comparisons, ignore_index=True)
     comparison.to_csv(long_dir / "comparison.csv", index=False)
     return comparison
