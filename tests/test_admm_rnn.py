@@ -216,7 +216,8 @@ def test_edge_widens_past_the_chosen_edge_and_stops_when_interior(tmp_path):
              "val_acc": 0.9 if (c.rho_o, c.theta_w) == (0.1, 0.03) else 0.5, "val_loss": 1.0, "train_loss": 1.0,
              "max_train_loss": 1.0, "seconds": 0.0} for c in wide]
     rows += [{"task": "digits", "method": method, "setting": _describe(lr), "iterations": 300,
-              "val_acc": 0.9 if lr == best else 0.5, "val_loss": 1.0, "train_loss": 1.0, "max_train_loss": 1.0, "seconds": 0.0}
+              "val_acc": 0.9 if lr == best else 0.5, "val_loss": 1.0, "train_loss": 1.0, "max_train_loss": 1.0,
+              "seconds": 0.0}
              for method, lrs, best in (("sgd", (0.1, 0.3, 1.0), 0.3), ("adam", (0.003, 0.01, 0.03), 0.01))
              for lr in lrs]
     pd.DataFrame(rows).to_csv(tmp_path / "tuning_digits.csv", index=False)
