@@ -42,6 +42,14 @@ TASK_SETTINGS: dict[str, dict[str, float | int]] = {
     "shakespeare": {"hidden": 64, "sgd_lr": 1.0, "adam_lr": 0.03, "rho_o": 0.03, "theta_w": 0.001},
     "text-source": {"hidden": 32, "sgd_lr": 0.03, "adam_lr": 0.003, "rho_o": 3.0, "theta_w": 0.1},
 }
+# AP-ADMMiRNN's own validation choice (``python -m analysis.admm_followup ap``: 2 workers,
+# staleness 2, seed 0, digits, 300 iterations, the suite's starting ADMM grid widened by the same
+# rule; docs/results/admm/tuning_digits_ap.csv, 2026-12-02). AP takes one weight step per worker
+# message, so the serial choice need not suit it. A task without an entry runs AP with the serial
+# setting.
+AP_SETTINGS: dict[str, dict[str, float]] = {
+    "digits": {"rho_o": 0.1, "theta_w": 0.1},
+}
 WHATIF_WORKERS = (2, 4, 8, 16, 32, 64, 128, 256)
 WHATIF_STRAGGLER_CV = (0.0, 0.3, 1.0)
 WHATIF_ITERATIONS = 100  # simulated iterations per point: throughput is steady well before this
@@ -159,6 +167,7 @@ def run_admm_experiment(task: str, iterations: int, out_dir: Path, seed: int = 0
 
     ``cfg``: ADMM penalties of the serial, SP and AP runs; ``ap_cfg`` overrides them for AP only
     (AP takes one weight update per worker message, and can need a larger rho_o to stay stable).
+    Without ``ap_cfg`` AP runs its own validation choice (``AP_SETTINGS``) where the task has one.
     """
     if task not in TASK_SETTINGS:
         raise ConfigError("task", f"unknown task {task!r}", f"use one of {', '.join(TASK_SETTINGS)}")
@@ -173,7 +182,8 @@ def run_admm_experiment(task: str, iterations: int, out_dir: Path, seed: int = 0
     try:
         settings = TASK_SETTINGS[task]
         cfg = cfg or ADMMConfig(rho_o=float(settings["rho_o"]), theta_w=float(settings["theta_w"]))
-        return _run(task, iterations, out_dir, seed, workers, staleness, cfg, ap_cfg or cfg)
+        ap_cfg = ap_cfg or (ADMMConfig(**AP_SETTINGS[task]) if task in AP_SETTINGS else cfg)
+        return _run(task, iterations, out_dir, seed, workers, staleness, cfg, ap_cfg)
     finally:
         torch.set_num_threads(threads)
 

@@ -9,25 +9,42 @@ settings chosen on the validation split, the test split read once per run.
   grid's, it is tested over the seeds. Writes ``tuning_digits_wide.csv`` and
   ``comparison_digits_wide.csv``.
 - ``longer``: Shakespeare and text-source ran 40 iterations in the suite. Tune every method again
-  at ``--iterations`` (the best setting at 40 iterations need not be the best at 120) and test the
-  choices over the seeds. Writes ``long/tuning_<task>.csv`` and ``long/comparison.csv``.
+  at ``--iterations`` (the best setting at 40 iterations need not be the best at 120), every grid
+  widened by the suite's rule until its choice is interior (``admm_suite.tuned`` on ``long/``),
+  and test the choices over the seeds. Writes ``long/tuning_<task>.csv`` (starting grids),
+  ``long/tuning_<task>_wide.csv`` and ``long/comparison.csv``; rows of the same length already
+  there are reused.
 
-Run: ``python -m analysis.admm_followup edge --out docs/results/admm`` and
-``python -m analysis.admm_followup longer --iterations 120 --out docs/results/admm``.
+- ``ap``: AP-ADMMiRNN (2 workers, staleness 2, as ``paratwin admm`` runs it) tuned on its own:
+  AP takes one weight update per worker message, so the serial algorithm's validated setting need
+  not suit it. Its rho_o x theta_w grid starts at the suite's starting ADMM grid and is widened by
+  the same rule (``admm_grid.widen``), scored on digits' validation split after the same 300
+  iterations. Writes ``tuning_digits_ap.csv``. AP's message order depends on timing, so a rerun
+  of a setting is not bit-equal (reused rows are those of the run that wrote the file).
+
+Run: ``python -m analysis.admm_followup edge --out docs/results/admm``,
+``python -m analysis.admm_followup longer --iterations 120 --out docs/results/admm`` and
+``python -m analysis.admm_followup ap --out docs/results/admm``.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from exec.admm.data import load_task
+from exec.admm.parallel import run_ap
+from exec.admm.rnn_admm import ADMMConfig, evaluate, init_params
 
-from .admm_grid import choose
-from .admm_suite import TASK_PLANS, compare, tune, tuned
+from .admm_grid import Setting, at_iterations, choose, describe, widen
+from .admm_suite import ADMM_GRID, TASK_PLANS, compare, tuned
+
+AP_WORKERS, AP_STALENESS = 2, 2  # paratwin admm's defaults: the SP/AP table's AP run
+AP_LOSS_POINTS = 100  # weight versions evaluated for AP's largest training loss along the run
 
 LONG_TASKS = ("shakespeare", "text-source")
 
@@ -48,24 +65,56 @@ def edge(out_dir: Path, seeds: int = 3, iterations: int | None = None) -> pd.Dat
 
 
 def longer(out_dir: Path, iterations: int, seeds: int = 3, tasks: tuple[str, ...] = LONG_TASKS) -> pd.DataFrame:
-    """Tune and test every method on ``tasks`` at ``iterations`` iterations."""
+    """Tune (widened grids) and test every method on ``tasks`` at ``iterations`` iterations."""
     long_dir = out_dir / "long"
     long_dir.mkdir(parents=True, exist_ok=True)
+    known = pd.read_csv(long_dir / "comparison.csv") if (long_dir / "comparison.csv").is_file() else None
     comparisons = []
     for task in tasks:
         plan = TASK_PLANS[task]
         data_by_seed = {seed: load_task(task, seed) for seed in range(seeds)}
-        tuning = tune(task, data_by_seed[0], plan, iterations)
-        tuning.assign(iterations=iterations).to_csv(long_dir / f"tuning_{task}.csv", index=False)
-        comparisons.append(compare(task, data_by_seed, plan, choose(tuning), iterations).assign(iterations=iterations))
+        tuning = tuned(task, long_dir, data_by_seed[0], plan, iterations)
+        comparisons.append(compare(task, data_by_seed, plan, choose(tuning), iterations, known))
     comparison = pd.concat(comparisons, ignore_index=True)
     comparison.to_csv(long_dir / "comparison.csv", index=False)
     return comparison
 
 
+def ap_point(setting: Setting, data, hidden: int, iterations: int) -> dict:
+    """One AP run (real gloo ranks) of ``setting`` on digits seed 0, as a tuning row: the final
+    weights scored on validation; ``max_train_loss`` over about ``AP_LOSS_POINTS`` weight versions
+    (AP's training loss can rise mid-run, docs/admm.md)."""
+    assert isinstance(setting, ADMMConfig)
+    result = run_ap(data.train, hidden, iterations, setting, AP_WORKERS, AP_STALENESS, 0)
+    template = init_params(data.train.input_dim, hidden, data.train.num_classes, 0, data.train.x.dtype)
+    stride = max(1, len(result.snapshots) // AP_LOSS_POINTS)
+    losses = [evaluate(template.load_flat(snap[3]), data.train)[0] for snap in result.snapshots[::stride]]
+    train_loss = evaluate(result.params, data.train)[0]
+    val_loss, val_acc = evaluate(result.params, data.validation)
+    print(f"  admm-ap {describe(setting)}: val acc {val_acc:.3f}, {result.wall_s:.0f} s", flush=True)
+    return {"task": "digits", "method": "admm-ap", "setting": describe(setting), "iterations": iterations,
+            "workers": AP_WORKERS, "staleness": AP_STALENESS, "train_loss": train_loss,
+            "max_train_loss": max([*losses, train_loss]), "val_loss": val_loss, "val_acc": val_acc,
+            "seconds": result.wall_s}
+
+
+def ap(out_dir: Path, iterations: int | None = None) -> tuple[pd.DataFrame, ADMMConfig]:
+    """AP's own validation choice on digits (module docstring); returns its tuning rows and choice."""
+    plan = TASK_PLANS["digits"]
+    its = plan.iterations if iterations is None else iterations
+    data = load_task("digits", 0)
+    path = out_dir / "tuning_digits_ap.csv"
+    known = at_iterations(pd.read_csv(path), its) if path.is_file() else pd.DataFrame()
+    start = tuple(replace(cfg, sweep="local-first") for cfg in ADMM_GRID)  # the order AP runs
+    rows, chosen = widen("admm-ap", start, known, lambda s: ap_point(s, data, plan.hidden, its))
+    rows.to_csv(path, index=False)
+    assert isinstance(chosen, ADMMConfig)
+    return rows, chosen
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("part", choices=("edge", "longer"))
+    parser.add_argument("part", choices=("edge", "longer", "ap"))
     parser.add_argument("--out", type=Path, default=Path("docs/results/admm"))
     parser.add_argument("--iterations", type=int, default=None,
                         help="longer: iterations per run (required); edge: override (smoke runs only)")
@@ -75,6 +124,10 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.part == "edge":
         print(edge(args.out, args.seeds, args.iterations).to_string(), flush=True)
+    elif args.part == "ap":
+        rows, chosen = ap(args.out, args.iterations)
+        print(rows.sort_values(["val_acc", "val_loss"], ascending=[False, True]).to_string(), flush=True)
+        print(f"AP chosen on validation: {describe(chosen)}")
     else:
         if args.iterations is None:
             parser.error("longer needs --iterations (e.g. 120)")

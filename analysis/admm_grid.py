@@ -64,6 +64,17 @@ def widened(values: set[float], chosen: float) -> set[float]:
 Setting = ADMMConfig | float
 
 
+def at_iterations(rows: pd.DataFrame, iterations: int) -> pd.DataFrame:
+    """The rows run at ``iterations`` iterations: the only ones a run of that length may reuse.
+
+    A setting's result depends on how long it ran, so a row is reusable only for a run of the same
+    length (a ``--quick`` run must not pick up a folder's full-length rows). A table without an
+    ``iterations`` column is of unknown length and none of its rows is reused."""
+    if "iterations" not in rows:
+        return rows.iloc[0:0]
+    return rows[rows["iterations"] == iterations]
+
+
 def axes(setting: Setting) -> dict[str, float]:
     """The tuned axes of a setting: ADMM's rho_o and theta_w, a baseline's learning rate."""
     if isinstance(setting, ADMMConfig):

@@ -20,8 +20,10 @@ seeds, the robustness-to-initialisation sweep and a block-order / fix ablation, 
 
 The default hidden sizes and iteration counts keep the whole suite at about 20 minutes of one
 loaded core; ``quick=True`` is a smoke run (a few iterations, one seed). Runs are deterministic for
-a (setting, seed, init scale), so a rerun into the same directory reuses every tuning, comparison
-and sweep row (and sweep curve) whose setting string is unchanged and runs only the rest.
+a (setting, seed, init scale, iteration count), so a rerun into the same directory reuses every
+tuning, comparison and sweep row (and sweep curve) whose setting string and iteration count are
+unchanged and runs only the rest. Every row records its ``iterations``; a directory holding rows of
+another length is refused (``check_iterations``): a ``--quick`` run needs its own ``--out``.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from exec.admm.data import TASKS, TaskData, load_task
 from exec.admm.rnn_admm import ADMMConfig, evaluate, train_admm
 from traces.errors import ConfigError
 
-from .admm_grid import Setting, choose, widen
+from .admm_grid import Setting, at_iterations, choose, widen
 from .admm_grid import describe as _describe
 
 
@@ -69,10 +71,33 @@ SWEEP_TASK = "digits"
 CURVE_EVERY = 5  # iterations between the points of init_curves.csv (keeps the CSV small)
 
 
+def run_length(plan: TaskPlan, iterations: int | None) -> int:
+    """The iterations a run of ``plan`` takes: ``iterations`` when given (quick runs, follow-ups)."""
+    return plan.iterations if iterations is None else iterations
+
+
+def check_iterations(out_dir: Path, lengths: dict[str, int]) -> None:
+    """Refuse a directory whose tuning / comparison / sweep rows ran another number of iterations
+    than this run's ``lengths`` (per task): its rows would be neither reusable nor safe to overwrite."""
+    for path in sorted(Path(out_dir).glob("*.csv")):
+        if not path.name.startswith(("tuning_", "comparison", "init_sweep")):
+            continue
+        rows = pd.read_csv(path)
+        if "iterations" not in rows:
+            raise ConfigError("out", f"{path} has no iterations column (written before runs recorded their "
+                              "length), so its rows cannot be matched to this run",
+                              "use another --out directory")
+        for task, part in rows.groupby("task"):
+            ran = sorted(set(part["iterations"]))
+            if task in lengths and ran != [lengths[str(task)]]:
+                raise ConfigError("out", f"{path} holds {task} runs of {ran} iterations, this run asks "
+                                  f"{lengths[str(task)]}", "use another --out directory (a --quick run needs its own)")
+
+
 def train(method: str, setting: ADMMConfig | float, data: TaskData, plan: TaskPlan, seed: int,
           init_scale: float = 1.0, iterations: int | None = None) -> tuple[object, pd.DataFrame, float]:
     """One run; returns (final weights, history with validation columns, seconds)."""
-    its = plan.iterations if iterations is None else iterations
+    its = run_length(plan, iterations)
     start = time.perf_counter()
     if method.startswith("admm"):
         assert isinstance(setting, ADMMConfig)
@@ -94,8 +119,9 @@ def _final(history: pd.DataFrame) -> dict[str, float]:
 
 
 def _tuning_row(task: str, method: str, setting: ADMMConfig | float, history: pd.DataFrame,
-                seconds: float) -> dict[str, object]:
-    return {"task": task, "method": method, "setting": _describe(setting), **_final(history), "seconds": seconds}
+                seconds: float, iterations: int) -> dict[str, object]:
+    return {"task": task, "method": method, "setting": _describe(setting), "iterations": iterations,
+            **_final(history), "seconds": seconds}
 
 
 def tune(task: str, data: TaskData, plan: TaskPlan, iterations: int | None = None) -> pd.DataFrame:
@@ -103,18 +129,20 @@ def tune(task: str, data: TaskData, plan: TaskPlan, iterations: int | None = Non
     rows = []
     for method, setting in ((m, s) for m, grid in START_GRIDS.items() for s in grid):
         _, history, seconds = train(method, setting, data, plan, 0, iterations=iterations)
-        rows.append(_tuning_row(task, method, setting, history, seconds))
+        rows.append(_tuning_row(task, method, setting, history, seconds, run_length(plan, iterations)))
     return pd.DataFrame(rows)
 
 
 def _test_row(task: str, method: str, setting: ADMMConfig | float, data: TaskData, params: object,
-              history: pd.DataFrame, seed: int, init_scale: float, seconds: float) -> dict[str, object]:
+              history: pd.DataFrame, seed: int, init_scale: float, seconds: float,
+              iterations: int) -> dict[str, object]:
     """Final numbers of one run: the one evaluation of the test split, plus gradient health."""
     test_loss, test_acc = evaluate(params, data.test)  # type: ignore[arg-type]
     health = gradient_health(params, data.train)  # type: ignore[arg-type]
     initial = gradient_health_initial(history)
     return {"task": task, "method": method, "seed": seed, "init_scale": init_scale,
-            "setting": _describe(setting), **_final(history), "test_loss": test_loss, "test_acc": test_acc,
+            "setting": _describe(setting), "iterations": iterations, **_final(history),
+            "test_loss": test_loss, "test_acc": test_acc,
             "grad_ratio_first_last": health["grad_ratio_first_last"], "grad_W_norm": health["grad_W_norm"],
             "grad_ratio_initial": initial, "seconds": seconds}
 
@@ -124,12 +152,13 @@ def gradient_health_initial(history: pd.DataFrame) -> float:
     return float(history.grad_ratio_first_last.iloc[0]) if "grad_ratio_first_last" in history else float("nan")
 
 
-RUN_KEY = ["task", "method", "seed", "init_scale", "setting"]
+RUN_KEY = ["task", "method", "seed", "init_scale", "setting", "iterations"]
 
 
 def _known_runs(known: pd.DataFrame | None) -> dict[tuple, dict]:
-    """Rows of an earlier run by ``RUN_KEY`` (runs are deterministic, so a matching row is reused)."""
-    if known is None or known.empty:
+    """Rows of an earlier run by ``RUN_KEY`` (runs are deterministic, so a matching row is reused;
+    a row without an iterations column matches nothing)."""
+    if known is None or known.empty or "iterations" not in known:
         return {}
     return {tuple(r[k] for k in RUN_KEY): r for r in known.to_dict("records")}
 
@@ -138,15 +167,15 @@ def compare(task: str, data_by_seed: dict[int, TaskData], plan: TaskPlan,
             chosen: dict[str, ADMMConfig | float], iterations: int | None = None,
             known: pd.DataFrame | None = None) -> pd.DataFrame:
     """Test rows of every chosen setting and seed; rows of ``known`` with the same key are reused."""
-    reuse, rows = _known_runs(known), []
+    reuse, rows, its = _known_runs(known), [], run_length(plan, iterations)
     for seed, data in data_by_seed.items():
         for method, setting in chosen.items():
-            key = (task, method, seed, 1.0, _describe(setting))
+            key = (task, method, seed, 1.0, _describe(setting), its)
             if key in reuse:
                 rows.append(reuse[key])
                 continue
             params, history, seconds = train(method, setting, data, plan, seed, iterations=iterations)
-            rows.append(_test_row(task, method, setting, data, params, history, seed, 1.0, seconds))
+            rows.append(_test_row(task, method, setting, data, params, history, seed, 1.0, seconds, its))
     return pd.DataFrame(rows)
 
 
@@ -155,18 +184,19 @@ def init_sweep(data_by_seed: dict[int, TaskData], plan: TaskPlan, chosen: dict[s
                known_curves: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Sweep rows and thinned curves; a ``known`` row with the same key is reused with its curve."""
     methods = chosen  # ADMM as it was before issue 15: in the ablation (seed 0), to save compute
-    reuse, rows, curves = _known_runs(known), [], []
+    reuse, rows, curves, its = _known_runs(known), [], [], run_length(plan, iterations)
     for scale in scales:
         for seed, data in data_by_seed.items():
             for method, setting in methods.items():
-                key = (SWEEP_TASK, method, seed, scale, _describe(setting))
+                key = (SWEEP_TASK, method, seed, scale, _describe(setting), its)
                 if key in reuse and known_curves is not None:
                     rows.append(reuse[key])
                     curves.append(known_curves[(known_curves.method == method) & (known_curves.seed == seed)
                                                & (known_curves.init_scale == scale)])
                     continue
                 params, history, seconds = train(method, setting, data, plan, seed, scale, iterations)
-                rows.append(_test_row(SWEEP_TASK, method, setting, data, params, history, seed, scale, seconds))
+                rows.append(_test_row(SWEEP_TASK, method, setting, data, params, history, seed, scale, seconds,
+                                      its))
                 keep = ["iteration", "train_loss", "val_acc"] + (["lagrangian"] if "lagrangian" in history else [])
                 thin = (history.iteration % CURVE_EVERY == 0) | (history.iteration == history.iteration.max())
                 curve = history.loc[thin, keep].assign(method=method, seed=seed, init_scale=scale)
@@ -188,8 +218,8 @@ def ablation(data: TaskData, plan: TaskPlan, chosen: ADMMConfig, iterations: int
     for scale in (0.01, 1.0):
         for name, cfg in variants.items():
             params, history, seconds = train("admm", cfg, data, plan, 0, scale, iterations)
-            rows.append({"variant": name, "init_scale": scale, "setting": _describe(cfg), **_final(history),
-                         "seconds": seconds})
+            rows.append({"variant": name, "init_scale": scale, "setting": _describe(cfg),
+                         "iterations": run_length(plan, iterations), **_final(history), "seconds": seconds})
     return pd.DataFrame(rows)
 
 
@@ -310,6 +340,8 @@ def tuned(task: str, out_dir: Path, data: TaskData, plan: TaskPlan, iterations: 
     widened grids) are read when an earlier part wrote them (runs are deterministic per seed), and
     only missing points are run. Returns every row of every method's final grid."""
     path, wide_path = out_dir / f"tuning_{task}.csv", out_dir / f"tuning_{task}_wide.csv"
+    its = run_length(plan, iterations)
+    check_iterations(out_dir, {task: its})
     if path.is_file():
         tuning = pd.read_csv(path)
     else:
@@ -317,11 +349,12 @@ def tuned(task: str, out_dir: Path, data: TaskData, plan: TaskPlan, iterations: 
         tuning.to_csv(path, index=False)
     known = pd.concat([tuning] + ([pd.read_csv(wide_path)] if wide_path.is_file() else []),
                       ignore_index=True).drop_duplicates(["method", "setting"])
+    known = at_iterations(known, its)  # never another length's rows (check_iterations refuses them too)
     finals = []
     for method, start in START_GRIDS.items():
         def run_point(setting: Setting, method: str = method) -> dict:
             _, history, seconds = train(method, setting, data, plan, 0, iterations=iterations)
-            return _tuning_row(task, method, setting, history, seconds)
+            return _tuning_row(task, method, setting, history, seconds, its)
 
         rows, chosen = widen(method, start, known, run_point)
         finals.append(rows)
@@ -351,6 +384,8 @@ def run_admm_suite(out_dir: Path, fig_dir: Path | None = None, seeds: int = 3, q
     torch.set_num_threads(1)
     its = 3 if quick else None
     seed_list = list(range(1 if quick else seeds))
+    if set(parts) - {"report"}:  # a folder of other-length runs is neither reused nor overwritten
+        check_iterations(out_dir, {task: run_length(plan, its) for task, plan in TASK_PLANS.items()})
     if "tasks" in parts:
         comparisons, known = [], _read_if(out_dir / "comparison.csv")
         for task in TASKS:

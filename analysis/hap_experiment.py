@@ -10,7 +10,8 @@ Commands (``python -m analysis.hap_experiment <command> ...``):
       python -m analysis.hap_experiment run --out docs/results/hap \\
           --plan MUTAG PTC_MR ENZYMES PROTEINS NCI1 --ablation-plan MUTAG PTC_MR
 
-  (a bare NAME is 3 seeds x 10 folds). Then ``report`` is run on the same directory.
+  (a bare NAME is 3 seeds x 10 folds, seeds 0-2; ``--seeds 1 2`` names the seeds instead, e.g. to
+  complete seeds 1 and 2 only). Then ``report`` is run on the same directory.
 - ``report``: from ``OUT/folds.csv`` and ``curves.csv``, writes ``summary.csv``, ``tests.csv``,
   ``results.md`` (accuracy tables and the paired Wilcoxon tests of HAP against every other method
   and ablation) and the figures ``hap_accuracy``, ``hap_ablation``, ``hap_curves`` (.png, .pdf, .csv)
@@ -37,7 +38,16 @@ from exec.hap.train import TrainConfig
 from traces.errors import ConfigError
 
 from . import hap_report as report
-from .hap_protocol import ABLATIONS, DEFAULT_LRS, FOLD_KEY, DatasetPlan, Protocol, parse_plan, run_protocol
+from .hap_protocol import (
+    ABLATIONS,
+    DEFAULT_LRS,
+    FOLD_KEY,
+    DatasetPlan,
+    Protocol,
+    parse_plan,
+    parse_seeds,
+    run_protocol,
+)
 
 DEFAULT_EPOCHS = 100
 DEFAULT_PATIENCE = 20
@@ -143,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     run = sub.add_parser("run", help="run (or resume) the protocol, then write the report")
     run.add_argument("--plan", nargs="*", default=[], help="NAME[:SEEDSxFOLDS[:EPOCHS]] for every method")
     run.add_argument("--ablation-plan", nargs="*", default=[], help="same, for HAP and its ablations")
+    run.add_argument("--seeds", nargs="+", default=None,
+                     help="the seeds of every plan (e.g. 1 2, or 1-2) instead of 0..SEEDS-1")
     run.add_argument("--methods", nargs="+", default=list(METHODS))
     run.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS, help="epoch cap (early stopping below it)")
     run.add_argument("--patience", type=int, default=DEFAULT_PATIENCE)
@@ -175,8 +187,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"{name}: s/epoch {per_epoch}; all methods {sum(per_epoch.values()):.2f} s/epoch", flush=True)
         return
     if args.command == "run":
-        plans = [parse_plan(p, args.epochs, args.methods) for p in args.plan]
-        plans += [parse_plan(p, args.epochs, ["hap", *ABLATIONS]) for p in args.ablation_plan]
+        seeds = parse_seeds(args.seeds) if args.seeds is not None else None
+        plans = [parse_plan(p, args.epochs, args.methods, seeds) for p in args.plan]
+        plans += [parse_plan(p, args.epochs, ["hap", *ABLATIONS], seeds) for p in args.ablation_plan]
         protocol = Protocol(tuple(plans), lrs=tuple(args.lr), patience=args.patience)
         run_protocol(protocol, args.out, data_root=args.data_root)
     if args.command == "merge":

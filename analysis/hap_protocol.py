@@ -87,20 +87,47 @@ class Protocol:
     base: TrainConfig = field(default_factory=TrainConfig)
 
 
-def parse_plan(text: str, epochs: int, variants: Sequence[str]) -> DatasetPlan:
-    """``NAME[:SEEDSxFOLDS[:EPOCHS]]``, e.g. ``MUTAG:3x10`` or ``NCI1:1x2:60`` (seeds 0..S-1)."""
+def parse_seeds(texts: Sequence[str]) -> tuple[int, ...]:
+    """Named seeds, e.g. ``["1", "2"]`` or ``["1-2"]`` (a range, both ends included): each once, >= 0."""
+    seeds: list[int] = []
+    for text in texts:
+        try:
+            low, _, high = text.partition("-")
+            first, last = int(low), int(high) if high else int(low)
+        except ValueError:
+            raise ConfigError("seeds", f"cannot read seed {text!r}",
+                              "name seeds as integers >= 0 or ranges, e.g. --seeds 1 2 or --seeds 1-2") from None
+        if first < 0 or last < first:
+            raise ConfigError("seeds", f"seed {text!r} is negative or an empty range",
+                              "name seeds >= 0; a range runs low-high, e.g. 1-2")
+        seeds += range(first, last + 1)
+    repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
+    if repeated:
+        raise ConfigError("seeds", f"seed(s) {repeated} named twice", "name every seed once")
+    return tuple(seeds)
+
+
+def parse_plan(text: str, epochs: int, variants: Sequence[str], seeds: Sequence[int] | None = None) -> DatasetPlan:
+    """``NAME[:SEEDSxFOLDS[:EPOCHS]]``, e.g. ``MUTAG:3x10`` or ``NCI1:1x2:60``: seeds 0..SEEDS-1,
+    or the named ``seeds`` (the CLI's ``--seeds``, e.g. ``ENZYMES --seeds 1 2`` to complete seeds 1
+    and 2 only); a SEEDS count in the plan must then equal the number of named seeds."""
     parts = text.split(":")
-    name, seeds, folds = parts[0], 3, 10
+    name, count, folds = parts[0], None, 10
     try:
         if len(parts) > 1:
             s, f = parts[1].lower().split("x")
-            seeds, folds = int(s), int(f)
+            count, folds = int(s), int(f)
         if len(parts) > 2:
             epochs = int(parts[2])
     except ValueError:
         raise ConfigError("plan", f"cannot read {text!r}",
                           "write NAME, NAME:SEEDSxFOLDS or NAME:SEEDSxFOLDS:EPOCHS, e.g. MUTAG:3x10") from None
-    return DatasetPlan(name, tuple(range(seeds)), folds, 10, epochs, tuple(variants))
+    if seeds is None:
+        return DatasetPlan(name, tuple(range(3 if count is None else count)), folds, 10, epochs, tuple(variants))
+    if count is not None and count != len(seeds):
+        raise ConfigError("seeds", f"plan {text!r} asks {count} seed(s), --seeds names {list(seeds)}",
+                          f"write {name}:{len(seeds)}x{folds} or drop --seeds")
+    return DatasetPlan(name, tuple(seeds), folds, 10, epochs, tuple(variants))
 
 
 def validate(protocol: Protocol) -> None:

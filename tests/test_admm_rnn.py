@@ -212,11 +212,12 @@ def test_edge_widens_past_the_chosen_edge_and_stops_when_interior(tmp_path):
                 ADMMConfig(rho_o=0.1, theta_w=0.03, sweep="backward-forward"))
     from analysis.admm_suite import _describe
 
-    rows = [{"task": "digits", "method": "admm", "setting": _describe(c),
+    rows = [{"task": "digits", "method": "admm", "setting": _describe(c), "iterations": 300,
              "val_acc": 0.9 if (c.rho_o, c.theta_w) == (0.1, 0.03) else 0.5, "val_loss": 1.0, "train_loss": 1.0,
              "max_train_loss": 1.0, "seconds": 0.0} for c in wide]
-    rows += [{"task": "digits", "method": method, "setting": _describe(lr), "val_acc": 0.9 if lr == best else 0.5,
-              "val_loss": 1.0, "train_loss": 1.0, "max_train_loss": 1.0, "seconds": 0.0}
+    rows += [{"task": "digits", "method": method, "setting": _describe(lr), "iterations": 300,
+              "val_acc": 0.9 if lr == best else 0.5, "val_loss": 1.0, "train_loss": 1.0, "max_train_loss": 1.0,
+              "seconds": 0.0}
              for method, lrs, best in (("sgd", (0.1, 0.3, 1.0), 0.3), ("adam", (0.003, 0.01, 0.03), 0.01))
              for lr in lrs]
     pd.DataFrame(rows).to_csv(tmp_path / "tuning_digits.csv", index=False)
@@ -274,3 +275,26 @@ def test_task_settings_are_the_validation_choices_of_the_committed_widened_grids
         assert isinstance(admm, ADMMConfig)
         assert (chosen["sgd"], chosen["adam"], admm.rho_o, admm.theta_w) == (
             settings["sgd_lr"], settings["adam_lr"], settings["rho_o"], settings["theta_w"]), task
+
+
+def test_ap_settings_are_aps_own_validation_choice_in_the_committed_tuning():
+    """AP_SETTINGS (what ``paratwin admm`` runs AP with) must be AP's choice on its widened grid
+    (docs/results/admm/tuning_digits_ap.csv, analysis/admm_followup.py ap), and interior to it."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from analysis.admm_experiment import AP_SETTINGS
+    from analysis.admm_grid import axes, choose, widened
+
+    results = Path(__file__).resolve().parents[1] / "docs" / "results" / "admm"
+    tuning = pd.read_csv(results / "tuning_digits_ap.csv")
+    assert set(tuning.iterations) == {300} and set(tuning.workers) == {2} and set(tuning.staleness) == {2}
+    chosen = choose(tuning)["admm-ap"]
+    assert isinstance(chosen, ADMMConfig) and chosen.sweep == "local-first"
+    assert {"rho_o": chosen.rho_o, "theta_w": chosen.theta_w} == AP_SETTINGS["digits"]
+    grid = [axes(ADMMConfig(**json.loads(setting))) for setting in tuning.setting]
+    for name in ("rho_o", "theta_w"):
+        values = {point[name] for point in grid}
+        assert widened(values, axes(chosen)[name]) == values  # the widening stopped: the choice is interior

@@ -349,6 +349,28 @@ def test_paired_tests_find_a_consistent_winner_and_not_a_tie() -> None:
     assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
 
 
+def test_the_cli_runs_named_seeds_only_and_they_equal_those_seeds_of_a_full_run(tmp_path: Path, mutag) -> None:
+    """``--seeds 2`` runs seed 2 alone (not 0..S-1), on the same folds as seed 2 of a 3-seed run."""
+    from analysis.hap_experiment import main
+    from analysis.hap_protocol import parse_seeds
+
+    knobs = ["--methods", "gcn-mean", "--lr", "0.001", "--epochs", "1", "--patience", "0"]
+    main(["run", "--out", str(tmp_path / "named"), "--plan", "MUTAG:1x1", "--seeds", "2", *knobs])
+    named = pd.read_csv(tmp_path / "named" / "folds.csv")
+    assert list(named["seed"]) == [2]
+    main(["run", "--out", str(tmp_path / "all"), "--plan", "MUTAG:3x1", *knobs])
+    every = pd.read_csv(tmp_path / "all" / "folds.csv")
+    assert sorted(every["seed"]) == [0, 1, 2]
+    assert every[every["seed"] == 2]["test_accuracy"].item() == named["test_accuracy"].item()
+    assert parse_seeds(["1-2", "4"]) == (1, 2, 4)
+    assert parse_plan("ENZYMES", 100, ["hap"], (1, 2)).seeds == (1, 2)
+    for bad in (["one"], ["-1"], ["2-1"], ["1", "1-2"]):
+        with pytest.raises(ConfigError, match="seeds"):
+            parse_seeds(bad)
+    with pytest.raises(ConfigError, match="seeds"):  # a plan's seed count that contradicts the named seeds
+        parse_plan("ENZYMES:3x10", 100, ["hap"], (1, 2))
+
+
 def test_plans_sharing_a_variant_run_it_once_and_merge_keeps_one_row_per_key(tmp_path: Path, mutag) -> None:
     protocol = Protocol((DatasetPlan("MUTAG", (0,), 1, 2, 1, ("hap", "gcn-mean")),
                          DatasetPlan("MUTAG", (0,), 1, 2, 1, ("hap", "hap-aux0"))), lrs=(1e-3,), patience=0)
