@@ -44,7 +44,7 @@ from typing import Any
 from sim.comm import ClusterComm, concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts, tp_comm_s
 from sim.embedding import EmbeddingTerms, table_tp_costs
-from sim.estimate_pipeline import PipelineTime, pipeline_time, steady_count
+from sim.estimate_pipeline import PipelineTime, StageTime, pipeline_time, steady_count
 from sim.gradient_sync import GRADIENT_SYNC, GradientSyncConfig, bucket_buffer_bytes, phases_s
 from sim.gradient_sync_context import BucketPlan, bucket_context, bucket_layers
 from sim.host_cpu import cores_taken, host_share, overlapped_s, phases_cpu_s, stretch
@@ -172,17 +172,12 @@ def _peak_states(row: list, pp: int, chunks: int, placement: str, rank: int, m: 
 
 
 @dataclass(frozen=True)
-class StageTimes:
-    """One virtual stage, one micro-batch: times (TP communication included) and bytes."""
+class StageTimes(StageTime):
+    """One virtual stage, one micro-batch: times (TP communication included) and bytes. Its split
+    backward (zero-bubble schedules) is as the engine runs it: I with the input-gradient TP
+    all-reduces and no weight-gradient GEMM to hide them behind, W alone; virtual stage 0 has no
+    input gradient to send, so its I is empty and its W does the whole backward."""
 
-    fwd_s: float
-    bwd_s: float
-    recompute_s: float
-    # A split backward (zero-bubble schedules) as the engine runs it: I with the input-gradient TP
-    # all-reduces and no weight-gradient GEMM to hide them behind, W alone; virtual stage 0 has no
-    # input gradient to send, so its I is empty and its W does the whole backward.
-    bwd_input_s: float
-    bwd_weight_s: float
     compute_s: float  # forward + backward without TP communication
     recompute_compute_s: float
     static_bytes: int  # parameters + gradients + optimizer state

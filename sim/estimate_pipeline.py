@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Protocol
 
 from sim.schedules import (
     SCHEDULES,
@@ -169,20 +168,11 @@ def steady_count(name: str, pp: int, microbatches: int, chunks: int) -> int:
     return best
 
 
-class StageSeconds(Protocol):
-    """One virtual stage's seconds per micro-batch, TP communication included (``sim.estimate.
-    StageTimes`` is one): forward, whole backward, recompute, and a split backward's I and W."""
-
-    fwd_s: float
-    bwd_s: float
-    recompute_s: float
-    bwd_input_s: float
-    bwd_weight_s: float
-
-
 @dataclass(frozen=True)
 class StageTime:
-    """A plain ``StageSeconds`` (for callers without ``sim.estimate.StageTimes``)."""
+    """One virtual stage's seconds per micro-batch, TP communication included: forward, whole
+    backward, recompute, and a split backward's I and W (``sim.estimate.StageTimes`` extends it
+    with its bytes)."""
 
     fwd_s: float
     bwd_s: float
@@ -201,7 +191,7 @@ class PipelineTime:
     grads_ready: Mapping[int, float]
 
 
-def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages: Sequence[StageSeconds],
+def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages: Sequence[StageTime],
                   per_rank: Sequence[float], hop_s: Sequence[float], delta_s: Sequence[float] | None = None,
                   flags: tuple[bool, ...] | None = None,
                   runs: MutableMapping[tuple, WeightedRun] | None = None) -> PipelineTime:
