@@ -377,11 +377,14 @@ class Engine:
     def _progress(self, rank: int, seconds: float):
         """Run ``seconds`` of compute at full speed, slower while the rank moves data
         (``EngineOptions.overlap_slowdown``, and the cores its transfers take on a shared host:
-        ``sim.host_cpu.stretch``), re-timed whenever a transfer starts or ends."""
+        ``sim.host_cpu.stretch``), re-timed whenever a transfer starts or ends; the time taken counts
+        as the rank's compute (``compute_busy``)."""
+        started = self.env.now
         if not self._slows:
             yield self.env.timeout(seconds)
-            return
-        remaining = seconds
+            remaining = 0.0
+        else:
+            remaining = seconds
         while remaining > 0.0:
             rate = 1.0 / self._stretch(rank)  # 0 while the host's transfers want every core
             changed = self.moving_changed.get(rank)
@@ -391,10 +394,11 @@ class Engine:
             if rate > 0:
                 done = self.env.timeout(remaining / rate)
                 if done in (yield self.env.any_of([done, changed])):
-                    return  # ran to its end (what is left may be below the clock's resolution)
+                    break  # ran to its end (what is left may be below the clock's resolution)
             else:
                 yield changed
             remaining -= (self.env.now - began) * rate
+        self.compute_busy[rank] += self.env.now - started
 
     def _stretch(self, rank: int) -> float:
         if not self.moving[rank]:
@@ -423,10 +427,8 @@ class Engine:
             copies = 0 if instruction.bytes else step_copy_bytes(self.costs, round(ledger.static["gradients"] / scale),
                                                                  scale)
             ledger.change_buffers(copies, self.env.now, instruction.label)
-            began = self.env.now
             yield from self._progress(rank, duration)
             ledger.change_buffers(-copies, self.env.now, instruction.label)
-            self.compute_busy[rank] += self.env.now - began
             return
         # Recompute inside the backward (MemoryPolicy.recompute_in_backward): the RECOMPUTE marks the
         # point; its layers are re-run by the backward, one at a time, just before their own backward.
@@ -489,7 +491,6 @@ class Engine:
             end += layer_time
         nominal = end - start
         yield from self._progress(rank, nominal)
-        self.compute_busy[rank] += self.env.now - start
         # each layer its share of the time taken (an overlap's slowdown spread evenly)
         self._layer_rows(rank, instruction, start, per_layer, (self.env.now - start) / nominal if nominal else 1.0)
         if kind is Kind.BWD and in_backward:  # what the forward kept, and the one layer re-run last
@@ -529,7 +530,6 @@ class Engine:
         for layer, seconds in zip(ins.layers, layer_s, strict=True):
             began = self.env.now
             yield from self._progress(rank, seconds)  # slowed while the rank moves data, as any compute
-            self.compute_busy[rank] += self.env.now - began
             self._layer_rows(rank, ins, began, [seconds], (self.env.now - began) / seconds if seconds else 1.0,
                              (layer,))
             ledger.change_activations(state.layer_start(key, ins.layers), self.env.now, ins.label)
@@ -568,7 +568,6 @@ class Engine:
                 for layer, duration in zip(layers, seconds, strict=True):
                     began = self.env.now
                     yield from self._progress(rank, duration)
-                    self.compute_busy[rank] += self.env.now - began
                     self._decision_row(rank, ins, "RECOMPUTE", (*key, layer), began, self.env.now, 0, "compute")
         self.rows.append(Row(rank, ins.index, ins.kind.value, ins.stage, ins.microbatch, ins.stream.value, start,
                              self.env.now, state.resident(), ledger.in_use, name=ins.label))
