@@ -51,8 +51,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from sim.embedding import COUNTS_PHASE
-
 
 def phases_cpu_s(comm: Any, phases: Iterable[tuple[str, int]], group_size: int) -> float:
     """CPU seconds one rank spends on a collective's phases (0 for phases without a measured CPU
@@ -60,6 +58,8 @@ def phases_cpu_s(comm: Any, phases: Iterable[tuple[str, int]], group_size: int) 
     cpu_s = getattr(comm, "cpu_s", None)
     if cpu_s is None:
         return 0.0
+    from sim.embedding import COUNTS_PHASE  # here: sim.embedding's methods import this module
+
     return sum(cpu_s("all_to_all" if kind == COUNTS_PHASE else kind, nbytes, group_size)
                for kind, nbytes in phases if kind != "memory")
 
