@@ -46,6 +46,10 @@ class CommModel(Protocol):
         senders of the node send off it (sim.comm.concurrent_senders)."""
         ...
 
+    def p2p_weight(self, nbytes: int) -> float:
+        """The bytes a message of ``nbytes`` weighs on its route (its measured time alone)."""
+        ...
+
     def collective_s(self, primitive: str, nbytes: int, ranks: Sequence[int], concurrent: int = 1) -> float:
         """Seconds while ``concurrent`` groups like this one share the nodes (sim.comm.concurrent_groups)."""
         ...
@@ -312,11 +316,12 @@ class Engine:
             channel = self.channels[(rank, link_class)] = SharedChannel(self.env, bandwidth)
             self.rank_channels[rank].append(channel)
         start = self.env.now
+        weight = self.comm.p2p_weight(instruction.bytes)  # its measured time alone, in channel bytes
         cores = cores_taken(phases_cpu_s(self.comm, (("p2p", instruction.bytes),), 2),
-                            latency + instruction.bytes / bandwidth) if self.host_cores else 0.0
+                            latency + weight / bandwidth) if self.host_cores else 0.0
         self._moving(rank, +1, cores)
         yield from self._transfer((rank,), latency)
-        yield channel.transfer(instruction.bytes)  # slowed by the channel (_changed sets it)
+        yield channel.transfer(weight)  # slowed by the channel while the rank computes (_changed)
         self._moving(rank, -1, cores)
         self.arrivals[(instruction.peer, instruction.tag)].succeed(start)
 

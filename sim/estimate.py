@@ -499,7 +499,7 @@ class Estimator:
             _, latency, bandwidth = self.comm.p2p_route(0, peer, senders)
             route = self._p2p_routes[dp * tp] = (latency, bandwidth)
         latency, bandwidth = route
-        return latency + nbytes / bandwidth
+        return latency + self.comm.p2p_weight(nbytes) / bandwidth
 
     # -- the estimate --------------------------------------------------------------------------
     def estimate(self, *, schedule: str, dp: int, tp: int, pp: int, chunks: int, micro_batch: int,
