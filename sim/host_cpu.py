@@ -22,7 +22,10 @@ measured them without compute), so
 
     compute stretch  = min(1, c) (1 + u) / c,      transfer stretch = (1 + u) / c.
 
-On the 2-rank, 2-core host (c = 1) both are ``1 + u``. The engine re-times both sides whenever
+On the 2-rank, 2-core host (c = 1) both are ``1 + u``, which is also what fair sharing between
+two threads gives exactly: a transfer of duration d alone is u d of CPU work and (1 - u) d of
+waiting; beside the compute its CPU work shares the core half and half (2 u d), its waits do not,
+so it lasts d (1 + u), and the compute does u d + (1 - u) d = d of work in that time. The engine re-times both sides whenever
 either starts or ends (``sim.engine.Engine._progress``; a send's channel through
 ``sim.channel.SharedChannel.set_slowdown``), the estimate prices the same by ``overlap``. No
 constant is fitted: ``u`` is the benchmark's per-call CPU fit at the transfer's bytes.
