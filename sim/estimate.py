@@ -672,8 +672,11 @@ class Estimator:
     def _timed_pipeline(self, schedule: str, pp: int, microbatches: int, chunks: int, stages: Sequence[StageTimes],
                         per_rank: Sequence[float], hop_s: Sequence[float],
                         delta_s: Sequence[float], flags: tuple[bool, ...]) -> PipelineTime:
-        """``sim.estimate_pipeline.pipeline_time`` with this estimator's cache of weighted runs."""
-        return pipeline_time(schedule, pp, microbatches, chunks, stages, per_rank, hop_s, delta_s, flags, self._runs)
+        """``sim.estimate_pipeline.pipeline_time`` with this estimator's cache of weighted runs; compute
+        beside a rank's sends slowed by ``overlap_slowdown`` as the engine slows it (the floor of
+        ``sim.host_cpu.overlap_stretch``; the sends' own CPU on a shared host is not priced here)."""
+        return pipeline_time(schedule, pp, microbatches, chunks, stages, per_rank, hop_s, delta_s, flags, self._runs,
+                             1.0 + self.overlap_slowdown)
 
     def _prefetched(self, e: EmbeddingTerms, dense_step_s: float, buckets: Sequence[tuple[float, float]],
                     per_microbatch_s: float, m: int, world_size: int) -> tuple[float, float]:

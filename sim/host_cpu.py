@@ -25,10 +25,11 @@ measured them without compute), so
 On the 2-rank, 2-core host (c = 1) both are ``1 + u``, which is also what fair sharing between
 two threads gives exactly: a transfer of duration d alone is u d of CPU work and (1 - u) d of
 waiting; beside the compute its CPU work shares the core half and half (2 u d), its waits do not,
-so it lasts d (1 + u), and the compute does u d + (1 - u) d = d of work in that time. The engine re-times both sides whenever
-either starts or ends (``sim.engine.Engine._progress``; a send's channel through
-``sim.channel.SharedChannel.set_slowdown``), the estimate prices the same by ``overlap``. No
-constant is fitted: ``u`` is the benchmark's per-call CPU fit at the transfer's bytes.
+so it lasts d (1 + u), and the compute does u d + (1 - u) d = d of work in that time. The engine
+re-times both sides whenever either starts or ends (``sim.engine.Engine._advance``; a send's
+bytes through ``sim.channel.SharedChannel.set_slowdown``), the estimate prices the same by
+``overlap``. No constant is fitted: ``u`` is the benchmark's per-call CPU fit at the
+transfer's bytes.
 
 Against the measurement (``scripts/probe_concurrent_allreduce.py --repeats 60``, quiet host,
 runs/quiet7-concurrent-allreduce.log, docs/host_cpu.md): 3.94 ms of one-thread matmuls started
