@@ -20,6 +20,12 @@ torch's gloo process group runs each collective on one of its worker threads (2 
 ``ProcessGroupGloo._Options()._threads``), so the two run at once; ``--gloo-threads 1`` queues
 them on one thread, which separates what running at once changes from what sharing costs.
 
+Then what ``sim.host_cpu``'s shared slowdown predicts for ``compute-with-A`` and ``A+compute``
+from the measured ``one-A`` and ``compute`` times and the all-reduce's cores ``u``: its CPU/wall
+here (mean of the ranks), and with ``--comm DIR`` (a commbench folder or profile bundle with
+``comm_fits.parquet`` and ``comm_samples.parquet``) the benchmark's own time and per-call CPU fit
+at bucket A's bytes, as the engine prices it (``sim.comm.ClusterComm``).
+
 Per variant: the median over repeats of the slower rank's wall time, and the process CPU time
 (user + system, all threads, ``getrusage``) over wall time: above 1 means more than one core busy
 in the rank. Defaults: the plan's two bucket sizes (bytes of the lowered ALLREDUCE instructions,
@@ -35,11 +41,17 @@ import resource
 import socket
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from sim.cluster import load_cluster
+from sim.comm import ClusterComm
+from sim.host_cpu import overlap, shared_stretch
 
 PLAN_BUCKETS = (8_519_680, 8_927_232)  # bytes; see the module docstring for the source
 
@@ -139,12 +151,43 @@ def _worker(rank: int, port: int, sizes: tuple[int, int], repeats: int, out: dic
     dist.destroy_process_group()
 
 
+def predicted(compute_s: float, transfer_s: float, u: float, cores: int) -> tuple[float, float]:
+    """(compute-with-A, A+compute) seconds by the shared slowdown: 2 ranks on ``cores`` cores, each
+    computing beside its all-reduce of ``transfer_s`` alone that keeps ``u`` cores busy."""
+    compute_end, transfer_end = overlap(compute_s, [(transfer_s, shared_stretch(2, cores, u))])
+    return compute_end, max(compute_end, transfer_end)
+
+
+def benchmark_prices(directory: Path, nbytes: int) -> tuple[float, float]:
+    """(seconds, CPU seconds) of a 2-rank all-reduce of ``nbytes`` by a benchmark's samples and fits."""
+    fits = pd.read_parquet(directory / "comm_fits.parquet")
+    samples = pd.read_parquet(directory / "comm_samples.parquet")
+    comm = ClusterComm(load_cluster("local-cpu-2"), fits, samples)  # the cluster only names the link
+    return comm.collective_s("all_reduce", nbytes, [0, 1]), comm.cpu_s("all_reduce", nbytes, 2)
+
+
+def print_predictions(med: dict[str, float], u: float, cores: int, comm: Path | None, nbytes: int) -> None:
+    rows = [("u from this probe's CPU/wall", med["one-A"], u)]
+    if comm is not None:
+        seconds, cpu = benchmark_prices(comm, nbytes)
+        rows.append((f"u and one-A from {comm}", seconds, cpu / seconds))
+    print(f"shared slowdown (sim.host_cpu; 2 ranks, {cores} cores) against compute-with-A "
+          f"{med['compute-with-A'] * 1e3:.2f} ms, A+compute {med['A+compute'] * 1e3:.2f} ms measured:")
+    for label, transfer_s, cores_used in rows:
+        with_a, both = predicted(med["compute"], transfer_s, cores_used, cores)
+        print(f"  {label}: u = {cores_used:.2f}, one-A {transfer_s * 1e3:.2f} ms -> compute-with-A "
+              f"{with_a * 1e3:.2f} ms ({with_a / med['compute']:.2f}x), A+compute {both * 1e3:.2f} ms "
+              f"({both / transfer_s:.2f}x one-A)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--bytes", type=int, nargs=2, default=PLAN_BUCKETS, metavar=("A", "B"))
     parser.add_argument("--gloo-threads", type=int, default=0,
                         help="gloo worker threads per process group (0: torch's default, 2, as the runtime)")
+    parser.add_argument("--comm", type=Path, default=None,
+                        help="a commbench folder or profile bundle: predict with its time and CPU fit too")
     args = parser.parse_args()
     with mp.Manager() as manager:
         out = manager.dict()
@@ -165,6 +208,8 @@ def main() -> None:
               f"{med['serial'] / one:.2f}; together-A / one-A = {med['together-A'] / med['one-A']:.2f}")
         print(f"compute-with-A / compute = {med['compute-with-A'] / med['compute']:.2f}; A+compute / "
               f"(one-A + compute) = {med['A+compute'] / (med['one-A'] + med['compute']):.2f} (1: no overlap at all)")
+        u = (out["cpu0"]["one-A"] + out["cpu1"]["one-A"]) / 2
+        print_predictions(dict(med), u, os.cpu_count() or 1, args.comm, args.bytes[0])
 
 
 if __name__ == "__main__":

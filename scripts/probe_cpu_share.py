@@ -40,6 +40,10 @@ Per mode, medians over rounds after ``--warmup`` (per rank, then the slower rank
 - the machine (``/proc/stat``, rank 0): busy core-milliseconds per round, of which softirq and
   steal (a KVM guest: time the hypervisor gave the vCPU to someone else).
 
+What ``sim.host_cpu``'s shared slowdown predicts for the overlapped compute (and the collectives
+beside it): ``scripts/predict_cpu_share.py`` on the plan as a validation suite stored it (with its
+profile); compare its ratio with ``overlapped_wall_ms / overlapped_cpu_ms`` here.
+
 Thread names come from ``/proc/self/task/<tid>/comm`` (digits stripped). Times on a loaded machine
 are only comparable side by side within one invocation; on-CPU times are less sensitive to other
 load than wall times, and the runnable-but-waiting time says how much other load took.

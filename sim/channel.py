@@ -2,7 +2,8 @@
 
 Processor sharing: with k transfers active each progresses at bandwidth / k. Whenever a transfer
 starts or ends, progress is brought up to date and the next completion is re-timed; a stale
-timer (superseded by a later change) is ignored by comparing versions.
+timer (superseded by a later change) is ignored by comparing versions. The same re-timing applies
+a slowdown of the sender (``set_slowdown``: its cores shared with compute, ``sim.host_cpu``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class SharedChannel:
         self._version = 0
         self._last = 0.0
         self.busy_until = 0.0
+        self.slowdown = 1.0  # every transfer takes this many times as long (the sender's CPU shared)
 
     @property
     def in_flight(self) -> int:
@@ -37,10 +39,18 @@ class SharedChannel:
         self._retime()
         return done
 
+    def set_slowdown(self, slowdown: float) -> None:
+        """From now on the transfers progress 1 / ``slowdown`` as fast (what is left re-timed)."""
+        if slowdown == self.slowdown:
+            return
+        self._advance()
+        self.slowdown = slowdown
+        self._retime()
+
     def _advance(self) -> None:
         now = self.env.now
         if self._active and now > self._last:
-            progressed = (now - self._last) * self.bandwidth / len(self._active)
+            progressed = (now - self._last) * self.bandwidth / (len(self._active) * self.slowdown)
             for entry in self._active.values():
                 entry[0] -= progressed
         self._last = now
@@ -51,7 +61,7 @@ class SharedChannel:
             return
         version = self._version
         due, shortest = min(((key, entry[0]) for key, entry in self._active.items()), key=lambda kv: kv[1])
-        delay = max(shortest, 0.0) * len(self._active) / self.bandwidth
+        delay = max(shortest, 0.0) * len(self._active) * self.slowdown / self.bandwidth
         self.busy_until = self.env.now + delay
         self.env.timeout(delay).callbacks.append(lambda _event: self._on_timer(version, due))
 

@@ -6,8 +6,10 @@ tree / hierarchical algorithms), or, when a trace bundle carries a communication
 (``paratwin commbench``) of the same machine, from it directly: a measured all-reduce of the same
 group size beats any formula. A collective is priced from the benchmark's samples, interpolated
 between the measured sizes (``sim.comm_curve``: a shaped link is not one alpha-beta line), and
-from the fitted line where only a fit exists; point-to-point routes keep the fit's latency and
-bandwidth (the engine shares a route's bandwidth among concurrent messages, which needs a rate).
+from the fitted line where only a fit exists. Point-to-point routes keep the fit's latency and
+bandwidth (the engine shares a route's bandwidth among concurrent messages, which needs a rate);
+a message weighs on its route what the sampled curve says it takes alone (``p2p_weight``, issue 12,
+eighth session).
 
 Collectives of one rank launched together (the runtime's gradient buckets) share its link: on
 gloo each runs on a worker thread of its own and lasts about as long as all of them, and they end
@@ -63,6 +65,18 @@ class ClusterComm:
             return "measured", fit[0], fit[1]
         (hop,) = p2p_transfer(0, src, dst, self.cluster, concurrent)
         return hop.link_class, hop.alpha_s, hop.bandwidth_Bps
+
+    def p2p_weight(self, nbytes: int) -> float:
+        """The bytes a message of ``nbytes`` weighs on its route (``p2p_route``'s channel): where the
+        benchmark sampled point-to-point sizes, the bytes that at the fitted bandwidth take the
+        samples' time less the fitted latency, so that alone it takes the curve's time (a tbf
+        link's burst makes a small message lighter than its bytes); else its bytes. A size whose
+        curve is below the fitted latency (only below the smallest sample) weighs nothing: the
+        latency alone."""
+        curve = self._curves.get(("send_recv", 2))
+        if curve is None:
+            return float(nbytes)
+        return max(curve.seconds(nbytes) - curve.alpha_s, 0.0) * curve.bandwidth_Bps
 
     def collective_s(self, primitive: str, nbytes: int, ranks: Sequence[int], concurrent: int = 1) -> float:
         """Seconds of the collective while ``concurrent`` groups like it run on the same nodes."""

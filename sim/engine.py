@@ -13,7 +13,7 @@ sub-pipelined overlap levels), and the memory ledger.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Protocol
 
@@ -27,7 +27,7 @@ from sim.delta import choose
 from sim.delta_runtime import RankDelta, decision_name
 from sim.embedding import exchange_s
 from sim.gradient_sync import Phase, phases_s
-from sim.host_cpu import cores_taken, host_share, phases_cpu_s, stretch
+from sim.host_cpu import Stretch, cores_taken, host_share, overlap_stretch, phases_cpu_s
 from sim.meeting import add_offsets, instruction_offsets, instruction_variance, lateness_s, offset_variance
 from sim.memory import MemoryPolicy, checkpoint_bytes, held_bytes
 from sim.model_state import step_copy_bytes
@@ -46,6 +46,10 @@ class CommModel(Protocol):
         senders of the node send off it (sim.comm.concurrent_senders)."""
         ...
 
+    def p2p_weight(self, nbytes: int) -> float:
+        """The bytes a message of ``nbytes`` weighs on its route (its measured time alone)."""
+        ...
+
     def collective_s(self, primitive: str, nbytes: int, ranks: Sequence[int], concurrent: int = 1) -> float:
         """Seconds while ``concurrent`` groups like this one share the nodes (sim.comm.concurrent_groups)."""
         ...
@@ -59,8 +63,10 @@ class CommModel(Protocol):
 class EngineOptions:
     # Compute (forwards, backwards, optimizer steps) progresses 1 / (1 + overlap_slowdown) as fast
     # while the rank moves data (a send, or a collective once its whole group has arrived): on a
-    # host whose cores the communication shares, the time the transfer takes from the compute.
-    # Waiting for a peer costs no CPU (gloo blocks; docs/embrace.md), so it does not count.
+    # host whose cores the communication shares, the time the transfer takes from the compute
+    # (a what-if on any cluster; the measured alternative is sim.host_cpu's shared slowdown, of
+    # which this is the floor for the compute). Waiting for a peer costs no CPU (gloo blocks;
+    # docs/embrace.md), so it does not count.
     overlap_slowdown: float = 0.0
     # The runtime's own cost of starting a compute instruction once it may start (Python dispatch,
     # hooks, posting its sends): measured on calibration runs (analysis.validation.runtime_costs).
@@ -144,15 +150,18 @@ class Engine:
         self.collective_arrivals: dict[str, list[int]] = defaultdict(list)
         self.collective_done: dict[str, simpy.Event] = defaultdict(self.env.event)
         self.channels: dict[tuple[int, str], SharedChannel] = {}
-        # per rank: transfers moving data now, and an event fired when that count changes (the
-        # compute in progress then re-times its rest: _progress)
+        # per rank: transfers moving data now, computes running now, and an event fired when either
+        # count changes (the compute and the transfers in progress then re-time their rest: _advance)
         self.moving: dict[int, int] = defaultdict(int)
-        self.moving_changed: dict[int, simpy.Event] = {}
+        self.computing: dict[int, int] = defaultdict(int)
+        self.changed: dict[int, simpy.Event] = {}
+        self.rank_channels: dict[int, list[SharedChannel]] = defaultdict(list)  # its sends' egress
         # sim.host_cpu: the cores the rank's moving transfers keep busy, on a host whose cores its
         # ranks share (a cluster with host_cores whose benchmark measured the CPU of communicating)
         self.moving_cores: dict[int, float] = defaultdict(float)
         self.ranks_on_host, self.host_cores = host_share(comm, program.world_size, comm.cluster.devices_per_node)
         self._slows = self.options.overlap_slowdown > 0 or self.host_cores is not None
+        self._slows_transfers = self.host_cores is not None  # the shared slowdown (sim.host_cpu)
         # sim.meeting: each rank's compute variance since its compute last waited on a collective, and,
         # per (rank, instruction), when a compute instruction ended and that variance at its end
         self.meet_var: dict[int, float] = defaultdict(float)
@@ -305,12 +314,14 @@ class Engine:
         channel = self.channels.get((rank, link_class))
         if channel is None:
             channel = self.channels[(rank, link_class)] = SharedChannel(self.env, bandwidth)
+            self.rank_channels[rank].append(channel)
         start = self.env.now
+        weight = self.comm.p2p_weight(instruction.bytes)  # its measured time alone, in channel bytes
         cores = cores_taken(phases_cpu_s(self.comm, (("p2p", instruction.bytes),), 2),
-                            latency + instruction.bytes / bandwidth) if self.host_cores else 0.0
+                            latency + weight / bandwidth) if self.host_cores else 0.0
         self._moving(rank, +1, cores)
-        yield self.env.timeout(latency)
-        yield channel.transfer(instruction.bytes)
+        yield from self._transfer((rank,), latency)
+        yield channel.transfer(weight)  # slowed by the channel while the rank computes (_changed)
         self._moving(rank, -1, cores)
         self.arrivals[(instruction.peer, instruction.tag)].succeed(start)
 
@@ -347,64 +358,95 @@ class Engine:
             if self.host_cores else 0.0
         if self.program.symmetric:
             self._moving(rank, +1, cores)
-            yield self.env.timeout(duration)
+            yield from self._transfer((rank,), duration)
             self._moving(rank, -1, cores)
         else:
             done = self.collective_done[instruction.tag]
             arrived = self.collective_arrivals[instruction.tag]
             arrived.append(rank)
             if len(arrived) == len(instruction.group):  # data moves from the last arrival on
-                members = [m for m in instruction.group if m in self.program.ranks]
+                members = tuple(m for m in instruction.group if m in self.program.ranks)
                 for member in members:
                     self._moving(member, +1, cores)
 
-                def finished(_event: simpy.Event) -> None:
+                def move():  # as fast as its slowest member lets it (a ring waits for every hop)
+                    yield from self._transfer(members, duration)
                     for member in members:
                         self._moving(member, -1, cores)
                     done.succeed()
 
-                self.env.timeout(duration).callbacks.append(finished)
+                self.env.process(move())
             yield done
         ledger.change_buffers(-instruction.bytes, self.env.now, instruction.label)
 
     def _moving(self, rank: int, change: int, cores: float = 0.0) -> None:
         self.moving[rank] += change
         self.moving_cores[rank] = self.moving_cores[rank] + change * cores if self.moving[rank] else 0.0
-        changed = self.moving_changed.pop(rank, None)
+        self._changed(rank)
+
+    def _changed(self, rank: int) -> None:
+        """The rank's transfers or computes changed: what is in progress re-times its rest."""
+        changed = self.changed.pop(rank, None)
         if changed is not None:
             changed.succeed()
+        if self._slows_transfers:
+            slowdown = self._transfer_stretch(rank)
+            for channel in self.rank_channels[rank]:
+                channel.set_slowdown(slowdown)
+
+    def _advance(self, ranks: tuple[int, ...], seconds: float, stretch_of: Callable[[int], float]):
+        """Run ``seconds`` of work (of every rank in ``ranks`` at once) at 1 / the largest
+        ``stretch_of`` those ranks, re-timed whenever one of them starts or ends a transfer or a
+        compute. The one progress loop of the compute and the transfers (sim.host_cpu)."""
+        remaining = seconds
+        while remaining > 0.0:
+            k = max(stretch_of(r) for r in ranks)
+            waits = []
+            for r in ranks:
+                changed = self.changed.get(r)
+                if changed is None:
+                    changed = self.changed[r] = self.env.event()
+                waits.append(changed)
+            began = self.env.now
+            done = self.env.timeout(remaining * k)
+            if done in (yield self.env.any_of([done, *waits])):
+                break  # ran to its end (what is left may be below the clock's resolution)
+            remaining -= (self.env.now - began) / k
+
+    def _transfer(self, ranks: tuple[int, ...], seconds: float):
+        """``seconds`` of a transfer of ``ranks``, slowed while one of them computes (sim.host_cpu)."""
+        if self._slows_transfers:
+            yield from self._advance(ranks, seconds, self._transfer_stretch)
+        else:
+            yield self.env.timeout(seconds)
 
     def _progress(self, rank: int, seconds: float):
         """Run ``seconds`` of compute at full speed, slower while the rank moves data
-        (``EngineOptions.overlap_slowdown``, and the cores its transfers take on a shared host:
-        ``sim.host_cpu.stretch``), re-timed whenever a transfer starts or ends; the time taken counts
-        as the rank's compute (``compute_busy``)."""
+        (``EngineOptions.overlap_slowdown``, and the shared slowdown on a host whose cores its ranks
+        share: ``sim.host_cpu``), which slows the transfers too; the time taken counts as the rank's
+        compute (``compute_busy``)."""
         started = self.env.now
         if not self._slows:
             yield self.env.timeout(seconds)
-            remaining = 0.0
         else:
-            remaining = seconds
-        while remaining > 0.0:
-            rate = 1.0 / self._stretch(rank)  # 0 while the host's transfers want every core
-            changed = self.moving_changed.get(rank)
-            if changed is None:
-                changed = self.moving_changed[rank] = self.env.event()
-            began = self.env.now
-            if rate > 0:
-                done = self.env.timeout(remaining / rate)
-                if done in (yield self.env.any_of([done, changed])):
-                    break  # ran to its end (what is left may be below the clock's resolution)
-            else:
-                yield changed
-            remaining -= (self.env.now - began) * rate
+            self.computing[rank] += 1
+            if self._slows_transfers:
+                self._changed(rank)
+            yield from self._advance((rank,), seconds, self._compute_stretch)
+            self.computing[rank] -= 1
+            if self._slows_transfers:
+                self._changed(rank)
         self.compute_busy[rank] += self.env.now - started
 
-    def _stretch(self, rank: int) -> float:
-        if not self.moving[rank]:
-            return 1.0
-        return max(1.0 + self.options.overlap_slowdown,
-                   stretch(self.ranks_on_host, self.host_cores, self.moving_cores[rank]))
+    def _overlap(self, rank: int) -> Stretch:
+        return overlap_stretch(self.ranks_on_host, self.host_cores, self.moving_cores[rank],
+                               self.options.overlap_slowdown)
+
+    def _compute_stretch(self, rank: int) -> float:
+        return self._overlap(rank).compute if self.moving[rank] else 1.0
+
+    def _transfer_stretch(self, rank: int) -> float:
+        return self._overlap(rank).transfer if self.computing[rank] and self.moving[rank] else 1.0
 
     def _copy(self, rank: int, instruction: Instruction):
         latency, bandwidth = self.comm.host_copy()

@@ -47,7 +47,7 @@ from sim.embedding import EmbeddingTerms, table_tp_costs
 from sim.estimate_pipeline import PipelineTime, StageTime, pipeline_time, steady_count
 from sim.gradient_sync import GRADIENT_SYNC, GradientSyncConfig, bucket_buffer_bytes, phases_s
 from sim.gradient_sync_context import BucketPlan, bucket_context, bucket_layers
-from sim.host_cpu import cores_taken, host_share, overlapped_s, phases_cpu_s, stretch
+from sim.host_cpu import Stretch, cores_taken, host_share, overlap, overlap_stretch, phases_cpu_s
 from sim.meeting import add_offsets, instruction_offsets, instruction_variance, lateness_s, offset_variance
 from sim.memory import (
     MemoryPolicy,
@@ -278,11 +278,14 @@ class Estimator:
     """Estimates for plans of one workload on one cluster (one cost model, one communication model)."""
 
     def __init__(self, costs: CostModel, comm: ClusterComm, dtype: str, workload: str = "",
-                 workload_options: Mapping[str, Any] | None = None) -> None:
+                 workload_options: Mapping[str, Any] | None = None, overlap_slowdown: float = 0.0) -> None:
         """``workload`` and its options give the gradient buckets their tensors' shapes and row
         sparsity (``sim.gradient_sync_context``); without them every layer is one gradient vector,
-        which prices row-sparse methods and PowerSGD as if they compressed nothing."""
+        which prices row-sparse methods and PowerSGD as if they compressed nothing.
+        ``overlap_slowdown``: the engine's option of that name (``sim.engine.EngineOptions``), priced
+        where the closed form knows a compute runs beside a transfer (``_prefetched``)."""
         self.costs, self.comm, self.dtype = costs, comm, dtype
+        self.overlap_slowdown = overlap_slowdown
         self.workload, self.workload_options = workload, dict(workload_options or {})
         self._stages: dict[tuple, StageTimes] = {}
         self._stages_shared: dict[tuple, StageTimes] = {}  # by the layers' cost kinds (stage())
@@ -496,7 +499,7 @@ class Estimator:
             _, latency, bandwidth = self.comm.p2p_route(0, peer, senders)
             route = self._p2p_routes[dp * tp] = (latency, bandwidth)
         latency, bandwidth = route
-        return latency + nbytes / bandwidth
+        return latency + self.comm.p2p_weight(nbytes) / bandwidth
 
     # -- the estimate --------------------------------------------------------------------------
     def estimate(self, *, schedule: str, dp: int, tp: int, pp: int, chunks: int, micro_batch: int,
@@ -669,28 +672,36 @@ class Estimator:
     def _timed_pipeline(self, schedule: str, pp: int, microbatches: int, chunks: int, stages: Sequence[StageTimes],
                         per_rank: Sequence[float], hop_s: Sequence[float],
                         delta_s: Sequence[float], flags: tuple[bool, ...]) -> PipelineTime:
-        """``sim.estimate_pipeline.pipeline_time`` with this estimator's cache of weighted runs."""
-        return pipeline_time(schedule, pp, microbatches, chunks, stages, per_rank, hop_s, delta_s, flags, self._runs)
+        """``sim.estimate_pipeline.pipeline_time`` with this estimator's cache of weighted runs; compute
+        beside a rank's sends slowed by ``overlap_slowdown`` as the engine slows it (the floor of
+        ``sim.host_cpu.overlap_stretch``; the sends' own CPU on a shared host is not priced here)."""
+        return pipeline_time(schedule, pp, microbatches, chunks, stages, per_rank, hop_s, delta_s, flags, self._runs,
+                             1.0 + self.overlap_slowdown)
 
     def _prefetched(self, e: EmbeddingTerms, dense_step_s: float, buckets: Sequence[tuple[float, float]],
                     per_microbatch_s: float, m: int, world_size: int) -> tuple[float, float]:
         """EmbRace 2D after the last gradient exchange (``sim.embedding_embrace._finish``): the tables'
         own step runs beside the buckets (``buckets``: seconds and cores of those after the last
         compute) and the synchronous ids wait for both; the dense step waits for the ids and runs
-        beside the last rows exchange. On a host whose cores the ranks share, the transfers that move
-        beside compute take cores from it (``sim.host_cpu.stretch``, the engine's rule), also each
-        micro-batch's gradient exchange beside the next micro-batch's compute. Returns (seconds added
-        before the dense step's lookups, the lookups and the dense step)."""
+        beside the last rows exchange. Compute beside a transfer and the transfer are both slowed
+        as the engine slows them (``sim.host_cpu.overlap_stretch``: the shared slowdown on a host
+        whose cores the ranks share, ``overlap_slowdown`` on any), also each micro-batch's gradient
+        exchange beside the next micro-batch's forward. Returns (seconds added before the dense
+        step's lookups, the lookups and the dense step)."""
         ranks, cores = host_share(self.comm, world_size, self.comm.cluster.devices_per_node)
         beside = e.lookups_s - e.blocking_s  # the last rows exchange
         table_s = self.costs.optimizer_step_s(e.table_step_bytes)
-        if cores is None:  # the cores are not shared (every GPU cluster): nothing is stretched
+
+        def k(comm_cores: float) -> Stretch:
+            return overlap_stretch(ranks, cores, comm_cores, self.overlap_slowdown)
+
+        if cores is None and self.overlap_slowdown == 0.0:  # nothing is stretched (every GPU cluster)
             return max(0.0, table_s - sum(s for s, _ in buckets)), e.blocking_s + max(dense_step_s, beside)
-        table_s = overlapped_s(table_s, [(s, stretch(ranks, cores, u)) for s, u in buckets])
-        extra = max(0.0, table_s - sum(s for s, _ in buckets))
-        dense_s = overlapped_s(dense_step_s, [(beside, stretch(ranks, cores, e.rows_cores))])
-        forward = overlapped_s(per_microbatch_s, [(e.last_grads_s, stretch(ranks, cores, e.grads_cores))])
-        return extra + (m - 1) * (forward - per_microbatch_s), e.blocking_s + max(dense_s, beside)
+        table_end, buckets_end = overlap(table_s, [(s, k(u)) for s, u in buckets])
+        extra = max(0.0, table_end, buckets_end) - sum(s for s, _ in buckets)
+        dense_end, rows_end = overlap(dense_step_s, [(beside, k(e.rows_cores))])
+        forward, _ = overlap(per_microbatch_s, [(e.last_grads_s, k(e.grads_cores))])
+        return extra + (m - 1) * (forward - per_microbatch_s), e.blocking_s + max(dense_end, rows_end)
 
     def _finish(self, pipe: dict, dp: int, tp: int, pp: int, sync: GradientSyncConfig, bucket_mb: float,
                 embedding: EmbeddingTerms | None = None) -> Estimate:

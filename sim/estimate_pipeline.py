@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from sim.host_cpu import Stretch, overlap
 from sim.schedules import (
     SCHEDULES,
     Op,
@@ -114,10 +115,14 @@ class WeightedRun:
     stage_grads_ready: Mapping[int, float]
 
 
-def weighted_run(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s: Sequence[float]) -> WeightedRun:
+def weighted_run(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s: Sequence[float],
+                 beside_send: float = 1.0) -> WeightedRun:
     """The longest path through ``graph`` with ``seconds(stage, op)`` per action and ``hop_s[s]`` on an
     edge between stages s and s + 1 that crosses ranks (both directions: the activation forward, its
-    gradient back); the same pass also gives the path without hops."""
+    gradient back); the same pass also gives the path without hops. ``beside_send`` above 1: an
+    action takes that many times as long while its rank's sends move (``_sends_beside``)."""
+    if beside_send > 1.0:
+        return _sends_beside(graph, seconds, hop_s, beside_send)
     durations = [seconds(stage, op) for stage, op in graph.kinds]
     n = len(graph.op)
     end = [0.0] * n
@@ -191,10 +196,42 @@ class PipelineTime:
     grads_ready: Mapping[int, float]
 
 
+def _sends_beside(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s: Sequence[float],
+                  k: float) -> WeightedRun:
+    """``weighted_run`` with each action slowed ``k`` times while a send of its rank moves (the
+    engine's ``EngineOptions.overlap_slowdown``: compute beside data moving): a send starts when the
+    action whose output it carries ends, or when the rank's previous send ends (one send stream),
+    and lasts its hop. The sends keep their time (the receivers' edges as in ``weighted_run``)."""
+    durations = [seconds(stage, op) for stage, op in graph.kinds]
+    n = len(graph.op)
+    sends = [-1] * n  # the hop each action's output crosses to another rank (-1: none)
+    for i in range(n):
+        for d, hop in graph.needs[i]:
+            if hop >= 0:
+                sends[d] = hop
+    end, bare = [0.0] * n, [0.0] * n
+    moving_until = [0.0] * graph.pp  # per rank: when its sends started so far have all moved
+    for i in range(n):
+        before, rank = graph.previous[i], graph.rank[i]
+        start, start_bare = (end[before], bare[before]) if before >= 0 else (0.0, 0.0)
+        for d, hop in graph.needs[i]:
+            start = max(start, end[d] + hop_s[hop] if hop >= 0 else end[d])
+            start_bare = max(start_bare, bare[d])
+        seconds_i = durations[graph.kind[i]]
+        beside = moving_until[rank] - start
+        end[i] = start + (overlap(seconds_i, [(beside, Stretch(k, 1.0))])[0] if beside > 0 else seconds_i)
+        bare[i] = start_bare + seconds_i
+        if sends[i] >= 0:
+            moving_until[rank] = max(moving_until[rank], end[i]) + hop_s[sends[i]]
+    return WeightedRun(max(end, default=0.0), max(bare, default=0.0),
+                       tuple(end[i] if i >= 0 else 0.0 for i in graph.rank_last),
+                       {stage: end[i] for stage, i in graph.stage_last_backward})
+
+
 def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages: Sequence[StageTime],
                   per_rank: Sequence[float], hop_s: Sequence[float], delta_s: Sequence[float] | None = None,
                   flags: tuple[bool, ...] | None = None,
-                  runs: MutableMapping[tuple, WeightedRun] | None = None) -> PipelineTime:
+                  runs: MutableMapping[tuple, WeightedRun] | None = None, beside_send: float = 1.0) -> PipelineTime:
     """The schedule's graph weighted with the stages' seconds: the makespan with the hops and without
     them ("bare"), each rank's last compute end and each stage's last backward end.
 
@@ -203,7 +240,9 @@ def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages
     state is extended by the slowest rank's. ``hop_s[s]``: one point-to-point transfer between
     stages s and s + 1. ``delta_s``: per stage, seconds of re-runs DELTA adds before each backward.
     ``flags``: per stage, whether it recomputes (read only by a schedule whose recompute is its
-    shape, Merak's). ``runs``: a cache of weighted runs by their inputs."""
+    shape, Merak's). ``runs``: a cache of weighted runs by their inputs. ``beside_send``: how many
+    times as long compute takes while its rank's sends move (``weighted_run``; past the capped
+    micro-batch count the extension is not slowed)."""
     info = SCHEDULES[schedule]
     n_stages = len(stages)
     delta_s = delta_s if delta_s is not None else (0.0,) * n_stages
@@ -234,10 +273,10 @@ def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages
     # Plans that differ only where the pipeline cannot see it (a TP overlap level at tp 1, a memory
     # policy with the same recompute) share a run.
     key = (shape, tuple((st.fwd_s, st.bwd_s, st.recompute_s, st.bwd_input_s, st.bwd_weight_s) for st in stages),
-           tuple(delta_s), tuple(hop_s))
+           tuple(delta_s), tuple(hop_s), beside_send)
     full = runs.get(key) if runs is not None else None
     if full is None:
-        full = weighted_run(graph, seconds, hop_s)
+        full = weighted_run(graph, seconds, hop_s, beside_send)
         if runs is not None:
             runs[key] = full
     extend = (microbatches - capped) * max(per_rank)

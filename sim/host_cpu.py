@@ -9,42 +9,51 @@ them like the times, ``cpu_s = cpu_alpha_s + bytes / cpu_bandwidth_Bps`` (``Clus
 Waiting for a peer costs none (gloo blocks), so only the time a transfer moves data counts.
 
 While a rank's transfers move data they keep ``u`` cores busy (their CPU seconds over their
-duration). With R ranks on a host of C cores, each with one compute thread, the transfers want
-R u cores. They get them first: gloo's threads sleep on every socket read and write and the
-scheduler runs a woken, mostly sleeping thread ahead of a thread that has been computing, so the
-compute threads share what is left, (C - R u) / R of a core each (at most one). Measured
-(``scripts/probe_concurrent_allreduce.py``, two ranks on the 2-core host, the invocations in which
-the lone compute ran at CPU/wall 1.00, docs/embrace.md): one-thread matmuls took 2.08-2.33x as
-long beside an 8.5 MB all-reduce whose ranks used u = 0.43-0.71 cores; sharing the cores evenly
-(compute at 1 / (1 + u)) would give 1.5-1.6x, the rest-after-communication rule 2.2-2.6x; and the
-two together took 0.93-1.10x as long as one after the other. The profile already measured the
-compute with the R compute threads running together (exec.lockstep), so the charge is relative to
-that: ``stretch = min(1, C / R) / min(1, (C - R u) / R)``, infinite (no progress) while the
-transfers want every core. Not modelled: the transfer itself slowed by the compute (it keeps its
-fitted price, measured alone).
+duration, measured alone). **A shared slowdown** (issue 12, eighth session): while the rank also
+computes, its compute thread wants a core and its transfers want ``u``; with R ranks doing the
+same on a host of C cores, each rank has ``c = C / R`` of them. When ``1 + u <= c`` every thread
+has what it wants and nothing slows. Otherwise the cores are shared in proportion to what each
+wants (processor sharing: every runnable thread is as likely to hold a core; a transfer's threads,
+runnable ``u`` of the time, hold it ``u`` as often as the always-runnable compute thread): the
+compute gets ``c / (1 + u)`` cores and the transfers ``u c / (1 + u)``. Each side's stretch is
+what it got alone over what it gets now: the compute alone got ``min(1, c)`` (the profile measured
+it with the R compute threads together, exec.lockstep), the transfers alone ``u`` (the benchmark
+measured them without compute), so
 
-**Refuted in size on a quiet host** (the same probe, 60 repeats, nothing else running, load 1.6,
-runs/quiet7-concurrent-allreduce.log, docs/embrace.md): u = 0.70-0.78, so this rule has the 3.9 ms
-of matmuls beside the 7.5 ms all-reduce take about 2.4x as long; they took 1.42x, and the all-reduce
-itself 1.39x (10.4 ms against 7.5): on an idle host the two share the cores, the transfer yields too.
-The loaded invocations' 2.1-2.3x included other jobs' threads. The rule stays as written because on
-the validation plans it moves predictions by 0.1-0.2 points (the overlapped time is short); a shared
-slowdown of both sides is the model to build (issue 12, left open).
+    compute stretch  = min(1, c) (1 + u) / c,      transfer stretch = (1 + u) / c.
 
-The fast estimate (``sim.estimate``) prices the same term with the same ``stretch``: where its
-closed form knows a compute runs beside a transfer (EmbRace 2D: the next micro-batch's forward
-beside a gradient exchange, the tables' optimizer step beside the buckets, the dense step beside
-the last rows exchange), ``overlapped_s`` gives the compute's wall time as the engine's
-``_progress`` would.
+On the 2-rank, 2-core host (c = 1) both are ``1 + u``, which is also what fair sharing between
+two threads gives exactly: a transfer of duration d alone is u d of CPU work and (1 - u) d of
+waiting; beside the compute its CPU work shares the core half and half (2 u d), its waits do not,
+so it lasts d (1 + u), and the compute does u d + (1 - u) d = d of work in that time. The engine
+re-times both sides whenever either starts or ends (``sim.engine.Engine._advance``; a send's
+bytes through ``sim.channel.SharedChannel.set_slowdown``), the estimate prices the same by
+``overlap``. No constant is fitted: ``u`` is the benchmark's per-call CPU fit at the
+transfer's bytes.
+
+Against the measurement (``scripts/probe_concurrent_allreduce.py --repeats 60``, quiet host,
+runs/quiet7-concurrent-allreduce.log, docs/host_cpu.md): 3.94 ms of one-thread matmuls started
+with a 7.46 ms all-reduce of 8.5 MB whose ranks used u = 0.74 cores (CPU/wall, mean of the two)
+took 5.61 ms (1.42x) and the two together 10.40 ms (1.39x the all-reduce). The shared rule gives
+6.86 ms (1.74x) and 10.38 ms (1.39x): the end of both right, the compute's share too small (it
+got 0.70 of a core where the rule gives it 0.57; the transfer got less than its proportion).
+The rule it replaces (the transfers take their cores first, the compute shares what is left)
+gave 9.46 ms (2.4x) and left the all-reduce unslowed.
+
+``EngineOptions.overlap_slowdown`` (a what-if: compute 1 / (1 + s) as fast while its rank moves
+data, on any cluster) is the floor of the compute's stretch; the transfer keeps the shared rule's.
+``overlap_stretch`` is the one function that combines them, for the engine and the estimate.
+
+The fast estimate (``sim.estimate``) prices the same terms: where its closed form knows a compute
+runs beside transfers (EmbRace 2D: the next micro-batch's forward beside a gradient exchange, the
+tables' optimizer step beside the buckets, the dense step beside the last rows exchange),
+``overlap`` gives both ends as the engine's re-timing would.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
-from typing import Any
-
-from sim.embedding import COUNTS_PHASE
+from typing import Any, NamedTuple
 
 
 def phases_cpu_s(comm: Any, phases: Iterable[tuple[str, int]], group_size: int) -> float:
@@ -53,6 +62,8 @@ def phases_cpu_s(comm: Any, phases: Iterable[tuple[str, int]], group_size: int) 
     cpu_s = getattr(comm, "cpu_s", None)
     if cpu_s is None:
         return 0.0
+    from sim.embedding import COUNTS_PHASE  # here: sim.embedding's methods import this module
+
     return sum(cpu_s("all_to_all" if kind == COUNTS_PHASE else kind, nbytes, group_size)
                for kind, nbytes in phases if kind != "memory")
 
@@ -62,14 +73,36 @@ def cores_taken(cpu_seconds: float, duration_s: float) -> float:
     return cpu_seconds / duration_s if duration_s > 0 else 0.0
 
 
-def stretch(ranks_on_host: int, cores: int | None, comm_cores: float) -> float:
-    """How many times as long compute takes while the host's ranks move data with ``comm_cores``
-    each (1 when the cores left after communication still give every compute thread a core, or
-    the cores are not shared: ``None``; infinite while communication wants them all)."""
+class Stretch(NamedTuple):
+    """How many times as long each side takes while a rank computes and moves data at once."""
+
+    compute: float
+    transfer: float
+
+
+NO_STRETCH = Stretch(1.0, 1.0)
+
+
+def shared_stretch(ranks_on_host: int, cores: int | None, comm_cores: float) -> Stretch:
+    """The shared slowdown (module docstring) of a rank's compute and of its transfers that keep
+    ``comm_cores`` busy, while both run, ``ranks_on_host`` ranks doing the same on ``cores`` cores
+    (``None``: the cores are not shared, e.g. a GPU's compute: nothing slows)."""
     if cores is None or comm_cores <= 0:
-        return 1.0
-    left = min(1.0, (cores - ranks_on_host * comm_cores) / ranks_on_host)
-    return math.inf if left <= 0 else min(1.0, cores / ranks_on_host) / left
+        return NO_STRETCH
+    per_rank = cores / ranks_on_host
+    wanted = 1.0 + comm_cores
+    if wanted <= per_rank:
+        return NO_STRETCH
+    return Stretch(min(1.0, per_rank) * wanted / per_rank, wanted / per_rank)
+
+
+def overlap_stretch(ranks_on_host: int, cores: int | None, comm_cores: float,
+                    overlap_slowdown: float = 0.0) -> Stretch:
+    """Both sides' stretch while a rank computes beside its moving transfers, as the engine and the
+    estimate price it: the shared slowdown, the compute at least ``1 + overlap_slowdown``
+    (``sim.engine.EngineOptions``)."""
+    shared = shared_stretch(ranks_on_host, cores, comm_cores)
+    return Stretch(max(1.0 + overlap_slowdown, shared.compute), shared.transfer)
 
 
 def host_share(comm: Any, world_size: int, devices_per_node: int) -> tuple[int, int | None]:
@@ -80,17 +113,21 @@ def host_share(comm: Any, world_size: int, devices_per_node: int) -> tuple[int, 
     return min(devices_per_node, world_size), cores
 
 
-def overlapped_s(seconds: float, beside: Iterable[tuple[float, float]]) -> float:
-    """Wall time of ``seconds`` of compute that starts as transfers begin to move data one after the
-    other, each ``(its duration, the stretch while it moves)``, and runs at full speed after them
-    (the engine's ``_progress`` over a known sequence of transfers)."""
-    elapsed = 0.0
+def overlap(seconds: float, beside: Iterable[tuple[float, Stretch]]) -> tuple[float, float]:
+    """(wall time of ``seconds`` of compute, end of the transfers) when the compute starts as
+    transfers begin to move data one after the other, each ``(its duration alone, the stretch of
+    both sides while they overlap)``: while both run each progresses at 1 / its stretch, the
+    compute at full speed after the transfers, a transfer at its own after the compute (the
+    engine's ``_progress`` over a known sequence of transfers)."""
+    now, compute_end = 0.0, None
     for duration, k in beside:
-        if seconds <= 0.0:
-            break
-        done = duration / k  # compute done while this transfer moves (none while k is infinite)
-        if done >= seconds:
-            return elapsed + seconds * k
-        seconds -= done
-        elapsed += duration
-    return elapsed + seconds
+        if compute_end is not None:  # the compute is done: the rest moves at its own speed
+            now += duration
+        elif seconds * k.compute <= duration * k.transfer:  # the compute ends beside this transfer
+            now += seconds * k.compute
+            compute_end = now
+            now += duration - seconds * k.compute / k.transfer
+        else:  # this transfer ends first; the compute goes on beside the next one
+            seconds -= duration * k.transfer / k.compute
+            now += duration * k.transfer
+    return (now + seconds if compute_end is None else compute_end), now

@@ -18,6 +18,7 @@ from sim.comm_curve import MeasuredCurve, pooled_monotone
 from sim.compile import compile_plan
 from sim.embedding import estimate_terms, exchange_s
 from sim.engine import EngineOptions
+from sim.estimate import Estimator
 from sim.plan import Plan
 from sim.program import Kind
 from sim.simulate import simulate
@@ -134,3 +135,31 @@ def test_the_dense_plans_bucket_is_priced_from_the_samples() -> None:
     assert len(buckets) >= 1 and all(3506224 < b < 17854464 for b in buckets["bytes"])  # between two samples
     for nbytes, duration in zip(buckets["bytes"], buckets["end_s"] - buckets["start_s"], strict=True):
         assert duration == pytest.approx(curves.collective_s("allreduce", nbytes, (0, 1)), rel=1e-9)
+
+
+def test_a_pipelines_messages_are_priced_from_the_samples_in_the_engine_and_the_estimate() -> None:
+    """Point-to-point on the sampled curve (issue 12, eighth session): a message weighs on its
+    route's channel what the samples say it takes alone (``ClusterComm.p2p_weight``), so a lone
+    send lasts the curve's time, not the fitted line's, and the estimate's hop is the same."""
+    samples, fits = _measured_link()
+    p = _plan("dense").model_copy(update={"name": "pp2-100mbit"})
+    p = Plan.from_dict({**p.model_dump(mode="json", exclude_none=True), "parallelism": {"pp": 2},
+                        "schedule": {"name": "gpipe", "micro_batch": 4, "microbatches": 1}})
+    compiled = compile_plan(p)
+    curves = ClusterComm(compiled.resolved.cluster, fits, samples)
+    line = ClusterComm(compiled.resolved.cluster, fits)
+    _, alpha, bandwidth = curves.p2p_route(0, 1)
+    t = simulate(p, full=True, options=EngineOptions(meeting_waits=False)).table
+    sends = t[(t["kind"].isin(["SEND_ACT", "SEND_GRAD"])) & (t["parent"] == -1)]
+    assert len(sends) == 2
+    p2p = samples[samples["primitive"] == "send_recv"].sort_values("bytes")
+    curve = MeasuredCurve.from_samples(p2p["bytes"].to_numpy(), p2p["median_s"].to_numpy(), alpha, bandwidth)
+    assert curve is not None
+    for nbytes, duration in zip(sends["bytes"], sends["end_s"] - sends["start_s"], strict=True):
+        assert curve.seconds(nbytes) > alpha  # inside the samples, above the fitted latency
+        assert duration == pytest.approx(curve.seconds(nbytes), rel=1e-9)
+        # the fitted line said otherwise (the burst's sizes slower)
+        assert alpha + line.p2p_weight(nbytes) / bandwidth > 1.5 * duration
+    estimator = Estimator(compiled.resolved.costs, compiled.resolved.comm, p.dtype, p.workload, p.workload_options)
+    nbytes = int(sends["bytes"].iloc[0])
+    assert estimator.p2p_hop_s(nbytes, 1, 1) == pytest.approx(curve.seconds(nbytes), rel=1e-9)

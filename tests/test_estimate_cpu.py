@@ -1,8 +1,9 @@
 """The fast estimate prices EmbRace as the engine runs it (issue 12, seventh session): each rank's
 optimizer steps over its own shard of the tables (under 2D the tables' own step beside the buckets),
 and on a host whose cores the ranks share, the cores that the transfers moving beside compute take
-from it (``sim.host_cpu.stretch``, the engine's rule), so the search ranks embedding methods on a
-CPU cluster as the engine does. On the run-7 loopback profile (tests/data/comm/README.md)."""
+from it and the compute from them (``sim.host_cpu.overlap_stretch``, the engine's rule), so the
+search ranks embedding methods on a CPU cluster as the engine does; and ``overlap_slowdown`` on any
+cluster (eighth session). On the run-7 loopback profile (tests/data/comm/README.md)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from sim.compile import ResolvedPlan, resolve_plan
 from sim.embedding import estimate_terms
 from sim.engine import EngineOptions
 from sim.estimate import Estimator, _layout
+from sim.estimate_pipeline import steady_count
+from sim.plan import Plan
 from sim.schedules import SCHEDULES
 from sim.simulate import simulate
 
@@ -24,19 +27,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_overlap_cpu import LOOPBACK_CPU, loopback_plan  # noqa: E402
 
 
-def estimate_s(resolved: ResolvedPlan) -> float:
+def estimate_s(resolved: ResolvedPlan, overlap_slowdown: float = 0.0) -> float:
     p = resolved.plan
     rank_of, stages_of = _layout(p.pp, p.chunks, SCHEDULES[p.schedule.name].placement)
     terms = estimate_terms(p, resolved.stage_layers, resolved.comm, resolved.costs, list(rank_of), list(stages_of))
-    return Estimator(resolved.costs, resolved.comm, p.dtype, p.workload, p.workload_options).estimate(
+    return Estimator(resolved.costs, resolved.comm, p.dtype, p.workload, p.workload_options,
+                     overlap_slowdown).estimate(
         schedule=p.schedule.name, dp=p.dp, tp=p.tp, pp=p.pp, chunks=p.chunks, micro_batch=p.micro_batch,
         microbatches=p.microbatches, stage_layers=resolved.stage_layers, policy=resolved.policy,
         tp_overlap=0, sync_method=p.gradient_sync.method, bucket_mb=p.gradient_sync.bucket_mb,
         embedding=terms).iteration_s
 
 
-def engine_s(resolved: ResolvedPlan) -> float:
-    return simulate(resolved.plan, full=True, resolved=resolved, options=EngineOptions()).iteration_s
+def engine_s(resolved: ResolvedPlan, overlap_slowdown: float = 0.0) -> float:
+    return simulate(resolved.plan, full=True, resolved=resolved,
+                    options=EngineOptions(overlap_slowdown=overlap_slowdown)).iteration_s
 
 
 def heavier(scale: float) -> pd.DataFrame:
@@ -59,8 +64,9 @@ def test_the_estimate_slows_the_2d_overlaps_by_the_cores_communication_takes(tmp
     shared = resolve_plan(loopback_plan(tmp_path / "shared", cpu=heavier(scale)))
     assert shared.cluster.host_cores == 2 and shared.comm.measures_cpu
     engine, estimate = engine_s(shared), estimate_s(shared)
-    # the engine's 2D iteration is longer with the CPU measured (0.25 ms at the measured CPU, 4.6 ms
-    # at 8x: the tables' step then outlasts the bucket beside it) and the estimate moves with it
+    # the engine's 2D iteration is longer with the CPU measured (shared slowdown: 2.1 ms at the
+    # measured CPU, 8.5 ms at 4x, 17.0 ms at 8x, mostly the buckets slowed beside the tables' step;
+    # the comm-first rule gave 0.25 ms and 4.6 ms) and the estimate moves with it
     assert engine - engine_s(alone) > 2e-4 * scale
     assert estimate == pytest.approx(engine, rel=1e-3)
     assert estimate - estimate_s(alone) == pytest.approx(engine - engine_s(alone), rel=0.05)
@@ -74,3 +80,34 @@ def test_cores_that_are_not_shared_are_not_priced(tmp_path: Path) -> None:
     unshared.comm.cluster = unshared.cluster
     assert estimate_s(unshared) == estimate_s(alone)
     assert engine_s(unshared) == engine_s(alone)
+
+
+@pytest.mark.parametrize("cpu", [True, False])
+@pytest.mark.parametrize("slowdown", [1.0, 3.0])
+def test_the_estimate_honours_overlap_slowdown_as_the_engine_does(tmp_path: Path, cpu: bool, slowdown: float) -> None:
+    """``EngineOptions.overlap_slowdown`` slows the 2D plan's compute beside its transfers in the
+    engine; the estimate prices it by the same function (``sim.host_cpu.overlap_stretch``), with
+    the measured CPU of communicating (the floor of the shared slowdown's compute stretch) and
+    without (cores not shared: the slowdown alone)."""
+    resolved = resolve_plan(loopback_plan(tmp_path, cpu=LOOPBACK_CPU if cpu else None))
+    engine, estimate = engine_s(resolved, slowdown), estimate_s(resolved, slowdown)
+    assert engine - engine_s(resolved) > 1e-4 * slowdown  # the plan's compute overlaps its transfers
+    assert estimate == pytest.approx(engine, rel=1e-6)
+
+
+@pytest.mark.parametrize(("schedule", "chunks"), [("1f1b", 1), ("gpipe", 1), ("zb-h1", 1), ("interleaved-1f1b", 2),
+                                                  ("zb-v", 2)])
+def test_the_estimate_slows_compute_beside_a_pipelines_sends_as_the_engine_does(schedule: str, chunks: int) -> None:
+    """Under ``overlap_slowdown`` the engine slows every compute that runs while its rank's sends
+    move; the estimate's weighted pipeline run does the same (``sim.estimate_pipeline._sends_beside``).
+    Exact up to the schedule's capped micro-batch count (past it the steady state is extended
+    unslowed: at 8 micro-batches here 0.1-0.4% under the engine). A 10 Gbit/s link between the
+    two stages makes the sends long enough to matter."""
+    plan = Plan.from_dict({"workload": "gpt-tiny", "parallelism": {"pp": 2, "chunks": chunks},
+                           "schedule": {"name": schedule, "microbatches": 4},
+                           "cluster": {"preset": "dgx-a100-8", "devices_per_node": 2, "intra_node_link": "eth-10g"}})
+    resolved = resolve_plan(plan)
+    assert steady_count(schedule, 2, 4, chunks) == 4  # not extended
+    slowed = engine_s(resolved, 1.0)
+    assert slowed - engine_s(resolved) > 5e-5  # the sends overlap compute
+    assert estimate_s(resolved, 1.0) == pytest.approx(slowed, rel=1e-9)

@@ -1,7 +1,8 @@
 """Compute slowed while its rank moves data (issue 12, seventh session): ``EngineOptions.overlap_slowdown``
 counts only the time a transfer overlaps the compute, and only while data moves (not while a
 collective waits for its group); on a host whose cores the ranks share, a measured communication
-CPU cost slows the overlapped compute by the cores it takes (``sim.host_cpu``)."""
+CPU cost slows the overlapped compute and the transfer both, sharing the cores in proportion to
+what each wants (``sim.host_cpu``, eighth session)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from sim.comm import ClusterComm
 from sim.compile import ResolvedPlan, compile_plan, resolve_plan
 from sim.costs import UniformCosts
 from sim.engine import EngineOptions
-from sim.host_cpu import stretch
+from sim.host_cpu import Stretch, overlap, overlap_stretch, shared_stretch
 from sim.plan import Plan
 from sim.simulate import simulate
 
@@ -77,35 +78,74 @@ def forward_mb1(resolved: ResolvedPlan) -> tuple[float, float]:
             float(rows.loc[2, "end_s"] - rows.loc[2, "start_s"]))
 
 
-def test_a_measured_cpu_cost_slows_the_overlapped_compute_by_the_cores_it_takes() -> None:
+def test_a_measured_cpu_cost_slows_the_overlapped_compute_and_the_transfer_both() -> None:
     plan = Plan.load(PLANS / "emb-embrace-2d-dp2.yaml").replace(profile=None)
     free, exchange = forward_mb1(measured_comm(plan, math.nan, math.nan, 2))  # CPU not measured
     cpu_alpha, cpu_Bps = 4e-4, 2e9
     shared = measured_comm(plan, cpu_alpha, cpu_Bps, 2)
-    slowed, same = forward_mb1(shared)
-    assert same == exchange
+    slowed, moved = forward_mb1(shared)
     grads = next(i for i in compile_plan(plan, resolved=shared).program.ranks[0].instructions if i.index == 2)
     u = sum(cpu_alpha + nbytes / cpu_Bps for _, nbytes in (grads.phases or (("all_to_all", grads.bytes),))) \
         / exchange
     assert 0 < u < 1
-    # 2 ranks on 2 cores, their transfers taking u cores each first: compute runs at 1 - u
-    k = stretch(2, 2, u)
-    assert k == pytest.approx(1 / (1 - u))
-    assert slowed == pytest.approx(free + exchange * (1 - 1 / k), rel=1e-9)
-    # communication that wants every core stops the compute until it ends
-    assert forward_mb1(measured_comm(plan, 1.0, cpu_Bps, 2))[0] == pytest.approx(free + exchange, rel=1e-9)
+    # 2 ranks on 2 cores: the compute thread and the transfer want 1 + u cores of each rank's one,
+    # so both progress 1 / (1 + u) as fast while they overlap
+    k = shared_stretch(2, 2, u)
+    assert k.compute == pytest.approx(1 + u) and k.transfer == pytest.approx(1 + u)
+    assert moved == pytest.approx(exchange * k.transfer, rel=1e-9)  # the exchange ends inside the forward
+    assert slowed == pytest.approx(free + exchange * (k.compute - 1), rel=1e-9)
+    assert (slowed, moved) == pytest.approx(overlap(free, [(exchange, k)]), rel=1e-9)  # the estimate's form
     # a host with a core for every thread, or cores not shared (a GPU), slows nothing
-    assert forward_mb1(measured_comm(plan, cpu_alpha, cpu_Bps, 4))[0] == free
-    assert forward_mb1(measured_comm(plan, cpu_alpha, cpu_Bps, None))[0] == free
+    assert forward_mb1(measured_comm(plan, cpu_alpha, cpu_Bps, 4)) == (free, exchange)
+    assert forward_mb1(measured_comm(plan, cpu_alpha, cpu_Bps, None)) == (free, exchange)
 
 
-def test_the_stretch_counts_only_what_communication_adds_to_the_host() -> None:
-    assert stretch(2, 2, 0.0) == 1.0
-    assert stretch(2, 2, 0.5) == 2.0  # half of each core left to compute
-    assert stretch(2, 4, 0.5) == 1.0  # 3 cores wanted of 4: every compute thread keeps a core
-    assert stretch(4, 2, 0.25) == pytest.approx(2.0)  # 1 core left for 4 threads, against 2 before
-    assert stretch(2, 2, 1.0) == math.inf  # communication wants every core: compute waits
-    assert stretch(2, None, 5.0) == 1.0
+def test_a_send_is_slowed_on_its_channel_while_its_rank_computes() -> None:
+    """A point-to-point send moves on its rank's egress channel (``sim.channel.SharedChannel``): the
+    shared slowdown re-times it there, latency and bytes, as it re-times a collective."""
+    plan = Plan.from_dict({"workload": "gpt-tiny", "parallelism": {"pp": 2},
+                           "schedule": {"name": "gpipe", "microbatches": 4}})
+    costs = UniformCosts(num_layers=4, fwd_s=3e-3, bwd_input_s=1e-3, bwd_weight_s=1e-3, saved_bytes=1 << 16,
+                         output_bytes=1 << 20, param_bytes=1 << 20)
+
+    def rows(host_cores: int | None) -> pd.DataFrame:
+        resolved = measured_comm(plan, 4e-4, 2e9, host_cores)
+        resolved = replace(resolved, costs=costs)
+        table = simulate(plan, full=True, resolved=resolved, options=EngineOptions()).table
+        return table[(table["rank"] == 0) & (table["parent"] < 0)].set_index("index")
+
+    alone, shared = rows(None), rows(2)
+    send, fwd = 1, 2  # SEND_ACT of mb0, then FWD of mb1 beside it
+    assert alone.loc[send, "kind"] == "SEND_ACT" and alone.loc[fwd, "kind"] == "FWD"
+    took = {name: t.loc[send, "end_s"] - t.loc[send, "start_s"] for name, t in (("alone", alone), ("shared", shared))}
+    nbytes = int(alone.loc[send, "bytes"])
+    assert took["alone"] == pytest.approx(1e-3 + nbytes / 1e9, rel=1e-9)
+    u = (4e-4 + nbytes / 2e9) / took["alone"]
+    assert took["shared"] == pytest.approx(took["alone"] * (1 + u), rel=1e-9)
+    assert shared.loc[fwd, "start_s"] == alone.loc[fwd, "start_s"]
+
+
+def test_the_shared_stretch_shares_the_cores_in_proportion_to_what_each_side_wants() -> None:
+    assert shared_stretch(2, 2, 0.0) == (1.0, 1.0)
+    assert shared_stretch(2, 2, 0.5) == (1.5, 1.5)  # 1.5 cores wanted of each rank's one
+    assert shared_stretch(2, 4, 0.5) == (1.0, 1.0)  # 3 cores wanted of 4: every thread keeps what it wants
+    # 4 ranks on 2 cores: the compute had half a core (lockstep profile), now 0.5 / 1.25 of one;
+    # the transfer had its 0.25 alone, now 0.25 x 0.5 / 1.25
+    assert shared_stretch(4, 2, 0.25) == pytest.approx((1.25, 2.5))
+    assert shared_stretch(2, 3, 0.74) == pytest.approx((1.74 / 1.5, 1.74 / 1.5))
+    assert shared_stretch(2, None, 5.0) == (1.0, 1.0)
+    # overlap_slowdown is the compute's floor; the transfer keeps the shared rule's stretch
+    assert overlap_stretch(2, 2, 0.5, 1.0) == (2.0, 1.5)
+    assert overlap_stretch(2, None, 0.5, 1.0) == (2.0, 1.0)
+
+
+def test_overlap_gives_both_ends_over_a_sequence_of_transfers() -> None:
+    k = Stretch(2.0, 3.0)
+    assert overlap(1.0, []) == (1.0, 0.0)
+    assert overlap(1.0, [(3.0, k)]) == pytest.approx((2.0, 2.0 + 3.0 - 2.0 / 3.0))  # compute ends first
+    assert overlap(4.0, [(1.0, k)]) == pytest.approx((3.0 + 4.0 - 1.5, 3.0))  # the transfer ends first
+    # two transfers: the compute outlasts the first, ends beside the second, which then ends alone
+    assert overlap(2.0, [(1.0, k), (2.0, k)]) == pytest.approx((3.0 + 1.0, 3.0 + 1.0 + 2.0 - 1.0 / 3.0))
 
 
 # the run-7 loopback profile of the 2D plan (tests/data/comm/README.md) and the CPU of communicating

@@ -81,6 +81,9 @@ class CalibratedComm:
         link, latency, bandwidth = self.base.p2p_route(src, dst, concurrent)
         return link, latency + self.p2p_overhead, bandwidth
 
+    def p2p_weight(self, nbytes: int) -> float:
+        return self.base.p2p_weight(nbytes)
+
     def collective_s(self, primitive: str, nbytes: int, ranks: Any, concurrent: int = 1) -> float:
         seconds = self.base.collective_s(primitive, nbytes, ranks, concurrent)
         return seconds + self.overhead if primitive == "allreduce" else seconds
