@@ -13,10 +13,11 @@ the layernorm statistics the paper leaves out (tests/test_korthikanti_activation
 Distinct from ``selective`` (torch's policy: keep matmul and attention outputs, recompute the
 memory-bound operators). A layer's ``LayerCosts.attention_core_bytes`` and ``attention_core_recompute_s``
 say what it drops and what the re-run costs (the analytic kernel model knows them; flash attention
-keeps no s x s tensor, so the policy changes nothing there); ``MemoryPolicy.layer_view`` applies them
-wherever a layer is priced (lowering, engine, fast estimate), so the plan search enumerates it like any
-other policy. Not in the ledger: the one layer's core tensors that exist while its backward runs (a
-transient of one layer, as for ``selective``). The runtime does not run this policy and refuses it
+keeps no s x s tensor, so the policy is refused there as ``none`` under another name);
+``MemoryPolicy.layer_view`` applies them wherever a layer is priced (lowering, engine, fast
+estimate), so the plan search enumerates it like any other policy. Not in the ledger: the one
+layer's core tensors that exist while its backward runs (a transient of one layer, as for
+``selective``). The runtime does not run this policy and refuses it
 (exec.contract). Imports neither torch nor simpy.
 """
 
@@ -51,8 +52,14 @@ def build_selective_attention(plan: Plan, stage_layers: Sequence[Sequence[int]],
     if info.recompute_is_schedule:
         return replace(policy, problem=f"schedule {plan.schedule.name} fixes its own recomputation; "
                        "selective-attention recomputes every layer's attention core")
+    every = [costs.layer_costs(layer, plan.micro_batch, plan.tp) for layers in stage_layers for layer in layers]
     unknown = [layer for layers in stage_layers for layer in layers
                if not costs.layer_costs(layer, plan.micro_batch, plan.tp).knows_attention_core]
+    if not unknown and not any(c.attention_core_bytes for c in every):
+        # Flash attention keeps no s x s tensor: the policy would be ``none`` under another name (and the
+        # plan search would estimate every plan twice).
+        return replace(policy, problem="no layer keeps an attention core to drop (flash attention keeps no "
+                       "s x s tensor): use workload_options.attention unfused, or memory.policy none")
     if unknown:
         return replace(policy, problem=f"the cost model does not know the attention core of layers {unknown[:5]} "
                        "(a profile, or the per-layer roofline): use the analytic kernel model of a transformer")

@@ -106,7 +106,8 @@ def test_selective_attention_layer_is_eq6_or_its_tp_analogue(row, sequence_paral
 
 def test_selective_attention_re_runs_the_attention_core_in_the_backward():
     # The backward grows by the core's forward (both bmms, softmax, dropout, the context copy), the
-    # forward does not; flash attention keeps no s x s tensor, so the policy changes nothing there.
+    # forward does not; flash attention keeps no s x s tensor, so the view changes nothing there and the
+    # policy refuses such a plan (it would be ``none`` under another name).
     from sim.memory import attention_core_view
 
     row = ROWS[0]
@@ -123,6 +124,19 @@ def test_selective_attention_re_runs_the_attention_core_in_the_backward():
         if grows:  # the re-run is the forward's attention part: more than its two bmms' FLOPs at peak
             s, h = SEQ, int(row["hidden"])
             assert c.attention_core_recompute_s > 4 * b * s * s * h / t / load_cluster(plan.cluster).device.peak("fp16")
+
+
+def test_selective_attention_is_refused_where_nothing_keeps_an_attention_core():
+    from sim.plan import Plan
+    from sim.simulate import simulate
+    from traces.errors import ConfigError
+
+    plan = Plan.from_dict({"workload": "gpt2-small", "workload_options": {"dropout": 0.1},  # flash attention
+                           "cluster": {"preset": "dgx-a100-8"}, "parallelism": {"dp": 8},
+                           "memory": {"policy": "selective-attention"}})
+    with pytest.raises(ConfigError, match="flash attention keeps no"):
+        simulate(plan)
+    simulate(plan.replace(workload_options={"dropout": 0.1, "attention": "unfused"}))
 
 
 def test_sequence_parallelism_needs_tp_and_a_divisible_sequence_and_the_runtime_refuses_it():
