@@ -287,6 +287,9 @@ class KernelTimes:
     # what Megatron-LM's asynchronous TP all-reduce of that linear's input gradient can hide behind
     # (``AnalyticCostModel(tp_backward_overlap=True)``, ``sim.costs.tp_comm_s``). Empty elsewhere.
     column_wgrad_s: tuple[float, ...] = ()
+    # Seconds of the input-gradient GEMM of the same linears (QKV, fc1): what the sequence-parallel
+    # backward's re-gather of their inputs can hide behind (sim.costs.LayerCosts.tp_bwd_regathers).
+    column_dgrad_s: tuple[float, ...] = ()
     # Korthikanti et al.'s selective recomputation (sim.memory_attention): the bytes of the unfused
     # attention core it drops (softmax output, dropout mask and output) and the seconds re-running the
     # core costs in the backward (both bmms, softmax, dropout, the context copy: the "attention" part's
@@ -362,6 +365,7 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
     mem_f = mem_b = 0.0  # bytes of every memory-bound kernel, for the report
     saved_extra = 0.0
     column_wgrad: tuple[float, ...] = ()
+    column_dgrad: tuple[float, ...] = ()
     core_bytes = core_s = 0.0
     if layer.kind == "block":
         F = float(T * f / t)
@@ -370,6 +374,7 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
         for times in weight_gemms.values():
             add("gemm", *times)
         column_wgrad = (weight_gemms["qkv"][2], weight_gemms["fc1"][2])  # the column-parallel ones
+        column_dgrad = (weight_gemms["qkv"][1], weight_gemms["fc1"][1])
         heads, d = b * a / t, h / a
         if attention == "unfused":
             S = float(heads * s * s)
@@ -429,7 +434,7 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
         elementwise_bytes_fwd=mem_f, elementwise_bytes_bwd=mem_b, extra_saved_bytes=saved_extra,
         parts=tuple((kind, (part[0], part[1], part[2])) for kind, part in parts.items()),
         selective_recompute_s=pointwise_f / bw,
-        column_wgrad_s=column_wgrad,
+        column_wgrad_s=column_wgrad, column_dgrad_s=column_dgrad,
         attention_core_bytes=core_bytes, attention_core_recompute_s=core_s, sequence_parallel=sp,
     )
 
@@ -485,6 +490,8 @@ class LayerCosts:
     unsaved_input_bytes: int = 0
     tp_bwd_overlap_s: tuple[float, ...] = ()  # sim.costs.LayerCosts.tp_bwd_overlap_s
     tp_sequence_parallel: bool = False  # sim.costs.LayerCosts.tp_sequence_parallel
+    tp_bwd_regathers: int = 0  # sim.costs.LayerCosts.tp_bwd_regathers
+    tp_bwd_regather_overlap_s: tuple[float, ...] = ()
     attention_core_bytes: int = -1  # sim.costs.LayerCosts.attention_core_bytes
     attention_core_recompute_s: float = -1.0
 
@@ -561,6 +568,7 @@ class AnalyticCostModel:
         saved_bytes = b * saved * act
         selective_bytes, selective_s = -1.0, -1.0
         column_wgrad: tuple[float, ...] = ()  # known only to the kernel model
+        column_dgrad: tuple[float, ...] = ()
         sequence_parallel, core_bytes, core_s = False, -1.0, -1.0
         if layer.selective_elems >= 0:
             # Roofline of what selective checkpointing recomputes, for layers without a kernel model
@@ -572,7 +580,7 @@ class AnalyticCostModel:
         if self.kernels and has_kernel_shape(layer) and self.device.kind == "gpu":
             k = transformer_layer_times(layer, b, t, self.device, self.dtype, self.efficiency, self.attention)
             fwd, bwd_i, bwd_w = k.fwd_s, k.bwd_input_s, k.bwd_weight_s
-            column_wgrad = k.column_wgrad_s
+            column_wgrad, column_dgrad = k.column_wgrad_s, k.column_dgrad_s
             sequence_parallel = k.sequence_parallel
             core_bytes, core_s = k.attention_core_bytes, k.attention_core_recompute_s
             if sequence_parallel:  # every saved tensor of the block is sharded: the hidden-size ones by sequence
@@ -593,9 +601,14 @@ class AnalyticCostModel:
         comm_fwd, comm_bwd = n_ar * out * act, n_ar_bwd * out * act
         if layer.kind == "head" and n_ar and "vocab" in layer.extra:
             n_ar, n_ar_bwd, comm_fwd, comm_bwd = megatron_head_tp(b, layer, act)
-        # a block's two backward all-reduces, one behind each column-parallel linear's weight gradient
-        # (Megatron-LM's sequence-parallel code overlaps the reduce-scatter there whatever the option)
-        overlap = column_wgrad if (self.tp_backward_overlap or sequence_parallel) and n_ar_bwd else ()
+        # a block's two backward all-reduces, one behind each column-parallel linear's weight gradient;
+        # under sequence parallelism the reduce-scatter of that input gradient (sim.costs.tp_comm_s).
+        # Megatron-LM's sequence-parallel code always runs that overlap; it is priced only with
+        # tp_backward_overlap all the same, so that one switch says whether the backward's GEMM rate is
+        # the one the A100 default was fitted with (overlap off: docs/sequence-parallel.md).
+        overlap = column_wgrad if self.tp_backward_overlap and n_ar_bwd else ()
+        regathers = len(column_dgrad) if sequence_parallel and n_ar_bwd else 0
+        regather_overlap = column_dgrad if regathers and self.tp_backward_overlap else ()
         return LayerCosts(
             fwd_s=fwd,
             bwd_input_s=bwd_i,
@@ -617,6 +630,7 @@ class AnalyticCostModel:
             unsaved_input_bytes=b * layer.unsaved_input_elems * act,
             tp_bwd_overlap_s=overlap,
             tp_sequence_parallel=sequence_parallel,
+            tp_bwd_regathers=regathers, tp_bwd_regather_overlap_s=regather_overlap,
             attention_core_bytes=int(round(core_bytes)),
             attention_core_recompute_s=core_s,
         )

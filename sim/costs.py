@@ -41,6 +41,13 @@ class LayerCosts:
     # total volume; tp_comm_s prices both), and the backward hides its reduce-scatter, not a whole
     # all-reduce, behind the weight-gradient GEMM in ``tp_bwd_overlap_s``.
     tp_sequence_parallel: bool = False
+    # Under sequence parallelism a column-parallel linear keeps only its 1/t of its all-gathered input
+    # and all-gathers it again in the backward for its weight gradient (Korthikanti et al. 2022,
+    # section 4.2.2; Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication.backward): that many
+    # extra all-gathers of tp_comm_bytes per backward, and the input-gradient GEMM seconds each can hide
+    # behind (empty: none hidden; the same switch as tp_bwd_overlap_s).
+    tp_bwd_regathers: int = 0
+    tp_bwd_regather_overlap_s: tuple[float, ...] = ()
     flops_fwd: float = 0.0
     # Under PyTorch's selective checkpointing (``memory: {policy: selective}``, exec.selective): the
     # bytes the layer keeps (its input plus the outputs of its matmul / attention / convolution
@@ -121,7 +128,11 @@ def tp_comm_s(c: LayerCosts, backward: bool, price: Callable[[str, int], float],
     else:
         one = hideable = price(c.tp_collective, nbytes)
     hidden = sum(min(hideable, gemm) for gemm in c.tp_bwd_overlap_s) if backward and with_weight_grads else 0.0
-    return count * one - hidden
+    regather = 0.0
+    if backward and c.tp_bwd_regathers:
+        gather = price("all_gather", nbytes)
+        regather = c.tp_bwd_regathers * gather - sum(min(gather, gemm) for gemm in c.tp_bwd_regather_overlap_s)
+    return count * one - hidden + regather
 
 
 class CostModel(Protocol):
