@@ -63,7 +63,7 @@ def test_sequence_parallel_plans_are_priced_and_held_as_the_engine_prices_and_ho
         assert fast.iteration_s == pytest.approx(engine.iteration_s, rel=0.005)
         assert max(fast.peak_bytes) == pytest.approx(max(m.peak_bytes for m in engine.memory.values()), rel=0.005)
         runs[sp] = engine
-    # Sequence parallelism holds less and runs its memory-bound kernels on 1/t of the elements.
+    # Sequence parallelism holds less. (Its time may go either way: the layernorm / dropout kernels on 1/t of
+    # the elements against the backward's re-gather of the column-parallel inputs; here it is slower.)
     peak = {sp: max(m.peak_bytes for m in run.memory.values()) for sp, run in runs.items()}
     assert peak[True] < peak[False]
-    assert runs[True].iteration_s < runs[False].iteration_s
