@@ -76,3 +76,18 @@ def test_tp_1_layers_are_unchanged_by_the_flag():
     # At tp 1 there is nothing to split (the plan is refused by sim.compile.check_tp; the costs agree).
     a, b = costs(False).layer_costs(3, B, 1), costs(True).layer_costs(3, B, 1)
     assert replace(b, tp_sequence_parallel=False) == a
+
+
+def test_the_search_enumerates_sequence_parallel_plans_with_tp_above_1_and_selective_attention():
+    # Sequence parallelism is a workload option (the search keeps it fixed, like attention and dropout):
+    # the search resolves its shared models at the smallest tp it allows and prunes tp 1 naming the field.
+    from sim.search import SearchSpace, search
+
+    space = SearchSpace("gpt2-small", "dgx-a100-8", global_batch=16, dtype="fp16", max_micro_batch=2, fractions=(),
+                        tp_overlaps=(0,), bucket_mbs=(25.0,), max_chunks=1,
+                        workload_options={"attention": "unfused", "dropout": 0.1, "sequence_parallel": True})
+    result = search(space, top_k=3, sample=0)
+    assert result.pruned["workload_options.sequence_parallel"] > 0
+    assert result.ranked and all(r.candidate.tp > 1 for r in result.ranked)
+    assert "selective-attention" in {dict(r.candidate.memory)["policy"] for r in result.ranked}
+    assert result.best.simulated.iteration_s == pytest.approx(result.best.estimate.iteration_s, rel=0.02)
