@@ -588,6 +588,8 @@ class AnalyticCostModel:
             saved_bytes += k.extra_saved_bytes
             if layer.selective_elems >= 0:
                 kept = (layer.selective_elems - layer.selective_elems_sharded) + layer.selective_elems_sharded / t
+                if sequence_parallel:  # its hidden-size tensors (input, proj and fc2 outputs) split by sequence
+                    kept = layer.selective_elems / t
                 # Unfused attention keeps its score matmul's output too (b a/t s^2: the bmm is kept).
                 scores = b * layer.extra["heads"] / t * layer.extra["seq"] ** 2 \
                     if self.attention == "unfused" and layer.kind == "block" else 0.0
