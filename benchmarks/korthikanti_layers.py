@@ -1,30 +1,34 @@
 """Per-layer and per-iteration A100 timings of Korthikanti et al. 2022 against the kernel model.
 
-    python benchmarks/korthikanti_layers.py [--eff-max 0.8] [--fit] [--skip-iterations] [--json OUT.json]
+    python benchmarks/korthikanti_layers.py [--eff-max 0.8] [--fit] [--skip-iterations] [--skip-present]
+        [--json OUT.json]
 
 Data (``sim/data/korthikanti2022_*.csv``, provenance in ``korthikanti2022.md``): Table 4, the forward
 and backward time of one transformer layer of a 22B GPT (hidden 6,144, 64 heads, sequence 2,048,
 micro-batch 4, tensor parallel 8 on one DGX A100 node of Selene), and Table 5, the end-to-end
 iteration time of four models (22B-1T, tp 8, pp 1-64, no data parallelism) with full recomputation.
 
-What is simulated, and what is not:
-- Table 4 rows without sequence parallelism whose recomputation the simulator runs as the paper
-  did: "Baseline no recompute" (``memory: none``) and "Baseline with recompute" (full, one layer
-  at a time inside the backward). One layer's forward and backward are the engine's own per-layer
-  rows (a middle block of the 22B plan, TP all-reduces included, as the paper's timings include
-  them). Not simulated: sequence parallelism (no model of it in the simulator) and the paper's
-  selective recomputation (the attention core; the simulator's ``selective`` policy recomputes a
-  different set, the memory-bound kernels), so three rows are printed as not compared.
-- Table 5's "Full Recompute" column (Megatron-LM without sequence parallelism, full recomputation),
-  each model's plan as ``benchmarks/megatron_at_scale.py`` builds a Table 1 row (Megatron v2.5's
-  exchanges, per-layer recompute, its fp16 optimizer step), with the paper's micro-batch and its
-  interleaving (3 virtual stages for 175B and 530B; none stated for 1T, so plain 1F1B). The
-  "Present Work" column needs sequence parallelism and is not compared.
+What is simulated:
+- Every Table 4 row. One layer's forward and backward are the engine's own per-layer rows (a middle
+  block of the 22B plan, TP communication included, as the paper's timings include it). Recompute
+  "none" is ``memory: none``, "full" is full recomputation one layer at a time inside the backward,
+  "selective" is Korthikanti's selective recomputation (``memory: selective-attention``: the attention
+  core re-run in the backward); sequence parallelism is ``workload_options: {sequence_parallel: true}``
+  (each TP all-reduce a reduce-scatter + an all-gather, the layernorm / dropout / residual kernels on
+  1/t of the sequence). The two rows without sequence parallelism and with recompute none or full
+  ("fit rows") are what ``--fit`` and the A100 default eff_max 0.791 were fitted on; the three others
+  ("present-work rows": sequence parallelism and/or selective recompute) are compared, never fitted.
+- Table 5's "Full Recompute" column (Megatron-LM without sequence parallelism, full recomputation)
+  and "Present Work" column (sequence parallelism + selective recomputation), each model's plan as
+  ``benchmarks/megatron_at_scale.py`` builds a Table 1 row (Megatron v2.5's exchanges, its fp16
+  optimizer step), with the paper's micro-batch and its interleaving (3 virtual stages for 175B and
+  530B; none stated for 1T, so plain 1F1B).
 
 ``--fit``: the GEMM efficiency (``EfficiencyCurve.eff_max``, the one rate the per-layer times can
 pin: GEMMs are ~80% of a layer here) that minimises the squared log error of the three distinct
 simulated Table 4 times (forward; backward without and with recompute), by a grid of 0.001
-(``fit_eff_max``). Nothing is fitted to Table 5 or to SC'21 Table 1.
+(``fit_eff_max``). Nothing is fitted to Table 5, to Table 4's present-work rows or to SC'21 Table 1;
+the host launch cost (40 us, ``sim.analytic.GPU_HOST_LAUNCH_S``) was fitted on vTrain's single-node rows.
 """
 
 from __future__ import annotations
@@ -47,16 +51,19 @@ DATA = Path(__file__).resolve().parent.parent / "sim" / "data"
 LAYERS = DATA / "korthikanti2022_layer_times.csv"
 ITERATIONS = DATA / "korthikanti2022_iterations.csv"
 DATA_PARALLEL = DATA / "korthikanti2022_data_parallel.csv"
-# Table 4 rows the simulator runs as the paper ran them: no sequence parallelism, recomputation none or
-# full (memory policies); the other rows need sequence parallelism or the paper's selective recompute.
-SIMULATED_RECOMPUTE = {"none": {"policy": "none"}, "full": {"policy": "full", "in_backward": True}}
+# Table 4's recomputation as memory policies: none, full (one layer at a time inside the backward, as
+# Megatron-LM's --checkpoint-num-layers 1 ran it), and the paper's selective recomputation.
+SIMULATED_RECOMPUTE = {"none": {"policy": "none"}, "full": {"policy": "full", "in_backward": True},
+                       "selective": {"policy": "selective-attention"}}
+# What ``--fit`` fits on: the rows without sequence parallelism, recompute none or full (``fit_rows``).
+FIT_RECOMPUTE = ("none", "full")
 MEASURED_BLOCK = 0.5  # which block's per-layer rows to read: the middle of the stack (all blocks alike)
 # The 2022 code's backward: each column-parallel linear (QKV, fc1) all-reduces its input gradient
 # asynchronously while its weight-gradient GEMM runs (on by default since Megatron-LM commit 3f65246,
 # 2021-09-02, off with --no-async-tensor-model-parallel-allreduce; megatron/mpu/layers.py at 739cb43 (2022-05),
 # LinearWithGradAccumulationAndAsyncCommunication.backward; the paper's section 6.2 names it). The
-# Table 4 and Table 5 rows compared here have no sequence parallelism, under which the code turns the
-# option off (megatron/arguments.py) and overlaps an all-gather / reduce-scatter instead.
+# rows with sequence parallelism run without it (the code turns the option off, megatron/arguments.py) and
+# overlap the reduce-scatter of that input gradient instead, which sim.analytic prices whatever this says.
 TP_BACKWARD_OVERLAP = True
 
 
@@ -68,27 +75,36 @@ def load_iterations(path: Path = ITERATIONS) -> pd.DataFrame:
     return pd.read_csv(path)
 
 
-def simulated_rows(table: pd.DataFrame) -> pd.DataFrame:
-    """The Table 4 rows the simulator can run: no sequence parallelism, recompute none or full."""
-    keep = (table["sequence_parallel"] == 0) & table["recompute"].isin(list(SIMULATED_RECOMPUTE))
+def fit_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The Table 4 rows the A100 default was fitted on: no sequence parallelism, recompute none or full."""
+    keep = (table["sequence_parallel"] == 0) & table["recompute"].isin(list(FIT_RECOMPUTE))
     return table[keep]
 
 
-def row_plan(row: dict[str, Any], recompute: str) -> sc21.Plan:
+simulated_rows = fit_rows  # the name tests/test_korthikanti_data.py and earlier reports use
+
+
+def present_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The other Table 4 rows: sequence parallelism and/or selective recompute (compared, never fitted)."""
+    return table[~table.index.isin(fit_rows(table).index)]
+
+
+def row_plan(row: dict[str, Any], recompute: str, sequence_parallel: bool = False) -> sc21.Plan:
     """The paper's configuration as a plan: Table 1's construction with the row's micro-batch,
-    interleaving (``chunks``; none stated: plain 1F1B) and recomputation."""
+    interleaving (``chunks``; none stated: plain 1F1B), recomputation and sequence parallelism."""
     config = {"params_b": row["model"], "heads": row["heads"], "hidden": row["hidden"], "layers": row["layers"],
               "tp": row["tp"], "pp": row["pp"], "gpus": row["gpus"], "global_batch": row["global_batch"],
               "chunks": row.get("chunks") if pd.notna(row.get("chunks", np.nan)) else 1}
     plan = sc21.plan_for(config, "interleaved-1f1b", int(row["micro_batch"]))
-    return plan.replace(memory=SIMULATED_RECOMPUTE[recompute])
+    options = {**plan.workload_options, "sequence_parallel": True} if sequence_parallel else plan.workload_options
+    return plan.replace(memory=SIMULATED_RECOMPUTE[recompute], workload_options=options)
 
 
 def layer_times(row: dict[str, Any], curve: sc21.EfficiencyCurve,
                 overlap: bool = TP_BACKWARD_OVERLAP) -> tuple[float, float]:
     """Simulated (forward, backward) seconds of one middle transformer block, from the engine's
     per-layer rows on the first rank; a backward under full recompute includes its re-run forward."""
-    plan = row_plan(row, row["recompute"])
+    plan = row_plan(row, row["recompute"], bool(row["sequence_parallel"]))
     engine, _, _, _ = sc21.run_plan(plan, curve, layer_rows=True, tp_backward_overlap=overlap)
     block = 1 + int(MEASURED_BLOCK * int(row["layers"]))  # layer 0 is the embedding
     mine = [r for r in engine.rows if r.rank == 0 and r.layer == block and r.microbatch == 0]
@@ -100,11 +116,13 @@ def layer_times(row: dict[str, Any], curve: sc21.EfficiencyCurve,
 
 
 def compare_layers(table: pd.DataFrame, curve: sc21.EfficiencyCurve,
-                   overlap: bool = TP_BACKWARD_OVERLAP) -> list[dict[str, Any]]:
+                   overlap: bool = TP_BACKWARD_OVERLAP, rows: str = "fit") -> list[dict[str, Any]]:
+    """Measured and simulated times of the Table 4 ``rows``: "fit" (fit_rows) or "present" (present_rows)."""
     out = []
-    for row in simulated_rows(table).to_dict("records"):
+    for row in (fit_rows if rows == "fit" else present_rows)(table).to_dict("records"):
         fwd, bwd = layer_times(row, curve, overlap)
         out.append({"experiment": row["experiment"], "recompute": row["recompute"],
+                    "sequence_parallel": int(row["sequence_parallel"]),
                     "forward_ms": row["forward_ms"], "pred_forward_ms": 1e3 * fwd,
                     "backward_ms": row["backward_ms"], "pred_backward_ms": 1e3 * bwd,
                     "combined_ms": row["combined_ms"], "pred_combined_ms": 1e3 * (fwd + bwd)})
@@ -145,16 +163,39 @@ def fit_eff_max(table: pd.DataFrame, base: sc21.EfficiencyCurve, which: str = "a
     return round(float(min(fine, key=loss)), 6)
 
 
+# Table 5's two columns: (measured column, recomputation, sequence parallelism).
+ITERATION_COLUMNS = {"full": ("full_recompute_s", "full", False),
+                     "present": ("present_work_s", "selective", True)}
+
+
 def compare_iterations(table: pd.DataFrame, curve: sc21.EfficiencyCurve,
-                       overlap: bool = TP_BACKWARD_OVERLAP) -> list[dict[str, Any]]:
+                       overlap: bool = TP_BACKWARD_OVERLAP, column: str = "full") -> list[dict[str, Any]]:
+    """Table 5's ``column`` (ITERATION_COLUMNS): "full" recompute, or the "present" work (sequence
+    parallelism + selective recomputation)."""
+    measured, recompute, sequence_parallel = ITERATION_COLUMNS[column]
     out = []
     for row in table.to_dict("records"):
-        plan = row_plan(row, "full")
+        plan = row_plan(row, recompute, sequence_parallel)
         _, _, _, iteration = sc21.run_plan(plan, curve, tp_backward_overlap=overlap)
         out.append({"model": row["model"], "tp": row["tp"], "pp": row["pp"], "chunks": plan.chunks,
-                    "microbatches": plan.schedule.microbatches, "full_recompute_s": row["full_recompute_s"],
-                    "pred_s": iteration, "error": iteration / row["full_recompute_s"] - 1})
+                    "microbatches": plan.schedule.microbatches, "column": column, "measured_s": row[measured],
+                    measured: row[measured], "pred_s": iteration, "error": iteration / row[measured] - 1})
     return out
+
+
+def error_stats(measured: list[float], predicted: list[float]) -> dict[str, float]:
+    """MAPE, median and max |error|, mean signed error and Spearman's rank correlation."""
+    from scipy.stats import spearmanr
+
+    e = np.array(predicted) / np.array(measured) - 1
+    rho = float(spearmanr(measured, predicted).statistic) if len(e) > 2 else float("nan")
+    return {"mape": float(np.mean(np.abs(e))), "median": float(np.median(np.abs(e))),
+            "max": float(np.max(np.abs(e))), "mean": float(np.mean(e)), "spearman": rho}
+
+
+def print_stats(label: str, stats: dict[str, float]) -> None:
+    print(f"  {label}: MAPE {stats['mape']:.1%}  median {stats['median']:.1%}  max {stats['max']:.1%}  "
+          f"mean {stats['mean']:+.1%}  Spearman {stats['spearman']:.3f}")
 
 
 def compare_data_parallel(iterations: pd.DataFrame, curve: sc21.EfficiencyCurve,
@@ -182,6 +223,8 @@ def main() -> None:
     parser.add_argument("--eff-max", type=float, default=None, help="GEMM efficiency instead of the default curve's")
     parser.add_argument("--fit", action="store_true", help="fit eff_max on Table 4 and report both curves")
     parser.add_argument("--skip-iterations", action="store_true", help="Table 4 only")
+    parser.add_argument("--skip-present", action="store_true",
+                        help="leave out the present-work rows (sequence parallelism, selective recompute)")
     parser.add_argument("--no-tp-backward-overlap", dest="overlap", action="store_false",
                         help="price the 2022 runs' backward TP all-reduces after the compute (as before session 5c)")
     parser.add_argument("--json", type=Path, default=None)
@@ -210,25 +253,37 @@ def main() -> None:
             cells = [f"{r[k]:.1f} / {r['pred_' + k]:.2f} ({r['pred_' + k] / r[k] - 1:+.1%})"
                      for k in ("forward_ms", "backward_ms", "combined_ms")]
             print(f"  {r['experiment']:<26} fwd {cells[0]}  bwd {cells[1]}  combined {cells[2]}")
-        for r in layers[~layers.index.isin(simulated_rows(layers).index)].to_dict("records"):
-            print(f"  {r['experiment']:<26} not compared (sequence parallelism or the paper's selective recompute)")
         err = [p / m - 1 for m, p in fit_targets(rows)]
-        print(f"  distinct times: errors {', '.join(f'{e:+.1%}' for e in err)}; "
+        print(f"  fit rows' distinct times: errors {', '.join(f'{e:+.1%}' for e in err)}; "
               f"MAPE {np.mean(np.abs(err)):.1%}, log loss {log_loss(rows):.5f}")
-        iters = [] if args.skip_iterations else compare_iterations(load_iterations(), curve, overlap)
-        if iters:
-            print("Table 5, full recompute, iteration s: measured / simulated (error)")
-            for r in iters:
+        present = [] if args.skip_present else compare_layers(layers, curve, overlap, rows="present")
+        for r in present:
+            cells = [f"{r[k]:.1f} / {r['pred_' + k]:.2f} ({r['pred_' + k] / r[k] - 1:+.1%})"
+                     for k in ("forward_ms", "backward_ms", "combined_ms")]
+            print(f"  {r['experiment']:<26} fwd {cells[0]}  bwd {cells[1]}  combined {cells[2]}  (not fitted)")
+        if present:
+            times = [(r[k], r["pred_" + k]) for r in present for k in ("forward_ms", "backward_ms")]
+            print_stats("present-work rows, forward and backward times (6)", error_stats(*zip(*times, strict=True)))
+            every = [(r[k], r["pred_" + k]) for r in rows + present for k in ("forward_ms", "backward_ms")]
+            print_stats("all five rows, forward and backward times (10)", error_stats(*zip(*every, strict=True)))
+        iters: list[dict[str, Any]] = []
+        for column in () if args.skip_iterations else ("full", *(() if args.skip_present else ("present",))):
+            rows5 = compare_iterations(load_iterations(), curve, overlap, column)
+            title = {"full": "full recompute", "present": "present work (sequence parallel + selective recompute)"}
+            print(f"Table 5, {title[column]}, iteration s: measured / simulated (error)")
+            for r in rows5:
                 print(f"  {r['model']:>5} tp {r['tp']} pp {r['pp']:>2} v {r['chunks']} m {r['microbatches']:>3}  "
-                      f"{r['full_recompute_s']:.2f} / {r['pred_s']:.2f} ({r['error']:+.1%})", flush=True)
-            e = np.array([r["error"] for r in iters])
-            print(f"  MAPE {np.mean(np.abs(e)):.1%}  max {np.max(np.abs(e)):.1%}  mean {np.mean(e):+.1%}")
+                      f"{r['measured_s']:.2f} / {r['pred_s']:.2f} ({r['error']:+.1%})", flush=True)
+            stats = error_stats([r["measured_s"] for r in rows5], [r["pred_s"] for r in rows5])
+            print_stats(f"Table 5 {column}", stats)
+            iters += rows5
         dp = {} if args.skip_iterations else compare_data_parallel(load_iterations(), curve, overlap=overlap)
         if dp:
             print(f"Section 6.3, 530B at dp 1 -> 8, increment s: measured {dp['measured_increment_s']:.2f} / "
                   f"simulated {dp['pred_increment_s']:.2f} (full recompute: {dp['pred_dp1_s']:.2f} -> "
                   f"{dp['pred_dp8_s']:.2f} s)")
         report[name] = {"curve": curve.to_dict(), "tp_backward_overlap": overlap, "layers": rows,
+                        "present_layers": present,
                         "iterations": iters, "data_parallel": dp}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

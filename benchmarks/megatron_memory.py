@@ -16,7 +16,10 @@ layer with tensor parallelism and no sequence parallelism, s b h (10 + 24/t + 5 
 eq. 2), and under full recomputation 2 s b h (section 4.3: only the layer input is kept), against the
 ledger's saved bytes of one block (unfused attention and dropout 0.1, as Megatron-LM ran: the
 ledger equals eq. 2 plus the layernorms' statistics, tests/test_korthikanti_activations.py) and its
-checkpoint bytes.
+checkpoint bytes. The same for the paper's other settings (its Table 2): sequence parallelism
+(``workload_options.sequence_parallel``), s b h / t (34 + 5 a s / h) (eq. 3); selective recomputation
+(``memory: selective-attention``) without it, s b h (10 + 24 / t), and with it, 34 s b h / t (eq. 6).
+The paper gives these settings' memory only as formulas (and Figure 1 as bars), no measured bytes.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import sim.compile  # noqa: E402
 from sim.analytic_costs import AnalyticCosts  # noqa: E402
 from sim.calibration import MEGATRON_ATTENTION  # noqa: E402
 from sim.cluster import load_cluster  # noqa: E402
-from sim.memory import checkpoint_bytes  # noqa: E402
+from sim.memory import attention_core_view, checkpoint_bytes  # noqa: E402
 from sim.workloads import transformer_config, transformer_layers  # noqa: E402
 
 GiB = 2**30
@@ -56,21 +59,34 @@ def table1_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def korthikanti_row(row: dict[str, Any]) -> dict[str, Any]:
-    """One block's activation bytes: the paper's formulas against the ledger's (micro-batch and tp as run)."""
-    plan = korth.row_plan(row, "none")
-    cluster = load_cluster(plan.cluster)
-    layers = transformer_layers(transformer_config(plan.workload, **plan.workload_options))
-    costs = AnalyticCosts(layers, cluster.device, "fp16", cluster, sc21.curve_of("default"),
-                          attention=MEGATRON_ATTENTION)
+    """One block's activation bytes: the paper's formulas against the ledger's (micro-batch and tp as run),
+    without and with sequence parallelism, without and with its selective recomputation."""
     s, b, h, a, t = 2048, int(row["micro_batch"]), int(row["hidden"]), int(row["heads"]), int(row["tp"])
     block = 2  # a middle block (layer 0 is the embedding)
-    c = costs.layer_costs(block, b, t)
-    paper = s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
-    return {"model": row["model"], "tp": t, "micro_batch": b,
-            "paper_layer_MiB": paper / 2**20, "ledger_layer_MiB": c.saved_bytes / 2**20,
-            "error": c.saved_bytes / paper - 1,
-            "paper_full_recompute_MiB": 2 * s * b * h / 2**20,
-            "ledger_checkpoint_MiB": checkpoint_bytes(block, lambda layer: costs.layer_costs(layer, b, t)) / 2**20}
+    sbh = s * b * h
+    paper = {(False, "none"): sbh * (10 + 24 / t + 5 * a * s / (h * t)),  # eq. 2
+             (True, "none"): sbh / t * (34 + 5 * a * s / h),  # eq. 3
+             (False, "selective"): sbh * (10 + 24 / t),  # section 5 without sequence parallelism
+             (True, "selective"): 34 * sbh / t}  # eq. 6
+    out: dict[str, Any] = {"model": row["model"], "tp": t, "micro_batch": b}
+    for sp in (False, True):
+        plan = korth.row_plan(row, "none", sequence_parallel=sp)
+        cluster = load_cluster(plan.cluster)
+        layers = transformer_layers(transformer_config(plan.workload, **plan.workload_options))
+        costs = AnalyticCosts(layers, cluster.device, "fp16", cluster, sc21.curve_of("default"),
+                              attention=MEGATRON_ATTENTION)
+        c = costs.layer_costs(block, b, t)
+        for recompute, held in (("none", c.saved_bytes), ("selective", attention_core_view(c).saved_bytes)):
+            key = f"{'sp' if sp else 'tp'}_{recompute}"
+            out[f"paper_{key}_MiB"] = paper[sp, recompute] / 2**20
+            out[f"ledger_{key}_MiB"] = held / 2**20
+            out[f"error_{key}"] = held / paper[sp, recompute] - 1
+        if not sp:
+            checkpoint = checkpoint_bytes(block, lambda layer, m=costs: m.layer_costs(layer, b, t))
+            out.update({"paper_layer_MiB": out["paper_tp_none_MiB"], "ledger_layer_MiB": out["ledger_tp_none_MiB"],
+                        "error": out["error_tp_none"], "paper_full_recompute_MiB": 2 * sbh / 2**20,
+                        "ledger_checkpoint_MiB": checkpoint / 2**20})
+    return out
 
 
 def main() -> None:
@@ -95,6 +111,12 @@ def main() -> None:
         print(f"{r['model']:>5} t={r['tp']} b={r['micro_batch']}: paper {r['paper_layer_MiB']:.0f}, ledger "
               f"{r['ledger_layer_MiB']:.0f} ({r['error']:+.1%}); full recompute paper "
               f"{r['paper_full_recompute_MiB']:.0f}, ledger {r['ledger_checkpoint_MiB']:.0f}")
+    print("\nThe same with sequence parallelism (eq. 3) and selective recomputation (sbh (10 + 24/t); eq. 6 with SP), "
+          "MiB paper / ledger (the ledger adds the layernorm statistics)")
+    for r in layers:
+        cells = [f"{key} {r[f'paper_{key}_MiB']:.1f} / {r[f'ledger_{key}_MiB']:.2f} ({r[f'error_{key}']:+.2%})"
+                 for key in ("sp_none", "tp_selective", "sp_selective")]
+        print(f"{r['model']:>5}: " + "; ".join(cells))
     if args.json:
         args.json.write_text(json.dumps({"table1": results, "korthikanti_layers": layers}, indent=1) + "\n")
 

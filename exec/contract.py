@@ -11,6 +11,7 @@ from torch import nn
 from exec.structure import StructuralCosts
 from exec.workloads import Workload, get_workload
 from sim.compile import ResolvedPlan, compile_plan
+from sim.memory import MEMORY_POLICIES
 from sim.plan import Plan
 from sim.program import Program
 from traces.errors import ConfigError
@@ -51,7 +52,11 @@ def compile_for_run(plan: Plan) -> ExecutablePlan:
     structural costs, which give the same partition for ``uniform`` and ``parameters`` and exact
     message and bucket bytes.
     """
-    workload = load_workload(plan)
+    if not MEMORY_POLICIES[plan.memory.policy].runtime:
+        raise ConfigError("memory.policy", f"the runtime does not run memory policy {plan.memory.policy!r} "
+                          "(simulated only: docs/sequence-parallel.md)",
+                          "simulate the plan (paratwin simulate), or run it with another policy")
+    workload = load_workload(plan)  # refuses what the runtime's modules cannot run (sequence parallelism)
     structure = StructuralCosts(workload, plan.micro_batch, plan.dtype, plan.tp)
     compiled = compile_plan(plan, costs=None if plan.profile else structure, symmetric=False)
     return ExecutablePlan(plan, compiled.resolved, workload, structure, compiled.program)

@@ -287,6 +287,16 @@ class KernelTimes:
     # what Megatron-LM's asynchronous TP all-reduce of that linear's input gradient can hide behind
     # (``AnalyticCostModel(tp_backward_overlap=True)``, ``sim.costs.tp_comm_s``). Empty elsewhere.
     column_wgrad_s: tuple[float, ...] = ()
+    # Seconds of the input-gradient GEMM of the same linears (QKV, fc1): what the sequence-parallel
+    # backward's re-gather of their inputs can hide behind (sim.costs.LayerCosts.tp_bwd_regathers).
+    column_dgrad_s: tuple[float, ...] = ()
+    # Korthikanti et al.'s selective recomputation (sim.memory_attention): the bytes of the unfused
+    # attention core it drops (softmax output, dropout mask and output) and the seconds re-running the
+    # core costs in the backward (both bmms, softmax, dropout, the context copy: the "attention" part's
+    # forward). 0 and 0 with flash attention (no s x s tensor is kept) and for other layers.
+    attention_core_bytes: float = 0.0
+    attention_core_recompute_s: float = 0.0
+    sequence_parallel: bool = False  # whether the layer ran its hidden-size region sequence-parallel
 
 
 def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec, dtype: str,
@@ -301,6 +311,11 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
     tensors of the hidden size are replicated on every TP rank (no sequence parallelism in
     Megatron-LM 2021-2023), so their kernels do not shrink with t. Element size e, masks 1 byte.
     X = b s h, F = b s f / t, S = b (a / t) s^2 (elements):
+
+    With sequence parallelism (``layer.extra["sequence_parallel"]``, t > 1; Korthikanti et al. 2022,
+    section 4.2.2) a block's layernorms, bias-dropout-adds, residual sums and their masks run on the
+    local 1/t of the sequence: X below is b s h / t for those kernels (the GEMMs and attention are
+    unchanged: the all-gathered input feeds them whole).
 
     block, forward: LN1 (read X, write X), attention (unfused: fused scale-mask-softmax read S write S,
       dropout read S write S + mask S, context permute copy read + write X / t; flash: none),
@@ -327,6 +342,7 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
     x = layer.extra
     s, h, a, f = int(x["seq"]), int(x["hidden"]), int(x["heads"]), int(x["ffn"])
     drop = 1.0 if x.get("dropout", 0.0) > 0 else 0.0  # whether the dropout kernels run (TransformerConfig.dropout)
+    sp = bool(x.get("sequence_parallel", 0.0)) and t > 1 and layer.kind == "block"
     e = ACTIVATION_BYTES[normalize_dtype(dtype)]
     peak = device.peak(dtype)
     bw = device.memory_bandwidth_Bps * curve.mem_eff
@@ -349,6 +365,8 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
     mem_f = mem_b = 0.0  # bytes of every memory-bound kernel, for the report
     saved_extra = 0.0
     column_wgrad: tuple[float, ...] = ()
+    column_dgrad: tuple[float, ...] = ()
+    core_bytes = core_s = 0.0
     if layer.kind == "block":
         F = float(T * f / t)
         shapes = {"qkv": (T, 3 * h / t, h), "proj": (T, h, h / t), "fc1": (T, f / t, h), "fc2": (T, h, f / t)}
@@ -356,6 +374,7 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
         for times in weight_gemms.values():
             add("gemm", *times)
         column_wgrad = (weight_gemms["qkv"][2], weight_gemms["fc1"][2])  # the column-parallel ones
+        column_dgrad = (weight_gemms["qkv"][1], weight_gemms["fc1"][1])
         heads, d = b * a / t, h / a
         if attention == "unfused":
             S = float(heads * s * s)
@@ -369,15 +388,17 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
             add("attention", att_f / bw, att_b / bw)
             mem_f, mem_b = mem_f + att_f, mem_b + att_b
             saved_extra = unfused_attention_saved_bytes(b, t, s, a, e, drop)
+            core_bytes, core_s = e * S + drop * (S + e * S), parts["attention"][0]
         else:
             causal = 0.5 if x.get("causal", 1.0) else 1.0
             flops = 4.0 * heads * s * s * d * causal
             add("attention", flops / (FLASH_EFF_FWD * peak), 2.5 * flops / (FLASH_EFF_BWD * peak))
-        blk_f = e * 2 * X + (e * 3 * X + drop * X) + e * 2 * X + e * 2 * F + (e * 3 * X + drop * X)
-        blk_b = e * 3 * X * 2 + 2 * (e * 3 * X + drop * X) + e * 3 * F + 2 * e * 3 * X
+        R = X / t if sp else X  # the layernorm / dropout / residual region: sequence-parallel or replicated
+        blk_f = e * 2 * R + (e * 3 * R + drop * R) + e * 2 * R + e * 2 * F + (e * 3 * R + drop * R)
+        blk_b = e * 3 * R * 2 + 2 * (e * 3 * R + drop * R) + e * 3 * F + 2 * e * 3 * R
         add("memory", blk_f / bw, blk_b / bw)
         mem_f, mem_b = mem_f + blk_f, mem_b + blk_b
-        saved_extra += drop * 2 * X  # the two bias-dropout-adds' 1-byte masks (hidden size: not split by t)
+        saved_extra += drop * 2 * R  # the two bias-dropout-adds' 1-byte masks (hidden size: split only by SP)
     elif layer.kind == "head":
         v = padded_vocab(int(x["vocab"]), t)
         logits = float(T * v / t)
@@ -413,7 +434,8 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
         elementwise_bytes_fwd=mem_f, elementwise_bytes_bwd=mem_b, extra_saved_bytes=saved_extra,
         parts=tuple((kind, (part[0], part[1], part[2])) for kind, part in parts.items()),
         selective_recompute_s=pointwise_f / bw,
-        column_wgrad_s=column_wgrad,
+        column_wgrad_s=column_wgrad, column_dgrad_s=column_dgrad,
+        attention_core_bytes=core_bytes, attention_core_recompute_s=core_s, sequence_parallel=sp,
     )
 
 
@@ -467,6 +489,11 @@ class LayerCosts:
     shared_input_bytes: int = 0
     unsaved_input_bytes: int = 0
     tp_bwd_overlap_s: tuple[float, ...] = ()  # sim.costs.LayerCosts.tp_bwd_overlap_s
+    tp_sequence_parallel: bool = False  # sim.costs.LayerCosts.tp_sequence_parallel
+    tp_bwd_regathers: int = 0  # sim.costs.LayerCosts.tp_bwd_regathers
+    tp_bwd_regather_overlap_s: tuple[float, ...] = ()
+    attention_core_bytes: int = -1  # sim.costs.LayerCosts.attention_core_bytes
+    attention_core_recompute_s: float = -1.0
 
     @property
     def bwd_s(self) -> float:
@@ -541,6 +568,8 @@ class AnalyticCostModel:
         saved_bytes = b * saved * act
         selective_bytes, selective_s = -1.0, -1.0
         column_wgrad: tuple[float, ...] = ()  # known only to the kernel model
+        column_dgrad: tuple[float, ...] = ()
+        sequence_parallel, core_bytes, core_s = False, -1.0, -1.0
         if layer.selective_elems >= 0:
             # Roofline of what selective checkpointing recomputes, for layers without a kernel model
             # (e.g. a ResNet's BatchNorms and ReLUs): memory-bound operators that write, once more,
@@ -551,10 +580,16 @@ class AnalyticCostModel:
         if self.kernels and has_kernel_shape(layer) and self.device.kind == "gpu":
             k = transformer_layer_times(layer, b, t, self.device, self.dtype, self.efficiency, self.attention)
             fwd, bwd_i, bwd_w = k.fwd_s, k.bwd_input_s, k.bwd_weight_s
-            column_wgrad = k.column_wgrad_s
+            column_wgrad, column_dgrad = k.column_wgrad_s, k.column_dgrad_s
+            sequence_parallel = k.sequence_parallel
+            core_bytes, core_s = k.attention_core_bytes, k.attention_core_recompute_s
+            if sequence_parallel:  # every saved tensor of the block is sharded: the hidden-size ones by sequence
+                saved_bytes = b * layer.saved_elems / t * act
             saved_bytes += k.extra_saved_bytes
             if layer.selective_elems >= 0:
                 kept = (layer.selective_elems - layer.selective_elems_sharded) + layer.selective_elems_sharded / t
+                if sequence_parallel:  # its hidden-size tensors (input, proj and fc2 outputs) split by sequence
+                    kept = layer.selective_elems / t
                 # Unfused attention keeps its score matmul's output too (b a/t s^2: the bmm is kept).
                 scores = b * layer.extra["heads"] / t * layer.extra["seq"] ** 2 \
                     if self.attention == "unfused" and layer.kind == "block" else 0.0
@@ -568,8 +603,14 @@ class AnalyticCostModel:
         comm_fwd, comm_bwd = n_ar * out * act, n_ar_bwd * out * act
         if layer.kind == "head" and n_ar and "vocab" in layer.extra:
             n_ar, n_ar_bwd, comm_fwd, comm_bwd = megatron_head_tp(b, layer, act)
-        # a block's two backward all-reduces, one behind each column-parallel linear's weight gradient
+        # a block's two backward all-reduces, one behind each column-parallel linear's weight gradient;
+        # under sequence parallelism the reduce-scatter of that input gradient (sim.costs.tp_comm_s).
+        # Megatron-LM's sequence-parallel code always runs that overlap; it is priced only with
+        # tp_backward_overlap all the same, so that one switch says whether the backward's GEMM rate is
+        # the one the A100 default was fitted with (overlap off: docs/sequence-parallel.md).
         overlap = column_wgrad if self.tp_backward_overlap and n_ar_bwd else ()
+        regathers = len(column_dgrad) if sequence_parallel and n_ar_bwd else 0
+        regather_overlap = column_dgrad if regathers and self.tp_backward_overlap else ()
         return LayerCosts(
             fwd_s=fwd,
             bwd_input_s=bwd_i,
@@ -590,6 +631,10 @@ class AnalyticCostModel:
             shared_input_bytes=b * layer.shared_input_elems * act,
             unsaved_input_bytes=b * layer.unsaved_input_elems * act,
             tp_bwd_overlap_s=overlap,
+            tp_sequence_parallel=sequence_parallel,
+            tp_bwd_regathers=regathers, tp_bwd_regather_overlap_s=regather_overlap,
+            attention_core_bytes=int(round(core_bytes)),
+            attention_core_recompute_s=core_s,
         )
 
     @staticmethod

@@ -37,6 +37,9 @@ class AnalyticCosts:
             shared_input_bytes=c.shared_input_bytes,
             unsaved_input_bytes=c.unsaved_input_bytes,
             tp_bwd_overlap_s=c.tp_bwd_overlap_s,
+            tp_sequence_parallel=c.tp_sequence_parallel,
+            tp_bwd_regathers=c.tp_bwd_regathers, tp_bwd_regather_overlap_s=c.tp_bwd_regather_overlap_s,
+            attention_core_bytes=c.attention_core_bytes, attention_core_recompute_s=c.attention_core_recompute_s,
         )
 
     def optimizer_step_s(self, param_bytes: int) -> float:

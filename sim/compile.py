@@ -146,6 +146,16 @@ def check_size(plan: Plan, full: bool) -> None:
 
 
 def check_tp(tp: int, transformer: TransformerConfig | None, workload: str) -> None:
+    if transformer is not None and transformer.sequence_parallel:
+        # Sequence parallelism splits the sequence over the TP group (Korthikanti et al. 2022, 4.2.2).
+        if tp == 1:
+            raise ConfigError("workload_options.sequence_parallel", "sequence parallelism splits the sequence over "
+                              "the tensor-parallel group, and this plan has tp 1",
+                              "set parallelism.tp > 1 or drop sequence_parallel")
+        if transformer.seq % tp:
+            raise ConfigError("workload_options.sequence_parallel",
+                              f"tp={tp} does not divide the sequence length {transformer.seq} of {workload}",
+                              "use a tp that divides the sequence, or drop sequence_parallel")
     if tp == 1:
         return
     if transformer is None:

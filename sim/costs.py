@@ -36,6 +36,18 @@ class LayerCosts:
     # and its b x s x h input gradient backward (sim.analytic.megatron_head_tp).
     tp_bwd_allreduces: int = -1
     tp_bwd_comm_bytes: int = -1
+    # Megatron-LM's sequence parallelism (sim.workloads.TransformerConfig.sequence_parallel): each of
+    # the layer's all-reduces runs as a reduce-scatter and an all-gather of the same tensor (the same
+    # total volume; tp_comm_s prices both), and the backward hides its reduce-scatter, not a whole
+    # all-reduce, behind the weight-gradient GEMM in ``tp_bwd_overlap_s``.
+    tp_sequence_parallel: bool = False
+    # Under sequence parallelism a column-parallel linear keeps only its 1/t of its all-gathered input
+    # and all-gathers it again in the backward for its weight gradient (Korthikanti et al. 2022,
+    # section 4.2.2; Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication.backward): that many
+    # extra all-gathers of tp_comm_bytes per backward, and the input-gradient GEMM seconds each can hide
+    # behind (empty: none hidden; the same switch as tp_bwd_overlap_s).
+    tp_bwd_regathers: int = 0
+    tp_bwd_regather_overlap_s: tuple[float, ...] = ()
     flops_fwd: float = 0.0
     # Under PyTorch's selective checkpointing (``memory: {policy: selective}``, exec.selective): the
     # bytes the layer keeps (its input plus the outputs of its matmul / attention / convolution
@@ -43,6 +55,13 @@ class LayerCosts:
     # not know (a profile taken before these were measured, or a layer with no per-operator model).
     selective_saved_bytes: int = -1
     selective_recompute_s: float = -1.0
+    # Under Korthikanti et al.'s selective recomputation (``memory: {policy: selective-attention}``,
+    # sim.memory_attention): the bytes of the attention core the layer then does not keep (the softmax
+    # output, the attention dropout's mask and output: 5 a s^2 b / t at fp16 with dropout) and the
+    # seconds its backward spends re-running that core (Q K^T, softmax, dropout, the product with V).
+    # 0 and 0 for a layer without such a core (flash attention keeps none); -1: the model does not know.
+    attention_core_bytes: int = -1
+    attention_core_recompute_s: float = -1.0
     # Bytes of this layer's saved input that the previous layer also saves (as its output, e.g. a
     # ReLU's result that the next convolution saves as its input): one storage, counted in both
     # layers' saved_bytes, that a forward keeping both holds once (sim.memory.kept_saved_bytes).
@@ -80,6 +99,10 @@ class LayerCosts:
     def knows_selective(self) -> bool:
         return self.selective_saved_bytes >= 0 and self.selective_recompute_s >= 0
 
+    @property
+    def knows_attention_core(self) -> bool:
+        return self.attention_core_bytes >= 0 and self.attention_core_recompute_s >= 0
+
 
 def tp_comm_s(c: LayerCosts, backward: bool, price: Callable[[str, int], float],
               with_weight_grads: bool = True) -> float:
@@ -96,9 +119,20 @@ def tp_comm_s(c: LayerCosts, backward: bool, price: Callable[[str, int], float],
         count, nbytes = c.tp_bwd_allreduces, c.tp_bwd_comm_bytes
         if count == 0:
             return 0.0
-    one = price(c.tp_collective, nbytes)
-    hidden = sum(min(one, gemm) for gemm in c.tp_bwd_overlap_s) if backward and with_weight_grads else 0.0
-    return count * one - hidden
+    if c.tp_sequence_parallel:
+        # Each all-reduce is a reduce-scatter plus an all-gather; Megatron-LM's sequence-parallel
+        # column-parallel linear (739cb43, megatron/mpu/layers.py, LinearWithGradAccumulationAndAsync-
+        # Communication.backward) reduce-scatters its input gradient while its weight-gradient GEMM runs.
+        hideable = price("reduce_scatter", nbytes)
+        one = hideable + price("all_gather", nbytes)
+    else:
+        one = hideable = price(c.tp_collective, nbytes)
+    hidden = sum(min(hideable, gemm) for gemm in c.tp_bwd_overlap_s) if backward and with_weight_grads else 0.0
+    regather = 0.0
+    if backward and c.tp_bwd_regathers:
+        gather = price("all_gather", nbytes)
+        regather = c.tp_bwd_regathers * gather - sum(min(gather, gemm) for gemm in c.tp_bwd_regather_overlap_s)
+    return count * one - hidden + regather
 
 
 class CostModel(Protocol):

@@ -50,13 +50,13 @@ from sim.gradient_sync_context import BucketPlan, bucket_context, bucket_layers
 from sim.host_cpu import Stretch, cores_taken, host_share, overlap, overlap_stretch, phases_cpu_s
 from sim.meeting import add_offsets, instruction_offsets, instruction_variance, lateness_s, offset_variance
 from sim.memory import (
+    LAYER_VIEWS,
     MemoryPolicy,
     checkpoint_bytes,
     forward_bytes,
     held_bytes,
     movable_bytes,
     received_gradient_bytes,
-    selective_view,
 )
 from sim.model_state import held_gradient_bytes, step_peak_bytes
 from sim.program import Kind
@@ -317,17 +317,17 @@ class Estimator:
 
     def stage(self, layers: tuple[int, ...], recomputed: tuple[int, ...], micro_batch: int, tp: int, level: int,
               swap: float | tuple[int, ...], tp_sharing: int = 1, one_at_a_time: bool = False,
-              selective: bool = False, tables: tuple[int, ...] = (), split_backward: bool = False) -> StageTimes:
+              view: str = "", tables: tuple[int, ...] = (), split_backward: bool = False) -> StageTimes:
         """``recomputed``: the stage's recomputed layers; ``swap``: the fraction of kept bytes swapped,
         or the layers whose saved bytes are swapped (a per-layer memory policy); ``tp_sharing``: TP
         groups sharing a node's adapters (sim.comm.concurrent_groups; 1 unless a TP group spans nodes);
         ``one_at_a_time``: the backward re-runs one recomputed layer at a time (its largest layer's
-        activations are held, not all of them; MemoryPolicy.recompute_in_backward); ``selective``:
-        every layer under torch's selective checkpointing (sim.memory.selective_view); ``tables``: the
+        activations are held, not all of them; MemoryPolicy.recompute_in_backward); ``view``:
+        how every layer runs (sim.memory.LAYER_VIEWS, MemoryPolicy.view; "": as costed); ``tables``: the
         layers of embedding tables a sharded method holds (their TP communication is its all-gather,
         ``sim.embedding.table_tp_costs``); ``split_backward``: price the I and W steps of a split backward
         (zero-bubble schedules; otherwise ``bwd_input_s`` is the whole backward and ``bwd_weight_s`` 0)."""
-        key = (layers, recomputed, micro_batch, tp, level, swap, tp_sharing, one_at_a_time, selective, tables,
+        key = (layers, recomputed, micro_batch, tp, level, swap, tp_sharing, one_at_a_time, view, tables,
                split_backward)
         cached = self._stages.get(key)
         if cached is not None:
@@ -339,11 +339,11 @@ class Estimator:
         shared_key = (tuple(self._kind(layer, micro_batch, tp) for layer in (layers[0] - 1, *layers)),
                       tuple(layer in chosen for layer in layers), micro_batch, tp, level,
                       swap if isinstance(swap, (int, float)) else tuple(layer in swap for layer in layers),
-                      tp_sharing, one_at_a_time, selective, tuple(layer in tables for layer in layers), split_backward)
+                      tp_sharing, one_at_a_time, view, tuple(layer in tables for layer in layers), split_backward)
         cached = self._stages_shared.get(shared_key)
         if cached is None:
             cached = self._stages_shared[shared_key] = self._price_stage(
-                layers, recomputed, micro_batch, tp, level, swap, tp_sharing, one_at_a_time, selective, tables,
+                layers, recomputed, micro_batch, tp, level, swap, tp_sharing, one_at_a_time, view, tables,
                 split_backward)
         self._stages[key] = cached
         return cached
@@ -361,13 +361,13 @@ class Estimator:
 
     def _price_stage(self, layers: tuple[int, ...], recomputed: tuple[int, ...], micro_batch: int, tp: int,
                      level: int, swap: float | tuple[int, ...], tp_sharing: int, one_at_a_time: bool,
-                     selective: bool, tables: tuple[int, ...], split_backward: bool) -> StageTimes:
+                     view: str, tables: tuple[int, ...], split_backward: bool) -> StageTimes:
         from sim.tp_overlap import tp_segments_time
 
         costs = [self.costs.layer_costs(layer, micro_batch, tp) for layer in layers]
         costs = [table_tp_costs(c) if layer in tables and tp > 1 else c for layer, c in zip(layers, costs, strict=True)]
-        if selective:
-            costs = [selective_view(c) for c in costs]
+        if view:
+            costs = [LAYER_VIEWS[view](c) for c in costs]
         forward_tp = [self._tp_comm_s(c, tp, tp_sharing, False) for c in costs]
         backward_tp = [self._tp_comm_s(c, tp, tp_sharing, True) for c in costs]
         level = level if tp > 1 else 0
@@ -570,7 +570,7 @@ class Estimator:
         tp_sharing = concurrent_groups(self.comm.cluster, dp * tp, tuple(range(tp)))
         stages = [self.stage(tuple(stage_layers[s]), tuple(policy.recompute_layers[s]), micro_batch, tp, tp_overlap,
                              policy.swap_fraction[s] if policy.swap_layers is None else policy.swap_layers[s],
-                             tp_sharing, one_at_a_time=policy.recompute_in_backward, selective=policy.selective,
+                             tp_sharing, one_at_a_time=policy.recompute_in_backward, view=policy.view,
                              tables=tables, split_backward=info.split_backward)
                   for s in range(stages_n)]
         if info.recompute_is_schedule:

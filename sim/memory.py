@@ -44,14 +44,21 @@ class MemoryPolicy:
     # Recompute inside the backward, one checkpointed layer at a time (FullRecompute.in_backward):
     # the backward holds one layer's activations at once, not the stage's; its RECOMPUTE is a marker.
     recompute_in_backward: bool = False
-    # Every layer runs under torch's selective checkpointing (sim.memory_selective): it keeps fewer
-    # bytes and its backward recomputes the rest; ``layer_view`` says so to whoever prices a layer.
-    selective: bool = False
+    # How every layer runs, a key of LAYER_VIEWS ("": as costed): under torch's selective
+    # checkpointing ("selective", sim.memory_selective) or Korthikanti's selective recomputation of
+    # the attention core ("selective-attention", sim.memory_attention), a layer keeps fewer bytes and
+    # its backward recomputes the rest; ``layer_view`` says so to whoever prices a layer.
+    view: str = ""
+
+    @property
+    def selective(self) -> bool:
+        """Whether layers run under torch's selective checkpointing (what the runtime can run)."""
+        return self.view == "selective"
 
     def layer_view(self, c: LayerCosts) -> LayerCosts:
-        """A layer's costs as this policy runs it: under selective checkpointing its saved bytes are
-        what it keeps and its input-gradient step also recomputes its memory-bound operators."""
-        return selective_view(c) if self.selective else c
+        """A layer's costs as this policy runs it (LAYER_VIEWS[view]): its saved bytes are what it keeps
+        and its input-gradient step also recomputes what it dropped."""
+        return LAYER_VIEWS[self.view](c) if self.view else c
 
     def recomputes(self, stage: int) -> bool:
         return bool(self.recompute_layers[stage])
@@ -89,6 +96,23 @@ def selective_view(c: LayerCosts) -> LayerCosts:
     # end in an add or a ReLU, so no storage is shared across a boundary (tests/test_memory_selective.py).
     return replace(c, saved_bytes=c.selective_saved_bytes, bwd_input_s=c.bwd_input_s + c.selective_recompute_s,
                    shared_input_bytes=0)
+
+
+def attention_core_view(c: LayerCosts) -> LayerCosts:
+    """A layer's costs under Korthikanti et al.'s selective recomputation (unchanged where the model
+    does not know): the attention core's tensors are not kept, the backward re-runs the core first."""
+    if not c.knows_attention_core:
+        return c
+    return replace(c, saved_bytes=c.saved_bytes - c.attention_core_bytes,
+                   bwd_input_s=c.bwd_input_s + c.attention_core_recompute_s)
+
+
+# Per-layer views of the policies that change how every layer runs (MemoryPolicy.view): one function
+# each, which the lowering, the engine and the fast estimate apply alike.
+LAYER_VIEWS: dict[str, Callable[[LayerCosts], LayerCosts]] = {
+    "selective": selective_view,
+    "selective-attention": attention_core_view,
+}
 
 
 def kept_saved_bytes(layers: Sequence[int], kept: Collection[int], cost: Callable[[int], LayerCosts]) -> int:
@@ -247,17 +271,19 @@ class MemoryPolicyKind:
     # make or to estimate (optimal's MILP, DELTA's replay of each rank's order): the plan search builds
     # and estimates it per plan, for its best plan shapes only (sim.search).
     per_plan: bool = False
+    # Whether the torch runtime runs the policy (exec.contract refuses a plan whose policy it cannot run).
+    runtime: bool = True
 
 
 MEMORY_POLICIES: dict[str, MemoryPolicyKind] = {}
 
 
 def register_memory_policy(name: str, config: type[MemoryConfig], build: Build,
-                           per_plan: bool = False) -> MemoryPolicyKind:
+                           per_plan: bool = False, runtime: bool = True) -> MemoryPolicyKind:
     if name in MEMORY_POLICIES:
         raise ValueError(f"memory policy {name!r} is registered twice")
     doc = " ".join((config.__doc__ or "").split("\n\n")[0].split())
-    MEMORY_POLICIES[name] = kind = MemoryPolicyKind(name, config, build, doc, per_plan)
+    MEMORY_POLICIES[name] = kind = MemoryPolicyKind(name, config, build, doc, per_plan, runtime)
     return kind
 
 
@@ -320,4 +346,4 @@ register_memory_policy("per-stage", PerStageRecompute,
                        _from_fractions(lambda plan: [float(f) for f in plan.memory.recompute]))
 
 # Policies in their own modules register themselves on import (after the registry exists).
-from sim import delta_lowering, memory_optimal, memory_selective  # noqa: E402, F401
+from sim import delta_lowering, memory_attention, memory_optimal, memory_selective  # noqa: E402, F401

@@ -41,7 +41,7 @@ def build_selective(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: Co
                     capacity_bytes: int) -> MemoryPolicy:
     stages_n = plan.num_stages
     none = ((),) * stages_n
-    policy = MemoryPolicy(none, (0.0,) * stages_n, selective=True)
+    policy = MemoryPolicy(none, (0.0,) * stages_n, view="selective")
     info = SCHEDULES[plan.schedule.name]
     if info.recompute_is_schedule:
         return _refused(policy, f"schedule {plan.schedule.name} fixes its own recomputation; selective "

@@ -52,6 +52,7 @@ from sim.partition import balanced_partition, uniform_partition
 from sim.plan import Plan
 from sim.schedules import SCHEDULES
 from sim.search_bound import BOUNDED, Cutoff, best_first, beyond
+from sim.workloads import EXEC_ONLY_OPTIONS, WORKLOAD_FAMILIES, transformer_config
 from traces.errors import ConfigError
 
 DOES_NOT_FIT = "does not fit in memory (estimate)"
@@ -623,7 +624,7 @@ def estimate_phase(space: SearchSpace, top_k: int = 50, workers: int | None = No
     base = {"name": name, "workload": space.workload, "workload_options": dict(space.workload_options),
             "cluster": space.cluster, "profile": space.profile, "dtype": space.dtype}
     # One resolve for the shared pieces: the cost model and the communication model.
-    probe_plan = {**base, "parallelism": {"dp": world}}
+    probe_plan = {**base, "parallelism": _probe_parallelism(space, world, max_tp)}
     probe = resolve_plan(Plan.from_dict(probe_plan))
 
     shapes = list(factorisations(world, max_tp))
@@ -759,6 +760,24 @@ def _one_per_method(syncs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             seen.add(sync["method"])
             kept.append(sync)
     return kept
+
+
+def _probe_parallelism(space: SearchSpace, world: int, max_tp: int) -> dict[str, int]:
+    """The degrees of the plan that resolves the shared cost and communication models: all data parallel,
+    or, for a workload run sequence-parallel (which needs tp > 1: sim.compile.check_tp), the smallest
+    tensor-parallel degree it allows. The search then prunes every shape whose tp it refuses."""
+    if not space.workload_options.get("sequence_parallel"):
+        return {"dp": world}
+    exec_only = EXEC_ONLY_OPTIONS.get(WORKLOAD_FAMILIES.get(space.workload, ""), ())
+    transformer = transformer_config(space.workload, **{k: v for k, v in space.workload_options.items()
+                                                        if k not in exec_only})
+    tp = next((t for t in range(2, max_tp + 1) if world % t == 0 and _tp_problem(t, transformer, space.workload)
+               is None), None)
+    if tp is None:
+        raise ConfigError("workload_options.sequence_parallel",
+                          f"no tensor-parallel degree in 2..{max_tp} dividing {world} devices suits {space.workload}",
+                          "raise max_tp, or search without sequence_parallel")
+    return {"dp": world // tp, "tp": tp}
 
 
 def _tp_problem(tp: int, transformer: Any, workload: str) -> str | None:

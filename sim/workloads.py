@@ -47,6 +47,12 @@ class TransformerConfig:
     # at 23.04): MEGATRON_DROPOUT, which the plans that claim to be Megatron's runs set. 0 (no dropout
     # anywhere, as before the option existed) for every preset: runs agree bit for bit with one process.
     dropout: float = 0.0
+    # Megatron-LM's sequence parallelism (Korthikanti et al. 2022, section 4.2.2; --sequence-parallel
+    # from Megatron-LM 739cb43, 2022): under tensor parallelism t the layernorm / dropout / residual
+    # region of every block runs on 1/t of the sequence, and each TP all-reduce becomes a reduce-scatter
+    # and an all-gather. Simulated only (sim.analytic); the runtime refuses it (exec.workloads.gpt).
+    # Needs tp > 1 and a sequence divisible by tp (sim.compile.check_tp).
+    sequence_parallel: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -221,7 +227,8 @@ ATTENTION_IMPLEMENTATIONS = ("flash", "unfused")
 # Configuration fields added after bundles were first written, with the value every bundle written
 # before them ran: a bundle that does not record such a field describes a plan that has that value.
 ADDED_CONFIG_FIELDS: dict[str, object] = {"attention": "flash",  # torch SDPA, before the option existed
-                                          "dropout": 0.0}  # no dropout, before the option existed
+                                          "dropout": 0.0,  # no dropout, before the option existed
+                                          "sequence_parallel": False}  # no runtime runs it
 
 
 def transformer_config(name: str, **overrides: object) -> TransformerConfig:
@@ -296,7 +303,8 @@ def transformer_layers(cfg: TransformerConfig) -> list[LayerSpec]:
     # The shape, for sim.analytic's kernel-by-kernel costs (GEMM shapes after the TP split, the
     # memory-bound kernels, the vocabulary padded as Megatron pads it). A causal GPT masks attention.
     shape = {"seq": float(s), "hidden": float(h), "heads": float(a), "ffn": float(f), "vocab": float(v),
-             "causal": 1.0 if cfg.family == "gpt" else 0.0, "dropout": float(cfg.dropout)}
+             "causal": 1.0 if cfg.family == "gpt" else 0.0, "dropout": float(cfg.dropout),
+             "sequence_parallel": 1.0 if cfg.sequence_parallel else 0.0}
     # Megatron's vocabulary-parallel table (megatron/core/tensor_parallel/layers.py,
     # VocabParallelEmbedding.forward): each rank looks up its vocabulary slice and the partial
     # outputs are summed by reduce_from_tensor_model_parallel_region, the identity backward

@@ -10,9 +10,12 @@ mask sbh; two layernorm inputs 4sbh. The paper leaves out small buffers; the led
 layernorms' mean and reciprocal standard deviation (sim.workloads.transformer_layers: 4 s elements
 per sample), and the test names it. Full recomputation keeps 2sbh (section 4.3).
 
-The paper's selective recomputation (eq. 5/6: recompute the attention core, keep 34 sbh / t) is not
-a memory policy here: the ``selective`` policy is torch's (keep matmul and attention outputs,
-recompute the memory-bound operators), a different set, so it is not compared.
+Sequence parallelism (``workload_options: {sequence_parallel: true}``, section 4.2.2) splits the
+replicated 10 sbh over t too: eq. 3, s b h / t (34 + 5 a s / h). The paper's selective recomputation
+(section 5; ``memory: {policy: selective-attention}``, sim.memory_attention) drops the attention
+core's 5 a s^2 b / t: 34 s b h / t with sequence parallelism (their eq. 6) and s b h (10 + 24 / t)
+without. In every case the layernorm statistics (4 s b elements, split by t under sequence
+parallelism) come on top. (``selective`` is torch's policy, a different set, not compared.)
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from benchmarks.megatron_at_scale import curve_of
 from sim.analytic_costs import AnalyticCosts
 from sim.calibration import MEGATRON_ATTENTION
 from sim.cluster import load_cluster
-from sim.memory import checkpoint_bytes, forward_bytes
+from sim.memory import MEMORY_POLICIES, checkpoint_bytes, forward_bytes
 from sim.workloads import transformer_config, transformer_layers
 
 SEQ = 2048  # Korthikanti et al. 2022, Table 3: sequence 2,048 for every model
@@ -41,19 +44,30 @@ def eq2(s: int, b: int, h: int, a: int, t: int) -> int:
     return replicated + split // t + attention // t
 
 
-def ledger(row: dict, t: int, dropout: float = 0.1) -> tuple[int, int, int]:
-    """(bytes the ledger holds per layer over a run of middle blocks under no recomputation, the
-    layernorm statistics it counts among them, its checkpoint bytes of one block) for the row's model."""
+def ledger(row: dict, t: int, dropout: float = 0.1, sequence_parallel: bool = False,
+           policy: str = "none") -> tuple[int, int, int]:
+    """(bytes the ledger holds per layer over a run of middle blocks under ``policy`` (none, or a
+    policy that checkpoints nothing and changes each layer's view: selective-attention), the layernorm
+    statistics it counts among them, its checkpoint bytes of one block) for the row's model."""
     plan = korth.row_plan(row, "none")
-    options = {**plan.workload_options, "dropout": dropout}
+    options = {**plan.workload_options, "dropout": dropout, "sequence_parallel": sequence_parallel}
+    plan = plan.replace(workload_options=options, memory={"policy": policy},
+                        parallelism={**plan.parallelism.model_dump(), "tp": t})
     costs = AnalyticCosts(transformer_layers(transformer_config(plan.workload, **options)),
                           load_cluster(plan.cluster).device, "fp16", load_cluster(plan.cluster),
                           curve_of("default"), attention=MEGATRON_ATTENTION)
     b = int(row["micro_batch"])
     blocks = [2, 3, 4, 5]  # middle blocks (layer 0 is the embedding)
-    held = forward_bytes(blocks, (), lambda layer: costs.layer_costs(layer, b, t))
-    ln_stats = 2 * 2 * SEQ * b * 2  # two layernorms x (mean, rstd) x s b, at the activation's 2 bytes
-    return held // len(blocks), ln_stats, checkpoint_bytes(2, lambda layer: costs.layer_costs(layer, b, t))
+    stage_layers = [tuple(range(costs.num_layers))] * plan.num_stages  # the policy's decision is per layer
+    policy_ = MEMORY_POLICIES[policy].build(plan, stage_layers, costs, 2**50)
+    assert not policy_.problem and not any(policy_.recompute_layers)
+
+    def cost(layer: int):
+        return policy_.layer_view(costs.layer_costs(layer, b, t))
+
+    held = forward_bytes(blocks, (), cost)
+    ln_stats = 2 * 2 * SEQ * b * 2 // (t if sequence_parallel else 1)  # 2 layernorms x (mean, rstd) x s b, 2 bytes
+    return held // len(blocks), ln_stats, checkpoint_bytes(2, cost)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r["model"] for r in ROWS])
@@ -70,6 +84,86 @@ def test_no_recompute_layer_is_eq1_without_tensor_parallelism(row):
     b, h, a = int(row["micro_batch"]), int(row["hidden"]), int(row["heads"])
     held, ln_stats, _ = ledger(row, 1)
     assert held - ln_stats == 34 * SEQ * b * h + 5 * a * SEQ * SEQ * b == eq2(SEQ, b, h, a, 1)  # s b h (34 + 5as/h)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r["model"] for r in ROWS])
+def test_sequence_parallel_layer_is_eq3(row):
+    b, h, a, t = int(row["micro_batch"]), int(row["hidden"]), int(row["heads"]), int(row["tp"])
+    held, ln_stats, checkpoint = ledger(row, t, sequence_parallel=True)
+    sbh = SEQ * b * h
+    assert held - ln_stats == 34 * sbh // t + 5 * a * SEQ * SEQ * b // t  # s b h / t (34 + 5 a s / h)
+    assert checkpoint == 2 * sbh  # the layer input, as Megatron keeps it (section 4.3: 2sbh; not split here)
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp", "tp+sp"])
+@pytest.mark.parametrize("row", ROWS, ids=[r["model"] for r in ROWS])
+def test_selective_attention_layer_is_eq6_or_its_tp_analogue(row, sequence_parallel):
+    b, h, t = int(row["micro_batch"]), int(row["hidden"]), int(row["tp"])
+    held, ln_stats, _ = ledger(row, t, sequence_parallel=sequence_parallel, policy="selective-attention")
+    sbh = SEQ * b * h
+    assert held - ln_stats == (34 * sbh // t if sequence_parallel else 10 * sbh + 24 * sbh // t)
+
+
+def test_selective_attention_re_runs_the_attention_core_in_the_backward():
+    # The backward grows by the core's forward (both bmms, softmax, dropout, the context copy), the
+    # forward does not; flash attention keeps no s x s tensor, so the view changes nothing there and the
+    # policy refuses such a plan (it would be ``none`` under another name).
+    from sim.memory import attention_core_view
+
+    row = ROWS[0]
+    b, t = int(row["micro_batch"]), int(row["tp"])
+    for attention, grows in (("unfused", True), ("flash", False)):
+        plan = korth.row_plan(row, "none")
+        layers = transformer_layers(transformer_config(plan.workload, **{**plan.workload_options, "dropout": 0.1}))
+        costs = AnalyticCosts(layers, load_cluster(plan.cluster).device, "fp16", load_cluster(plan.cluster),
+                              curve_of("default"), attention=attention)
+        c = costs.layer_costs(2, b, t)
+        viewed = attention_core_view(c)
+        assert viewed.fwd_s == c.fwd_s
+        assert (viewed.bwd_input_s > c.bwd_input_s) == grows and (viewed.saved_bytes < c.saved_bytes) == grows
+        if grows:  # the re-run is the forward's attention part: more than its two bmms' FLOPs at peak
+            s, h = SEQ, int(row["hidden"])
+            assert c.attention_core_recompute_s > 4 * b * s * s * h / t / load_cluster(plan.cluster).device.peak("fp16")
+
+
+def test_selective_attention_is_refused_where_nothing_keeps_an_attention_core():
+    from sim.plan import Plan
+    from sim.simulate import simulate
+    from traces.errors import ConfigError
+
+    plan = Plan.from_dict({"workload": "gpt2-small", "workload_options": {"dropout": 0.1},  # flash attention
+                           "cluster": {"preset": "dgx-a100-8"}, "parallelism": {"dp": 8},
+                           "memory": {"policy": "selective-attention"}})
+    with pytest.raises(ConfigError, match="flash attention keeps no"):
+        simulate(plan)
+    simulate(plan.replace(workload_options={"dropout": 0.1, "attention": "unfused"}))
+
+
+def test_sequence_parallelism_needs_tp_and_a_divisible_sequence_and_the_runtime_refuses_it():
+    from exec.workloads import get_workload
+    from sim.compile import check_tp
+    from traces.errors import ConfigError
+
+    cfg = transformer_config("gpt-tiny", sequence_parallel=True)  # seq 32
+    check_tp(2, cfg, "gpt-tiny")
+    with pytest.raises(ConfigError, match="workload_options.sequence_parallel"):
+        check_tp(1, cfg, "gpt-tiny")
+    with pytest.raises(ConfigError, match="workload_options.sequence_parallel"):
+        check_tp(4, transformer_config("gpt-tiny", sequence_parallel=True, seq=30), "gpt-tiny")
+    with pytest.raises(ConfigError, match="workload_options.sequence_parallel"):
+        get_workload("gpt-tiny", sequence_parallel=True)
+
+
+def test_the_runtime_refuses_selective_attention():
+    from exec.contract import compile_for_run
+    from sim.plan import Plan
+    from traces.errors import ConfigError
+
+    plan = Plan.from_dict({"workload": "gpt-tiny", "workload_options": {"attention": "unfused"},
+                           "cluster": {"preset": "local-cpu-2", "devices_per_node": 2},
+                           "parallelism": {"dp": 2}, "memory": {"policy": "selective-attention"}})
+    with pytest.raises(ConfigError, match="memory.policy"):
+        compile_for_run(plan)
 
 
 def test_without_dropout_the_masks_and_the_dropout_output_are_not_kept():

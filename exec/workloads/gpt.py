@@ -153,6 +153,10 @@ class TransformerWorkload(Workload):
         if sparse and cfg.family != "gpt":  # the simulator's row counts assume GPT's unmasked inputs
             raise ConfigError("workload_options.sparse", f"a sparse token table is for gpt workloads, not {name}",
                               "leave sparse out")
+        if cfg.sequence_parallel:  # exec.parallel.tp keeps the layernorm / dropout region replicated
+            raise ConfigError("workload_options.sequence_parallel", "the runtime has no sequence-parallel path "
+                              "(its TP all-reduces replicated activations); sequence parallelism is simulated only",
+                              "simulate the plan (paratwin simulate), or drop sequence_parallel to run it")
         self.name = name
         self.cfg = cfg
         self.stochastic = cfg.dropout > 0
