@@ -306,10 +306,13 @@ def format_suite(table: pd.DataFrame) -> str:
     s = table.attrs.get("summary") or summarise(table)
     lines = [f"Section: {s['section']}.", ""] if s.get("section", "default") != "default" else []
     ranking = s.get("ranking")
-    intervals = ranking["median_intervals_s"] if ranking else {}
-    level = f"{ranking['level']:.0%}" if ranking else ""
+    # with rounds the measured columns are over the round medians, and so is the interval shown
+    shown_ranking = s.get("paired_ranking") or ranking
+    intervals = shown_ranking["median_intervals_s"] if shown_ranking else {}
+    level = f"{shown_ranking['level']:.0%}" if shown_ranking else ""
+    over = " over rounds" if s.get("paired_ranking") else ""
     lines += ["| plan | predicted (ms) | measured median (ms) | "
-              + (f"median {level} interval (ms) | " if ranking else "")
+              + (f"median {level} interval{over} (ms) | " if ranking else "")
               + "spread | error | peak memory error (max over ranks) | profile drift | attempts | steady |",
               "| --- | --- | --- | " + ("--- | " if ranking else "") + "--- | --- | --- | --- | --- | --- |"]
     for row in table.itertuples(index=False):
@@ -332,8 +335,9 @@ def format_suite(table: pd.DataFrame) -> str:
     lines.append(f"Steady measurements only ({st['plans']} plans: profile drift within {STEADY_DRIFT:.0%}, spread "
                  f"under {STEADY_SPREAD:.0%}): median |error| {st['median_abs_error']:.1%}, max "
                  f"{st['max_abs_error']:.1%}, Spearman {st['spearman']:.3f}.")
-    lines.append("spread = (p90 - p10) / median of the measured iterations; profile drift = compute time of "
-                 "the profile taken after the run / before it.")
+    lines.append(f"spread = (p90 - p10) / median of the {'round medians' if over else 'measured iterations'}; "
+                 "profile drift = compute time of the profile taken after the run / before it"
+                 f"{' (round 0)' if over else ''}.")
     if s.get("calibration_plans"):
         c, u = s["calibration"], s["uncalibrated"]
         lines.append(f"Calibrated on {', '.join(s['calibration_plans'])} (not in the suite): "
