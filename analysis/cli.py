@@ -218,11 +218,15 @@ def validate_suite(
     warmup: Annotated[int, typer.Option(help="untimed iterations first")] = 3,
     section: Annotated[str | None, typer.Option(help="run examples/validation/<SECTION>/*.yaml instead of the "
                                                 "default plans (e.g. compression)")] = None,
+    rounds: Annotated[int, typer.Option(help="interleaved rounds: every plan once per round, in a fresh random "
+                                        "order; pairs judged by their per-round ratios (analysis.rounds)")] = 1,
+    seed: Annotated[int | None, typer.Option(help="seed of the rounds' orders (default 12 when --rounds > 1)")
+                    ] = None,
 ) -> None:
     """Validate the simulator on >= 8 plans on 2 gloo ranks; one table of errors."""
     from analysis.validation_suite import format_suite, run_suite
 
-    table = run_suite(out, plans, iterations, warmup, section=section)
+    table = run_suite(out, plans, iterations, warmup, section=section, rounds=rounds, seed=seed)
     plain(format_suite(table))
     plain(f"wrote {out}")
 

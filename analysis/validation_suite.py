@@ -33,6 +33,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.ranking import describe, rank_pairs
+from analysis.rounds import DEFAULT_SEED, record_rounds, round_orders
+from analysis.rounds import describe as describe_rounds
 from analysis.validation.calibration import ValidationCalibration, fit_calibration
 from analysis.validation.profiling import profile_for_validation
 from analysis.validation.report import ValidationReport
@@ -89,7 +91,8 @@ def unsteadiness(report: ValidationReport) -> float:
 
 def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 20, warmup: int = 3,
               calibration: list[Path] | None = None, verbose: bool = True,
-              profile_repeats: int = PROFILE_REPEATS, retries: int = 1, section: str | None = None) -> pd.DataFrame:
+              profile_repeats: int = PROFILE_REPEATS, retries: int = 1, section: str | None = None,
+              rounds: int = 1, seed: int | None = None) -> pd.DataFrame:
     """Validate every plan (default: ``examples/validation/*.yaml``, or the plans of ``section``
     when it is given: ``examples/validation/<section>/*.yaml``); write ``suite.csv``,
     ``suite.json`` and ``suite.md`` to ``out_dir`` and return the per-plan table (its
@@ -112,7 +115,17 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
     ``retries``: a plan whose measurement was not steady (``unsteadiness`` > 1: the load changed
     between the profiles or during the run) is validated again, up to ``retries`` times, and the
     steadiest attempt is kept; the table says how many attempts were made and whether the kept
-    one is steady, and the summary gives the errors over all plans and over the steady ones."""
+    one is steady, and the summary gives the errors over all plans and over the steady ones.
+
+    ``rounds`` (``analysis.rounds``): R > 1 interleaves the plans. Round 0 validates every plan as
+    above (profile, run, prediction: one prediction per plan); rounds 1..R-1 run every plan again for
+    ``iterations`` after ``warmup`` on its round-0 profile, no new prediction. Each round's order is
+    a fresh permutation drawn from ``seed`` (default ``analysis.rounds.DEFAULT_SEED``; ``seed`` with
+    R = 1 shuffles the one round), so the machine's drift hits every plan alike; the measured
+    columns are then the median and the 10th/90th percentiles of the plans' per-round medians, and
+    ``rounds.json`` / ``rounds.md`` hold the orders, every block's times and the paired ranking
+    (per-round ratios, sign-test intervals), also in the summary as ``paired_ranking``. R = 1
+    without a seed is the suite as it was: every plan once, in the given order."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if plans is not None and section is not None:
@@ -126,6 +139,10 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
     if len(set(names)) != len(names) or len(loaded) != len(paths) + len(calibration_paths):
         raise ConfigError("plans", "a plan is given twice, or two plans share a name (calibration plans must "
                           "not be in the suite)", "give every plan its own name and keep the two sets apart")
+    if rounds > 1 and seed is None:
+        seed = DEFAULT_SEED
+    by_name = {loaded[p].name: p for p in paths}
+    orders = round_orders(list(by_name), rounds, seed)  # drawn (and checked) before anything runs
     started = time.perf_counter()
 
     groups: dict[str, list[Path]] = defaultdict(list)
@@ -171,17 +188,35 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
                   f"+{fitted.dispatch_s * 1e3:.3f} ms dispatch per compute instruction, "
                   f"+{fitted.p2p_overhead_s * 1e3:.3f} ms per message, compute x {fitted.compute_scale:.3f}",
                   flush=True)
+    reports: dict[str, ValidationReport] = {}
+    blocks: dict[str, list[list[float]]] = defaultdict(list)  # plan -> each round's iteration times
+    for number, order in enumerate(orders):
+        if verbose and rounds > 1:
+            print(f"round {number + 1} of {rounds}: {', '.join(order)}", flush=True)
+        for name in order:
+            if number == 0:  # the validation: profile, run, prediction
+                reports[name] = validate(by_name[name], "plans", fitted)
+                m = reports[name].measured
+                blocks[name].append(list(m.get("times_s") or [m["median_s"]]))
+            else:
+                blocks[name].append(_run_block(loaded[by_name[name]], reports[name].profile, iterations, warmup,
+                                               out / "rounds" / f"round{number}" / name))
     rows = []
     times: dict[str, list[float]] = {}
     for path in paths:
         plan = loaded[path]
-        report = validate(path, "plans", fitted)
-        m = report.measured
-        times[plan.name] = list(m.get("times_s") or [m["median_s"]])
+        report = reports[plan.name]
+        m = dict(report.measured)
+        times[plan.name] = blocks[plan.name][0]
+        if rounds > 1:  # the measured figures over rounds: the median and percentiles of the round medians
+            medians = [float(np.median(b)) for b in blocks[plan.name]]
+            m["median_s"], m["p10_s"], m["p90_s"] = (float(v) for v in np.percentile(medians, [50, 10, 90]))
+            m["spread"] = (m["p90_s"] - m["p10_s"]) / m["median_s"]
+        error = report.predicted_s / m["median_s"] - 1
         memory_errors = report.memory["error"].abs()
         rows.append({"plan": plan.name, "predicted_s": report.predicted_s, "measured_median_s": m["median_s"],
                      "measured_p10_s": m["p10_s"], "measured_p90_s": m["p90_s"], "measured_spread": m["spread"],
-                     "error": report.error, "abs_error": abs(report.error),
+                     "error": error, "abs_error": abs(error),
                      "memory_error_max": float(memory_errors.max()) if len(memory_errors) else math.nan,
                      "profile_drift": report.settings.get("profile_drift"),
                      "predicted_uncalibrated_s": report.settings.get("predicted_uncalibrated_s")
@@ -192,9 +227,22 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
     table.attrs["summary"] = summarise(table, times) | {
         "wall_s": time.perf_counter() - started, "iterations": iterations, "warmup": warmup,
         "calibration": asdict(fitted), "calibration_plans": [loaded[p].name for p in calibration_paths],
-        "section": section or "default"}
+        "section": section or "default", "rounds": rounds, "seed": seed}
+    if rounds > 1 or seed is not None:
+        record = record_rounds(out, orders, seed, iterations, blocks,
+                               dict(zip(table["plan"], table["predicted_s"], strict=True)))
+        table.attrs["summary"]["paired_ranking"] = record["ranking"]
     write_suite(table, out)
     return table
+
+
+def _run_block(plan: Plan, profile: Path, iterations: int, warmup: int, out: Path) -> list[float]:
+    """One more block of ``plan`` (a round after the first): its iteration times, on the profile
+    its validation used (recorded in the plan written beside the run)."""
+    from exec.launcher import run_plan
+
+    return list(run_plan(plan.replace(profile=str(profile)), nproc=plan.world_size, iterations=iterations,
+                         warmup=warmup, out_dir=out, force=True).iteration_times)
 
 
 def summarise(table: pd.DataFrame, times: dict[str, list[float]] | None = None) -> dict:
@@ -258,10 +306,13 @@ def format_suite(table: pd.DataFrame) -> str:
     s = table.attrs.get("summary") or summarise(table)
     lines = [f"Section: {s['section']}.", ""] if s.get("section", "default") != "default" else []
     ranking = s.get("ranking")
-    intervals = ranking["median_intervals_s"] if ranking else {}
-    level = f"{ranking['level']:.0%}" if ranking else ""
+    # with rounds the measured columns are over the round medians, and so is the interval shown
+    shown_ranking = s.get("paired_ranking") or ranking
+    intervals = shown_ranking["median_intervals_s"] if shown_ranking else {}
+    level = f"{shown_ranking['level']:.0%}" if shown_ranking else ""
+    over = " over rounds" if s.get("paired_ranking") else ""
     lines += ["| plan | predicted (ms) | measured median (ms) | "
-              + (f"median {level} interval (ms) | " if ranking else "")
+              + (f"median {level} interval{over} (ms) | " if ranking else "")
               + "spread | error | peak memory error (max over ranks) | profile drift | attempts | steady |",
               "| --- | --- | --- | " + ("--- | " if ranking else "") + "--- | --- | --- | --- | --- | --- |"]
     for row in table.itertuples(index=False):
@@ -276,13 +327,17 @@ def format_suite(table: pd.DataFrame) -> str:
               f"{s['max_abs_error']:.1%}, mean error {s['mean_error']:+.1%}, Spearman rank correlation "
               f"{s['spearman']:.3f}; peak memory |error| at most {s['memory_max_abs_error']:.1%}."]
     if ranking:
-        lines.append(f"Ranking: {describe(ranking)}")
+        lines.append(f"Ranking{' (round 0 alone)' if s.get('paired_ranking') else ''}: {describe(ranking)}")
+    if s.get("paired_ranking"):
+        lines.append(f"Ranking over rounds (seed {s.get('seed')}; measured columns: median of the round medians): "
+                     f"{describe_rounds(s['paired_ranking'])}")
     st = s["steady"]
     lines.append(f"Steady measurements only ({st['plans']} plans: profile drift within {STEADY_DRIFT:.0%}, spread "
                  f"under {STEADY_SPREAD:.0%}): median |error| {st['median_abs_error']:.1%}, max "
                  f"{st['max_abs_error']:.1%}, Spearman {st['spearman']:.3f}.")
-    lines.append("spread = (p90 - p10) / median of the measured iterations; profile drift = compute time of "
-                 "the profile taken after the run / before it.")
+    lines.append(f"spread = (p90 - p10) / median of the {'round medians' if over else 'measured iterations'}; "
+                 "profile drift = compute time of the profile taken after the run / before it"
+                 f"{' (round 0)' if over else ''}.")
     if s.get("calibration_plans"):
         c, u = s["calibration"], s["uncalibrated"]
         lines.append(f"Calibrated on {', '.join(s['calibration_plans'])} (not in the suite): "
@@ -314,12 +369,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--retries", type=int, default=1, help="re-validations of an unsteady plan")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="interleaved rounds (analysis.rounds): every plan once per round, fresh order")
+    parser.add_argument("--seed", type=int, default=None,
+                        help=f"seed of the rounds' orders (default {DEFAULT_SEED} when --rounds > 1)")
     parser.add_argument("--calibration", type=Path, nargs="*", default=None,
                         help="plans outside the suite to fit the all-reduce overhead on (default: "
                              "examples/validation/calibration/*.yaml; the option without plans: none)")
     args = parser.parse_args(argv)
     table = run_suite(args.out, args.plans, args.iterations, args.warmup, args.calibration, retries=args.retries,
-                      section=args.section)
+                      section=args.section, rounds=args.rounds, seed=args.seed)
     print()
     print(format_suite(table))
     return 0

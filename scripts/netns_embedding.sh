@@ -9,7 +9,8 @@
 #                ITERATIONS (10), WARMUP (2), PYTHON (.venv/bin/python),
 #                PROFILE (a bundle of this workload to reuse; default: profile it here, OUT/base),
 #                COMMBENCH (1: benchmark the link; 0: price it from the tbf rate alone),
-#                COMM_REPEATS (10), COMM_ONLY (1: the benchmarks only, no plan runs)
+#                COMM_REPEATS (10), COMM_ONLY (1: the benchmarks only, no plan runs),
+#                ROUNDS (1: each plan once; R > 1: R interleaved rounds, analysis.rounds), SEED (12: their order)
 #
 # The workload is profiled once here (the dense plan: every plan has the same layers; both ranks'
 # processes co-located, analysis/validate.py). Per rate the namespaces are made; exec.commbench runs
@@ -30,6 +31,8 @@ PYTHON=${PYTHON:-.venv/bin/python}
 COMMBENCH=${COMMBENCH:-1}
 COMM_REPEATS=${COMM_REPEATS:-10}
 COMM_ONLY=${COMM_ONLY:-0}
+ROUNDS=${ROUNDS:-1}
+SEED=${SEED:-12}
 
 source "$(dirname "$0")/netns_lib.sh"
 netns_require_root
@@ -52,8 +55,12 @@ for rate in $RATES; do
     if [[ $COMM_ONLY -ne 1 ]]; then
         "$PYTHON" -m analysis.embedding_validate plans "${plans[@]}" --rate "$rate" --profile "$profile" \
             --out "$OUT/$rate"
-        netns_validate_plans "$PYTHON" "$OUT/$rate" "$profile" "$ITERATIONS" "$WARMUP" || exit 1
+        netns_validate_plans "$PYTHON" "$OUT/$rate" "$profile" "$ITERATIONS" "$WARMUP" "$ROUNDS" "$SEED" \
+            || exit 1
     fi
     netns_cleanup
 done
-if [[ $COMM_ONLY -ne 1 ]]; then "$PYTHON" -m analysis.embedding_validate summary "$OUT"; fi
+if [[ $COMM_ONLY -ne 1 ]]; then
+    "$PYTHON" -m analysis.embedding_validate summary "$OUT"
+    if [[ $ROUNDS -gt 1 ]]; then "$PYTHON" -m analysis.rounds show "$OUT"; fi
+fi

@@ -78,21 +78,43 @@ netns_commbench() {
     "$python" -m analysis.netns_comm spec "$out/comm" --profile "$profile" --out "$out/profile"
 }
 
-# netns_validate_plans PYTHON DIR PROFILE ITERATIONS WARMUP: run every DIR/*.yaml plan (one rank per
-# namespace, over the link netns_up shaped) and compare each run with its prediction from PROFILE:
-# DIR/<plan>/run and DIR/<plan>/report.
+# netns_validate_plans PYTHON DIR PROFILE ITERATIONS WARMUP [ROUNDS SEED]: run every DIR/*.yaml plan (one
+# rank per namespace, over the link netns_up shaped) and compare each run with its prediction from
+# PROFILE: DIR/<plan>/run and DIR/<plan>/report. ROUNDS > 1 (analysis.rounds): every plan once per
+# round, each round in a fresh order drawn from SEED (DIR/rounds-order.json); round 0 is the
+# validated run above, round r runs to DIR/<plan>/rounds/r<r>/run; then DIR/rounds.{json,md}, the
+# pairs judged by their per-round ratios. ROUNDS 1 (the default): every plan once, in file order.
 netns_validate_plans() {
-    local python=$1 dir=$2 profile=$3 iterations=$4 warmup=$5
-    for plan in "$dir"/*.yaml; do
-        local name
-        name=$(basename "$plan" .yaml)
-        echo "== $dir $name"
-        if ! netns_run "$python" "$plan" "$dir/$name/run" "$iterations" "$warmup"; then
-            echo "error: $name failed; see $dir/$name/run/errors" >&2
-            return 1
-        fi
-        "$python" -m analysis.validate record "$plan" "$dir/$name/run" --profile "$profile" \
-            --out "$dir/$name/report" > "$dir/$name/report.txt"
-        grep -m1 -i "iteration" "$dir/$name/report.txt" || true
+    local python=$1 dir=$2 profile=$3 iterations=$4 warmup=$5 rounds=${6:-1} seed=${7:-12}
+    local names=() orders=() plan
+    for plan in "$dir"/*.yaml; do names+=("$(basename "$plan" .yaml)"); done
+    if [[ $rounds -gt 1 ]]; then
+        mapfile -t orders < <("$python" -m analysis.rounds orders "$dir" "${names[@]}" --rounds "$rounds" \
+            --seed "$seed" --iterations "$iterations") || return 1
+    else
+        orders=("${names[*]}")
+    fi
+    local round=0 order name
+    for order in "${orders[@]}"; do
+        for name in $order; do
+            if [[ $round -eq 0 ]]; then
+                echo "== $dir $name"
+                if ! netns_run "$python" "$dir/$name.yaml" "$dir/$name/run" "$iterations" "$warmup"; then
+                    echo "error: $name failed; see $dir/$name/run/errors" >&2
+                    return 1
+                fi
+                "$python" -m analysis.validate record "$dir/$name.yaml" "$dir/$name/run" --profile "$profile" \
+                    --out "$dir/$name/report" > "$dir/$name/report.txt"
+                grep -m1 -i "iteration" "$dir/$name/report.txt" || true
+            else
+                echo "== $dir $name round $((round + 1)) of $rounds"
+                if ! netns_run "$python" "$dir/$name.yaml" "$dir/$name/rounds/r$round/run" "$iterations" "$warmup"; then
+                    echo "error: $name failed; see $dir/$name/rounds/r$round/run/errors" >&2
+                    return 1
+                fi
+            fi
+        done
+        round=$((round + 1))
     done
+    if [[ $rounds -gt 1 ]]; then "$python" -m analysis.rounds collect "$dir" || return 1; fi
 }
