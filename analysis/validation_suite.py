@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from collections import defaultdict
 from dataclasses import asdict
@@ -40,7 +41,7 @@ from analysis.validation.profiling import profile_for_validation
 from analysis.validation.report import ValidationReport
 from analysis.validation.run import validate_plan
 from sim.plan import Plan
-from traces.errors import ConfigError
+from traces.errors import ConfigError, ParatwinError
 
 SUITE_DIR = Path(__file__).resolve().parent.parent / "examples" / "validation"
 # A measurement is steady when the profiles before and after the run agree within STEADY_DRIFT and
@@ -385,4 +386,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except ParatwinError as error:  # a bad plan or option: the one-line message, as `paratwin` prints it
+        sys.exit(f"error: {error}")
