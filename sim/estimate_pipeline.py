@@ -241,15 +241,18 @@ def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages
     stages s and s + 1. ``delta_s``: per stage, seconds of re-runs DELTA adds before each backward.
     ``flags``: per stage, whether it recomputes (read only by a schedule whose recompute is its
     shape, Merak's). ``runs``: a cache of weighted runs by their inputs. ``beside_send``: how many
-    times as long compute takes while its rank's sends move (``weighted_run``; past the capped
-    micro-batch count the extension is not slowed)."""
+    times as long compute takes while its rank's sends move (``weighted_run``; then the graph is
+    run at the plan's micro-batch count, not capped)."""
     info = SCHEDULES[schedule]
     n_stages = len(stages)
     delta_s = delta_s if delta_s is not None else (0.0,) * n_stages
     if n_stages == 1:  # one stage: its actions back to back, the last one a backward
         total = microbatches * per_rank[0]
         return PipelineTime(total, total, (total,), {0: total})
-    capped = steady_count(schedule, pp, microbatches, chunks)
+    # Under a slowdown the steady state is not the slowest rank's seconds per micro-batch (each
+    # rank's compute beside its sends is slowed by how its sends fall), so the run goes to the plan's
+    # own count: the same pass as the engine's, the extension then empty.
+    capped = steady_count(schedule, pp, microbatches, chunks) if beside_send <= 1.0 else microbatches
     flags = flags if flags is not None and info.recompute_is_schedule else (False,) * n_stages
     shape = (schedule, pp, capped, chunks, flags)
     graph = action_graph(*shape)
