@@ -129,3 +129,34 @@ def test_a_ranks_sends_queue_behind_each_other_while_it_computes() -> None:
     slowed = engine_s(resolved, 1.0)
     assert slowed - engine_s(resolved) > 1e-3  # the sends overlap compute
     assert estimate_s(resolved, 1.0) == pytest.approx(slowed, rel=1e-9)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 12, left: the estimate does not slow compute beside gradient "
+                                       "buckets that move before a rank's last compute (interleaved: -1.22%)")
+def test_compute_beside_buckets_before_a_ranks_last_compute_is_slowed_as_the_engine_slows_it() -> None:
+    """Interleaved 1F1B with dp 2: rank 0's buckets of virtual stage 2 move while it still runs
+    stage 0's backwards; the engine slows that compute under ``overlap_slowdown``, the estimate
+    (``_dp_exposed`` after the weighted run) does not. Strict: passes once the estimate prices it."""
+    plan = Plan.from_dict({"workload": "gpt-tiny", "workload_options": {"hidden": 512, "num_layers": 8},
+                           "gradient_sync": {"method": "allreduce", "bucket_mb": 1},
+                           "parallelism": {"dp": 2, "pp": 2, "chunks": 2},
+                           "schedule": {"name": "interleaved-1f1b", "microbatches": 4},
+                           "cluster": {"preset": "dgx-a100-8", "devices_per_node": 4, "intra_node_link": "eth-10g"}})
+    resolved = resolve_plan(plan)
+    assert estimate_s(resolved) == pytest.approx(engine_s(resolved), rel=1e-9)  # exact without the slowdown
+    assert estimate_s(resolved, 1.0) == pytest.approx(engine_s(resolved, 1.0), rel=1e-9)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 12, left: the CPU a pipeline's sends take on a shared host is "
+                                       "priced by the engine, not the estimate (-0.5 to -1.1%)")
+@pytest.mark.parametrize(("schedule", "chunks"), [("1f1b", 1), ("interleaved-1f1b", 2)])
+def test_a_pipelines_sends_share_the_hosts_cores_in_the_estimate_as_in_the_engine(tmp_path: Path, schedule: str,
+                                                                                   chunks: int) -> None:
+    """The run-7 loopback profile with the CPU of communicating, the dense word LM split in two
+    stages on the 2-core host: the engine slows each rank's compute beside its sends and the sends
+    beside its compute (``overlap_stretch``), the estimate neither. Strict: passes once it does."""
+    data = loopback_plan(tmp_path, "dense").model_dump()
+    data["parallelism"] = {"dp": 1, "pp": 2, "chunks": chunks}
+    data["schedule"] = {"name": schedule, "microbatches": 4}
+    resolved = resolve_plan(Plan.from_dict(data))
+    assert estimate_s(resolved) == pytest.approx(engine_s(resolved), rel=1e-9)
