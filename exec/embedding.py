@@ -33,6 +33,7 @@ from sim.program import Instruction, Kind
 
 if TYPE_CHECKING:
     from exec.interpreter import RankRuntime
+    from sim.plan import Plan
 
 
 class ShardedTable(nn.Module):
@@ -176,6 +177,11 @@ class EmbraceExchange:
         self.states[(layer, iteration, mb)] = state
         return nbytes
 
+    @staticmethod
+    def batch_microbatches(plan: Plan, mb: int) -> list[int]:
+        """The micro-batches whose ids one request of micro-batch ``mb`` sends (EmbRace: its own)."""
+        return [mb]
+
     def batch_ids(self, iteration: int, mb: int) -> torch.Tensor:
         """The ids micro-batch ``mb`` of ``iteration`` looks up on this rank (the runtime's own batch)."""
         seed = batch_seed(iteration, self.rank, mb, self.dp, self.rt.plan.microbatches)
@@ -183,16 +189,7 @@ class EmbraceExchange:
 
     def _request(self, table: ShardedTable, ids: torch.Tensor) -> tuple[ExchangeState, int]:
         """Send the unique ``ids`` to their owners (synchronous: counts, then ids); (state, bytes sent)."""
-        uniq, inverse = torch.unique(ids, return_inverse=True)
-        if table.shard == "rows":
-            owner = uniq % self.dp
-            order = torch.argsort(owner, stable=True)
-            send = uniq[order]
-            send_counts = torch.bincount(owner, minlength=self.dp)
-        else:
-            order = torch.arange(uniq.numel(), device=uniq.device)
-            send = uniq.repeat(self.dp)
-            send_counts = torch.full((self.dp,), uniq.numel(), dtype=torch.int64, device=uniq.device)
+        uniq, inverse, order, send, send_counts = request_order(ids, table.shard, self.dp)
         recv_counts = torch.empty_like(send_counts)
         dist.all_to_all_single(recv_counts, send_counts, group=self.group)
         requested = torch.empty(int(recv_counts.sum()), dtype=torch.int64, device=uniq.device)
@@ -279,6 +276,36 @@ class InFlight:
     def wait(self) -> None:
         self.work.wait()
         self.then()
+
+
+def request_order(ids: torch.Tensor, shard: str, dp: int) -> tuple[torch.Tensor, ...]:
+    """The host work of an ids request before its counts move: the unique ids, each id's index in
+    them, their order by owner (by rows: id mod dp; by columns: every rank), the send buffer and
+    the counts per owner."""
+    uniq, inverse = torch.unique(ids, return_inverse=True)
+    if shard == "rows":
+        owner = uniq % dp
+        order = torch.argsort(owner, stable=True)
+        return uniq, inverse, order, uniq[order], torch.bincount(owner, minlength=dp)
+    order = torch.arange(uniq.numel(), device=uniq.device)
+    return (uniq, inverse, order, uniq.repeat(dp),
+            torch.full((dp,), uniq.numel(), dtype=torch.int64, device=uniq.device))
+
+
+def request_host_work(plan: Plan, workload: Any, replica: int, iteration: int, microbatch: int) -> None:
+    """One synchronous ids exchange's host work on a rank, as the runtime does it before the counts
+    move (the profile times it: ``ids_request_host_s``): per sharded table, the ids of the
+    micro-batches the request covers (``EmbraceExchange.batch_microbatches``: this one, or the
+    iteration's for the parameter server), made as the runtime makes its batch, then
+    ``request_order``. Needs no process group."""
+    tables = embedding_tables(plan.workload, plan.workload_options)
+    runtime = EMBEDDING_RUNTIMES[plan.embedding.method]
+    mbs = runtime.batch_microbatches(plan, microbatch)
+    for index in range(len(tables)):
+        batches = [workload.make_batch(plan.micro_batch, seed=batch_seed(iteration, replica, mb, plan.dp,
+                                                                         plan.microbatches)).inputs for mb in mbs]
+        ids = batches[0] if len(batches) == 1 else torch.cat([b.reshape(-1) for b in batches])
+        request_order(ids, table_shard(plan, tables, index), plan.dp)
 
 
 def exchange_tag(ins: Instruction) -> tuple[str, int, int]:

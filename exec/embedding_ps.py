@@ -55,9 +55,14 @@ class ParameterServerExchange(EmbraceExchange):
             thens.append(pending.then)
         return (Works(works) if works else None), nbytes, (lambda: [t() for t in thens])
 
+    @staticmethod
+    def batch_microbatches(plan: Any, mb: int) -> list[int]:
+        """The pull asks once per iteration for all its micro-batches' ids."""
+        return list(range(plan.microbatches))
+
     def _pull_request(self, layer: int, iteration: int) -> int:
         """The unique ids of the iteration's micro-batches to their servers."""
-        batches = [self.batch_ids(iteration, mb) for mb in range(self.rt.plan.microbatches)]
+        batches = [self.batch_ids(iteration, mb) for mb in self.batch_microbatches(self.rt.plan, 0)]
         starts = [0]
         for ids in batches:
             starts.append(starts[-1] + ids.numel())

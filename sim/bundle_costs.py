@@ -42,6 +42,10 @@ class BundleCostModel:
                               "re-profile with paratwin profile")
         self.profiled_micro_batch = micro_batch
         self.optimizer_s_per_byte = float(settings.get("optimizer_s_per_param_byte", 0.0))
+        # The host work of one synchronous ids request (exec.embedding.request_host_work), where the
+        # profile measured it; 0 for a bundle that did not (older, or a plan without sharded tables):
+        # then nothing is charged for it, as before (docs/traces.md).
+        self.ids_request_host_s = float(settings.get("ids_request_host_s", 0.0))
         self._rows = self.layers.to_dict("records")
         # Per layer and timed phase, each co-located profiling process's median minus the merged
         # median (bundle.process_layers; sim.meeting): empty without the table.

@@ -221,17 +221,25 @@ def exchange_phases(phase: str, nbytes: int, dp: int, index_bytes: int = 0) -> t
     return (("all_to_all", nbytes),)
 
 
+def ids_request_host_s(costs: Any) -> float:
+    """Seconds of host work before one synchronous ids exchange (the batch, unique, owners, order,
+    counts: ``exec.embedding.request_host_work``), as the profile measured it; 0 where it did not
+    (an older bundle, a cost model without a profile): nothing charged."""
+    return float(getattr(costs, "ids_request_host_s", 0.0))
+
+
 def exchange_s(comm: Any, phases: tuple[tuple[str, int], ...], group: tuple[int, ...], imbalance: float,
-               sharing: int = 1) -> float:
+               sharing: int = 1, host_s: float = 0.0) -> float:
     """Seconds of one exchange (the engine's ALLTOALL and the estimate's terms): its all-to-alls one
     after the other; the data waits for the most loaded owner (``imbalance``), the counts (the same
     few bytes to every peer) do not. A synchronous exchange (it has counts) is a meeting of the
     ranks' threads after unaligned work, and pays the run's measured overhead of a message once
-    (``message_overhead_s``, docs/embrace.md "Why the ids request costs more")."""
+    (``message_overhead_s``, docs/embrace.md "Why the ids request costs more"), and before its
+    counts the runtime's thread does the request's host work (``host_s``: ``ids_request_host_s``)."""
     seconds = sum(comm.collective_s("all_to_all", nbytes if kind == COUNTS_PHASE else round(nbytes * imbalance),
                                     group, sharing) for kind, nbytes in phases)
     if any(kind == COUNTS_PHASE for kind, _ in phases):
-        seconds += getattr(comm, "message_overhead_s", 0.0)  # 0 for a cluster without a calibration
+        seconds += getattr(comm, "message_overhead_s", 0.0) + host_s  # 0 for a cluster without a calibration
     return seconds
 
 

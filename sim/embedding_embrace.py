@@ -47,6 +47,7 @@ from sim.embedding import (
     embedding_tables,
     exchange_phases,
     exchange_s,
+    ids_request_host_s,
     register_embedding_method,
     synchronous_exchange_pass,
 )
@@ -256,12 +257,15 @@ def sharded_terms(plan: Plan, stage_layers: list[tuple[int, ...]], costs: Any, r
                           rows_cores=rows_cores)
 
 
-def alltoall_s(plan: Plan, comm: Any, phase: str, nbytes: int, imbalance: float, index_bytes: int = 0) -> float:
+def alltoall_s(plan: Plan, comm: Any, phase: str, nbytes: int, imbalance: float, index_bytes: int = 0,
+               costs: Any = None) -> float:
     """Seconds of one exchange of ``phase`` of ``nbytes`` (one rank's send buffer) among pipeline rank
-    0's replicas, every TP rank's group exchanging at once, as slow as its most loaded destination."""
+    0's replicas, every TP rank's group exchanging at once, as slow as its most loaded destination;
+    a synchronous one with the host work ``costs`` measured before it (``ids_request_host_s``)."""
     group = tuple(d * plan.tp for d in range(plan.dp))  # pipeline rank 0's replicas (sim.program.rank_of)
     sharing = concurrent_groups(comm.cluster, plan.dp * plan.tp, group)
-    return exchange_s(comm, exchange_phases(phase, nbytes, plan.dp, index_bytes), group, imbalance, sharing)
+    return exchange_s(comm, exchange_phases(phase, nbytes, plan.dp, index_bytes), group, imbalance, sharing,
+                      ids_request_host_s(costs))
 
 
 def alltoall_cores(plan: Plan, comm: Any, phase: str, nbytes: int, seconds: float) -> float:
@@ -277,7 +281,8 @@ def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, c
     assert isinstance(plan.embedding, Embrace)
     sizes, imbalance = exchange_bytes(plan, embedding_tables(plan.workload, plan.workload_options)), \
         alltoall_imbalance(plan)
-    ids_s, rows_s, grads_s = (alltoall_s(plan, comm, p, sizes[p], imbalance) for p in ("ids", "rows", "grads"))
+    ids_s, rows_s, grads_s = (alltoall_s(plan, comm, p, sizes[p], imbalance, costs=costs)
+                              for p in ("ids", "rows", "grads"))
     m = plan.microbatches
     two_d = plan.embedding.schedule == "2d"
     return sharded_terms(plan, stage_layers, costs, rank_of_stage, stages_of_rank,

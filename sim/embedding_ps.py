@@ -120,7 +120,8 @@ def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, c
     sizes = exchange_bytes(plan, embedding_tables(plan.workload, plan.workload_options))
     imbalance = alltoall_imbalance(plan, iteration_tokens(plan))
     return sharded_terms(plan, stage_layers, costs, rank_of_stage, stages_of_rank,
-                         lookups_s=sum(alltoall_s(plan, comm, p, sizes[p], imbalance) for p in ("ids", "rows")),
+                         lookups_s=sum(alltoall_s(plan, comm, p, sizes[p], imbalance, costs=costs)
+                                       for p in ("ids", "rows")),
                          last_grads_s=alltoall_s(plan, comm, "push", sizes["push"], imbalance, sizes["ids"]),
                          prefetch=False)
 

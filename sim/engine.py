@@ -25,7 +25,7 @@ from sim.comm import concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts, tp_comm_s
 from sim.delta import choose
 from sim.delta_runtime import RankDelta, decision_name
-from sim.embedding import exchange_s
+from sim.embedding import exchange_s, ids_request_host_s
 from sim.gradient_sync import Phase, phases_s
 from sim.host_cpu import Stretch, cores_taken, host_share, overlap_stretch, phases_cpu_s
 from sim.meeting import add_offsets, instruction_offsets, instruction_variance, lateness_s, offset_variance
@@ -346,7 +346,8 @@ class Engine:
         sharing = self._groups(instruction.group)
         if instruction.kind is Kind.ALLTOALL:  # sharded embedding rows, ids or gradients (sim.embedding)
             steps = instruction.phases or (("all_to_all", instruction.bytes),)
-            duration = exchange_s(self.comm, steps, instruction.group, self.program.alltoall_imbalance, sharing)
+            duration = exchange_s(self.comm, steps, instruction.group, self.program.alltoall_imbalance, sharing,
+                                  ids_request_host_s(self.costs))
         else:
             # A bucket without phases (a Program written by hand) is one all-reduce of its bytes.
             phases = [Phase(kind, nbytes) for kind, nbytes in instruction.phases  # type: ignore[arg-type]

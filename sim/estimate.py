@@ -515,7 +515,23 @@ class Estimator:
         pipe = self._pipes.get(key)
         if pipe is None:
             pipe = self._pipes[key] = self._pipeline(self._figures_of(key))
-        return self._finish(pipe, dp, tp, pp, sync or self.sync_config(sync_method, bucket_mb), bucket_mb, embedding)
+        sync = sync or self.sync_config(sync_method, bucket_mb)
+        if self.overlap_slowdown > 0.0 and dp > 1 and pp > 1:
+            # buckets can move before a rank's last compute (interleaved, zero-bubble): time the
+            # pipeline again with them, the compute beside them slowed as the engine slows it
+            pipe = self._pipeline(pipe, self._bucket_stages(pipe, sync, dp, tp, embedding))
+        return self._finish(pipe, dp, tp, pp, sync, bucket_mb, embedding)
+
+    def _bucket_stages(self, pipe: dict, sync: GradientSyncConfig, dp: int, tp: int,
+                       embedding: EmbeddingTerms | None) -> list[list[tuple[tuple[int, ...], float]]]:
+        """Per pipeline rank, its buckets as ``_finish`` prices them: (the virtual stages whose last
+        backward each waits for, its seconds)."""
+        out = []
+        for k, stages in enumerate(pipe["stages_of"]):
+            removed = embedding.removed_by_layer if embedding is not None and k == embedding.rank else ()
+            buckets = self.rank_buckets(sync, pipe["sync_layers"][k], removed, dp, tp, pipe["micro_batch"], pipe["m"])
+            out.append([(tuple(stages[i] for i in b.stages), b.seconds) for b in buckets])
+        return out
 
     def group_bound(self, pp: int, chunks: int, placement: str, micro_batch: int, microbatches: int,
                     stage_layers: Sequence[tuple[int, ...]], tp: int) -> float:
@@ -654,14 +670,14 @@ class Estimator:
                 "sync_layers": [tuple(tuple(stage_layers[s]) for s in stages_of[k]) for k in range(pp)],
                 "stages_of": stages_of}
 
-    def _pipeline(self, fig: dict) -> dict:
+    def _pipeline(self, fig: dict, buckets: Sequence[Sequence[tuple[tuple[int, ...], float]]] = ()) -> dict:
         """The rank figures with the pipeline's time: the weighted run's bubble and hops, when each
-        rank ends and when each stage's gradients are ready."""
+        rank ends and when each stage's gradients are ready (``buckets``: ``_bucket_stages``)."""
         chunks, pp, stages_of = fig["chunks"], fig["pp"], fig["stages_of"]
         timing = self._timed_pipeline(fig["schedule"], pp, fig["microbatches"], chunks, fig["stages"],
                                       fig["per_rank"], fig["hop_s"],
                                       [fig["delta_s"][fig["rank_of"][s]] / chunks for s in range(pp * chunks)],
-                                      fig["flags"])
+                                      fig["flags"], buckets)
         steady = fig["steady"]
         return {**fig, "bubble": max(0.0, timing.bare - steady),
                 "hops": max(0.0, timing.makespan - timing.bare),
@@ -671,12 +687,14 @@ class Estimator:
 
     def _timed_pipeline(self, schedule: str, pp: int, microbatches: int, chunks: int, stages: Sequence[StageTimes],
                         per_rank: Sequence[float], hop_s: Sequence[float],
-                        delta_s: Sequence[float], flags: tuple[bool, ...]) -> PipelineTime:
+                        delta_s: Sequence[float], flags: tuple[bool, ...],
+                        buckets: Sequence[Sequence[tuple[tuple[int, ...], float]]] = ()) -> PipelineTime:
         """``sim.estimate_pipeline.pipeline_time`` with this estimator's cache of weighted runs; compute
         beside a rank's sends slowed by ``overlap_slowdown`` as the engine slows it (the floor of
-        ``sim.host_cpu.overlap_stretch``; the sends' own CPU on a shared host is not priced here)."""
+        ``sim.host_cpu.overlap_stretch``; the sends' own CPU on a shared host is not priced here), and
+        beside its gradient ``buckets`` the same."""
         return pipeline_time(schedule, pp, microbatches, chunks, stages, per_rank, hop_s, delta_s, flags, self._runs,
-                             1.0 + self.overlap_slowdown)
+                             1.0 + self.overlap_slowdown, buckets)
 
     def _prefetched(self, e: EmbeddingTerms, dense_step_s: float, buckets: Sequence[tuple[float, float]],
                     per_microbatch_s: float, m: int, world_size: int) -> tuple[float, float]:

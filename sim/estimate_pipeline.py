@@ -116,13 +116,15 @@ class WeightedRun:
 
 
 def weighted_run(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s: Sequence[float],
-                 beside_send: float = 1.0) -> WeightedRun:
+                 beside_send: float = 1.0,
+                 buckets: Sequence[Sequence[tuple[tuple[int, ...], float]]] = ()) -> WeightedRun:
     """The longest path through ``graph`` with ``seconds(stage, op)`` per action and ``hop_s[s]`` on an
     edge between stages s and s + 1 that crosses ranks (both directions: the activation forward, its
     gradient back); the same pass also gives the path without hops. ``beside_send`` above 1: an
-    action takes that many times as long while its rank's sends move (``_sends_beside``)."""
+    action takes that many times as long while its rank's sends or gradient ``buckets`` move
+    (``_sends_beside``)."""
     if beside_send > 1.0:
-        return _sends_beside(graph, seconds, hop_s, beside_send)
+        return _sends_beside(graph, seconds, hop_s, beside_send, buckets)
     durations = [seconds(stage, op) for stage, op in graph.kinds]
     n = len(graph.op)
     end = [0.0] * n
@@ -197,11 +199,15 @@ class PipelineTime:
 
 
 def _sends_beside(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s: Sequence[float],
-                  k: float) -> WeightedRun:
-    """``weighted_run`` with each action slowed ``k`` times while a send of its rank moves (the
-    engine's ``EngineOptions.overlap_slowdown``: compute beside data moving): a send starts when the
-    action whose output it carries ends, or when the rank's previous send ends (one send stream),
-    and lasts its hop. The sends keep their time (the receivers' edges as in ``weighted_run``)."""
+                  k: float, buckets: Sequence[Sequence[tuple[tuple[int, ...], float]]] = ()) -> WeightedRun:
+    """``weighted_run`` with each action slowed ``k`` times while its rank moves data (the engine's
+    ``EngineOptions.overlap_slowdown``: compute beside data moving). A send starts when the action
+    whose output it carries ends, or when the rank's previous send ends (one send stream), and lasts
+    its hop; ``buckets[rank]``: the rank's gradient buckets as (virtual stages whose last backward
+    it waits for, seconds), taken by its collective stream in the order they become ready. The
+    transfers keep their time (the receivers' edges as in ``weighted_run``), so from an action's
+    start its rank moves data without a gap until its last send or bucket ends: ``overlap`` over
+    that one stretch."""
     durations = [seconds(stage, op) for stage, op in graph.kinds]
     n = len(graph.op)
     sends = [-1] * n  # the hop each action's output crosses to another rank (-1: none)
@@ -209,8 +215,12 @@ def _sends_beside(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s
         for d, hop in graph.needs[i]:
             if hop >= 0:
                 sends[d] = hop
+    stage_of_last = {i: stage for stage, i in graph.stage_last_backward}
+    waiting = [list(rank_buckets) for rank_buckets in buckets] or [[] for _ in range(graph.pp)]
+    done_stages: set[int] = set()
     end, bare = [0.0] * n, [0.0] * n
     moving_until = [0.0] * graph.pp  # per rank: when its sends started so far have all moved
+    collective_free = [0.0] * graph.pp  # per rank: when its buckets started so far have all moved
     for i in range(n):
         before, rank = graph.previous[i], graph.rank[i]
         start, start_bare = (end[before], bare[before]) if before >= 0 else (0.0, 0.0)
@@ -218,11 +228,17 @@ def _sends_beside(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s
             start = max(start, end[d] + hop_s[hop] if hop >= 0 else end[d])
             start_bare = max(start_bare, bare[d])
         seconds_i = durations[graph.kind[i]]
-        beside = moving_until[rank] - start
+        beside = max(moving_until[rank], collective_free[rank]) - start
         end[i] = start + (overlap(seconds_i, [(beside, Stretch(k, 1.0))])[0] if beside > 0 else seconds_i)
         bare[i] = start_bare + seconds_i
         if sends[i] >= 0:
             moving_until[rank] = max(moving_until[rank], end[i]) + hop_s[sends[i]]
+        if i in stage_of_last:  # a stage's gradients are ready: the buckets that waited only for them start
+            done_stages.add(stage_of_last[i])
+            ready = [b for b in waiting[rank] if done_stages.issuperset(b[0])]
+            waiting[rank] = [b for b in waiting[rank] if not done_stages.issuperset(b[0])]
+            for _, bucket_s in ready:
+                collective_free[rank] = max(collective_free[rank], end[i]) + bucket_s
     return WeightedRun(max(end, default=0.0), max(bare, default=0.0),
                        tuple(end[i] if i >= 0 else 0.0 for i in graph.rank_last),
                        {stage: end[i] for stage, i in graph.stage_last_backward})
@@ -231,7 +247,8 @@ def _sends_beside(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s
 def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages: Sequence[StageTime],
                   per_rank: Sequence[float], hop_s: Sequence[float], delta_s: Sequence[float] | None = None,
                   flags: tuple[bool, ...] | None = None,
-                  runs: MutableMapping[tuple, WeightedRun] | None = None, beside_send: float = 1.0) -> PipelineTime:
+                  runs: MutableMapping[tuple, WeightedRun] | None = None, beside_send: float = 1.0,
+                  buckets: Sequence[Sequence[tuple[tuple[int, ...], float]]] = ()) -> PipelineTime:
     """The schedule's graph weighted with the stages' seconds: the makespan with the hops and without
     them ("bare"), each rank's last compute end and each stage's last backward end.
 
@@ -241,15 +258,20 @@ def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages
     stages s and s + 1. ``delta_s``: per stage, seconds of re-runs DELTA adds before each backward.
     ``flags``: per stage, whether it recomputes (read only by a schedule whose recompute is its
     shape, Merak's). ``runs``: a cache of weighted runs by their inputs. ``beside_send``: how many
-    times as long compute takes while its rank's sends move (``weighted_run``; past the capped
-    micro-batch count the extension is not slowed)."""
+    times as long compute takes while its rank's sends move (``weighted_run``; then the graph is
+    run at the plan's micro-batch count, not capped). ``buckets``: per pipeline rank its gradient
+    buckets as (virtual stages they wait for, seconds), the compute beside them slowed alike (read
+    only with ``beside_send`` above 1)."""
     info = SCHEDULES[schedule]
     n_stages = len(stages)
     delta_s = delta_s if delta_s is not None else (0.0,) * n_stages
     if n_stages == 1:  # one stage: its actions back to back, the last one a backward
         total = microbatches * per_rank[0]
         return PipelineTime(total, total, (total,), {0: total})
-    capped = steady_count(schedule, pp, microbatches, chunks)
+    # Under a slowdown the steady state is not the slowest rank's seconds per micro-batch (each
+    # rank's compute beside its sends is slowed by how its sends fall), so the run goes to the plan's
+    # own count: the same pass as the engine's, the extension then empty.
+    capped = steady_count(schedule, pp, microbatches, chunks) if beside_send <= 1.0 else microbatches
     flags = flags if flags is not None and info.recompute_is_schedule else (False,) * n_stages
     shape = (schedule, pp, capped, chunks, flags)
     graph = action_graph(*shape)
@@ -273,10 +295,10 @@ def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages
     # Plans that differ only where the pipeline cannot see it (a TP overlap level at tp 1, a memory
     # policy with the same recompute) share a run.
     key = (shape, tuple((st.fwd_s, st.bwd_s, st.recompute_s, st.bwd_input_s, st.bwd_weight_s) for st in stages),
-           tuple(delta_s), tuple(hop_s), beside_send)
+           tuple(delta_s), tuple(hop_s), beside_send, tuple(map(tuple, buckets)) if beside_send > 1.0 else ())
     full = runs.get(key) if runs is not None else None
     if full is None:
-        full = weighted_run(graph, seconds, hop_s, beside_send)
+        full = weighted_run(graph, seconds, hop_s, beside_send, buckets)
         if runs is not None:
             runs[key] = full
     extend = (microbatches - capped) * max(per_rank)

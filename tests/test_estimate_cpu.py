@@ -95,19 +95,75 @@ def test_the_estimate_honours_overlap_slowdown_as_the_engine_does(tmp_path: Path
     assert estimate == pytest.approx(engine, rel=1e-6)
 
 
+@pytest.mark.parametrize("microbatches", [4, 8])
 @pytest.mark.parametrize(("schedule", "chunks"), [("1f1b", 1), ("gpipe", 1), ("zb-h1", 1), ("interleaved-1f1b", 2),
                                                   ("zb-v", 2)])
-def test_the_estimate_slows_compute_beside_a_pipelines_sends_as_the_engine_does(schedule: str, chunks: int) -> None:
+def test_the_estimate_slows_compute_beside_a_pipelines_sends_as_the_engine_does(schedule: str, chunks: int,
+                                                                                microbatches: int) -> None:
     """Under ``overlap_slowdown`` the engine slows every compute that runs while its rank's sends
-    move; the estimate's weighted pipeline run does the same (``sim.estimate_pipeline._sends_beside``).
-    Exact up to the schedule's capped micro-batch count (past it the steady state is extended
-    unslowed: at 8 micro-batches here 0.1-0.4% under the engine). A 10 Gbit/s link between the
-    two stages makes the sends long enough to matter."""
+    move; the estimate's weighted pipeline run does the same (``sim.estimate_pipeline._sends_beside``),
+    also past the schedule's capped micro-batch count (8 here: the run then goes to the plan's count;
+    extending the capped run's steady state unslowed was 0.1-0.4% under the engine). A 10 Gbit/s
+    link between the two stages makes the sends long enough to matter."""
     plan = Plan.from_dict({"workload": "gpt-tiny", "parallelism": {"pp": 2, "chunks": chunks},
-                           "schedule": {"name": schedule, "microbatches": 4},
+                           "schedule": {"name": schedule, "microbatches": microbatches},
                            "cluster": {"preset": "dgx-a100-8", "devices_per_node": 2, "intra_node_link": "eth-10g"}})
     resolved = resolve_plan(plan)
-    assert steady_count(schedule, 2, 4, chunks) == 4  # not extended
+    assert steady_count(schedule, 2, microbatches, chunks) == 4  # capped at 8
     slowed = engine_s(resolved, 1.0)
     assert slowed - engine_s(resolved) > 5e-5  # the sends overlap compute
     assert estimate_s(resolved, 1.0) == pytest.approx(slowed, rel=1e-9)
+
+
+def test_a_ranks_sends_queue_behind_each_other_while_it_computes() -> None:
+    """With a long sequence on a 10 Gbit/s link a send outlasts the action after it, so under the
+    interleaved schedule a rank's next send starts when its previous one has moved (one send
+    stream, as the engine's egress channel runs them), and the compute after it is slowed until
+    then. The estimate equals the engine only with that queue (``_sends_beside``: starting each
+    send at its action's end put it 0.17% under)."""
+    plan = Plan.from_dict({"workload": "gpt-tiny", "workload_options": {"seq": 2048},
+                           "parallelism": {"pp": 2, "chunks": 2},
+                           "schedule": {"name": "interleaved-1f1b", "microbatches": 4, "micro_batch": 8},
+                           "cluster": {"preset": "dgx-a100-8", "devices_per_node": 2, "intra_node_link": "eth-10g"}})
+    resolved = resolve_plan(plan)
+    slowed = engine_s(resolved, 1.0)
+    assert slowed - engine_s(resolved) > 1e-3  # the sends overlap compute
+    assert estimate_s(resolved, 1.0) == pytest.approx(slowed, rel=1e-9)
+
+
+@pytest.mark.parametrize(("schedule", "chunks", "microbatches"), [("interleaved-1f1b", 2, 4), ("zb-v", 2, 4),
+                                                                  ("dualpipev", 2, 8), ("1f1b", 1, 8)])
+def test_compute_beside_buckets_before_a_ranks_last_compute_is_slowed_as_the_engine_slows_it(
+        schedule: str, chunks: int, microbatches: int) -> None:
+    """With chunks a rank's later virtual stages finish their backward before its last compute, so
+    their gradient buckets move beside it; the engine slows that compute under ``overlap_slowdown``,
+    and so does the estimate (the buckets in ``_sends_beside``, two per stage here, queued on the
+    collective stream; priced only after the run, pp 4 dp 2 with 8 layers was -6.8% under the
+    engine on interleaved, -5.8% on ZB-V, -0.8% on DualPipeV; starting each bucket when it is
+    ready, not behind the one before, -1.7 to -3.3%). 1F1B: the same path where no bucket moves
+    before the last compute."""
+    plan = Plan.from_dict({"workload": "gpt-tiny", "workload_options": {"hidden": 512, "num_layers": 16},
+                           "gradient_sync": {"method": "allreduce", "bucket_mb": 1},
+                           "parallelism": {"dp": 2, "pp": 4, "chunks": chunks},
+                           "schedule": {"name": schedule, "microbatches": microbatches},
+                           "cluster": {"preset": "dgx-a100-8", "devices_per_node": 8, "intra_node_link": "eth-10g"}})
+    resolved = resolve_plan(plan)
+    assert estimate_s(resolved) == pytest.approx(engine_s(resolved), rel=1e-9)  # exact without the slowdown
+    slowed = engine_s(resolved, 0.5)
+    assert slowed - engine_s(resolved) > 1e-4
+    assert estimate_s(resolved, 0.5) == pytest.approx(slowed, rel=1e-9)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 12, left: the CPU a pipeline's sends take on a shared host is "
+                                       "priced by the engine, not the estimate (-0.5 to -1.1%)")
+@pytest.mark.parametrize(("schedule", "chunks"), [("1f1b", 1), ("interleaved-1f1b", 2)])
+def test_a_pipelines_sends_share_the_hosts_cores_in_the_estimate_as_in_the_engine(tmp_path: Path, schedule: str,
+                                                                                   chunks: int) -> None:
+    """The run-7 loopback profile with the CPU of communicating, the dense word LM split in two
+    stages on the 2-core host: the engine slows each rank's compute beside its sends and the sends
+    beside its compute (``overlap_stretch``), the estimate neither. Strict: passes once it does."""
+    data = loopback_plan(tmp_path, "dense").model_dump()
+    data["parallelism"] = {"dp": 1, "pp": 2, "chunks": chunks}
+    data["schedule"] = {"name": schedule, "microbatches": 4}
+    resolved = resolve_plan(Plan.from_dict(data))
+    assert estimate_s(resolved) == pytest.approx(engine_s(resolved), rel=1e-9)

@@ -13,6 +13,7 @@ from typing import Any
 from analysis.validation.report import ValidationReport
 from analysis.validation.runtime_costs import measure_runtime_costs
 from sim.compile import ResolvedPlan, resolve_plan
+from sim.embedding import ids_request_host_s
 from sim.engine import EngineOptions
 from sim.plan import Plan
 from sim.simulate import simulate
@@ -45,6 +46,8 @@ class CalibratedCosts:
     def __init__(self, base: Any, compute_scale: float) -> None:
         self.base, self.compute_scale = base, float(compute_scale)
         self.num_layers = base.num_layers
+        # host work, not layer compute: not scaled (exec.embedding.request_host_work)
+        self.ids_request_host_s = ids_request_host_s(base)
 
     def layer_costs(self, layer: int, micro_batch: int, tp: int) -> Any:
         c, k = self.base.layer_costs(layer, micro_batch, tp), self.compute_scale

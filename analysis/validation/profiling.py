@@ -24,7 +24,8 @@ PLAN_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def _profile_worker(index: int, barrier: Any, votes: Any, workload: str, options: dict, micro_batch: int,
-                    dtype: str, warmup: int, repeats: int, result: str, lockstep: bool) -> None:
+                    dtype: str, warmup: int, repeats: int, result: str, lockstep: bool,
+                    plan: dict | None = None) -> None:
     import torch
 
     torch.set_num_threads(1)  # as the runtime runs every CPU rank
@@ -40,7 +41,38 @@ def _profile_worker(index: int, barrier: Any, votes: Any, workload: str, options
     bundle = profile_workload(wl, micro_batch=micro_batch, dtype=dtype, device="cpu", warmup=warmup,
                               repeats=repeats, with_ops=False,
                               together=Lockstep(barrier, votes, index) if lockstep else Alone())
+    if plan is not None:
+        # a tenth of a millisecond a request: many more rounds than a layer's (whose few repeats leave
+        # first calls in: 0.8 ms with 3 repeats against 0.07-0.11 ms with 200, loaded machine)
+        bundle.meta["settings"]["ids_request_host_s"] = ids_request_host_s(Plan.from_dict(plan), wl, index,
+                                                                           max(warmup, 5), max(repeats, 100))
     pd.to_pickle(bundle, result)
+
+
+def ids_request_host_s(plan: Plan, workload: Any, process: int, warmup: int, repeats: int) -> float:
+    """Median seconds of one synchronous ids exchange's host work (``exec.embedding.request_host_work``:
+    the batch, unique, owners, order, counts) on this process, over ``repeats`` iterations' batches
+    of micro-batch 0, as replica ``process`` of the plan (issue 12: about 0.14 ms of the ids
+    request's 0.19 ms the calibrated price missed on a quiet host). Wall time: the thread holds the
+    rank's runtime while it runs."""
+    import time
+
+    from exec.embedding import request_host_work
+
+    times = []
+    for iteration in range(warmup + repeats):
+        start = time.perf_counter()
+        request_host_work(plan, workload, process % plan.dp, iteration, 0)
+        if iteration >= warmup:
+            times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def has_ids_request(plan: Plan) -> bool:
+    """Whether ``plan``'s runtime sends ids before its lookups (a method with sharded tables)."""
+    from exec.embedding import EMBEDDING_RUNTIMES
+
+    return plan.embedding.method in EMBEDDING_RUNTIMES
 
 
 def profile_plan_workload(plan: Plan, processes: int = 1, warmup: int = 2, repeats: int = 10,
@@ -60,7 +92,7 @@ def profile_plan_workload(plan: Plan, processes: int = 1, warmup: int = 2, repea
         workers = [context.Process(target=_profile_worker, name=f"paratwin-profile{i}",
                                    args=(i, barrier, votes, plan.workload, dict(plan.workload_options),
                                          plan.micro_batch, PLAN_DTYPES[plan.dtype], warmup, repeats, paths[i],
-                                         lockstep))
+                                         lockstep, plan.model_dump(mode="json") if has_ids_request(plan) else None))
                    for i in range(processes)]
         for w in workers:
             w.start()
@@ -90,6 +122,10 @@ def _merge_profiles(bundles: list[ProfileBundle], statistic: str = "median") -> 
     settings = dict(first.meta["settings"])
     per_byte = [float(b.meta["settings"]["optimizer_s_per_param_byte"]) for b in bundles]
     settings["optimizer_s_per_param_byte"] = float(combine(per_byte))
+    settings.pop("ids_request_host_s", None)  # the first process's alone is not the profile's
+    if all("ids_request_host_s" in b.meta["settings"] for b in bundles):  # absent: not measured (0 charged)
+        settings["ids_request_host_s"] = float(combine([float(b.meta["settings"]["ids_request_host_s"])
+                                                        for b in bundles]))
     if statistic == "median":  # concurrent processes; a mean merges two profiles taken one after the other
         settings["colocated_processes"] = len(bundles)
         # In lockstep the processes ran the same rounds of every layer (exec.lockstep): equal counts.
