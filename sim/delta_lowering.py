@@ -83,9 +83,9 @@ def build_delta(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostMo
                             "1f1b, gpipe or interleaved-1f1b, or memory.decide: lowering")
     latency, bandwidth = ClusterComm(load_cluster(plan.cluster), None).host_copy()
     budget = capacity_bytes if config.budget_gb is None else min(capacity_bytes, int(config.budget_gb * 2**30))
-    model_state, grads = _rank_model_state(plan, stage_layers, costs)
-    problem = step_problem([step_peak_bytes(costs, b, g, plan.gradient_sync, plan.dtype)
-                            for b, g in zip(model_state, grads, strict=True)], budget)
+    model_state, grads, state = _rank_model_state(plan, stage_layers, costs)
+    problem = step_problem([step_peak_bytes(costs, b, g, plan.gradient_sync, plan.dtype, o, plan.dp)
+                            for b, g, o in zip(model_state, grads, state, strict=True)], budget)
     if problem:  # DELTA releases activations; the optimizer step holds none
         return MemoryPolicy(none, (0.0,) * stages_n, problem=problem)
     settings = DeltaSettings(budget_bytes=budget, tiny_bytes=int(config.tiny_mb * 2**20), host_latency_s=latency,
@@ -95,18 +95,20 @@ def build_delta(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostMo
 
 
 def _rank_model_state(plan: Plan, stage_layers: Sequence[Sequence[int]],
-                      costs: CostModel) -> tuple[list[int], list[int]]:
+                      costs: CostModel) -> tuple[list[int], list[int], list[int]]:
     """Per pipeline rank, its parameters, gradients and optimizer state (the gradients in the parameters'
-    dtype), and those gradients' bytes: what ``sim.model_state.step_peak_bytes`` starts from."""
+    dtype), those gradients' bytes and that optimizer state's: what ``sim.model_state.step_peak_bytes``
+    starts from."""
     placement = SCHEDULES[plan.schedule.name].placement
-    model_state, grads = [0] * plan.pp, [0] * plan.pp
+    model_state, grads, state = [0] * plan.pp, [0] * plan.pp, [0] * plan.pp
     for s, layers in enumerate(stage_layers):
         k = stage_to_rank(s, plan.pp, plan.chunks, placement)
         for layer in layers:
             c = costs.layer_costs(layer, plan.micro_batch, plan.tp)
             model_state[k] += c.param_bytes + c.grad_bytes + c.optimizer_bytes
             grads[k] += c.grad_bytes
-    return model_state, grads
+            state[k] += c.optimizer_bytes
+    return model_state, grads, state
 
 
 def gradient_extra_bytes(plan: Plan, grad_bytes: int) -> int:
