@@ -51,6 +51,12 @@ def compile_for_run(plan: Plan) -> ExecutablePlan:
     structural costs, which give the same partition for ``uniform`` and ``parameters`` and exact
     message and bucket bytes.
     """
+    if plan.workload_options.get("tied_embedding"):
+        # The runtime's GPT has a separate head weight; tying it (one matrix on a single stage, equal
+        # copies kept equal by the tied all-reduce across stages) is not built (sim.tied_embedding).
+        raise ConfigError("workload_options.tied_embedding", "the runtime's GPT has an untied LM head, so it "
+                          "cannot run Megatron-LM's tied word embedding (the simulator can)",
+                          "drop tied_embedding for real runs")
     workload = load_workload(plan)
     structure = StructuralCosts(workload, plan.micro_batch, plan.dtype, plan.tp)
     compiled = compile_plan(plan, costs=None if plan.profile else structure, symmetric=False)

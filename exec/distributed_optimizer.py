@@ -34,6 +34,7 @@ from sim.gradient_sync import GradientSyncConfig, reduces_in_fp32
 from sim.gradient_sync_distopt import PARAM_GATHER_TAG
 from sim.program import Instruction, Kind, RankProgram
 
+BUCKET_TAG = "dp:"  # the data-parallel buckets' tags (sim.lower.gradient_sync_pass)
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -57,7 +58,7 @@ class DistributedOptimizer:
         self.group, self.size, self.rank, self.settings = group, size, rank, settings
         self.buckets: dict[tuple[int, ...], _Bucket] = {}
         for ins in program.instructions:
-            if ins.kind is Kind.ALLREDUCE and not ins.tag.startswith(PARAM_GATHER_TAG):
+            if ins.kind is Kind.ALLREDUCE and ins.tag.startswith(BUCKET_TAG):
                 self.buckets[ins.layers] = self._shard([p for p in params_of(ins.layers) if p.requires_grad])
         self.optimizer = make_optimizer([b.owned for b in self.buckets.values() if b.owned.numel()])
 

@@ -59,7 +59,13 @@ from sim.memory import (
     received_gradient_bytes,
     selective_view,
 )
-from sim.model_state import held_gradient_bytes, held_optimizer_bytes, optimizer_share, step_peak_bytes
+from sim.model_state import (
+    gradient_buffer_scale,
+    held_gradient_bytes,
+    held_optimizer_bytes,
+    optimizer_share,
+    step_peak_bytes,
+)
 from sim.program import Kind
 from sim.schedules import (
     SCHEDULES,
@@ -68,6 +74,7 @@ from sim.schedules import (
     simulate_unit_costs,
     stage_to_rank,
 )
+from sim.tied_embedding import tied_embedding_bytes, tied_ranks, ties_embedding
 
 # Past STEADY_MICROBATCHES_PER_RANK micro-batches per pipeline rank the unit schedule is run at fewer
 # and extended (sim.estimate_pipeline.steady_count).
@@ -731,6 +738,7 @@ class Estimator:
                 embedding: EmbeddingTerms | None = None) -> Estimate:
         params = pipe["params"]
         share = optimizer_share(sync, dp)
+        tied = self._tied(pipe, dp, tp, pp, sync)
         # Rank k finishes its last backward about k stage-backwards before rank 0; its gradient sync
         # overlaps that backward and its optimizer step follows.
         tail = 0.0
@@ -754,6 +762,8 @@ class Estimator:
                 params[k] - (embedding.step_bytes_saved + embedding.table_step_bytes if mine else 0))))
             if share < 1.0:
                 opt += self.param_gather_s(sync, pipe["sync_layers"][k], removed, dp, tp, pipe["micro_batch"])
+            if k in tied:  # the tied embedding's all-reduce, after the buckets, before the step
+                opt += tied[k]
             if mine:
                 exposed += embedding.last_grads_s
                 if embedding.prefetch:
@@ -778,6 +788,20 @@ class Estimator:
             peak_bytes=self._peaks(pipe, dp, pp, sync, bucket_mb, embedding),
             capacity_bytes=self.comm.capacity_bytes,
         )
+
+    def _tied(self, pipe: dict, dp: int, tp: int, pp: int, sync: GradientSyncConfig) -> dict[int, float]:
+        """Seconds of the tied embedding's all-reduce per pipeline rank that runs it (the first and the
+        last stage's: sim.tied_embedding, as sim.lower.tied_embedding_pass lowers it)."""
+        last = pipe["rank_of"][-1]  # the pipeline rank of the last stage (pp - 1 but in a V placement)
+        if not ties_embedding(self.workload_options, pp) or last == pipe["rank_of"][0]:
+            return {}
+        head = self.costs.layer_costs(max(layer for layers in pipe["sync_layers"][last] for layer in layers),
+                                      pipe["micro_batch"], tp)
+        group = tied_ranks(tp, dp, last)
+        nbytes = tied_embedding_bytes(head, gradient_buffer_scale(sync, self.dtype))
+        sharing = concurrent_groups(self.comm.cluster, dp * tp, group)
+        seconds = self.comm.collective_s("allreduce", nbytes, group, sharing)
+        return {0: seconds, last: seconds}
 
     def _peaks(self, fig: dict, dp: int, pp: int, sync: GradientSyncConfig, bucket_mb: float,
                embedding: EmbeddingTerms | None) -> tuple[int, ...]:

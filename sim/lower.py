@@ -22,6 +22,7 @@ from sim.model_state import gradient_buffer_scale, optimizer_share
 from sim.plan import Plan
 from sim.program import Coords, Instruction, Kind, Program, RankProgram
 from sim.schedules import SCHEDULES, Action, Op, generate_schedule, stage_to_rank
+from sim.tied_embedding import TIED_TAG, tied_embedding_bytes, ties_embedding
 
 
 def lower(
@@ -57,6 +58,7 @@ def lower(
         if embedding.lower is not None:  # e.g. sharded tables leave the gradient sync (sim.embedding)
             embedding.lower(draft, stages)
         gradient_sync_pass(draft, stages)
+        tied_embedding_pass(draft, stages)
         optimizer_step_pass(draft, stages)
         param_gather_pass(draft, stages)
         if embedding.finish is not None:
@@ -279,6 +281,25 @@ def gradient_sync_pass(draft: _Draft, stages: Sequence[int]) -> None:
         draft.append(Node(Kind.ALLREDUCE, deps=[writers[s] for s in touched], group=group,
                           tag=f"dp:{coords.pp}:{coords.tp}:{number}", bytes=wire_bytes(phases),
                           layers=layers, method=method.name, phases=tuple((p.kind, p.nbytes) for p in phases)))
+
+
+def tied_embedding_pass(draft: _Draft, stages: Sequence[int]) -> None:
+    """A tied word embedding (sim.tied_embedding): on the first and the last stage's ranks, after the
+    data-parallel buckets, one all-reduce of the embedding's gradient between the two, which the step
+    waits for (optimizer_step_pass depends on every ALLREDUCE). In place on the gradient: bytes 0."""
+    plan, last = draft.plan, draft.plan.num_stages - 1
+    if not ties_embedding(plan.workload_options, plan.pp) or not {0, last} & set(stages) \
+            or draft.stage_rank[0] == draft.stage_rank[last]:  # both on one rank (a V placement): one matrix
+        return
+    head = draft.program.stage_layers[last][-1]
+    nbytes = tied_embedding_bytes(draft.cost(head), draft.program.grad_buffer_scale)
+    coords = draft.coords
+    group = (draft.peer(0), draft.peer(last))
+    layer = draft.program.stage_layers[0][0] if 0 in stages else head
+    draft.append(Node(Kind.ALLREDUCE, deps=[n for n in draft.nodes if n.kind is Kind.ALLREDUCE]
+                      + list(_last_gradient_writers(draft).values()), group=group,
+                      tag=f"{TIED_TAG}:{coords.dp}:{coords.tp}", layers=(layer,), method="allreduce",
+                      phases=(("allreduce", nbytes),)))
 
 
 def optimizer_step_pass(draft: _Draft, stages: Sequence[int]) -> None:

@@ -47,6 +47,10 @@ class TransformerConfig:
     # at 23.04): MEGATRON_DROPOUT, which the plans that claim to be Megatron's runs set. 0 (no dropout
     # anywhere, as before the option existed) for every preset: runs agree bit for bit with one process.
     dropout: float = 0.0
+    # Whether the word embedding and the LM head share one matrix, as Megatron-LM's GPT does by default
+    # (sim.tied_embedding: the lowering then all-reduces its gradient between the first and the last
+    # stage). False for every preset: the runnable GPT's head is a separate weight.
+    tied_embedding: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -221,7 +225,8 @@ ATTENTION_IMPLEMENTATIONS = ("flash", "unfused")
 # Configuration fields added after bundles were first written, with the value every bundle written
 # before them ran: a bundle that does not record such a field describes a plan that has that value.
 ADDED_CONFIG_FIELDS: dict[str, object] = {"attention": "flash",  # torch SDPA, before the option existed
-                                          "dropout": 0.0}  # no dropout, before the option existed
+                                          "dropout": 0.0,  # no dropout, before the option existed
+                                          "tied_embedding": False}  # an untied head, before the option existed
 
 
 def transformer_config(name: str, **overrides: object) -> TransformerConfig:
