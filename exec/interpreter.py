@@ -25,7 +25,8 @@ simulator interprets) instruction by instruction, in program order, one handler 
   the policy's swapped layers, to host memory and back.
 - ALLREDUCE: an asynchronous bucket all-reduce over the data-parallel group (``exec.parallel.dp``);
   under the distributed optimizer a bucket's reduce-scatter, or the parameter all-gather after the
-  step (``exec.distributed_optimizer``).
+  step (``exec.distributed_optimizer``); a tied embedding's gradient summed between the first and the
+  last stage (``sim.tied_embedding``).
 - ALLTOALL: a sharded embedding table's ids, rows or row gradients to their owners (``exec.embedding``).
 - OPTIMIZER_STEP: Adam.
 
@@ -62,6 +63,7 @@ from exec.structure import torch_dtype
 from sim.gradient_sync import GRADIENT_SYNC
 from sim.lower import MemoryPolicy
 from sim.program import Instruction, Kind, RankProgram
+from sim.tied_embedding import TIED_TAG
 from traces.errors import ConfigError
 
 _P2P = frozenset({Kind.SEND_ACT, Kind.SEND_GRAD, Kind.RECV_ACT, Kind.RECV_GRAD})
@@ -69,7 +71,7 @@ _P2P = frozenset({Kind.SEND_ACT, Kind.SEND_GRAD, Kind.RECV_ACT, Kind.RECV_GRAD})
 
 class RankRuntime:
     def __init__(self, run: ExecutablePlan, rank: int, device: torch.device,
-                 tp_group: object = None, dp_group: object = None) -> None:
+                 tp_group: object = None, dp_group: object = None, tied_group: object = None) -> None:
         self.plan, self.workload, self.rank, self.device = run.plan, run.workload, rank, device
         self.program: RankProgram = run.program.ranks[rank]
         self.policy: MemoryPolicy = run.resolved.policy
@@ -77,6 +79,7 @@ class RankRuntime:
         self.num_stages = len(self.stage_layers)
         self.coords = self.program.coords
         self.tp_group, self.dp_group = tp_group, dp_group
+        self.tied_group = tied_group  # this rank's first/last-stage pair of a tied embedding (sim.tied_embedding)
         self.dtype = torch_dtype(self.plan.dtype)
         self.clock = Clock(device)
         # Completion watchers of asynchronous instructions (CPU only, see Pending).
@@ -360,6 +363,14 @@ class RankRuntime:
 
     def _allreduce(self, ins: Instruction) -> None:
         start = self.clock.mark()
+        if ins.tag.startswith(TIED_TAG):  # the tied embedding's gradient, summed with the other stage's copy
+            weight = self.workload.tied_weight(self.layer_modules[ins.layers[0]])
+            grad = getattr(weight, "main_grad", None)
+            if grad is None:
+                weight.grad = grad = weight.grad if weight.grad is not None else torch.zeros_like(weight)
+            work = dist.all_reduce(grad, group=self.tied_group, async_op=True)
+            self._launch(ins, start, work, grad.numel() * grad.element_size())
+            return
         if self.distributed is not None:  # a bucket's reduce-scatter, or the parameter all-gather after the step
             work, nbytes, then = self.distributed.execute(ins)
             self._launch(ins, start, work, nbytes, then=then)

@@ -67,10 +67,35 @@ def test_engine_and_estimate_price_it_alike() -> None:
     assert full == pytest.approx(engine[tied.name], rel=1e-9)
 
 
-def test_the_runtime_refuses_it() -> None:
+def test_the_runtime_refuses_what_it_cannot_tie() -> None:
     from exec.contract import compile_for_run
+    from tests.test_runtime import plan_of
 
-    with pytest.raises(ConfigError) as error:
-        compile_for_run(plan(True).replace(cluster={"preset": "local-cpu-2", "devices_per_node": 8},
-                                           workload="gpt-tiny", dtype="fp32"))
-    assert error.value.field == "workload_options.tied_embedding"
+    for pp, tp in ((1, 2), (2, 2), (1, 1)):  # one rank holds both, or TP splits the head but not the table
+        with pytest.raises(ConfigError) as error:
+            compile_for_run(plan_of(pp=pp, tp=tp).replace(workload_options={"tied_embedding": True}))
+        assert error.value.field == "workload_options.tied_embedding"
+
+
+def test_the_two_stages_copies_stay_equal_on_two_gloo_ranks(tmp_path) -> None:  # noqa: ANN001
+    """gpt-tiny, pp 2 (the token table on rank 0, the head on rank 1), three Adam steps: the two copies
+    start equal, their gradients are summed before each step, so they stay equal (untied, the two
+    matrices are unrelated)."""
+    import torch
+
+    from exec.launcher import run_plan
+    from tests.test_runtime import plan_of
+
+    final, losses = {}, {}
+    for tied in (True, False):
+        p = plan_of(pp=2, microbatches=2, micro_batch=2).replace(name=f"tied-{tied}",
+                                                                 workload_options={"tied_embedding": tied})
+        result = run_plan(p, iterations=2, warmup=1, out_dir=tmp_path / p.name, timeout_s=120, save_params=True)
+        final[tied] = [torch.load(result.paths["params"] / f"rank{r}.pt") for r in range(2)]
+        losses[tied] = result.losses
+    head = max(int(k.split(".")[0]) for k in final[True][1])
+    table, projection = final[True][0]["0.tok.weight"], final[True][1][f"{head}.out.weight"]
+    torch.testing.assert_close(projection, table, rtol=0, atol=1e-7)
+    assert not torch.allclose(final[False][1][f"{head}.out.weight"], final[False][0]["0.tok.weight"])
+    assert losses[True] != losses[False]  # the head starts as the table: another model
+    assert losses[True][-1] < losses[True][0]  # which trains
