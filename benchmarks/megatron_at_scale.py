@@ -36,7 +36,7 @@ import sim.compile
 from analysis.iteration_decompose import KINDS, decompose_rank
 from sim.analytic import EfficiencyCurve, default_for, uncalibrated_curve
 from sim.analytic_costs import AnalyticCosts
-from sim.calibration import MEGATRON_ATTENTION, MEGATRON_DROPOUT
+from sim.calibration import MEGATRON_ATTENTION, MEGATRON_DROPOUT, MEGATRON_TIED_EMBEDDING
 from sim.cluster import load_cluster
 from sim.compile import compile_plan
 from sim.engine import Engine, EngineOptions
@@ -113,7 +113,8 @@ def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batc
     return Plan.from_dict(dict(
         name=f"megatron-sc21-{row['params_b']}b", workload="gpt2-medium",
         workload_options={"hidden": int(row["hidden"]), "heads": int(row["heads"]),
-                          "num_layers": int(row["layers"]), "seq": SEQ, "vocab": VOCAB, "dropout": MEGATRON_DROPOUT},
+                          "num_layers": int(row["layers"]), "seq": SEQ, "vocab": VOCAB, "dropout": MEGATRON_DROPOUT,
+                          "tied_embedding": MEGATRON_TIED_EMBEDDING},
         cluster=cluster, dtype="fp16",
         parallelism={"tp": tp, "pp": pp, "dp": dp, "chunks": chunks if name == "interleaved-1f1b" else 1,
                      "partition": megatron_virtual_partition(int(row["layers"]),

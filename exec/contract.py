@@ -14,6 +14,7 @@ from sim.compile import ResolvedPlan, compile_plan
 from sim.memory import MEMORY_POLICIES
 from sim.plan import Plan
 from sim.program import Program
+from sim.tied_embedding import TIED_TAG
 from traces.errors import ConfigError
 
 # Adam's learning rate: a constant of the runtime (a Plan has no optimizer settings yet); the
@@ -59,7 +60,28 @@ def compile_for_run(plan: Plan) -> ExecutablePlan:
     workload = load_workload(plan)  # refuses what the runtime's modules cannot run (sequence parallelism)
     structure = StructuralCosts(workload, plan.micro_batch, plan.dtype, plan.tp)
     compiled = compile_plan(plan, costs=None if plan.profile else structure, symmetric=False)
+    if plan.workload_options.get("tied_embedding"):
+        _check_tied(plan, compiled.program)
     return ExecutablePlan(plan, compiled.resolved, workload, structure, compiled.program)
+
+
+def _check_tied(plan: Plan, program: Program) -> None:
+    """The runtime ties the word embedding as Megatron-LM does across stages: a copy on the first and
+    one on the last stage, equal at the start (exec.workloads.gpt) and summing their gradients before
+    the step (the lowering's all-reduce). It does not share one matrix on one rank, split a tied table
+    over TP ranks (its table is replicated, its head column-parallel), or reduce-scatter first."""
+    from sim.gradient_sync import GRADIENT_SYNC
+
+    field = "workload_options.tied_embedding"
+    if plan.pp == 1 or not any(i.tag.startswith(TIED_TAG) for rp in program.ranks.values() for i in rp.instructions):
+        raise ConfigError(field, "the runtime ties the word embedding across pipeline stages only (a copy on the "
+                          "first and on the last stage); here both are on one rank", "use pp > 1, or drop it")
+    if plan.tp > 1:
+        raise ConfigError(field, "the runtime's token table is replicated over TP ranks and its head split, so "
+                          "their copies differ in shape", "use tp 1 with tied_embedding, or drop it")
+    if GRADIENT_SYNC[plan.gradient_sync.method].shards_optimizer:
+        raise ConfigError(field, "the distributed optimizer reduce-scatters the gradients before the tied "
+                          "all-reduce runs", "use gradient_sync.method allreduce with tied_embedding")
 
 
 @dataclass

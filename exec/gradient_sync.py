@@ -18,6 +18,7 @@ from exec.gradient_sync_lowrank import PowerSGDReduce
 from exec.gradient_sync_sparse import AllGatherSparseReduce, OmniReduce, S2Reduce, TopKReduce, touched_rows
 from exec.parallel.dp import BucketReduce
 from sim.gradient_sync import GRADIENT_SYNC
+from traces.errors import ConfigError
 
 
 class Fp16BucketReduce(BucketReduce):
@@ -58,6 +59,9 @@ def ddp_hook(method: str, settings: dict[str, Any] | None = None, row_sparse: Co
     (embedding tables) are named in ``row_sparse``; their touched rows are the non-zero ones. The
     hook reduces the bucket synchronously (its collectives run on the calling thread, in bucket
     order on every rank) and returns a completed future of the bucket's mean."""
+    if method not in REDUCERS:  # distopt: an optimizer, not a bucket reducer (exec.distributed_optimizer)
+        raise ConfigError("gradient_sync.method", f"{method} has no DDP communication hook",
+                          f"use one of {', '.join(REDUCERS)}")
     config = GRADIENT_SYNC[method].config.model_validate({"method": method, **(settings or {})})
     state = HookState(method, config, group or dist.group.WORLD, {id(p) for p in row_sparse})
 

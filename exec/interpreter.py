@@ -23,7 +23,10 @@ simulator interprets) instruction by instruction, in program order, one handler 
 - SWAP_OUT / SWAP_IN: the saved activations of (stage, micro-batch) live in a store behind
   ``saved_tensors_hooks`` (``exec.activations``); swapping moves a fraction of them, or those of
   the policy's swapped layers, to host memory and back.
-- ALLREDUCE: an asynchronous bucket all-reduce over the data-parallel group (``exec.parallel.dp``).
+- ALLREDUCE: an asynchronous bucket all-reduce over the data-parallel group (``exec.parallel.dp``);
+  under the distributed optimizer a bucket's reduce-scatter, or the parameter all-gather after the
+  step (``exec.distributed_optimizer``); a tied embedding's gradient summed between the first and the
+  last stage (``sim.tied_embedding``).
 - ALLTOALL: a sharded embedding table's ids, rows or row gradients to their owners (``exec.embedding``).
 - OPTIMIZER_STEP: Adam.
 
@@ -50,14 +53,17 @@ from exec.activations import RngState, Run, SavedStore, Segment, Slot, runs_of, 
 from exec.clock import Clock, Pending
 from exec.contract import ExecutablePlan, batch_seed, make_optimizer
 from exec.delta_runtime import RuntimeDelta
+from exec.distributed_optimizer import DistributedOptimizer
 from exec.embedding import EMBEDDING_RUNTIMES, is_sharded
 from exec.faults import Fault
 from exec.gradient_sync import REDUCERS
 from exec.main_grad import MainGrads, accumulate_main
 from exec.parallel.tp import apply_tensor_parallel
 from exec.structure import torch_dtype
+from sim.gradient_sync import GRADIENT_SYNC
 from sim.lower import MemoryPolicy
 from sim.program import Instruction, Kind, RankProgram
+from sim.tied_embedding import TIED_TAG
 from traces.errors import ConfigError
 
 _P2P = frozenset({Kind.SEND_ACT, Kind.SEND_GRAD, Kind.RECV_ACT, Kind.RECV_GRAD})
@@ -65,7 +71,7 @@ _P2P = frozenset({Kind.SEND_ACT, Kind.SEND_GRAD, Kind.RECV_ACT, Kind.RECV_GRAD})
 
 class RankRuntime:
     def __init__(self, run: ExecutablePlan, rank: int, device: torch.device,
-                 tp_group: object = None, dp_group: object = None) -> None:
+                 tp_group: object = None, dp_group: object = None, tied_group: object = None) -> None:
         self.plan, self.workload, self.rank, self.device = run.plan, run.workload, rank, device
         self.program: RankProgram = run.program.ranks[rank]
         self.policy: MemoryPolicy = run.resolved.policy
@@ -73,6 +79,7 @@ class RankRuntime:
         self.num_stages = len(self.stage_layers)
         self.coords = self.program.coords
         self.tp_group, self.dp_group = tp_group, dp_group
+        self.tied_group = tied_group  # this rank's first/last-stage pair of a tied embedding (sim.tied_embedding)
         self.dtype = torch_dtype(self.plan.dtype)
         self.clock = Clock(device)
         # Completion watchers of asynchronous instructions (CPU only, see Pending).
@@ -105,15 +112,21 @@ class RankRuntime:
             else None
         self.costs, self.micro_batch_tp = run.resolved.costs, (self.plan.micro_batch, self.plan.tp)
         self.params = [p for s in self.program.stages for p in self.stages[s].parameters()]
+        # The distributed optimizer (exec.distributed_optimizer) moves each bucket's parameters into
+        # one flat buffer: before anything records where parameters live.
+        self.distributed = DistributedOptimizer(
+            self.program, self._bucket_params, dp_group, self.plan.dp, self.coords.dp, self.plan.gradient_sync) \
+            if self.plan.dp > 1 and GRADIENT_SYNC[self.plan.gradient_sync.method].shards_optimizer else None
         self.param_storages = {storage_key(p) for p in self.params}
         # Every SavedStore still alive (weakly held): what they hold at an iteration's end is
         # the per-rank record ``saved_bytes`` (0 unless a store outlives its backward).
         self.stores: weakref.WeakSet[SavedStore] = weakref.WeakSet()
-        self.optimizer = make_optimizer([p for p in self.params if not is_sharded(p)])
+        self.optimizer = self.distributed or make_optimizer([p for p in self.params if not is_sharded(p)])
         # fp32 main-grad buffers where the Program holds gradients in fp32 (exec.main_grad)
         self.main_grads = MainGrads([p for p in self.params if not is_sharded(p)]) \
             if run.program.grad_buffer_scale > 1 else None
         self.gradient_bytes = 0  # gradient buffers held at the last optimizer step
+        self.optimizer_bytes = 0  # the optimizer's state after the last step (its moments: _optimizer_bytes)
 
         # Split backward needs the outputs of every parameter-holding module (see _backward_input).
         self.split = any(i.kind is Kind.BWD_I for i in self.program.instructions)
@@ -242,7 +255,7 @@ class RankRuntime:
                 "host": socket.gethostname(),
                 "iteration_s": self.clock.seconds(end), "rows": self.rows, "losses": self.losses,
                 "peak_memory": self.peak, "saved_bytes": self.saved_bytes(), "activation_peak": self.activation_peak,
-                "gradient_bytes": self.gradient_bytes}
+                "gradient_bytes": self.gradient_bytes, "optimizer_bytes": self.optimizer_bytes}
 
     def _row(self, instruction: Instruction, start: Any, end: Any, nbytes: int) -> None:
         memory = self._memory()
@@ -345,9 +358,24 @@ class RankRuntime:
         work = dist.irecv(buffer, src=ins.peer, tag=self._tag(ins.tag))
         self._launch(ins, start, work, buffer.numel() * buffer.element_size(), buffer)
 
+    def _bucket_params(self, layers: tuple[int, ...]) -> list[nn.Parameter]:
+        return [p for layer in layers for p in self.layer_modules[layer].parameters() if not is_sharded(p)]
+
     def _allreduce(self, ins: Instruction) -> None:
-        params = [p for layer in ins.layers for p in self.layer_modules[layer].parameters() if not is_sharded(p)]
         start = self.clock.mark()
+        if ins.tag.startswith(TIED_TAG):  # the tied embedding's gradient, summed with the other stage's copy
+            weight = self.workload.tied_weight(self.layer_modules[ins.layers[0]])
+            grad = getattr(weight, "main_grad", None)
+            if grad is None:
+                weight.grad = grad = weight.grad if weight.grad is not None else torch.zeros_like(weight)
+            work = dist.all_reduce(grad, group=self.tied_group, async_op=True)
+            self._launch(ins, start, work, grad.numel() * grad.element_size())
+            return
+        if self.distributed is not None:  # a bucket's reduce-scatter, or the parameter all-gather after the step
+            work, nbytes, then = self.distributed.execute(ins)
+            self._launch(ins, start, work, nbytes, then=then)
+            return
+        params = self._bucket_params(ins.layers)
         bucket = REDUCERS[ins.method](params, self.dp_group, self.plan.dp, self.plan.gradient_sync)
         self._launch(ins, start, bucket.work, bucket.nbytes, then=bucket.wait)
 
@@ -654,6 +682,7 @@ class RankRuntime:
             if self.main_grads is not None:
                 self.main_grads.to_grads()
             self.optimizer.step()
+            self.optimizer_bytes = self._optimizer_bytes()
             if self.embedding is not None and not self.embedding.own_step:
                 self.embedding.step()
         self.static_bytes = self._static_bytes()
@@ -662,6 +691,12 @@ class RankRuntime:
         """Bytes of the gradient buffers the rank holds: ``.grad`` and fp32 main gradients."""
         grads = sum(p.grad.numel() * p.grad.element_size() for p in self.params if p.grad is not None)
         return grads + (self.main_grads.nbytes() if self.main_grads is not None else 0)
+
+    def _optimizer_bytes(self) -> int:
+        """Bytes of the dense optimizer's moments (Adam's two per element; its one-element step counters
+        are left out, as the ledger's costs leave them: exec.structure)."""
+        return sum(t.numel() * t.element_size() for state in self.optimizer.state.values()
+                   for t in state.values() if isinstance(t, torch.Tensor) and t.dim() > 0)
 
     def _static_bytes(self) -> int:
         optimizers = [self.optimizer, *([self.embedding.optimizer] if self.embedding and self.embedding.optimizer

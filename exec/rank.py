@@ -28,6 +28,7 @@ from exec.interpreter import RankRuntime
 from exec.records import write_record
 from sim.plan import Plan
 from sim.program import Program
+from sim.tied_embedding import TIED_TAG
 from traces.errors import ConfigError
 
 HEARTBEAT_PERIOD_S = 0.2
@@ -96,7 +97,8 @@ def run_rank(plan: Plan, rank: int, world_size: int, local_rank: int, out_dir: P
             raise ConfigError("world size", f"the plan needs {run.program.world_size} ranks, "
                               f"{world_size} were launched", "launch dp x tp x pp ranks")
         tp_group, dp_group = _groups(run.program, rank, timeout)
-        runtime = RankRuntime(run, rank, device, tp_group, dp_group)
+        tied_group = _own_group(_tied_groups(run.program), rank, timeout)
+        runtime = RankRuntime(run, rank, device, tp_group, dp_group, tied_group)
         results_path = out_dir / "ranks" / f"rank{rank}.jsonl"
         results_path.write_text("")
         results = []
@@ -158,6 +160,12 @@ def _groups(program: Program, rank: int, timeout: dt.timedelta) -> tuple[object,
     dp_groups = [[program.rank_of(d, p, t) for d in range(program.dp)]
                  for p in range(program.pp) for t in range(program.tp)] if program.dp > 1 else []
     return _own_group(tp_groups, rank, timeout), _own_group(dp_groups, rank, timeout)
+
+
+def _tied_groups(program: Program) -> list[list[int]]:
+    """The first and last stage's rank pairs of a tied word embedding (sim.tied_embedding), in one order."""
+    return [list(g) for g in sorted({i.group for rp in program.ranks.values() for i in rp.instructions
+                                     if i.tag.startswith(TIED_TAG)})]
 
 
 def _own_group(all_ranks: list[list[int]], rank: int, timeout: dt.timedelta) -> object:

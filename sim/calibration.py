@@ -28,6 +28,7 @@ from sim.cluster import ClusterSpec, load_cluster
 from sim.collectives import collective_time, p2p_time
 from sim.estimate_pipeline import StageTime, pipeline_time
 from sim.hardware import get_device
+from sim.tied_embedding import tied_embedding_bytes, tied_ranks
 from sim.workloads import TransformerConfig, transformer_layers
 from traces.errors import BundleError, ConfigError
 
@@ -60,6 +61,10 @@ MEGATRON_ATTENTION = "unfused"
 # change them). Neither the vTrain data nor SC'21 or Korthikanti 2022 state another value, so their runs
 # are taken to have the default (sim.workloads.TransformerConfig.dropout).
 MEGATRON_DROPOUT = 0.1
+# Megatron-LM's GPT ties the word embedding to the LM head (sim.tied_embedding: v2.5 megatron/model/
+# module.py l.41; 23.04 --untie-embeddings-and-output-weights store_true, arguments.py l.558). The plans
+# of Megatron runs (SC'21, Korthikanti 2022, vTrain) set it: their lowering all-reduces the tied gradient.
+MEGATRON_TIED_EMBEDDING = True
 
 
 def load_megatron_a100(path: str | Path = MEGATRON_A100_CSV) -> pd.DataFrame:
@@ -182,9 +187,10 @@ def quick_predict(row: Mapping[str, Any], model: AnalyticCostModel,
         # is store_true: megatron/arguments.py line 558 at 23.04 2360d73; v2.5 has no flag, GPTModel always
         # shares) and, with more than one stage, all-reduces that weight's gradient between the first and
         # last stage after the DP all-reduce and before the step (megatron/training.py lines 371-394 at v2.5
-        # e269e20; optimizer.py allreduce_word_embedding_grads, lines 202-228 at 23.04). The engine's GPT
-        # has an untied head and does not run it (docs/planner-gradients.md).
-        total += collective_time("all_reduce", embed.grad_bytes, [0, tp * dp * (pp - 1)], cluster)
+        # e269e20; optimizer.py allreduce_word_embedding_grads, lines 202-228 at 23.04). The bytes and the
+        # ranks are sim.tied_embedding's, the rule the lowering and the fast estimate apply to the plans
+        # that set MEGATRON_TIED_EMBEDDING (fp16 here: the gradients are held in their own dtype).
+        total += collective_time("all_reduce", tied_embedding_bytes(head), list(tied_ranks(tp, dp, pp - 1)), cluster)
     total += model.optimizer_step_s(max(stage_param_bytes))
     return total
 

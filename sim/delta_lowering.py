@@ -34,7 +34,7 @@ from sim.memory import (
     register_memory_policy,
     resident_bytes,
 )
-from sim.model_state import held_gradient_bytes, step_peak_bytes, step_problem
+from sim.model_state import held_gradient_bytes, held_optimizer_bytes, step_peak_bytes, step_problem
 from sim.program import Kind
 from sim.schedules import SCHEDULES, Op, generate_schedule, stage_to_rank
 
@@ -83,41 +83,47 @@ def build_delta(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostMo
                             "1f1b, gpipe or interleaved-1f1b, or memory.decide: lowering")
     latency, bandwidth = ClusterComm(load_cluster(plan.cluster), None).host_copy()
     budget = capacity_bytes if config.budget_gb is None else min(capacity_bytes, int(config.budget_gb * 2**30))
-    model_state, grads = _rank_model_state(plan, stage_layers, costs)
-    problem = step_problem([step_peak_bytes(costs, b, g, plan.gradient_sync, plan.dtype)
-                            for b, g in zip(model_state, grads, strict=True)], budget)
+    model_state, grads, state = _rank_model_state(plan, stage_layers, costs)
+    problem = step_problem([step_peak_bytes(costs, b, g, plan.gradient_sync, plan.dtype, o, plan.dp)
+                            for b, g, o in zip(model_state, grads, state, strict=True)], budget)
     if problem:  # DELTA releases activations; the optimizer step holds none
         return MemoryPolicy(none, (0.0,) * stages_n, problem=problem)
     settings = DeltaSettings(budget_bytes=budget, tiny_bytes=int(config.tiny_mb * 2**20), host_latency_s=latency,
                              host_bandwidth_Bps=bandwidth, director=config.director, decide=config.decide,
-                             gradient_extra_bytes=tuple(gradient_extra_bytes(plan, g) for g in grads))
+                             gradient_extra_bytes=tuple(gradient_extra_bytes(plan, g, o)
+                                                        for g, o in zip(grads, state, strict=True)))
     return MemoryPolicy(none, (0.0,) * stages_n, delta=settings)
 
 
 def _rank_model_state(plan: Plan, stage_layers: Sequence[Sequence[int]],
-                      costs: CostModel) -> tuple[list[int], list[int]]:
+                      costs: CostModel) -> tuple[list[int], list[int], list[int]]:
     """Per pipeline rank, its parameters, gradients and optimizer state (the gradients in the parameters'
-    dtype), and those gradients' bytes: what ``sim.model_state.step_peak_bytes`` starts from."""
+    dtype), those gradients' bytes and that optimizer state's: what ``sim.model_state.step_peak_bytes``
+    starts from."""
     placement = SCHEDULES[plan.schedule.name].placement
-    model_state, grads = [0] * plan.pp, [0] * plan.pp
+    model_state, grads, state = [0] * plan.pp, [0] * plan.pp, [0] * plan.pp
     for s, layers in enumerate(stage_layers):
         k = stage_to_rank(s, plan.pp, plan.chunks, placement)
         for layer in layers:
             c = costs.layer_costs(layer, plan.micro_batch, plan.tp)
             model_state[k] += c.param_bytes + c.grad_bytes + c.optimizer_bytes
             grads[k] += c.grad_bytes
-    return model_state, grads
+            state[k] += c.optimizer_bytes
+    return model_state, grads, state
 
 
-def gradient_extra_bytes(plan: Plan, grad_bytes: int) -> int:
-    """What a pipeline rank with gradients of ``grad_bytes`` (the parameters' dtype) holds beyond them
-    all iteration, by the plan's gradient sync: one flattened gradient bucket in flight (clipped to the
-    rank's gradients: ``sim.gradient_sync.bucket_buffer_bytes``) and the held gradients' bytes over
-    ``grad_bytes`` (an fp32 main-grad buffer where they reduce in fp32: ``sim.model_state``), as the
-    engine's ledger holds them. The lowering and the estimate's replay decide with it."""
+def gradient_extra_bytes(plan: Plan, grad_bytes: int, optimizer_bytes: int = 0) -> int:
+    """What a pipeline rank with gradients of ``grad_bytes`` (the parameters' dtype) and optimizer state of
+    ``optimizer_bytes`` (counted whole) holds beyond them all iteration, by the plan's gradient sync: one
+    flattened gradient bucket in flight (clipped to the rank's gradients: ``sim.gradient_sync.
+    bucket_buffer_bytes``) and the held gradients' bytes over ``grad_bytes`` (an fp32 main-grad buffer
+    where they reduce in fp32: ``sim.model_state``), less the optimizer state it does not hold (the
+    distributed optimizer's other shards: ``sim.model_state.held_optimizer_bytes``), as the engine's
+    ledger holds them. The lowering and the estimate's replay decide with it."""
     sync = plan.gradient_sync
     bucket = bucket_buffer_bytes(sync, sync.bucket_mb, grad_bytes, plan.dp, plan.dtype)
-    return bucket + held_gradient_bytes(grad_bytes, sync, plan.dtype) - grad_bytes
+    unheld = optimizer_bytes - held_optimizer_bytes(optimizer_bytes, sync, plan.dp)
+    return bucket + held_gradient_bytes(grad_bytes, sync, plan.dtype) - grad_bytes - unheld
 
 
 def _extra(settings: DeltaSettings, rank: int) -> int:

@@ -221,7 +221,9 @@ class Engine:
                 # the main-grad buffer in its own dtype (sim.model_state, via the program)
                 "gradients": round(sum(c.grad_bytes * h for c, h in zip(costs, held, strict=True))
                                    * self.program.grad_buffer_scale),
-                "optimizer": round(sum(c.optimizer_bytes * h for c, h in zip(costs, held, strict=True))),
+                # all of it, or its 1/dp shard under the distributed optimizer (sim.model_state)
+                "optimizer": round(sum(c.optimizer_bytes * h for c, h in zip(costs, held, strict=True))
+                                   * self.program.optimizer_share),
             },
         )
 
@@ -464,11 +466,13 @@ class Engine:
         if kind is Kind.OPTIMIZER_STEP:
             # A step over part of the rank's parameters (sharded embedding tables step on their own,
             # sim.embedding_embrace) says how many bytes it updates.
-            duration = self.costs.optimizer_step_s(instruction.bytes or ledger.static["parameters"])
-            # the optimizer's own copies of the gradients, held while it steps (sim.model_state)
+            # The distributed optimizer steps its 1/dp shard (Program.optimizer_share).
+            share = self.program.optimizer_share
+            duration = self.costs.optimizer_step_s(instruction.bytes or round(ledger.static["parameters"] * share))
+            # the optimizer's own copies of the gradients (of its shard), held while it steps (sim.model_state)
             scale = self.program.grad_buffer_scale
-            copies = 0 if instruction.bytes else step_copy_bytes(self.costs, round(ledger.static["gradients"] / scale),
-                                                                 scale)
+            copies = 0 if instruction.bytes else round(
+                step_copy_bytes(self.costs, round(ledger.static["gradients"] / scale), scale) * share)
             ledger.change_buffers(copies, self.env.now, instruction.label)
             yield from self._progress(rank, duration)
             ledger.change_buffers(-copies, self.env.now, instruction.label)

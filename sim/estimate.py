@@ -47,6 +47,7 @@ from sim.embedding import EmbeddingTerms, table_tp_costs
 from sim.estimate_pipeline import PipelineTime, StageTime, pipeline_time, steady_count
 from sim.gradient_sync import GRADIENT_SYNC, GradientSyncConfig, bucket_buffer_bytes, phases_s
 from sim.gradient_sync_context import BucketPlan, bucket_context, bucket_layers
+from sim.gradient_sync_distopt import param_gather_phases
 from sim.host_cpu import Stretch, cores_taken, host_share, overlap, overlap_stretch, phases_cpu_s
 from sim.meeting import add_offsets, instruction_offsets, instruction_variance, lateness_s, offset_variance
 from sim.memory import (
@@ -58,7 +59,13 @@ from sim.memory import (
     movable_bytes,
     received_gradient_bytes,
 )
-from sim.model_state import held_gradient_bytes, step_peak_bytes
+from sim.model_state import (
+    gradient_buffer_scale,
+    held_gradient_bytes,
+    held_optimizer_bytes,
+    optimizer_share,
+    step_peak_bytes,
+)
 from sim.program import Kind
 from sim.schedules import (
     SCHEDULES,
@@ -67,6 +74,7 @@ from sim.schedules import (
     simulate_unit_costs,
     stage_to_rank,
 )
+from sim.tied_embedding import tied_embedding_bytes, tied_ranks, ties_embedding
 
 # Past STEADY_MICROBATCHES_PER_RANK micro-batches per pipeline rank the unit schedule is run at fewer
 # and extended (sim.estimate_pipeline.steady_count).
@@ -294,6 +302,7 @@ class Estimator:
         self._buffers: dict[tuple, int] = {}  # bucket_buffer_bytes by its inputs
         self._configs: dict[tuple[str, float], GradientSyncConfig] = {}
         self._buckets: dict[tuple, list[BucketPrice]] = {}
+        self._gathers: dict[tuple, float] = {}  # the distributed optimizer's parameter all-gathers
         self._tp_ar: dict[tuple, float] = {}
         self._pipes: dict[tuple, dict] = {}
         self._figures: dict[tuple, dict] = {}  # _rank_figures by the estimate's key
@@ -461,6 +470,26 @@ class Estimator:
         self._buckets[key] = cached
         return cached
 
+    def param_gather_s(self, sync: GradientSyncConfig, stage_layers: Sequence[tuple[int, ...]], removed: Removed,
+                       dp: int, tp: int, micro_batch: int) -> float:
+        """Seconds of the distributed optimizer's parameter all-gathers after a rank's step: one per
+        bucket, cut as lowering cuts them (``sim.lower.param_gather_pass``)."""
+        key = (sync, tuple(stage_layers), removed, dp, tp, micro_batch)
+        cached = self._gathers.get(key)
+        if cached is None:
+            taken = dict(removed)
+
+            def grad_bytes(layer: int) -> int:
+                return self.costs.layer_costs(layer, micro_batch, tp).grad_bytes - taken.get(layer, 0)
+
+            ordered = sorted((layer for layers in stage_layers for layer in layers), reverse=True)
+            phases = param_gather_phases([sum(grad_bytes(layer) for layer in layers)
+                                          for layers in bucket_layers(ordered, grad_bytes, sync.bucket_mb * 2**20)])
+            group = tuple(d * tp for d in range(dp))
+            cached = self._gathers[key] = phases_s(phases, group, self.comm, self.comm.cluster.device, sync.method,
+                                                   concurrent_groups(self.comm.cluster, dp * tp, group))
+        return cached
+
     @staticmethod
     def _dp_exposed(buckets: Sequence[BucketPrice], slacks: Sequence[float]) -> float:
         """Gradient sync left after a rank's last compute. ``slacks``: per local stage, seconds from
@@ -534,11 +563,13 @@ class Estimator:
         return out
 
     def group_bound(self, pp: int, chunks: int, placement: str, micro_batch: int, microbatches: int,
-                    stage_layers: Sequence[tuple[int, ...]], tp: int) -> float:
+                    stage_layers: Sequence[tuple[int, ...]], tp: int, optimizer_share: float = 1.0) -> float:
         """``pipeline_lower_bound`` from the layers' raw costs (no TP communication, no recompute, no
         memory policy): at most the bound ``screen`` gives any plan with these stages, micro-batch and
         schedule layout, whatever its memory policy, TP overlap, gradient sync or embedding method (a
-        policy's selective view only lengthens the backward; a sharded table's view keeps the times)."""
+        policy's selective view only lengthens the backward; a sharded table's view keeps the times);
+        ``optimizer_share``: the least share of the parameters a step updates among the group's gradient
+        syncs (1/dp where one is the distributed optimizer, ``sim.model_state.optimizer_share``)."""
         rank_of, stages_of = _layout(pp, chunks, placement)
         fwd, compute, params = [], [0.0] * pp, [0] * pp
         for s, layers in enumerate(stage_layers):
@@ -553,7 +584,8 @@ class Estimator:
             compute[rank_of[s]] += raw[1]
             params[rank_of[s]] += raw[2]
         heads = [sum(fwd[:min(stages_of[k])]) for k in range(pp)]
-        return pipeline_lower_bound(0.0, heads, compute, microbatches, [self.costs.optimizer_step_s(p) for p in params])
+        return pipeline_lower_bound(0.0, heads, compute, microbatches,
+                                    [self.costs.optimizer_step_s(round(p * optimizer_share)) for p in params])
 
     def screen(self, *, schedule: str, dp: int, tp: int, pp: int, chunks: int, micro_batch: int,
                microbatches: int, stage_layers: Sequence[tuple[int, ...]], policy: MemoryPolicy,
@@ -567,8 +599,17 @@ class Estimator:
         key = (schedule, dp, tp, pp, chunks, micro_batch, microbatches, tuple(map(tuple, stage_layers)), policy,
                tp_overlap, scatter_gather, tables)
         fig = self._figures_of(key)
-        peaks = self._peaks(fig, dp, pp, sync or self.sync_config(sync_method, bucket_mb), bucket_mb, embedding)
-        return Screen(peaks, self.comm.capacity_bytes, fig["bound"], fig["level_free_bound"])
+        sync = sync or self.sync_config(sync_method, bucket_mb)
+        peaks = self._peaks(fig, dp, pp, sync, bucket_mb, embedding)
+        share = optimizer_share(sync, dp)
+        if share == 1.0:
+            return Screen(peaks, self.comm.capacity_bytes, fig["bound"], fig["level_free_bound"])
+        # the distributed optimizer steps 1/dp of the parameters (its all-gather after the step is >= 0)
+        optimizer = [self.costs.optimizer_step_s(round(p * share)) for p in fig["params"]]
+        steady, heads, compute, m = fig["bound_terms"]
+        raw_steady, raw_heads = fig["level_free_terms"]
+        return Screen(peaks, self.comm.capacity_bytes, pipeline_lower_bound(steady, heads, compute, m, optimizer),
+                      pipeline_lower_bound(raw_steady, raw_heads, compute, m, optimizer))
 
     def _figures_of(self, key: tuple) -> dict:
         fig = self._figures.get(key)
@@ -663,6 +704,7 @@ class Estimator:
                 "model_state": model_state,
                 "held": held, "chunks": chunks, "variance": variance, "offsets": offsets,
                 "bound": pipeline_lower_bound(steady, heads, compute, m, optimizer),
+                "bound_terms": (steady, heads, compute, m), "level_free_terms": (raw_steady, raw_heads),
                 "level_free_bound": pipeline_lower_bound(raw_steady, raw_heads, compute, m, optimizer),
                 "tp_exposed": (per_rank[bottleneck] - compute[bottleneck] - recompute_compute[bottleneck]) * m,
                 "m": m, "compute": compute[bottleneck] * m, "recompute": recompute_compute[bottleneck] * m,
@@ -724,6 +766,8 @@ class Estimator:
     def _finish(self, pipe: dict, dp: int, tp: int, pp: int, sync: GradientSyncConfig, bucket_mb: float,
                 embedding: EmbeddingTerms | None = None) -> Estimate:
         params = pipe["params"]
+        share = optimizer_share(sync, dp)
+        tied = self._tied(pipe, dp, tp, pp, sync)
         # Rank k finishes its last backward about k stage-backwards before rank 0; its gradient sync
         # overlaps that backward and its optimizer step follows.
         tail = 0.0
@@ -741,9 +785,14 @@ class Estimator:
                 meetings = embedding.meetings if mine else 1
                 exposed += meetings * lateness_s(pipe["variance"][k] / meetings
                                                  + offset_variance(pipe["offsets"][k]) / meetings ** 2, dp)
-            # the rank steps over its own shard of the tables only (under 2D in a step of their own)
-            opt = self.costs.optimizer_step_s(
-                params[k] - (embedding.step_bytes_saved + embedding.table_step_bytes if mine else 0))
+            # the rank steps over its own shard of the tables only (under 2D in a step of their own), and over
+            # 1/dp of the rest under the distributed optimizer, then all-gathers the parameters
+            opt = self.costs.optimizer_step_s(round(share * (
+                params[k] - (embedding.step_bytes_saved + embedding.table_step_bytes if mine else 0))))
+            if share < 1.0:
+                opt += self.param_gather_s(sync, pipe["sync_layers"][k], removed, dp, tp, pipe["micro_batch"])
+            if k in tied:  # the tied embedding's all-reduce, after the buckets, before the step
+                opt += tied[k]
             if mine:
                 exposed += embedding.last_grads_s
                 if embedding.prefetch:
@@ -769,6 +818,20 @@ class Estimator:
             capacity_bytes=self.comm.capacity_bytes,
         )
 
+    def _tied(self, pipe: dict, dp: int, tp: int, pp: int, sync: GradientSyncConfig) -> dict[int, float]:
+        """Seconds of the tied embedding's all-reduce per pipeline rank that runs it (the first and the
+        last stage's: sim.tied_embedding, as sim.lower.tied_embedding_pass lowers it)."""
+        last = pipe["rank_of"][-1]  # the pipeline rank of the last stage (pp - 1 but in a V placement)
+        if not ties_embedding(self.workload_options, pp) or last == pipe["rank_of"][0]:
+            return {}
+        head = self.costs.layer_costs(max(layer for layers in pipe["sync_layers"][last] for layer in layers),
+                                      pipe["micro_batch"], tp)
+        group = tied_ranks(tp, dp, last)
+        nbytes = tied_embedding_bytes(head, gradient_buffer_scale(sync, self.dtype))
+        sharing = concurrent_groups(self.comm.cluster, dp * tp, group)
+        seconds = self.comm.collective_s("allreduce", nbytes, group, sharing)
+        return {0: seconds, last: seconds}
+
     def _peaks(self, fig: dict, dp: int, pp: int, sync: GradientSyncConfig, bucket_mb: float,
                embedding: EmbeddingTerms | None) -> tuple[int, ...]:
         """Each pipeline rank's peak bytes: the larger of the pipeline's peak and the optimizer step's
@@ -786,8 +849,12 @@ class Estimator:
                 buffer = self._buffers[key] = bucket_buffer_bytes(sync, bucket_mb, synced, dp, self.dtype)
             # the gradients as held: in an fp32 main-grad buffer where they reduce in fp32 (sim.model_state);
             # the stages counted them in the parameters' dtype
-            pipeline = static[k] + held_gradient_bytes(grads[k], sync, self.dtype) - grads[k] + held[k] + buffer
-            at_step = step_peak_bytes(self.costs, model_state[k], grads[k], sync, self.dtype)
+            # the optimizer state as held: 1/dp of it under the distributed optimizer (sim.model_state)
+            state = model_state[k] - fig["params"][k] - grads[k]
+            unheld = state - held_optimizer_bytes(state, sync, dp)
+            pipeline = (static[k] - unheld + held_gradient_bytes(grads[k], sync, self.dtype) - grads[k] + held[k]
+                        + buffer)
+            at_step = step_peak_bytes(self.costs, model_state[k], grads[k], sync, self.dtype, state, dp)
             peaks.append(max(pipeline, at_step) - (embedding.static_bytes_saved if mine else 0))
         return tuple(peaks)
 

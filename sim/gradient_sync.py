@@ -4,7 +4,8 @@ A plan's ``gradient_sync:`` section names a registered method (``method: allredu
 settings. Each method is one record here (the simulator's side): its settings, one line of docs,
 and one function from a ``SyncContext`` (what a bucket holds: its gradient tensors, their shapes,
 which are row-sparse and how many rows a replica touches, the group size, the settings) to the
-``Phase``s the bucket goes through: collectives in order (``allreduce``, ``allgather``; bytes in
+``Phase``s the bucket goes through: collectives in order (``allreduce``, ``allgather``,
+``reducescatter``; bytes in
 the nccl-tests convention of ``sim.collectives``) and the bytes its encoding and decoding move
 through device memory (``memory``), priced at the device's memory bandwidth or at the rate
 profiled for that method on that device (``codec_Bps``). The runtime's side
@@ -68,10 +69,15 @@ def reduces_in_fp32(settings: GradientSyncConfig, dtype: str) -> bool:
     return choice == "fp32" or dtype == "bf16"
 
 
-def _dense_phases(ctx: SyncContext) -> tuple[Phase, ...]:
-    nbytes = ctx.dense_bytes
+def reduced_bytes(ctx: SyncContext) -> int:
+    """The bucket's bytes as a dense reduction carries them: in fp32 where ``reduce_dtype`` says so."""
     if reduces_in_fp32(ctx.settings, ctx.dtype):
-        nbytes = sum(t.numel for t in ctx.tensors) * ELEMENT_BYTES["fp32"]
+        return sum(t.numel for t in ctx.tensors) * ELEMENT_BYTES["fp32"]
+    return ctx.dense_bytes
+
+
+def _dense_phases(ctx: SyncContext) -> tuple[Phase, ...]:
+    nbytes = reduced_bytes(ctx)
     allreduce = Phase("allreduce", nbytes)
     if not getattr(ctx.settings, "flat_copies", False):
         return (allreduce,)
@@ -129,7 +135,7 @@ class SyncContext:
         return sum(t.nbytes for t in self.tensors if not t.row_sparse)
 
 
-Collective = Literal["allreduce", "allgather", "memory"]
+Collective = Literal["allreduce", "allgather", "reducescatter", "memory"]
 
 
 @dataclass(frozen=True)
@@ -152,6 +158,9 @@ class GradientSyncMethod:
     # changes what training computes (rounding, sparsification, sketching, low rank). The plan search
     # leaves lossy methods out unless asked (sim.search.SearchSpace.lossy_gradient_sync).
     exact: bool = True
+    # Each replica holds and steps 1/dp of the optimizer state and all-gathers the parameters after
+    # its step (sim.gradient_sync_distopt; sim.model_state.optimizer_share).
+    shards_optimizer: bool = False
 
     def plan(self, context: SyncContext) -> tuple[Phase, ...]:
         """The bucket's phases; a bucket with no bytes has none."""
@@ -226,15 +235,16 @@ GRADIENT_SYNC: dict[str, GradientSyncMethod] = {}
 
 def register_gradient_sync(name: str, config: type[GradientSyncConfig],
                            phases: Callable[[SyncContext], tuple[Phase, ...]], *, exact: bool,
-                           check: Callable[[Plan], None] | None = None) -> GradientSyncMethod:
+                           check: Callable[[Plan], None] | None = None,
+                           shards_optimizer: bool = False) -> GradientSyncMethod:
     if name in GRADIENT_SYNC:
         raise ValueError(f"gradient-sync method {name!r} is registered twice")
     doc = " ".join((config.__doc__ or "").split("\n\n")[0].split())
-    GRADIENT_SYNC[name] = method = GradientSyncMethod(name, config, phases, doc, check, exact)
+    GRADIENT_SYNC[name] = method = GradientSyncMethod(name, config, phases, doc, check, exact, shards_optimizer)
     return method
 
 
 register_gradient_sync("allreduce", DenseAllReduce, _dense_phases, exact=True)
 
 # Every other method lives in a module of its own and registers itself on import (docs/extending.md).
-from sim import gradient_sync_fp16, gradient_sync_lowrank, gradient_sync_sparse  # noqa: E402, F401
+from sim import gradient_sync_distopt, gradient_sync_fp16, gradient_sync_lowrank, gradient_sync_sparse  # noqa: E402, F401, I001

@@ -16,11 +16,13 @@ from sim.costs import CostModel, LayerCosts
 from sim.embedding import EMBEDDING_METHODS
 from sim.gradient_sync import GRADIENT_SYNC, wire_bytes
 from sim.gradient_sync_context import bucket_context, bucket_layers
+from sim.gradient_sync_distopt import PARAM_GATHER_TAG, param_gather_phases
 from sim.memory import MemoryPolicy
-from sim.model_state import gradient_buffer_scale
+from sim.model_state import gradient_buffer_scale, optimizer_share
 from sim.plan import Plan
 from sim.program import Coords, Instruction, Kind, Program, RankProgram
 from sim.schedules import SCHEDULES, Action, Op, generate_schedule, stage_to_rank
+from sim.tied_embedding import TIED_TAG, tied_embedding_bytes, ties_embedding
 
 
 def lower(
@@ -37,7 +39,8 @@ def lower(
     program = Program(world_size=plan.world_size, dp=plan.dp, pp=plan.pp, tp=plan.tp,
                       stage_layers=[tuple(layers) for layers in stage_layers], ranks={}, symmetric=symmetric,
                       p2p_gather_tp=plan.schedule.p2p_scatter_gather and plan.tp > 1,
-                      grad_buffer_scale=gradient_buffer_scale(plan.gradient_sync, plan.dtype))
+                      grad_buffer_scale=gradient_buffer_scale(plan.gradient_sync, plan.dtype),
+                      optimizer_share=optimizer_share(plan.gradient_sync, plan.dp))
     stage_rank = [stage_to_rank(s, plan.pp, plan.chunks, info.placement) for s in range(plan.num_stages)]
     ranks = [program.rank_of(0, p, 0) for p in range(plan.pp)] if symmetric else range(plan.world_size)
     for rank in ranks:
@@ -55,7 +58,9 @@ def lower(
         if embedding.lower is not None:  # e.g. sharded tables leave the gradient sync (sim.embedding)
             embedding.lower(draft, stages)
         gradient_sync_pass(draft, stages)
+        tied_embedding_pass(draft, stages)
         optimizer_step_pass(draft, stages)
+        param_gather_pass(draft, stages)
         if embedding.finish is not None:
             embedding.finish(draft, stages)
         if plan.schedule.p2p == "blocking":
@@ -269,7 +274,7 @@ def gradient_sync_pass(draft: _Draft, stages: Sequence[int]) -> None:
     method = GRADIENT_SYNC[draft.plan.gradient_sync.method]
     writers = _last_gradient_writers(draft)
     coords = draft.coords
-    group = tuple(draft.program.rank_of(d, coords.pp, coords.tp) for d in range(draft.plan.dp))
+    group = _dp_group(draft)
     for number, layers in enumerate(_buckets(draft, stages)):
         touched = [s for s in stages if set(layers) & set(draft.program.stage_layers[s])]
         phases = method.plan(bucket_context(draft.plan, layers, draft.synced_grad_bytes))
@@ -278,10 +283,50 @@ def gradient_sync_pass(draft: _Draft, stages: Sequence[int]) -> None:
                           layers=layers, method=method.name, phases=tuple((p.kind, p.nbytes) for p in phases)))
 
 
+def tied_embedding_pass(draft: _Draft, stages: Sequence[int]) -> None:
+    """A tied word embedding (sim.tied_embedding): on the first and the last stage's ranks, after the
+    data-parallel buckets, one all-reduce of the embedding's gradient between the two, which the step
+    waits for (optimizer_step_pass depends on every ALLREDUCE). In place on the gradient: bytes 0."""
+    plan, last = draft.plan, draft.plan.num_stages - 1
+    if not ties_embedding(plan.workload_options, plan.pp) or not {0, last} & set(stages) \
+            or draft.stage_rank[0] == draft.stage_rank[last]:  # both on one rank (a V placement): one matrix
+        return
+    head = draft.program.stage_layers[last][-1]
+    nbytes = tied_embedding_bytes(draft.cost(head), draft.program.grad_buffer_scale)
+    coords = draft.coords
+    group = (draft.peer(0), draft.peer(last))
+    layer = draft.program.stage_layers[0][0] if 0 in stages else head
+    draft.append(Node(Kind.ALLREDUCE, deps=[n for n in draft.nodes if n.kind is Kind.ALLREDUCE]
+                      + list(_last_gradient_writers(draft).values()), group=group,
+                      tag=f"{TIED_TAG}:{coords.dp}:{coords.tp}", layers=(layer,), method="allreduce",
+                      phases=(("allreduce", nbytes),)))
+
+
 def optimizer_step_pass(draft: _Draft, stages: Sequence[int]) -> None:
     syncs = [n for n in draft.nodes if n.kind is Kind.ALLREDUCE]
     draft.append(Node(Kind.OPTIMIZER_STEP, deps=[*syncs, *_last_gradient_writers(draft).values()],
                             layers=tuple(layer for s in stages for layer in draft.program.stage_layers[s])))
+
+
+def param_gather_pass(draft: _Draft, stages: Sequence[int]) -> None:
+    """Under the distributed optimizer (a method that ``shards_optimizer``): after the step, one
+    all-gather per bucket of the updated parameters, in their own dtype (sim.gradient_sync_distopt).
+    It holds no buffer of its own (Megatron-LM gathers into its gradient buffer's storage): bytes 0."""
+    method = GRADIENT_SYNC[draft.plan.gradient_sync.method]
+    if draft.plan.dp == 1 or not method.shards_optimizer:
+        return
+    step = next(n for n in reversed(draft.nodes) if n.kind is Kind.OPTIMIZER_STEP and not n.method)
+    buckets = _buckets(draft, stages)
+    phases = param_gather_phases([sum(draft.synced_grad_bytes(layer) for layer in layers) for layers in buckets])
+    coords = draft.coords
+    draft.append(Node(Kind.ALLREDUCE, deps=[step], group=_dp_group(draft),
+                      tag=f"{PARAM_GATHER_TAG}:{coords.pp}:{coords.tp}",
+                      layers=tuple(layer for layers in buckets for layer in layers), method=method.name,
+                      phases=tuple((p.kind, p.nbytes) for p in phases)))
+
+
+def _dp_group(draft: _Draft) -> tuple[int, ...]:
+    return tuple(draft.program.rank_of(d, draft.coords.pp, draft.coords.tp) for d in range(draft.plan.dp))
 
 
 def _buckets(draft: _Draft, stages: Sequence[int]) -> list[tuple[int, ...]]:

@@ -291,7 +291,7 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
     from sim.comm import ClusterComm
     from sim.estimate import Estimator, _layout, unit_pipeline
     from sim.gradient_sync import bucket_buffer_bytes
-    from sim.model_state import held_gradient_bytes, step_peak_bytes
+    from sim.model_state import held_gradient_bytes, held_optimizer_bytes, step_peak_bytes
 
     config = plan.memory
     assert isinstance(config, OptimalMemory)
@@ -312,7 +312,8 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
     layers, stage_of, recompute_s, copy_s, saved, ckpt, shared = [], [], [], [], [], [], []
     base = [0.0] * pp
     static = [0] * pp
-    model_state, grads = [0] * pp, [0] * pp  # what the optimizer step holds: sim.model_state.step_peak_bytes
+    # what the optimizer step holds (sim.model_state.step_peak_bytes), and the optimizer state counted whole
+    model_state, grads, state = [0] * pp, [0] * pp, [0] * pp
     forward = []
     for s in range(stages_n):
         whole = estimator.stage(tuple(stage_layers[s]), (), mb, tp, level, 0.0)
@@ -323,6 +324,7 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
             whole.grad_bytes, plan.gradient_sync, plan.dtype)
         model_state[rank_of[s]] += whole.static_bytes
         grads[rank_of[s]] += whole.grad_bytes
+        state[rank_of[s]] += whole.static_bytes - whole.param_bytes - whole.grad_bytes
         for layer in stage_layers[s]:
             layers.append(layer)
             stage_of.append(s)
@@ -333,6 +335,8 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
             copy_s.append(2 * (latency + saved[-1] / bandwidth))
     for k in range(pp):  # the received gradient a rank holds at once, as the engine and the runtime do
         static[k] += received_gradient_bytes(stages_of[k], rank_of, stage_layers, cost)
+        # the optimizer state as held: 1/dp of it under the distributed optimizer (sim.model_state)
+        static[k] -= state[k] - held_optimizer_bytes(state[k], plan.gradient_sync, plan.dp)
     # one flattened gradient bucket in flight, clipped to the rank's gradients, as the estimate counts it
     static = [b + bucket_buffer_bytes(plan.gradient_sync, plan.gradient_sync.bucket_mb, g, plan.dp, plan.dtype)
               for b, g in zip(static, grads, strict=True)]
@@ -345,8 +349,8 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
         saved=tuple(saved), checkpoint=tuple(ckpt), static=tuple(static), states=unit.states,
         local_stages=stages_of, capacity=capacity, swap_cap=swap_cap,
         allow_swap=config.allow_swap, allow_recompute=config.allow_recompute, shared=tuple(shared),
-        step=tuple(step_peak_bytes(costs, b, g, plan.gradient_sync, plan.dtype)
-                   for b, g in zip(model_state, grads, strict=True)))
+        step=tuple(step_peak_bytes(costs, b, g, plan.gradient_sync, plan.dtype, o, plan.dp)
+                   for b, g, o in zip(model_state, grads, state, strict=True)))
 
 
 def policy_of(model: LayerChoiceModel, choice: Choice, num_stages: int) -> MemoryPolicy:

@@ -14,7 +14,10 @@ an fp16 one 2 + 2 + 12 = 16 B, Megatron's own table (docs/distrib_optimizer.md a
 the 20 counting the fp32 copy of the gradients the fp16 optimizer makes at its step: ``step_copy_bytes``,
 which the ledger holds during the step; ``step_peak_bytes`` is what a rank holds then, which the
 estimate and the memory planners (the MILP, DELTA) count, and ``step_problem`` the planners' refusal
-when it exceeds what they plan for; docs/memory.md). Imports neither torch nor simpy.
+when it exceeds what they plan for; docs/memory.md). Under the distributed optimizer (a gradient-sync
+method that ``shards_optimizer``, sim.gradient_sync_distopt) a rank holds 1/dp of the optimizer state
+and of the step's copies (``optimizer_share``): 4 + 16/d B per parameter for fp16, 6 + 12/d for bf16,
+Megatron's table. Imports neither torch nor simpy.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sim.gradient_sync import GradientSyncConfig, reduces_in_fp32
+from sim.gradient_sync import GRADIENT_SYNC, GradientSyncConfig, reduces_in_fp32
 from sim.hardware import ELEMENT_BYTES
 
 
@@ -39,6 +42,18 @@ def held_gradient_bytes(grad_bytes: float, settings: GradientSyncConfig, dtype: 
     return round(grad_bytes * gradient_buffer_scale(settings, dtype))
 
 
+def optimizer_share(settings: GradientSyncConfig, dp: int) -> float:
+    """The share of its optimizer state (and of the step's gradient copies, and of the parameters it
+    steps) a data-parallel replica holds: 1/dp where the gradient-sync method shards it (Megatron-LM's
+    distributed optimizer), else 1."""
+    return 1.0 / dp if dp > 1 and GRADIENT_SYNC[settings.method].shards_optimizer else 1.0
+
+
+def held_optimizer_bytes(optimizer_bytes: float, settings: GradientSyncConfig, dp: int) -> int:
+    """Bytes of optimizer state a replica holds of a model part whose whole state is ``optimizer_bytes``."""
+    return round(optimizer_bytes * optimizer_share(settings, dp))
+
+
 def step_copy_bytes(costs: Any, grad_bytes: int, buffer_scale: float) -> int:
     """Bytes the optimizer step allocates beyond the held state, for gradients of ``grad_bytes`` (the
     parameters' dtype) held at ``buffer_scale``: the cost model's ``step_copy_bytes`` where it models
@@ -48,15 +63,20 @@ def step_copy_bytes(costs: Any, grad_bytes: int, buffer_scale: float) -> int:
     return int(rule(grad_bytes, buffer_scale)) if rule is not None else 0
 
 
-def step_peak_bytes(costs: Any, static_bytes: int, grad_bytes: int, settings: GradientSyncConfig, dtype: str) -> int:
+def step_peak_bytes(costs: Any, static_bytes: int, grad_bytes: int, settings: GradientSyncConfig, dtype: str,
+                    optimizer_bytes: int = 0, dp: int = 1) -> int:
     """Bytes a pipeline rank holds while its optimizer steps. ``static_bytes``: its parameters, optimizer
-    state and gradients, these counted in the parameters' dtype (``grad_bytes`` of them, the sum of
-    ``LayerCosts.grad_bytes``); the gradients are held as ``held_gradient_bytes`` says, and the step adds
-    its copies (``step_copy_bytes``). Nothing else is alive then: the step follows the last backward
-    (which frees the activations and the received gradient) and the gradient sync (its buckets), as
-    the engine's ledger runs it (sim.engine, OPTIMIZER_STEP)."""
+    state (``optimizer_bytes`` of it, counted whole) and gradients, these counted in the parameters' dtype
+    (``grad_bytes`` of them, the sum of ``LayerCosts.grad_bytes``); the gradients are held as
+    ``held_gradient_bytes`` says, the optimizer state as ``held_optimizer_bytes`` says (``dp`` replicas),
+    and the step adds its copies (``step_copy_bytes``) of the gradients it steps (all, or its 1/dp
+    shard). Nothing else is alive then: the step follows the last backward (which frees the activations
+    and the received gradient) and the gradient sync (its buckets), as the engine's ledger runs it
+    (sim.engine, OPTIMIZER_STEP)."""
     held = held_gradient_bytes(grad_bytes, settings, dtype)
-    return static_bytes - grad_bytes + held + step_copy_bytes(costs, grad_bytes, gradient_buffer_scale(settings, dtype))
+    unheld_state = optimizer_bytes - held_optimizer_bytes(optimizer_bytes, settings, dp)
+    copies = step_copy_bytes(costs, grad_bytes, gradient_buffer_scale(settings, dtype))
+    return static_bytes - unheld_state - grad_bytes + held + round(copies * optimizer_share(settings, dp))
 
 
 def step_problem(at_step: Sequence[int], capacity: int) -> str:

@@ -162,6 +162,9 @@ class Program:
     # Bytes of the gradient buffer a rank holds per byte of its layers' gradients: 2.0 where 16-bit
     # gradients accumulate in an fp32 main-grad buffer (Megatron-LM; sim.model_state), else 1.0.
     grad_buffer_scale: float = 1.0
+    # The share of the optimizer state a rank holds and of the parameters its step updates: 1/dp under
+    # the distributed optimizer (sim.gradient_sync_distopt; sim.model_state.optimizer_share), else 1.0.
+    optimizer_share: float = 1.0
 
     def rank_of(self, dp: int, pp: int, tp: int) -> int:
         return (pp * self.dp + dp) * self.tp + tp

@@ -402,6 +402,9 @@ class _Enumerator:
                 if reason:
                     out.pruned[reason] += leaves * len(partitions)
                     continue
+                # the least share of the parameters a step updates (the distributed optimizer's 1/dp)
+                share = min((1.0 / dp if GRADIENT_SYNC[dict(sync)["method"]].shards_optimizer and dp > 1 else 1.0
+                             for sync in methods), default=1.0)
                 seen_splits: list[list[tuple[int, ...]]] = []
                 for partition in partitions:
                     split = self.stage_layers(pp * chunks, partition)
@@ -409,7 +412,8 @@ class _Enumerator:
                         out.pruned[SAME_SPLIT] += leaves
                         continue
                     seen_splits.append(split)
-                    bound = self.estimator.group_bound(pp, chunks, info.placement, micro_batch, m, split, tp)
+                    bound = self.estimator.group_bound(pp, chunks, info.placement, micro_batch, m, split, tp,
+                                                       share)
                     groups.append(PlanGroup(
                         (shape_index, len(groups)), bound, dp, tp, pp, chunks, partition, schedule, micro_batch, m,
                         tuple(split), tuple(memories), tuple(methods), tuple(embeddings), tuple(overlaps),

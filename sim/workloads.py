@@ -53,6 +53,10 @@ class TransformerConfig:
     # and an all-gather. Simulated only (sim.analytic); the runtime refuses it (exec.workloads.gpt).
     # Needs tp > 1 and a sequence divisible by tp (sim.compile.check_tp).
     sequence_parallel: bool = False
+    # Whether the word embedding and the LM head share one matrix, as Megatron-LM's GPT does by default
+    # (sim.tied_embedding: the lowering then all-reduces its gradient between the first and the last
+    # stage). False for every preset: the runnable GPT's head is a separate weight.
+    tied_embedding: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -228,7 +232,8 @@ ATTENTION_IMPLEMENTATIONS = ("flash", "unfused")
 # before them ran: a bundle that does not record such a field describes a plan that has that value.
 ADDED_CONFIG_FIELDS: dict[str, object] = {"attention": "flash",  # torch SDPA, before the option existed
                                           "dropout": 0.0,  # no dropout, before the option existed
-                                          "sequence_parallel": False}  # no runtime runs it
+                                          "sequence_parallel": False,  # before the option existed
+                                          "tied_embedding": False}  # an untied head, before the option existed
 
 
 def transformer_config(name: str, **overrides: object) -> TransformerConfig:

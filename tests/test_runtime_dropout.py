@@ -52,3 +52,24 @@ def test_p0_draws_no_random_number_and_p_draws_in_train_mode_only() -> None:
         for layer in layers[:-1]:
             h = layer(h)
         assert torch.equal(torch.get_rng_state(), state), p  # no dropout in eval mode
+
+
+def test_delta_reruns_replay_the_forwards_dropout_masks(tmp_path: Path) -> None:
+    """DELTA deciding at run time (director recompute) drops layers after their forward and re-runs
+    them before their backward (exec.delta_runtime): with dropout 0.1 the re-run draws the masks the
+    forward drew (exec.activations.RngState), so after two Adam steps on 2 gloo ranks (pp 2) the
+    parameters equal the keep-everything run's, and the losses too."""
+    from tests.test_delta_runtime import _budgeted
+    from traces.runrecord import read_run_record
+
+    delta = _budgeted("gpt-tiny", 2, "gpipe", tiny_mb=0.0, director="recompute")
+    delta = delta.replace(name="delta-dropout", workload_options={"dropout": 0.1})
+    keep = delta.replace(name="keep-dropout", memory={"policy": "none"})
+    kept_losses, kept = final_params(keep, tmp_path)
+    delta_losses, rerun = final_params(delta, tmp_path)
+    table = read_run_record(tmp_path / delta.name / "record").instructions
+    assert (table["kind"] == "DROP").any()  # something was dropped and re-run
+    assert delta_losses == kept_losses
+    assert kept.keys() == rerun.keys()
+    for name, value in kept.items():
+        torch.testing.assert_close(rerun[name], value, rtol=0, atol=1e-6, msg=name)

@@ -150,6 +150,9 @@ class TransformerWorkload(Workload):
     def __init__(self, name: str, cfg: TransformerConfig, data: str = "synthetic", sparse: bool = False) -> None:
         if cfg.family not in ("gpt", "bert"):
             raise ConfigError("family", f"unknown transformer family {cfg.family!r}", "use 'gpt' or 'bert'")
+        if sparse and cfg.tied_embedding:  # the tied all-reduce sums dense gradients
+            raise ConfigError("workload_options.tied_embedding", "a tied word embedding needs a dense token table",
+                              "leave sparse or tied_embedding out")
         if sparse and cfg.family != "gpt":  # the simulator's row counts assume GPT's unmasked inputs
             raise ConfigError("workload_options.sparse", f"a sparse token table is for gpt workloads, not {name}",
                               "leave sparse out")
@@ -177,6 +180,24 @@ class TransformerWorkload(Workload):
         if index == self.num_layers - 1:
             return Head(cfg.hidden, cfg.vocab)
         return Block(cfg)
+
+    def build_layers(self, start: int = 0, end: int | None = None, device: str | torch.device = "cpu",
+                     dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.ModuleList:
+        """The seeded layers; with ``tied_embedding`` the head's projection starts as the token table
+        (sim.tied_embedding: Megatron-LM's first and last stage each hold a copy, equal at the start and
+        kept equal by the all-reduce of their gradients; the runtime ties across stages only)."""
+        layers = super().build_layers(start, end, device, dtype, seed)
+        last = self.num_layers - 1
+        if self.cfg.tied_embedding and (last if end is None else end - 1) == last:
+            table = super().build_layers(0, 1, device, dtype, seed)[0].tok.weight
+            with torch.no_grad():
+                layers[-1].out.weight.copy_(table)
+        return layers
+
+    @staticmethod
+    def tied_weight(module: nn.Module) -> nn.Parameter:
+        """The tied matrix's copy a layer holds: the token table, or the head's projection."""
+        return module.tok.weight if isinstance(module, Embedding) else module.out.weight
 
     def make_batch(self, micro_batch: int, seed: int = 0, device: str | torch.device = "cpu") -> Batch:
         cfg = self.cfg
@@ -206,6 +227,7 @@ class TransformerWorkload(Workload):
             "definition": "paratwin exec.workloads.gpt (pre-LN, fused QKV, torch SDPA, "
                           + (f"dropout {self.cfg.dropout})" if self.cfg.dropout else "no dropout)"),
             **({"sparse_embedding": True} if self.sparse else {}),  # absent: dense, as every older bundle
+            **({"tied_embedding": True} if self.cfg.tied_embedding else {}),  # absent: untied
         }
 
 
