@@ -372,6 +372,8 @@ def search(
     workers: Annotated[int | None, typer.Option(help="processes simulating plans; default one per core")] = None,
     lossy_gradient_sync: Annotated[bool, typer.Option(help="also search gradient-sync methods that change the "
                                                       "gradients (fp16, top-k, S2, PowerSGD)")] = False,
+    gradient_sync: Annotated[list[str] | None, typer.Option(help="search only this gradient-sync method, "
+                                                           "repeatable (default: every exact one)")] = None,
     blocking_p2p: Annotated[bool, typer.Option(help="also search blocking pipeline exchanges (schedule.p2p: "
                                                "blocking, Megatron-LM 2021) on pipelined plans")] = False,
     exhaustive: Annotated[bool, typer.Option(help="estimate every plan (ranked.parquet then holds them all); by "
@@ -392,6 +394,7 @@ def search(
         options[key] = yaml.safe_load(value)
     space = SearchSpace(workload, cluster, global_batch=global_batch, dtype=dtype, workload_options=options,
                         profile=str(profile) if profile else None, lossy_gradient_sync=lossy_gradient_sync,
+                        gradient_syncs=tuple(gradient_sync) if gradient_sync else None,
                         p2p=("async", "blocking") if blocking_p2p else ("async",))
     target = out or fresh_run_folder(Path("runs") / f"search-{safe_name(workload)}-{safe_name(Path(cluster).stem)}")
     run_search(space, top=top, simulate_top=simulate_top, sample=sample, out=target, workers=workers,

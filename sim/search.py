@@ -81,6 +81,7 @@ class SearchSpace:
     fractions: tuple[float, ...] = (0.25, 0.5, 0.75)  # extra values of a policy's bounded fraction fields
     refine_shapes: int = 20  # best plan shapes that per-plan memory policies (optimisers) are built for
     lossy_gradient_sync: bool = False  # also methods that change the gradients (fp16, top-k, S2, PowerSGD)
+    gradient_syncs: tuple[str, ...] | None = None  # exactly these methods (lossy ones too); default: every exact one
     tp_overlaps: tuple[int, ...] = (0, 1, 2, 3)
     bucket_mbs: tuple[float, ...] = (25.0, 100.0)
     swap: tuple[float | None, ...] = (None,)  # swap fractions to try (None: no swap)
@@ -244,8 +245,15 @@ def memory_variants(space: SearchSpace, pp_chunks: int) -> tuple[list[dict[str, 
 
 def sync_variants(space: SearchSpace) -> tuple[list[dict[str, Any]], dict[str, str]]:
     variants, skipped = [], {}
+    unknown = sorted(set(space.gradient_syncs or ()) - set(GRADIENT_SYNC))
+    if unknown:
+        raise ConfigError("gradient_syncs", f"no gradient-sync method {', '.join(map(repr, unknown))}",
+                          f"name registered ones: {', '.join(GRADIENT_SYNC)}")
     for name, method in GRADIENT_SYNC.items():
-        if not method.exact and not space.lossy_gradient_sync:
+        if space.gradient_syncs is not None and name not in space.gradient_syncs:
+            skipped[f"gradient_sync.method {name}"] = "not among the methods asked for (--gradient-sync)"
+            continue
+        if not method.exact and not space.lossy_gradient_sync and space.gradient_syncs is None:
             skipped[f"gradient_sync.method {name}"] = ("lossy: it changes the gradients, which an iteration "
                                                        "time does not show (--lossy-gradient-sync to include)")
             continue

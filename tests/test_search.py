@@ -103,9 +103,12 @@ def test_embedding_methods_are_a_searched_dimension(result) -> None:
 def test_optimising_memory_policies_are_built_for_the_best_shapes_only() -> None:
     per_plan = {name for name, kind in MEMORY_POLICIES.items() if kind.per_plan}
     assert {"optimal", "delta"} <= per_plan
-    # GPT-8.3B on one 8-GPU node: memory is tight, so an optimising policy can choose something new
+    # GPT-8.3B on one 8-GPU node with replicated optimizer state (the dense all-reduce): memory is
+    # tight, so an optimising policy can choose something new (with distopt's sharded state the best
+    # shapes keep everything, and the optimum is the enumerated `none`)
     space = SearchSpace("gpt-8.3b", "dgx-a100-8", global_batch=64, max_micro_batch=8, fractions=(),
-                        tp_overlaps=(0,), bucket_mbs=(25.0,), max_chunks=1, refine_shapes=5)
+                        tp_overlaps=(0,), bucket_mbs=(25.0,), max_chunks=1, refine_shapes=5,
+                        gradient_syncs=("allreduce",))
     result = search(space, top_k=0, sample=0)
     optimised = [r for r in result.ranked if dict(r.candidate.memory)["policy"] in per_plan]
     shapes = {replace(r.candidate, memory=()) for r in optimised}
@@ -231,3 +234,16 @@ def test_blocking_p2p_is_searched_when_asked_on_pipelined_plans_only(result) -> 
     plan = asked.plan_of(blocking[0].candidate)
     assert plan.schedule.p2p == "blocking" and "p2p=blocking" in blocking[0].candidate.describe()
     compile_plan(plan)
+
+
+def test_the_search_can_be_held_to_named_gradient_sync_methods() -> None:
+    base = dict(dtype="fp32", global_batch=16, max_micro_batch=2, fractions=(), tp_overlaps=(0,), bucket_mbs=(25.0,),
+                max_chunks=1, refine_shapes=0)
+    everything = search(SearchSpace("gpt2-medium", "dgx-a100-8", **base), top_k=0, sample=0)
+    assert {"allreduce", "distopt"} <= {dict(r.candidate.gradient_sync)["method"] for r in everything.ranked}
+    # a lossy method named is searched without --lossy-gradient-sync: naming it is the consent
+    held = search(SearchSpace("gpt2-medium", "dgx-a100-8", gradient_syncs=("distopt", "fp16"), **base),
+                  top_k=0, sample=0)
+    assert {dict(r.candidate.gradient_sync)["method"] for r in held.ranked} == {"distopt", "fp16"}
+    with pytest.raises(ConfigError, match="gradient_syncs"):
+        search(SearchSpace("gpt2-medium", "dgx-a100-8", gradient_syncs=("allreduse",), **base), top_k=0, sample=0)
