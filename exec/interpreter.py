@@ -54,6 +54,7 @@ from exec.embedding import EMBEDDING_RUNTIMES, is_sharded
 from exec.faults import Fault
 from exec.gradient_sync import REDUCERS
 from exec.main_grad import MainGrads, accumulate_main
+from exec.parallel.sequence import allreduce_sequence_parallel_grads
 from exec.parallel.tp import apply_tensor_parallel
 from exec.structure import torch_dtype
 from sim.lower import MemoryPolicy
@@ -87,7 +88,8 @@ class RankRuntime:
         for s in self.program.stages:
             layers = self.stage_layers[s]
             modules = self.workload.build_layers(layers[0], layers[-1] + 1, device=device, dtype=self.dtype)
-            apply_tensor_parallel(modules, self.coords.tp, self.plan.tp, tp_group)
+            apply_tensor_parallel(modules, self.coords.tp, self.plan.tp, tp_group,
+                                  sequence_parallel=self.workload.sequence_parallel)
             modules.train()
             self.stages[s] = modules
             self.layer_modules.update(zip(layers, modules, strict=True))
@@ -110,6 +112,9 @@ class RankRuntime:
         # the per-rank record ``saved_bytes`` (0 unless a store outlives its backward).
         self.stores: weakref.WeakSet[SavedStore] = weakref.WeakSet()
         self.optimizer = make_optimizer([p for p in self.params if not is_sharded(p)])
+        # Parameters that saw only this rank's sequence shard (exec.parallel.sequence): their gradients
+        # are summed over the TP group before the step.
+        self.sequence_parallel_params = [p for p in self.params if getattr(p, "sequence_parallel", False)]
         # fp32 main-grad buffers where the Program holds gradients in fp32 (exec.main_grad)
         self.main_grads = MainGrads([p for p in self.params if not is_sharded(p)]) \
             if run.program.grad_buffer_scale > 1 else None
@@ -651,6 +656,7 @@ class RankRuntime:
             self.embedding.step()
         else:
             self.gradient_bytes = self._gradient_bytes()
+            allreduce_sequence_parallel_grads(self.sequence_parallel_params, self.tp_group)
             if self.main_grads is not None:
                 self.main_grads.to_grads()
             self.optimizer.step()

@@ -62,6 +62,8 @@ class LayerFacts:
     selective_saved_bytes: int = -1  # under torch's selective checkpointing (exec.selective); -1 unknown
     shared_input_bytes: int = 0  # its saved input that the previous layer saves too (sim.costs.LayerCosts)
     unsaved_input_bytes: int = 0  # its input when it does not save it (sim.costs.LayerCosts)
+    tp_comm_bytes: int = 0  # the tensor each TP collective of its forward carries (whole, under sequence parallelism)
+    sequence_parallel: bool = False  # its TP collectives are reduce-scatters and all-gathers (sim.costs.LayerCosts)
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, int]:
@@ -81,8 +83,12 @@ def measure_layers(workload: Workload, micro_batch: int, dtype: torch.dtype, tp:
     for index in range(workload.num_layers):
         layer = workload.build_layers(index, index + 1, device=device, dtype=dtype)[0]
         sharded = tp > 1 and sharded_layer(layer)
-        if sharded:
-            apply_tensor_parallel(nn.ModuleList([layer]), tp_rank=0, tp=tp, group=None)
+        if tp > 1:  # shards attention and MLPs; with sequence parallelism also splits the sequence
+            apply_tensor_parallel(nn.ModuleList([layer]), tp_rank=0, tp=tp, group=None,
+                                  sequence_parallel=workload.sequence_parallel)
+        # Under sequence parallelism a sharded layer's output is its 1/tp of the sequence, while each
+        # TP collective (a reduce-scatter plus an all-gather in place of an all-reduce) moves the whole.
+        sequence_split = tp if tp > 1 and workload.sequence_parallel and sharded else 1
         params = list(layer.parameters())
         param_keys = {_storage_key(p) for p in params}
         saved: dict[tuple[int, int], int] = {}
@@ -119,6 +125,8 @@ def measure_layers(workload: Workload, micro_batch: int, dtype: torch.dtype, tp:
             output_dtype=out.dtype,
             flops_fwd=float(counter.get_total_flops()) if counter else 0.0,
             tp_allreduces=2 if sharded else 0,
+            tp_comm_bytes=out.numel() * out.element_size() * sequence_split if sharded else 0,
+            sequence_parallel=sequence_split > 1,
         ))
         x = out.detach()
         previous = saved  # what this layer saved, its output among it if it saves it
@@ -172,7 +180,8 @@ class StructuralCosts:
             saved_bytes=f.saved_bytes,
             output_bytes=f.output_bytes,
             tp_allreduces=f.tp_allreduces,
-            tp_comm_bytes=f.output_bytes if f.tp_allreduces else 0,
+            tp_comm_bytes=f.tp_comm_bytes,
+            tp_sequence_parallel=f.sequence_parallel,
             flops_fwd=f.flops_fwd,
             selective_saved_bytes=f.selective_saved_bytes,
             selective_recompute_s=0.0,
@@ -194,8 +203,9 @@ class StructuralCosts:
         return [3.0 * f.flops_fwd for f in self.facts(self.micro_batch, 1)]
 
     def output_shape(self, layer: int) -> tuple[tuple[int, ...], torch.dtype]:
-        """Shape and dtype of layer ``layer``'s output for the configured micro-batch."""
-        f = self.facts(self.micro_batch, 1)[layer]
+        """Shape and dtype of layer ``layer``'s output for the configured micro-batch on one TP rank
+        (its sequence shard under sequence parallelism; the whole tensor otherwise)."""
+        f = self.facts(self.micro_batch, self.tp)[layer]
         return f.output_shape, f.output_dtype
 
 

@@ -228,7 +228,7 @@ ATTENTION_IMPLEMENTATIONS = ("flash", "unfused")
 # before them ran: a bundle that does not record such a field describes a plan that has that value.
 ADDED_CONFIG_FIELDS: dict[str, object] = {"attention": "flash",  # torch SDPA, before the option existed
                                           "dropout": 0.0,  # no dropout, before the option existed
-                                          "sequence_parallel": False}  # no runtime runs it
+                                          "sequence_parallel": False}  # before the option existed
 
 
 def transformer_config(name: str, **overrides: object) -> TransformerConfig:

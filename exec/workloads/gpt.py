@@ -39,10 +39,13 @@ class Embedding(nn.Module):
         # sparse: the token table's gradient is its touched rows (row-sparse gradient sync, issue 11)
         self.tok = nn.Embedding(vocab, hidden, sparse=sparse)
         self.pos = nn.Embedding(seq, hidden)
+        # Where the output enters the sequence-parallel region (exec.parallel.tp, sequence_parallel):
+        # Megatron-LM scatters the embedding's output along the sequence.
+        self.sequence_scatter: nn.Module = nn.Identity()
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(ids.shape[1], device=ids.device)
-        return _dropout(self.tok(ids) + self.pos(positions), self.dropout, self.training)
+        return self.sequence_scatter(_dropout(self.tok(ids) + self.pos(positions), self.dropout, self.training))
 
 
 def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -74,8 +77,9 @@ class Attention(nn.Module):
         self.proj = nn.Linear(hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        qkv = self.qkv(x).view(b, s, self.heads, 3, self.head_dim)
+        qkv = self.qkv(x)  # under sequence parallelism x is a sequence shard and qkv the whole sequence
+        b, s = qkv.shape[:2]
+        qkv = qkv.view(b, s, self.heads, 3, self.head_dim)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=3))  # each [b, heads, s, head_dim]
         if self.implementation == "unfused":
             out = self._unfused(q, k, v)
@@ -132,10 +136,13 @@ class Head(nn.Module):
     def __init__(self, hidden: int, vocab: int) -> None:
         super().__init__()
         self.ln = nn.LayerNorm(hidden)
+        # Where the sequence-parallel region ends (exec.parallel.tp, sequence_parallel): the final
+        # LayerNorm runs on the sequence shard, the replicated projection on the gathered sequence.
+        self.sequence_gather: nn.Module = nn.Identity()
         self.out = nn.Linear(hidden, vocab, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.ln(x))
+        return self.out(self.sequence_gather(self.ln(x)))
 
 
 class TransformerWorkload(Workload):
@@ -153,13 +160,15 @@ class TransformerWorkload(Workload):
         if sparse and cfg.family != "gpt":  # the simulator's row counts assume GPT's unmasked inputs
             raise ConfigError("workload_options.sparse", f"a sparse token table is for gpt workloads, not {name}",
                               "leave sparse out")
-        if cfg.sequence_parallel:  # exec.parallel.tp keeps the layernorm / dropout region replicated
-            raise ConfigError("workload_options.sequence_parallel", "the runtime has no sequence-parallel path "
-                              "(its TP all-reduces replicated activations); sequence parallelism is simulated only",
-                              "simulate the plan (paratwin simulate), or drop sequence_parallel to run it")
+        if cfg.sequence_parallel and cfg.dropout:  # exec.parallel.sequence: no per-TP-rank RNG for its masks
+            raise ConfigError("workload_options.sequence_parallel", "the runtime runs sequence parallelism without "
+                              "dropout only (Megatron-LM draws the sequence shards' masks from a per-TP-rank RNG, "
+                              "which the runtime does not have)",
+                              "set workload_options.dropout to 0 to run it, or simulate the plan (paratwin simulate)")
         self.name = name
         self.cfg = cfg
         self.stochastic = cfg.dropout > 0
+        self.sequence_parallel = cfg.sequence_parallel
         self.data = check_data_source(data)
         self.sparse = bool(sparse)
         self.seq = cfg.seq

@@ -1,0 +1,95 @@
+"""Sequence parallelism in the runtime (``workload_options: {sequence_parallel: true}``,
+exec.parallel.sequence; Korthikanti et al. 2022, section 4.2.2), on real gloo ranks.
+
+The same training as the single-process reference and as the TP run without it (the layernorm,
+bias and residual region on 1/tp of the sequence changes only the order of some fp32 sums); the
+layernorm weights and row-parallel biases, which see a sequence shard each, stay bit-identical on
+the TP ranks (their gradients are all-reduced over the TP group before the step); each rank holds
+the activations the ledger says, and they are fewer than without it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from exec.contract import compile_for_run
+from exec.launcher import run_plan
+from exec.structure import StructuralCosts
+from exec.workloads import get_workload
+from sim.engine import Engine
+from sim.plan import Plan
+from sim.workloads import transformer_config, transformer_layers
+from tests.test_runtime import check_against_reference, key_bias_mask, plan_of
+
+
+def sequence_parallel(plan: Plan) -> Plan:
+    return plan.replace(name=f"{plan.name}-sp", workload_options={**plan.workload_options, "sequence_parallel": True})
+
+
+def ledger_peaks(plan: Plan) -> dict[int, int]:
+    run = compile_for_run(plan)
+    engine = Engine(run.program, run.resolved.costs, run.resolved.comm, run.resolved.policy, plan.micro_batch)
+    engine.run()
+    return {rank: engine.ledgers[rank].activation_peak for rank in range(plan.world_size)}
+
+
+def measured_peaks(run_dir: Path, plan: Plan) -> dict[int, int]:
+    return {rank: max(json.loads(line)["activation_peak"]
+                      for line in (run_dir / "ranks" / f"rank{rank}.jsonl").read_text().splitlines() if line.strip())
+            for rank in range(plan.world_size)}
+
+
+def params_of(run_dir: Path, plan: Plan) -> dict[int, dict[str, torch.Tensor]]:
+    return {rank: torch.load(run_dir / "params" / f"rank{rank}.pt") for rank in range(plan.world_size)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pp", [1, 2], ids=["tp2", "tp2-pp2"])
+def test_sequence_parallel_trains_as_tp_and_holds_what_the_ledger_says(pp: int, tmp_path: Path) -> None:
+    tp = plan_of(tp=2, pp=pp, schedule="1f1b", microbatches=2 * pp)
+    sp = sequence_parallel(tp)
+    result = check_against_reference(sp, tmp_path)  # the derived fp32 bounds; replicas (layernorms) bit-equal
+    plain = run_plan(tp, iterations=2, warmup=1, out_dir=tmp_path / tp.name, timeout_s=120, save_params=True)
+    assert result.losses == pytest.approx(plain.losses, rel=1e-6, abs=0)
+    with_sp, without = params_of(tmp_path / sp.name, sp), params_of(tmp_path / tp.name, tp)
+    for rank, params in without.items():
+        assert params.keys() == with_sp[rank].keys()
+        for name, value in params.items():
+            keys = key_bias_mask(name, value, tp)  # zero true gradient: Adam steps rounding noise (test_runtime)
+            keep = ~keys if keys is not None else torch.ones_like(value, dtype=torch.bool)
+            torch.testing.assert_close(with_sp[rank][name][keep], value[keep], rtol=1e-4, atol=2e-6,
+                                       msg=lambda m, name=name, rank=rank: f"rank {rank} {name}: {m}")
+    # Layernorm weights see one sequence shard per rank; all-reduced, they stay equal on the TP ranks.
+    for rank in range(0, sp.world_size, 2):
+        lns = [name for name in with_sp[rank] if ".ln" in name]
+        assert lns and all(torch.equal(with_sp[rank][n], with_sp[rank + 1][n]) for n in lns)
+    # Each rank's activation peak is the ledger's, to the byte (exec.structure measures one rank's
+    # sequence-parallel layers; the lowering and the engine hold them), and below the TP run's.
+    measured, ledger = measured_peaks(tmp_path / sp.name, sp), ledger_peaks(sp)
+    assert measured == ledger
+    assert all(measured[rank] < measured_peaks(tmp_path / tp.name, tp)[rank] for rank in measured)
+
+
+def test_one_rank_of_a_sequence_parallel_block_saves_and_sends_one_tp_th_of_its_replicated_tensors() -> None:
+    """exec.structure measures one TP rank's layers as the runtime runs them: under sequence parallelism
+    a block keeps 1/t of every tensor it saves (the replicated layernorm inputs, column-parallel inputs
+    and layernorm statistics now split by sequence: the closed form's saved_elems / t, as
+    sim.analytic charges it, Korthikanti et al.'s eq. 3 for this block) and outputs 1/t of the
+    sequence (what a pipeline stage sends), while each TP collective still moves the whole tensor."""
+    b, t = 2, 2
+    layers = transformer_layers(transformer_config("gpt-tiny"))
+    plain = StructuralCosts(get_workload("gpt-tiny"), b, "fp32", t)
+    split = StructuralCosts(get_workload("gpt-tiny", sequence_parallel=True), b, "fp32", t)
+    for i, spec in enumerate(layers):
+        if spec.kind != "block":
+            continue
+        tp_only, sp = plain.layer_costs(i, b, t), split.layer_costs(i, b, t)
+        replicated = spec.saved_elems - spec.saved_elems_sharded
+        assert tp_only.saved_bytes == 4 * b * (replicated + spec.saved_elems_sharded // t)
+        assert sp.saved_bytes == 4 * b * spec.saved_elems // t
+        assert sp.output_bytes == tp_only.output_bytes // t and sp.tp_comm_bytes == tp_only.tp_comm_bytes
+        assert sp.tp_sequence_parallel and not tp_only.tp_sequence_parallel
+    assert split.output_shape(0) == ((b, 32 // t, 64), torch.float32)  # the embedding's output: scattered
