@@ -69,6 +69,7 @@ class RankRuntime:
                  tp_group: object = None, dp_group: object = None) -> None:
         self.plan, self.workload, self.rank, self.device = run.plan, run.workload, rank, device
         self.program: RankProgram = run.program.ranks[rank]
+        self.program_gathers = run.program.p2p_gather_tp
         self.policy: MemoryPolicy = run.resolved.policy
         self.stage_layers = run.program.stage_layers
         self.num_stages = len(self.stage_layers)
@@ -304,7 +305,7 @@ class RankRuntime:
             self._finish(index)
 
     def _scatter_gather(self) -> bool:
-        return self.plan.schedule.p2p_scatter_gather and self.plan.tp > 1
+        return self.program_gathers  # sim.lower.p2p_gather_tp: not under sequence parallelism
 
     def _slice(self, flat: torch.Tensor) -> torch.Tensor:
         """This TP rank's 1/tp of a flattened tensor (Megatron's split_tensor_into_1d_equal_chunks)."""

@@ -92,7 +92,34 @@ def test_sequence_parallel_layer_is_eq3(row):
     held, ln_stats, checkpoint = ledger(row, t, sequence_parallel=True)
     sbh = SEQ * b * h
     assert held - ln_stats == 34 * sbh // t + 5 * a * SEQ * SEQ * b // t  # s b h / t (34 + 5 a s / h)
-    assert checkpoint == 2 * sbh  # the layer input, as Megatron keeps it (section 4.3: 2sbh; not split here)
+    assert checkpoint == 2 * sbh // t  # the layer input, its sequence shard (eq. 5)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r["model"] for r in ROWS])
+def test_full_recompute_with_sequence_parallelism_keeps_eq5(row):
+    """Full recomputation keeps each layer's input: 2 s b h per layer (section 4.3), and with sequence
+    parallelism its 1/t shard, 2 s b h / t (eq. 5): what a forward of a run of blocks leaves under the
+    ``full`` policy, and what a pipeline stage sends."""
+    from sim.compile import compile_plan
+    from sim.memory import forward_bytes
+
+    b, h, t = int(row["micro_batch"]), int(row["hidden"]), int(row["tp"])
+    sbh = SEQ * b * h
+    for sequence_parallel, expected in ((False, 2 * sbh), (True, 2 * sbh // t)):
+        plan = korth.row_plan(row, "full", sequence_parallel=sequence_parallel)
+        plan = plan.replace(workload_options={**plan.workload_options, "dropout": 0.1})
+        costs = AnalyticCosts(transformer_layers(transformer_config(plan.workload, **plan.workload_options)),
+                              load_cluster(plan.cluster).device, "fp16", load_cluster(plan.cluster),
+                              curve_of("default"), attention=MEGATRON_ATTENTION)
+        blocks = [2, 3, 4, 5]
+        kept = forward_bytes(blocks, blocks, lambda layer, costs=costs: costs.layer_costs(layer, b, t))
+        assert kept == len(blocks) * expected
+        if plan.pp > 1:  # the Program's stage-boundary messages (these plans set Megatron's scatter/gather)
+            program = compile_plan(plan).program
+            sends = {i.bytes for rp in program.ranks.values() for i in rp.instructions if i.kind.value == "SEND_ACT"}
+            # without: a 1/t slice of the whole tensor, all-gathered by the receivers; with: the shard,
+            # whole, no all-gather (Megatron-LM turns its scatter/gather off under sequence parallelism)
+            assert sends == {2 * sbh // t} and program.p2p_gather_tp is not sequence_parallel
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp", "tp+sp"])
