@@ -56,6 +56,7 @@ from exec.gradient_sync import REDUCERS
 from exec.main_grad import MainGrads, accumulate_main
 from exec.parallel.sequence import allreduce_sequence_parallel_grads
 from exec.parallel.tp import apply_tensor_parallel
+from exec.selective import checkpoint_attention_cores
 from exec.structure import torch_dtype
 from sim.lower import MemoryPolicy
 from sim.program import Instruction, Kind, RankProgram
@@ -92,6 +93,8 @@ class RankRuntime:
             apply_tensor_parallel(modules, self.coords.tp, self.plan.tp, tp_group,
                                   sequence_parallel=self.workload.sequence_parallel)
             modules.train()
+            if self.policy.view == "selective-attention":  # the attention cores keep nothing (exec.selective)
+                checkpoint_attention_cores(modules)
             self.stages[s] = modules
             self.layer_modules.update(zip(layers, modules, strict=True))
         # Sharded embedding tables (exec.embedding) replace their dense modules before anything

@@ -182,16 +182,17 @@ def test_sequence_parallelism_needs_tp_and_a_divisible_sequence_and_the_runtime_
         get_workload("gpt-tiny", sequence_parallel=True, dropout=0.1)
 
 
-def test_the_runtime_refuses_selective_attention():
+def test_the_runtime_compiles_selective_attention_with_the_measured_core():
+    # The runtime runs it (tests/test_runtime_selective_attention.py); exec.structure measures each
+    # layer's attention core, so the policy is built from the runtime's own bytes.
     from exec.contract import compile_for_run
     from sim.plan import Plan
-    from traces.errors import ConfigError
 
     plan = Plan.from_dict({"workload": "gpt-tiny", "workload_options": {"attention": "unfused"},
                            "cluster": {"preset": "local-cpu-2", "devices_per_node": 2},
                            "parallelism": {"dp": 2}, "memory": {"policy": "selective-attention"}})
-    with pytest.raises(ConfigError, match="memory.policy"):
-        compile_for_run(plan)
+    run = compile_for_run(plan)
+    assert run.resolved.policy.view == "selective-attention" and not run.resolved.policy.problem
 
 
 def test_without_dropout_the_masks_and_the_dropout_output_are_not_kept():

@@ -19,6 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from sim.workloads import TransformerConfig, transformer_config, transformer_layers
 from traces.errors import ConfigError
@@ -73,6 +74,9 @@ class Attention(nn.Module):
         self.causal = causal
         self.implementation = implementation  # sim.workloads.ATTENTION_IMPLEMENTATIONS
         self.dropout = dropout  # on the probabilities (Megatron-LM's attention dropout)
+        # Korthikanti et al.'s selective recomputation (memory: {policy: selective-attention}, set by
+        # exec.selective.checkpoint_attention_cores): the unfused core keeps nothing, its backward re-runs it.
+        self.checkpoint_core = False
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
 
@@ -93,6 +97,11 @@ class Attention(nn.Module):
         """Scores, masked softmax and weighted sum as separate kernels: the [b, heads, s, s] scores and
         probabilities go through memory and autograd saves the probabilities (Megatron-LM's
         CoreAttention), and with dropout its mask and output."""
+        if self.checkpoint_core and torch.is_grad_enabled():  # torch's checkpoint replays the dropout's RNG
+            return checkpoint(self._core, q, k, v, use_reentrant=False)
+        return self._core(q, k, v)
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
         if self.causal:
             s = scores.shape[-1]
