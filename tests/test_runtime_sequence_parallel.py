@@ -55,6 +55,11 @@ def test_sequence_parallel_trains_as_tp_and_holds_what_the_ledger_says(pp: int, 
     tp = plan_of(tp=2, pp=pp, schedule="1f1b", microbatches=2 * pp, recompute=recompute)
     sp = sequence_parallel(tp)
     result = check_against_reference(sp, tmp_path)  # the derived fp32 bounds; replicas (layernorms) bit-equal
+    # Stage boundaries carry one TP rank's sequence shard, whole, as the Program says (b s h / t, fp32).
+    p2p = result.table[result.table["kind"].isin(["SEND_ACT", "SEND_GRAD", "RECV_ACT", "RECV_GRAD"])]
+    lowered = {i.bytes for rp in compile_for_run(sp).program.ranks.values() for i in rp.instructions
+               if i.kind.value in ("SEND_ACT", "SEND_GRAD")}
+    assert set(p2p["bytes"]) == (lowered if pp > 1 else set()) == ({2 * 32 * 64 * 4 // 2} if pp > 1 else set())
     plain = run_plan(tp, iterations=2, warmup=1, out_dir=tmp_path / tp.name, timeout_s=120, save_params=True)
     assert result.losses == pytest.approx(plain.losses, rel=1e-6, abs=0)
     with_sp, without = params_of(tmp_path / sp.name, sp), params_of(tmp_path / tp.name, tp)
