@@ -25,6 +25,7 @@ import pandas as pd
 
 from sim.compile import resolve_plan
 from sim.estimate import Estimate, Estimator
+from sim.lower import p2p_gather_tp
 from sim.plan import Plan
 from sim.schedules import SCHEDULES, check_preconditions
 from sim.simulate import simulate
@@ -101,7 +102,7 @@ def estimate_plan(plan: Plan) -> Estimate:
         schedule=plan.schedule.name, dp=plan.dp, tp=plan.tp, pp=plan.pp, chunks=plan.chunks,
         micro_batch=plan.micro_batch, microbatches=plan.microbatches, stage_layers=r.stage_layers,
         policy=r.policy, tp_overlap=plan.parallelism.tp_overlap, sync_method=plan.gradient_sync.method,
-        bucket_mb=plan.gradient_sync.bucket_mb, scatter_gather=plan.schedule.p2p_scatter_gather)
+        bucket_mb=plan.gradient_sync.bucket_mb, scatter_gather=p2p_gather_tp(plan))
 
 
 def compare(quick: bool = False) -> pd.DataFrame:

@@ -58,7 +58,9 @@ from exec.embedding import EMBEDDING_RUNTIMES, is_sharded
 from exec.faults import Fault
 from exec.gradient_sync import REDUCERS
 from exec.main_grad import MainGrads, accumulate_main
+from exec.parallel.sequence import allreduce_sequence_parallel_grads
 from exec.parallel.tp import apply_tensor_parallel
+from exec.selective import checkpoint_attention_cores
 from exec.structure import torch_dtype
 from sim.gradient_sync import GRADIENT_SYNC
 from sim.lower import MemoryPolicy
@@ -74,6 +76,7 @@ class RankRuntime:
                  tp_group: object = None, dp_group: object = None, tied_group: object = None) -> None:
         self.plan, self.workload, self.rank, self.device = run.plan, run.workload, rank, device
         self.program: RankProgram = run.program.ranks[rank]
+        self.program_gathers = run.program.p2p_gather_tp
         self.policy: MemoryPolicy = run.resolved.policy
         self.stage_layers = run.program.stage_layers
         self.num_stages = len(self.stage_layers)
@@ -94,8 +97,11 @@ class RankRuntime:
         for s in self.program.stages:
             layers = self.stage_layers[s]
             modules = self.workload.build_layers(layers[0], layers[-1] + 1, device=device, dtype=self.dtype)
-            apply_tensor_parallel(modules, self.coords.tp, self.plan.tp, tp_group)
+            apply_tensor_parallel(modules, self.coords.tp, self.plan.tp, tp_group,
+                                  sequence_parallel=self.workload.sequence_parallel)
             modules.train()
+            if self.policy.view == "selective-attention":  # the attention cores keep nothing (exec.selective)
+                checkpoint_attention_cores(modules)
             self.stages[s] = modules
             self.layer_modules.update(zip(layers, modules, strict=True))
         # Sharded embedding tables (exec.embedding) replace their dense modules before anything
@@ -122,6 +128,9 @@ class RankRuntime:
         # the per-rank record ``saved_bytes`` (0 unless a store outlives its backward).
         self.stores: weakref.WeakSet[SavedStore] = weakref.WeakSet()
         self.optimizer = self.distributed or make_optimizer([p for p in self.params if not is_sharded(p)])
+        # Parameters that saw only this rank's sequence shard (exec.parallel.sequence): their gradients
+        # are summed over the TP group before the step.
+        self.sequence_parallel_params = [p for p in self.params if getattr(p, "sequence_parallel", False)]
         # fp32 main-grad buffers where the Program holds gradients in fp32 (exec.main_grad)
         self.main_grads = MainGrads([p for p in self.params if not is_sharded(p)]) \
             if run.program.grad_buffer_scale > 1 else None
@@ -312,7 +321,7 @@ class RankRuntime:
             self._finish(index)
 
     def _scatter_gather(self) -> bool:
-        return self.plan.schedule.p2p_scatter_gather and self.plan.tp > 1
+        return self.program_gathers  # sim.lower.p2p_gather_tp: not under sequence parallelism
 
     def _slice(self, flat: torch.Tensor) -> torch.Tensor:
         """This TP rank's 1/tp of a flattened tensor (Megatron's split_tensor_into_1d_equal_chunks)."""
@@ -679,6 +688,7 @@ class RankRuntime:
             self.embedding.step()
         else:
             self.gradient_bytes = self._gradient_bytes()
+            allreduce_sequence_parallel_grads(self.sequence_parallel_params, self.tp_group)
             if self.main_grads is not None:
                 self.main_grads.to_grads()
             self.optimizer.step()

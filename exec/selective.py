@@ -95,3 +95,16 @@ def selective_saved_bytes(layer: nn.Module, x: torch.Tensor, param_keys: set[tup
             saved[key] = key[1]
     return sum(saved.values())
 
+
+
+def checkpoint_attention_cores(module: nn.Module, on: bool = True) -> int:
+    """Korthikanti et al.'s selective recomputation (``memory: {policy: selective-attention}``,
+    sim.memory_attention): every attention module that offers it (``checkpoint_core``, the runtime
+    GPT's unfused attention) runs its core (scores, softmax, dropout, the product with V) under
+    torch's checkpoint, keeping only the core's inputs; returns how many modules it set."""
+    count = 0
+    for m in module.modules():
+        if hasattr(m, "checkpoint_core"):
+            m.checkpoint_core = on
+            count += 1
+    return count

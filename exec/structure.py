@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from exec.parallel.tp import apply_tensor_parallel, sharded_layer
-from exec.selective import selective_saved_bytes
+from exec.selective import checkpoint_attention_cores, selective_saved_bytes
 from exec.workloads.base import Workload
 from sim.costs import LayerCosts
 from sim.workloads import LayerSpec
@@ -62,6 +62,9 @@ class LayerFacts:
     selective_saved_bytes: int = -1  # under torch's selective checkpointing (exec.selective); -1 unknown
     shared_input_bytes: int = 0  # its saved input that the previous layer saves too (sim.costs.LayerCosts)
     unsaved_input_bytes: int = 0  # its input when it does not save it (sim.costs.LayerCosts)
+    tp_comm_bytes: int = 0  # the tensor each TP collective of its forward carries (whole, under sequence parallelism)
+    sequence_parallel: bool = False  # its TP collectives are reduce-scatters and all-gathers (sim.costs.LayerCosts)
+    attention_core_bytes: int = -1  # what Korthikanti's selective recomputation drops (sim.costs.LayerCosts)
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, int]:
@@ -81,8 +84,12 @@ def measure_layers(workload: Workload, micro_batch: int, dtype: torch.dtype, tp:
     for index in range(workload.num_layers):
         layer = workload.build_layers(index, index + 1, device=device, dtype=dtype)[0]
         sharded = tp > 1 and sharded_layer(layer)
-        if sharded:
-            apply_tensor_parallel(nn.ModuleList([layer]), tp_rank=0, tp=tp, group=None)
+        if tp > 1:  # shards attention and MLPs; with sequence parallelism also splits the sequence
+            apply_tensor_parallel(nn.ModuleList([layer]), tp_rank=0, tp=tp, group=None,
+                                  sequence_parallel=workload.sequence_parallel)
+        # Under sequence parallelism a sharded layer's output is its 1/tp of the sequence, while each
+        # TP collective (a reduce-scatter plus an all-gather in place of an all-reduce) moves the whole.
+        sequence_split = tp if tp > 1 and workload.sequence_parallel and sharded else 1
         params = list(layer.parameters())
         param_keys = {_storage_key(p) for p in params}
         saved: dict[tuple[int, int], int] = {}
@@ -110,6 +117,7 @@ def measure_layers(workload: Workload, micro_batch: int, dtype: torch.dtype, tp:
         # A layer that does not save its (floating) input: checkpointed, it keeps it all the same.
         unsaved = x_key[1] if index > 0 and x.is_floating_point() and x_key not in saved else 0
         facts.append(LayerFacts(
+            attention_core_bytes=_attention_core_bytes(layer, x, param_keys, sum(saved.values())),
             shared_input_bytes=shared, unsaved_input_bytes=unsaved,
             selective_saved_bytes=_selective_bytes(layer, x, param_keys, loss),
             param_bytes=sum(p.numel() * p.element_size() for p in params),
@@ -119,10 +127,36 @@ def measure_layers(workload: Workload, micro_batch: int, dtype: torch.dtype, tp:
             output_dtype=out.dtype,
             flops_fwd=float(counter.get_total_flops()) if counter else 0.0,
             tp_allreduces=2 if sharded else 0,
+            tp_comm_bytes=out.numel() * out.element_size() * sequence_split if sharded else 0,
+            sequence_parallel=sequence_split > 1,
         ))
         x = out.detach()
         previous = saved  # what this layer saved, its output among it if it saves it
     return facts
+
+
+def _attention_core_bytes(layer: nn.Module, x: torch.Tensor, param_keys: set, saved_bytes: int) -> int:
+    """What the layer's attention cores keep that Korthikanti's selective recomputation drops: its
+    saved bytes less those with the cores checkpointed (exec.selective.checkpoint_attention_cores);
+    0 without such a core, -1 where torch cannot run the checkpoint here."""
+    if not checkpoint_attention_cores(layer, True):
+        return 0
+    saved: dict[tuple[int, int], int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(t)
+        if key not in param_keys:
+            saved[key] = key[1]
+        return t
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            layer(x)
+    except (NotImplementedError, RuntimeError):
+        return -1
+    finally:
+        checkpoint_attention_cores(layer, False)
+    return saved_bytes - sum(saved.values())
 
 
 def _selective_bytes(layer: nn.Module, x: torch.Tensor, param_keys: set, loss: object) -> int:
@@ -172,7 +206,10 @@ class StructuralCosts:
             saved_bytes=f.saved_bytes,
             output_bytes=f.output_bytes,
             tp_allreduces=f.tp_allreduces,
-            tp_comm_bytes=f.output_bytes if f.tp_allreduces else 0,
+            tp_comm_bytes=f.tp_comm_bytes,
+            tp_sequence_parallel=f.sequence_parallel,
+            attention_core_bytes=f.attention_core_bytes,
+            attention_core_recompute_s=0.0 if f.attention_core_bytes >= 0 else -1.0,
             flops_fwd=f.flops_fwd,
             selective_saved_bytes=f.selective_saved_bytes,
             selective_recompute_s=0.0,
@@ -194,8 +231,9 @@ class StructuralCosts:
         return [3.0 * f.flops_fwd for f in self.facts(self.micro_batch, 1)]
 
     def output_shape(self, layer: int) -> tuple[tuple[int, ...], torch.dtype]:
-        """Shape and dtype of layer ``layer``'s output for the configured micro-batch."""
-        f = self.facts(self.micro_batch, 1)[layer]
+        """Shape and dtype of layer ``layer``'s output for the configured micro-batch on one TP rank
+        (its sequence shard under sequence parallelism; the whole tensor otherwise)."""
+        f = self.facts(self.micro_batch, self.tp)[layer]
         return f.output_shape, f.output_dtype
 
 

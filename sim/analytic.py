@@ -552,6 +552,13 @@ class AnalyticCostModel:
         params = math.ceil(layer.params / t)
         saved = (layer.saved_elems - layer.saved_elems_sharded) + layer.saved_elems_sharded / t
         out = b * layer.output_elems
+        # Under sequence parallelism an embedding's or a block's output lives in the sequence-split region:
+        # each TP rank holds (and a pipeline stage sends) its 1/t of the sequence (Megatron-LM's p2p
+        # shape is seq / tp: megatron/core/pipeline_parallel/schedules.py, get_tensor_shapes), so a
+        # checkpointed layer keeps 2 s b h / t (Korthikanti et al. 2022, eq. 5). Its TP collectives
+        # still move the whole tensor (``out`` below). check_tp makes t divide the sequence.
+        sequence_split = t if layer.extra.get("sequence_parallel", 0.0) and t > 1 \
+            and layer.kind in ("embedding", "block") else 1
 
         flops_fwd = b * layer.flops_fwd / t
         f_bi, f_bw = self._backward_split(layer)
@@ -624,7 +631,7 @@ class AnalyticCostModel:
             grad_bytes=params * g_b,
             optimizer_bytes=params * o_b,
             saved_bytes=int(round(saved_bytes)),
-            output_bytes=out * act,
+            output_bytes=out * act // sequence_split,
             flops_fwd=flops_fwd,
             selective_saved_bytes=int(round(selective_bytes)),
             selective_recompute_s=selective_s,

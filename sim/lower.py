@@ -38,7 +38,7 @@ def lower(
                                recompute=[policy.recomputes(s) for s in range(plan.num_stages)])
     program = Program(world_size=plan.world_size, dp=plan.dp, pp=plan.pp, tp=plan.tp,
                       stage_layers=[tuple(layers) for layers in stage_layers], ranks={}, symmetric=symmetric,
-                      p2p_gather_tp=plan.schedule.p2p_scatter_gather and plan.tp > 1,
+                      p2p_gather_tp=p2p_gather_tp(plan),
                       grad_buffer_scale=gradient_buffer_scale(plan.gradient_sync, plan.dtype),
                       optimizer_share=optimizer_share(plan.gradient_sync, plan.dp))
     stage_rank = [stage_to_rank(s, plan.pp, plan.chunks, info.placement) for s in range(plan.num_stages)]
@@ -68,6 +68,15 @@ def lower(
         program.ranks[rank] = RankProgram(rank=rank, coords=coords, stages=stages,
                                           instructions=draft.finalize())
     return program
+
+
+def p2p_gather_tp(plan: Plan) -> bool:
+    """Whether stage-boundary tensors travel as 1/tp slices all-gathered by the receivers
+    (``schedule.p2p_scatter_gather``). Not under sequence parallelism: the tensor is already each TP
+    rank's own 1/tp of the sequence, and Megatron-LM then sends it whole (its scatter/gather runs only
+    ``if args.scatter_gather_tensors_in_pipeline and not args.sequence_parallel``,
+    megatron/p2p_communication.py in the 2022 code with sequence parallelism)."""
+    return plan.schedule.p2p_scatter_gather and plan.tp > 1 and not plan.workload_options.get("sequence_parallel")
 
 
 # ---------------------------------------------------------------------------------------------

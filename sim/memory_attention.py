@@ -17,8 +17,8 @@ keeps no s x s tensor, so the policy is refused there as ``none`` under another 
 ``MemoryPolicy.layer_view`` applies them wherever a layer is priced (lowering, engine, fast
 estimate), so the plan search enumerates it like any other policy. Not in the ledger: the one
 layer's core tensors that exist while its backward runs (a transient of one layer, as for
-``selective``). The runtime does not run this policy and refuses it
-(exec.contract). Imports neither torch nor simpy.
+``selective``). The runtime runs it (exec.selective.checkpoint_attention_cores: the unfused
+core under torch's checkpoint; exec.structure measures what it drops). Imports neither torch nor simpy.
 """
 
 from __future__ import annotations
@@ -69,4 +69,4 @@ def build_selective_attention(plan: Plan, stage_layers: Sequence[Sequence[int]],
     return policy
 
 
-register_memory_policy(NAME, SelectiveAttention, build_selective_attention, runtime=False)
+register_memory_policy(NAME, SelectiveAttention, build_selective_attention, runtime=True)

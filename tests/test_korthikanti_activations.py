@@ -92,7 +92,34 @@ def test_sequence_parallel_layer_is_eq3(row):
     held, ln_stats, checkpoint = ledger(row, t, sequence_parallel=True)
     sbh = SEQ * b * h
     assert held - ln_stats == 34 * sbh // t + 5 * a * SEQ * SEQ * b // t  # s b h / t (34 + 5 a s / h)
-    assert checkpoint == 2 * sbh  # the layer input, as Megatron keeps it (section 4.3: 2sbh; not split here)
+    assert checkpoint == 2 * sbh // t  # the layer input, its sequence shard (eq. 5)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r["model"] for r in ROWS])
+def test_full_recompute_with_sequence_parallelism_keeps_eq5(row):
+    """Full recomputation keeps each layer's input: 2 s b h per layer (section 4.3), and with sequence
+    parallelism its 1/t shard, 2 s b h / t (eq. 5): what a forward of a run of blocks leaves under the
+    ``full`` policy, and what a pipeline stage sends."""
+    from sim.compile import compile_plan
+    from sim.memory import forward_bytes
+
+    b, h, t = int(row["micro_batch"]), int(row["hidden"]), int(row["tp"])
+    sbh = SEQ * b * h
+    for sequence_parallel, expected in ((False, 2 * sbh), (True, 2 * sbh // t)):
+        plan = korth.row_plan(row, "full", sequence_parallel=sequence_parallel)
+        plan = plan.replace(workload_options={**plan.workload_options, "dropout": 0.1})
+        costs = AnalyticCosts(transformer_layers(transformer_config(plan.workload, **plan.workload_options)),
+                              load_cluster(plan.cluster).device, "fp16", load_cluster(plan.cluster),
+                              curve_of("default"), attention=MEGATRON_ATTENTION)
+        blocks = [2, 3, 4, 5]
+        kept = forward_bytes(blocks, blocks, lambda layer, costs=costs: costs.layer_costs(layer, b, t))
+        assert kept == len(blocks) * expected
+        if plan.pp > 1:  # the Program's stage-boundary messages (these plans set Megatron's scatter/gather)
+            program = compile_plan(plan).program
+            sends = {i.bytes for rp in program.ranks.values() for i in rp.instructions if i.kind.value == "SEND_ACT"}
+            # without: a 1/t slice of the whole tensor, all-gathered by the receivers; with: the shard,
+            # whole, no all-gather (Megatron-LM turns its scatter/gather off under sequence parallelism)
+            assert sends == {2 * sbh // t} and program.p2p_gather_tp is not sequence_parallel
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp", "tp+sp"])
@@ -139,7 +166,7 @@ def test_selective_attention_is_refused_where_nothing_keeps_an_attention_core():
     simulate(plan.replace(workload_options={"dropout": 0.1, "attention": "unfused"}))
 
 
-def test_sequence_parallelism_needs_tp_and_a_divisible_sequence_and_the_runtime_refuses_it():
+def test_sequence_parallelism_needs_tp_and_a_divisible_sequence_and_the_runtime_refuses_it_with_dropout():
     from exec.workloads import get_workload
     from sim.compile import check_tp
     from traces.errors import ConfigError
@@ -150,20 +177,22 @@ def test_sequence_parallelism_needs_tp_and_a_divisible_sequence_and_the_runtime_
         check_tp(1, cfg, "gpt-tiny")
     with pytest.raises(ConfigError, match="workload_options.sequence_parallel"):
         check_tp(4, transformer_config("gpt-tiny", sequence_parallel=True, seq=30), "gpt-tiny")
-    with pytest.raises(ConfigError, match="workload_options.sequence_parallel"):
-        get_workload("gpt-tiny", sequence_parallel=True)
+    assert get_workload("gpt-tiny", sequence_parallel=True).sequence_parallel  # runs: test_runtime_sequence_parallel
+    with pytest.raises(ConfigError, match="workload_options.sequence_parallel"):  # no per-TP-rank dropout RNG
+        get_workload("gpt-tiny", sequence_parallel=True, dropout=0.1)
 
 
-def test_the_runtime_refuses_selective_attention():
+def test_the_runtime_compiles_selective_attention_with_the_measured_core():
+    # The runtime runs it (tests/test_runtime_selective_attention.py); exec.structure measures each
+    # layer's attention core, so the policy is built from the runtime's own bytes.
     from exec.contract import compile_for_run
     from sim.plan import Plan
-    from traces.errors import ConfigError
 
     plan = Plan.from_dict({"workload": "gpt-tiny", "workload_options": {"attention": "unfused"},
                            "cluster": {"preset": "local-cpu-2", "devices_per_node": 2},
                            "parallelism": {"dp": 2}, "memory": {"policy": "selective-attention"}})
-    with pytest.raises(ConfigError, match="memory.policy"):
-        compile_for_run(plan)
+    run = compile_for_run(plan)
+    assert run.resolved.policy.view == "selective-attention" and not run.resolved.policy.problem
 
 
 def test_without_dropout_the_masks_and_the_dropout_output_are_not_kept():

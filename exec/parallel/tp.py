@@ -11,6 +11,8 @@ Shards are cut from the full, seeded weights, so a TP run computes what one proc
 Row-parallel biases are kept whole on every rank and added after the all-reduce (once, not tp
 times). Embedding and head layers stay replicated, as the simulator's cost models assume (a table
 sharded by an embedding method takes its TP rank's columns instead, ``gather_columns_from_tp``).
+With ``sequence_parallel`` (Megatron-LM's sequence parallelism, exec.parallel.sequence) f and g become
+an all-gather and a reduce-scatter along the sequence, and the replicated region runs on 1/tp of it.
 
 Modules are found by attribute, not by class: an attention module has ``qkv``, ``proj`` (nn.Linear)
 and ``heads``; an MLP has ``fc1`` and ``fc2`` (nn.Linear). With ``group=None`` no communication
@@ -23,6 +25,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from exec.parallel.sequence import (
+    SequenceGather,
+    SequenceScatter,
+    gather_linear,
+    mark_sequence_parallel,
+    reduce_scatter_to_sequence,
+)
 from traces.errors import ConfigError
 
 
@@ -98,29 +107,41 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
 
 
 class ColumnParallelLinear(nn.Module):
-    """Rows ``[r*n/t, (r+1)*n/t)`` of a Linear's weight and bias; input through f."""
+    """Rows ``[r*n/t, (r+1)*n/t)`` of a Linear's weight and bias; input through f, or, under sequence
+    parallelism, all-gathered along the sequence (exec.parallel.sequence.gather_linear)."""
 
-    def __init__(self, full: nn.Linear, tp_rank: int, tp: int, group: object) -> None:
+    def __init__(self, full: nn.Linear, tp_rank: int, tp: int, group: object, sequence_parallel: bool = False) -> None:
         super().__init__()
         bias = full.bias.chunk(tp, dim=0)[tp_rank] if full.bias is not None else None
         self.linear = _linear(full.weight.chunk(tp, dim=0)[tp_rank], bias)
         self.group = group
+        self.sequence_parallel = sequence_parallel
+        if sequence_parallel:
+            gather_linear(self.linear, tp_rank, tp, group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(copy_to_tp(x, self.group))
+        return self.linear(x) if self.sequence_parallel else self.linear(copy_to_tp(x, self.group))
 
 
 class RowParallelLinear(nn.Module):
-    """Columns ``[r*n/t, (r+1)*n/t)`` of a Linear's weight; partial outputs summed by g, then + bias."""
+    """Columns ``[r*n/t, (r+1)*n/t)`` of a Linear's weight; partial outputs summed by g, then + bias.
+    Under sequence parallelism the sum is reduce-scattered along the sequence and the (replicated)
+    bias is added to this rank's shard only, so its gradient is partial: tagged for the TP all-reduce."""
 
-    def __init__(self, full: nn.Linear, tp_rank: int, tp: int, group: object) -> None:
+    def __init__(self, full: nn.Linear, tp_rank: int, tp: int, group: object, sequence_parallel: bool = False) -> None:
         super().__init__()
         self.linear = _linear(full.weight.chunk(tp, dim=1)[tp_rank], None)
         self.bias = nn.Parameter(full.bias.detach().clone()) if full.bias is not None else None
         self.group = group
+        self.tp_rank, self.tp, self.sequence_parallel = tp_rank, tp, sequence_parallel
+        if sequence_parallel:
+            mark_sequence_parallel(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = reduce_from_tp(self.linear(x), self.group)
+        if self.sequence_parallel:
+            out = reduce_scatter_to_sequence(self.linear(x), self.tp_rank, self.tp, self.group)
+        else:
+            out = reduce_from_tp(self.linear(x), self.group)
         return out + self.bias if self.bias is not None else out
 
 
@@ -138,22 +159,45 @@ def sharded_layer(layer: nn.Module) -> bool:
     return any(_is_attention(m) or _is_mlp(m) for m in layer.modules())
 
 
-def apply_tensor_parallel(layers: nn.ModuleList, tp_rank: int, tp: int, group: object) -> nn.ModuleList:
-    """Shard every attention and MLP inside ``layers`` in place for TP rank ``tp_rank`` of ``tp``."""
+def apply_tensor_parallel(layers: nn.ModuleList, tp_rank: int, tp: int, group: object,
+                          sequence_parallel: bool = False) -> nn.ModuleList:
+    """Shard every attention and MLP inside ``layers`` in place for TP rank ``tp_rank`` of ``tp``.
+
+    ``sequence_parallel`` (exec.parallel.sequence): the linears gather / reduce-scatter along the
+    sequence; a module's ``sequence_scatter`` / ``sequence_gather`` placeholder (an ``nn.Identity``
+    where a workload's replicated part meets the sequence-parallel region) becomes the scatter or
+    gather; every LayerNorm of a layer that has either, or that TP shards, runs on the sequence shard
+    and is tagged for the TP all-reduce of its gradients."""
     if tp == 1:
         return layers
+    if sequence_parallel:
+        _apply_sequence_regions(layers, tp_rank, tp, group)
     for module in list(layers.modules()):
         if _is_attention(module):
             if module.heads % tp:
                 raise ConfigError("tp", f"tp={tp} does not divide the {module.heads} attention heads",
                                   "choose tp dividing the head count")
-            module.qkv = ColumnParallelLinear(module.qkv, tp_rank, tp, group)
-            module.proj = RowParallelLinear(module.proj, tp_rank, tp, group)
+            module.qkv = ColumnParallelLinear(module.qkv, tp_rank, tp, group, sequence_parallel)
+            module.proj = RowParallelLinear(module.proj, tp_rank, tp, group, sequence_parallel)
             module.heads //= tp
         elif _is_mlp(module):
             if module.fc1.out_features % tp:
                 raise ConfigError("tp", f"tp={tp} does not divide the MLP width {module.fc1.out_features}",
                                   "choose tp dividing the MLP width")
-            module.fc1 = ColumnParallelLinear(module.fc1, tp_rank, tp, group)
-            module.fc2 = RowParallelLinear(module.fc2, tp_rank, tp, group)
+            module.fc1 = ColumnParallelLinear(module.fc1, tp_rank, tp, group, sequence_parallel)
+            module.fc2 = RowParallelLinear(module.fc2, tp_rank, tp, group, sequence_parallel)
     return layers
+
+
+def _apply_sequence_regions(layers: nn.ModuleList, tp_rank: int, tp: int, group: object) -> None:
+    for layer in layers:
+        edges = False
+        for module in list(layer.modules()):
+            for name, cls in (("sequence_scatter", SequenceScatter), ("sequence_gather", SequenceGather)):
+                if isinstance(getattr(module, name, None), nn.Identity):
+                    setattr(module, name, cls(tp_rank, tp, group))
+                    edges = True
+        if edges or sharded_layer(layer):
+            for module in layer.modules():
+                if isinstance(module, nn.LayerNorm):
+                    mark_sequence_parallel(module)

@@ -30,6 +30,9 @@ class Workload(ABC):
     # Whether a forward draws random numbers (dropout): a re-run forward (RECOMPUTE) must then draw
     # the same ones, so the interpreter keeps the RNG state of each checkpointed forward.
     stochastic: bool = False
+    # Whether tensor parallelism also splits the layers' replicated region along the sequence
+    # (exec.parallel.sequence; the transformers' workload_options.sequence_parallel).
+    sequence_parallel: bool = False
 
     @abstractmethod
     def layer_names(self) -> list[str]:

@@ -19,6 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from sim.workloads import TransformerConfig, transformer_config, transformer_layers
 from traces.errors import ConfigError
@@ -39,10 +40,13 @@ class Embedding(nn.Module):
         # sparse: the token table's gradient is its touched rows (row-sparse gradient sync, issue 11)
         self.tok = nn.Embedding(vocab, hidden, sparse=sparse)
         self.pos = nn.Embedding(seq, hidden)
+        # Where the output enters the sequence-parallel region (exec.parallel.tp, sequence_parallel):
+        # Megatron-LM scatters the embedding's output along the sequence.
+        self.sequence_scatter: nn.Module = nn.Identity()
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(ids.shape[1], device=ids.device)
-        return _dropout(self.tok(ids) + self.pos(positions), self.dropout, self.training)
+        return self.sequence_scatter(_dropout(self.tok(ids) + self.pos(positions), self.dropout, self.training))
 
 
 def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -70,12 +74,16 @@ class Attention(nn.Module):
         self.causal = causal
         self.implementation = implementation  # sim.workloads.ATTENTION_IMPLEMENTATIONS
         self.dropout = dropout  # on the probabilities (Megatron-LM's attention dropout)
+        # Korthikanti et al.'s selective recomputation (memory: {policy: selective-attention}, set by
+        # exec.selective.checkpoint_attention_cores): the unfused core keeps nothing, its backward re-runs it.
+        self.checkpoint_core = False
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        qkv = self.qkv(x).view(b, s, self.heads, 3, self.head_dim)
+        qkv = self.qkv(x)  # under sequence parallelism x is a sequence shard and qkv the whole sequence
+        b, s = qkv.shape[:2]
+        qkv = qkv.view(b, s, self.heads, 3, self.head_dim)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=3))  # each [b, heads, s, head_dim]
         if self.implementation == "unfused":
             out = self._unfused(q, k, v)
@@ -89,6 +97,11 @@ class Attention(nn.Module):
         """Scores, masked softmax and weighted sum as separate kernels: the [b, heads, s, s] scores and
         probabilities go through memory and autograd saves the probabilities (Megatron-LM's
         CoreAttention), and with dropout its mask and output."""
+        if self.checkpoint_core and torch.is_grad_enabled():  # torch's checkpoint replays the dropout's RNG
+            return checkpoint(self._core, q, k, v, use_reentrant=False)
+        return self._core(q, k, v)
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
         if self.causal:
             s = scores.shape[-1]
@@ -132,10 +145,13 @@ class Head(nn.Module):
     def __init__(self, hidden: int, vocab: int) -> None:
         super().__init__()
         self.ln = nn.LayerNorm(hidden)
+        # Where the sequence-parallel region ends (exec.parallel.tp, sequence_parallel): the final
+        # LayerNorm runs on the sequence shard, the replicated projection on the gathered sequence.
+        self.sequence_gather: nn.Module = nn.Identity()
         self.out = nn.Linear(hidden, vocab, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.ln(x))
+        return self.out(self.sequence_gather(self.ln(x)))
 
 
 class TransformerWorkload(Workload):
@@ -156,13 +172,15 @@ class TransformerWorkload(Workload):
         if sparse and cfg.family != "gpt":  # the simulator's row counts assume GPT's unmasked inputs
             raise ConfigError("workload_options.sparse", f"a sparse token table is for gpt workloads, not {name}",
                               "leave sparse out")
-        if cfg.sequence_parallel:  # exec.parallel.tp keeps the layernorm / dropout region replicated
-            raise ConfigError("workload_options.sequence_parallel", "the runtime has no sequence-parallel path "
-                              "(its TP all-reduces replicated activations); sequence parallelism is simulated only",
-                              "simulate the plan (paratwin simulate), or drop sequence_parallel to run it")
+        if cfg.sequence_parallel and cfg.dropout:  # exec.parallel.sequence: no per-TP-rank RNG for its masks
+            raise ConfigError("workload_options.sequence_parallel", "the runtime runs sequence parallelism without "
+                              "dropout only (Megatron-LM draws the sequence shards' masks from a per-TP-rank RNG, "
+                              "which the runtime does not have)",
+                              "set workload_options.dropout to 0 to run it, or simulate the plan (paratwin simulate)")
         self.name = name
         self.cfg = cfg
         self.stochastic = cfg.dropout > 0
+        self.sequence_parallel = cfg.sequence_parallel
         self.data = check_data_source(data)
         self.sparse = bool(sparse)
         self.seq = cfg.seq
