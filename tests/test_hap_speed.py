@@ -29,8 +29,9 @@ def mutag(tmp_path_factory: pytest.TempPathFactory):
 
 
 def assert_same_batch(ours: Batch, library: Batch) -> None:
-    assert sorted(ours.keys()) == sorted(library.keys())
-    for key in library.keys():
+    keys = sorted(library.keys())  # iterating a Batch gives (key, value) pairs
+    assert sorted(ours.keys()) == keys
+    for key in keys:
         assert ours[key].dtype == library[key].dtype, key
         assert torch.equal(ours[key], library[key]), key
     assert ours.num_graphs == library.num_graphs
@@ -42,7 +43,7 @@ def test_flat_batches_equal_the_library_batches(mutag) -> None:
     for size in (1, 5, 32):
         ids = torch.randperm(len(mutag), generator=gen)[:size]  # any order, as the sampler gives
         assert_same_batch(flat.batch(ids), Batch.from_data_list([mutag[int(i)] for i in ids]))
-    assert "edge_attr" in flat.batch([3, 1]).keys()  # MUTAG's edge labels travel too
+    assert "edge_attr" in flat.batch([3, 1])  # MUTAG's edge labels travel too
 
 
 def test_loader_ids_follow_a_subset_of_the_dataset(mutag) -> None:
