@@ -169,6 +169,30 @@ def hop_distances(adj: Tensor, hops: int) -> Tensor:
     return dist
 
 
+def edge_hop_distances(edge_index: Tensor, batch: Tensor, ptr: Tensor, n: int, hops: int) -> Tensor:
+    """``hop_distances`` of the dense batch ``to_dense_batch``/``to_dense_adj`` build, from the edge list.
+
+    Equal to ``hop_distances(to_dense_adj(edge_index, batch, n), hops)`` (an integer result, so
+    exactly; ``tests/test_hap_speed.py``), at E x N work per hop instead of the N x N x N product per
+    graph: node m's row of the transposed reach matrix is added to node j's for every edge m -> j.
+    HAP's first level runs it on the input graph (2-3x the cost of the rest of its forward on
+    PROTEINS' 620-node graphs otherwise; docs/hap.md "Speed").
+    """
+    graphs = ptr.numel() - 1
+    owner = batch[edge_index[0]]
+    src = owner * n + edge_index[0] - ptr[owner]  # row of the [graphs * n, n] flattened matrices
+    dst = owner * n + edge_index[1] - ptr[owner]
+    # reach[b, j, i] = 1 when i reaches j (the transpose of hop_distances' ``reached``)
+    reach = torch.eye(n).expand(graphs, n, n).reshape(graphs * n, n).clone()
+    dist = torch.full((graphs * n, n), hops + 1, dtype=torch.long)
+    dist = dist.masked_fill(reach > 0, 0)
+    for k in range(1, hops + 1):
+        grown = reach.index_add(0, dst, reach[src])
+        dist = dist.masked_fill((grown > 0) & (reach == 0), k)
+        reach = (grown > 0).to(reach.dtype)
+    return dist.view(graphs, n, n).transpose(1, 2).contiguous()
+
+
 class MOA(nn.Module):
     """Cross-level attention: assigns the nodes of one level to the clusters of the next.
 
@@ -199,9 +223,10 @@ class MOA(nn.Module):
         # alike and the gradient on the logits cancels.
         self.assign_norm = nn.LayerNorm(dim)
 
-    def forward(self, h: Tensor, adj: Tensor, mask: Tensor, queries: Tensor) -> Tensor:
+    def forward(self, h: Tensor, adj: Tensor, mask: Tensor, queries: Tensor, dist: Tensor | None = None) -> Tensor:
+        """``dist``: the hop distances of ``adj`` capped at ``hops + 1`` when known (else computed)."""
         dim = h.shape[-1]
-        dist = hop_distances(adj.to(h.dtype), self.hops)
+        dist = hop_distances(adj.to(h.dtype), self.hops) if dist is None else dist
         pair = mask.unsqueeze(-1) & mask.unsqueeze(-2)
         keep = pair & (dist <= self.hops) if self.masked else pair
         eye = torch.eye(dist.shape[-1], dtype=torch.bool, device=dist.device)
@@ -235,13 +260,15 @@ class HAPLevel(nn.Module):
         self.moa = MOA(hidden, config.hops, config.masked)
         self.content_loss: Tensor | None = None
 
-    def forward(self, x: Tensor, adj: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(
+        self, x: Tensor, adj: Tensor, mask: Tensor, dist: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         a_hat = normalized_adjacency(adj, mask)
         h = x
         for conv in self.convs:
             h = conv(h, a_hat, mask)
         content = self.content.summarize(h, mask)
-        s = self.moa(h, adj, mask, self.content.queries(content))  # [B, N, K]
+        s = self.moa(h, adj, mask, self.content.queries(content), dist)  # [B, N, K]
         x_next = s.transpose(1, 2) @ h
         adj_next = s.transpose(1, 2) @ adj.to(h.dtype) @ s
         mask_next = torch.ones(x_next.shape[:2], dtype=torch.bool, device=x.device)
@@ -298,17 +325,20 @@ class HAP(nn.Module):
         self.levels = nn.ModuleList([build_level(config, i) for i in range(config.num_levels)])
         self.readout = build_readout(config)
 
-    def coarsen(self, x: Tensor, adj: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        for level in self.levels:
-            x, adj, mask = level(x, adj, mask)
+    def coarsen(
+        self, x: Tensor, adj: Tensor, mask: Tensor, dist: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``dist``: the input graph's hop distances (``edge_hop_distances``), used by the first level."""
+        for index, level in enumerate(self.levels):
+            x, adj, mask = level(x, adj, mask, dist if index == 0 else None)
         return x, adj, mask
 
     def embed(self, x: Tensor, adj: Tensor, mask: Tensor) -> Tensor:
         """The graph embedding [B, 2 * hidden] the classifier sees."""
         return self.readout.embed(*self.coarsen(x, adj, mask))
 
-    def forward(self, x: Tensor, adj: Tensor, mask: Tensor) -> Tensor:
-        return self.readout(*self.coarsen(x, adj, mask))
+    def forward(self, x: Tensor, adj: Tensor, mask: Tensor, dist: Tensor | None = None) -> Tensor:
+        return self.readout(*self.coarsen(x, adj, mask, dist))
 
     @property
     def content_loss(self) -> Tensor:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .baselines import build_classifier
+from .batching import FlatGraphs, GraphLoader
 
 
 @dataclass(frozen=True)
@@ -94,14 +95,51 @@ class SizeBucketedBatches:
             yield batches[i]
 
 
+# How graph_loader builds batches: "flat" cuts them from the dataset's flat tensors (exec/hap/batching.py,
+# the same batches and global-RNG draws, faster); "pyg" is torch_geometric's DataLoader, kept as the
+# reference the equality test and benchmarks/hap_fit_speed.py compare against.
+BATCHING = "flat"
+
+
 def graph_loader(dataset, index: Tensor, batch_size: int, shuffle: bool, seed: int):
+    """Training batches (``shuffle``: size-bucketed, reshuffled every epoch) or evaluation batches
+    (graphs sorted by size, cut every ``batch_size``; order does not matter, similar sizes pad less)."""
+    index = torch.as_tensor(index)
+    if BATCHING == "pyg":
+        return _library_loader(dataset, index, batch_size, shuffle, seed)
+    index = torch.as_tensor(list(dataset.indices()), dtype=torch.long)[index]  # ids in the whole data set
+    sizes = _graph_sizes(dataset)[index]
+    graphs = _flat_graphs(dataset)
+    if not shuffle:  # the same batches every epoch: built once
+        order = index[torch.argsort(sizes, stable=True)]
+        chunks = [list(range(start, min(start + batch_size, len(order)))) for start in range(0, len(order), batch_size)]
+        return GraphLoader(graphs, order, chunks, fixed=True)
+    return GraphLoader(graphs, index, SizeBucketedBatches(sizes, batch_size, seed), fixed=False)
+
+
+def _library_loader(dataset, index: Tensor, batch_size: int, shuffle: bool, seed: int):
     from torch_geometric.loader import DataLoader
 
     subset = dataset[index]
     sizes = torch.tensor([graph.num_nodes for graph in subset])
-    if not shuffle:  # evaluation: order does not matter, so batch graphs of similar size together
+    if not shuffle:
         return DataLoader(subset[torch.argsort(sizes, stable=True)], batch_size=batch_size)
     return DataLoader(subset, batch_sampler=SizeBucketedBatches(sizes, batch_size, seed))
+
+
+def _graph_sizes(dataset) -> Tensor:
+    """Nodes per graph of the whole data set (ignoring a subset's indices), from its slices."""
+    ptr = dataset.slices["x"]
+    return ptr[1:] - ptr[:-1]
+
+
+def _flat_graphs(dataset) -> FlatGraphs:
+    """One ``FlatGraphs`` per dataset object (a fit builds three loaders on it; a run many fits)."""
+    cached = getattr(dataset, "_paratwin_flat", None)
+    if cached is None:
+        cached = FlatGraphs(dataset)
+        dataset._paratwin_flat = cached
+    return cached
 
 
 @torch.no_grad()

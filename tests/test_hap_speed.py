@@ -1,0 +1,100 @@
+"""The cheaper HAP fit computes the same numbers: flat batches equal torch_geometric's, edge-list hop
+distances equal the dense ones, a short fit's curve is the same with either loader, and a committed
+MUTAG row of docs/results/hap is reproduced exactly (docs/hap.md, "Speed")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from torch_geometric.data import Batch
+from torch_geometric.utils import to_dense_adj
+
+from analysis.hap_protocol import DatasetPlan, Protocol, run_protocol
+from exec.hap import train as train_module
+from exec.hap.batching import FlatGraphs
+from exec.hap.data import dense_batch, graph_labels, load_tu
+from exec.hap.model import edge_hop_distances, hop_distances
+from exec.hap.train import TrainConfig, train_model
+
+torch.set_num_threads(1)
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "hap"
+
+
+@pytest.fixture(scope="module")
+def mutag(tmp_path_factory: pytest.TempPathFactory):
+    return load_tu("MUTAG", cache_dir=tmp_path_factory.mktemp("tu"))
+
+
+def assert_same_batch(ours: Batch, library: Batch) -> None:
+    keys = sorted(library.keys())  # iterating a Batch gives (key, value) pairs
+    assert sorted(ours.keys()) == keys
+    for key in keys:
+        assert ours[key].dtype == library[key].dtype, key
+        assert torch.equal(ours[key], library[key]), key
+    assert ours.num_graphs == library.num_graphs
+
+
+def test_flat_batches_equal_the_library_batches(mutag) -> None:
+    flat = FlatGraphs(mutag)
+    gen = torch.Generator().manual_seed(0)
+    for size in (1, 5, 32):
+        ids = torch.randperm(len(mutag), generator=gen)[:size]  # any order, as the sampler gives
+        assert_same_batch(flat.batch(ids), Batch.from_data_list([mutag[int(i)] for i in ids]))
+    assert "edge_attr" in flat.batch([3, 1])  # MUTAG's edge labels travel too
+
+
+def test_loader_ids_follow_a_subset_of_the_dataset(mutag) -> None:
+    subset = mutag[torch.arange(40, 100)]
+    loader = train_module.graph_loader(subset, torch.tensor([7, 2, 30]), 32, False, 0)
+    (batch,) = list(loader)
+    graphs = sorted((subset[i] for i in (7, 2, 30)), key=lambda g: g.num_nodes)  # by size, stable
+    assert_same_batch(batch, Batch.from_data_list(graphs))
+
+
+@pytest.mark.parametrize("hops", [1, 3])
+def test_edge_hop_distances_equal_the_dense_ones(mutag, hops: int) -> None:
+    flat = FlatGraphs(mutag)
+    for ids in ([0, 1, 2, 3, 4, 5, 6], list(range(100, 132)), [7]):
+        batch = flat.batch(ids)
+        x, adj, _ = dense_batch(batch)
+        dense = hop_distances(adj, hops)
+        assert torch.equal(edge_hop_distances(batch.edge_index, batch.batch, batch.ptr, x.shape[1], hops), dense)
+        # and to_dense_adj's own layout, so the padding rows agree too
+        assert torch.equal(hop_distances(to_dense_adj(batch.edge_index, batch.batch, max_num_nodes=x.shape[1]), hops),
+                           dense)
+
+
+@pytest.mark.parametrize("method", ["hap", "gcn-mean", "diffpool"])
+def test_short_fit_is_the_same_with_either_loader(mutag, monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+    """Dropout draws from the global RNG, so this also checks that the loader's draws are kept."""
+    labels = graph_labels(mutag)
+    index = torch.randperm(len(labels), generator=torch.Generator().manual_seed(1))
+    train, val = index[:120], index[120:150]
+    config = TrainConfig(epochs=3, clusters=(9, 3))
+    curves = {}
+    for mode in ("pyg", "flat"):
+        monkeypatch.setattr(train_module, "BATCHING", mode)
+        model, best, best_epoch, curve = train_model(method, mutag, train, val, config, seed=5)
+        curves[mode] = (curve, best, best_epoch, [p.detach().clone() for p in model.parameters()])
+    assert curves["pyg"][:3] == curves["flat"][:3]
+    assert all(torch.equal(a, b) for a, b in zip(curves["pyg"][3], curves["flat"][3], strict=True))
+
+
+def test_a_committed_mutag_row_is_reproduced(tmp_path: Path) -> None:
+    """HAP, MUTAG, seed 0, fold 0 (47 epochs, ~10 s): the committed row and curve, to their digits."""
+    run_protocol(Protocol((DatasetPlan("MUTAG", seeds=(0,), folds=1, variants=("hap",)),), lrs=(1e-3,)),
+                 tmp_path, verbose=False)
+    key = ["dataset", "variant", "seed", "fold"]
+    ours = pd.read_csv(tmp_path / "folds.csv").set_index(key)
+    committed = pd.read_csv(RESULTS / "folds.csv").set_index(key).loc[ours.index]
+    for column in ("test_accuracy", "val_accuracy", "best_epoch", "epochs_run"):
+        assert ours[column].tolist() == committed[column].tolist(), column
+    curve = pd.read_csv(tmp_path / "curves.csv")
+    stored = pd.read_csv(RESULTS / "curves.csv.gz")
+    stored = stored[(stored["dataset"] == "MUTAG") & (stored["variant"] == "hap") & (stored["seed"] == 0)
+                    & (stored["fold"] == 0)]
+    columns = ["epoch", "train_loss", "val_accuracy", "val_loss"]
+    assert curve[columns].values.tolist() == stored[columns].values.tolist()
