@@ -1,0 +1,109 @@
+"""Where an interleaved-rounds validation suite's measured iteration exceeds the prediction, per plan
+and per kind of instruction, over the rounds (issue 12, eighth session). Reads stored runs only: no
+timing is taken, nothing is written.
+
+    python scripts/suite_rounds_decompose.py runs/suite-embedding-9
+
+For each plan the prediction is the attempt the suite reported (``rounds.json``'s ``predicted_s``
+matched against ``plans/<plan>[-retryN]/report.json``); round 0 is that attempt's run, rounds 1..R-1
+``rounds/round<k>/<plan>/record``. Per iteration, on the rank whose last instruction ends last, the
+compute thread's time is split into: the first forward (micro-batch 0), the other forwards, the
+backwards, the optimizer steps, the synchronous embedding exchanges (``emb:ids``/``emb:rows``
+all-to-alls, which the compute thread waits for: the partner's arrival and any collective queued
+ahead of them on the communicator are inside), and idle (the rest: waits for all-reduces and
+dispatch). Medians over a block's iterations, then per part the median, min and max over rounds of
+measured minus predicted (ms per iteration). Two more lines per plan: the all-reduces' time in
+flight (first launch to last end, reported, it overlaps the parts), and the run's compute
+(forwards + backwards) per round against dense's in the same round (paired, so drift common to a
+round cancels).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+SYNC = ("emb:ids", "emb:rows")
+PARTS = ("fwd_mb0", "fwd_rest", "bwd", "opt", "sync_exch", "idle")
+
+
+def _part(kind: str, microbatch: int, name: str) -> str | None:
+    if kind == "FWD":
+        return "fwd_mb0" if microbatch == 0 else "fwd_rest"
+    if kind == "BWD":
+        return "bwd"
+    if kind == "OPTIMIZER_STEP":
+        return "opt"
+    if kind == "ALLTOALL" and any(s in name for s in SYNC):
+        return "sync_exch"
+    return None
+
+
+def decompose(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per iteration: seconds per part on the rank that ends last, ``iter``, ``allreduce``
+    (time in flight) and ``compute`` (forwards + backwards)."""
+    df = table[table.parent < 0].copy()
+    if "iteration" not in df:
+        df["iteration"] = 0
+    df["dur"] = df.end_s - df.start_s
+    df["part"] = [_part(k, m, n) for k, m, n in zip(df.kind, df.microbatch, df.name, strict=True)]
+    rows = []
+    for _, g in df.groupby("iteration"):
+        ends = g.groupby("rank").end_s.max()
+        h = g[g["rank"] == ends.idxmax()]
+        d = {p: h.loc[h.part == p, "dur"].sum() for p in PARTS[:-1]}
+        d["iter"] = ends.max()
+        d["idle"] = d["iter"] - sum(d[p] for p in PARTS[:-1])
+        ar = h[h.kind == "ALLREDUCE"]
+        d["allreduce"] = (ar.end_s.max() - ar.start_s.min()) if len(ar) else 0.0
+        d["compute"] = d["fwd_mb0"] + d["fwd_rest"] + d["bwd"]
+        rows.append(d)
+    return pd.DataFrame(rows)
+
+
+def _attempt(suite: Path, plan: str, predicted_s: float) -> Path:
+    for folder in sorted(suite.glob(f"plans/{plan}*")):
+        if folder.name != plan and not folder.name.startswith(f"{plan}-retry"):
+            continue
+        rep = json.loads((folder / "report.json").read_text())
+        if abs(rep["iteration"]["predicted_s"] - predicted_s) < 1e-9:
+            return folder
+    raise SystemExit(f"{suite}: no attempt of {plan} predicted {predicted_s} s (rounds.json)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("suite", type=Path)
+    args = ap.parse_args()
+    rounds = json.loads((args.suite / "rounds.json").read_text())
+    per_plan: dict[str, pd.DataFrame] = {}
+    lines = []
+    for plan, predicted_s in rounds["predicted_s"].items():
+        attempt = _attempt(args.suite, plan, predicted_s)
+        pred = decompose(pd.read_parquet(attempt / "prediction/instructions.parquet")).median()
+        files = [attempt / "run/record/instructions.parquet"] + [
+            args.suite / f"rounds/round{k}/{plan}/record/instructions.parquet" for k in range(1, rounds["rounds"])]
+        meas = pd.DataFrame([decompose(pd.read_parquet(f)).median() for f in files])
+        per_plan[plan] = meas
+        excess = (meas - pred) * 1e3
+        for p in (*PARTS, "iter", "allreduce"):
+            lines.append(dict(plan=plan.removeprefix("emb-").removesuffix("-dp2"), part=p,
+                              predicted=pred[p] * 1e3, measured=meas[p].median() * 1e3,
+                              excess=excess[p].median(), min=excess[p].min(), max=excess[p].max()))
+    pd.set_option("display.width", 200)
+    print(f"{args.suite}: ms per iteration, slower rank; excess = measured - predicted, median (min, max) over "
+          f"{rounds['rounds']} rounds; predicted from the attempt the suite reported")
+    print(pd.DataFrame(lines).round(2).to_string(index=False))
+    dense = next((p for p in per_plan if "dense" in p), None)
+    if dense:
+        print("\nrun's forwards+backwards / dense's, paired by round: median (min, max) [rounds above 1]")
+        for plan, meas in per_plan.items():
+            ratio = meas["compute"] / per_plan[dense]["compute"]
+            print(f"  {plan}: {ratio.median():.3f} ({ratio.min():.3f}, {ratio.max():.3f}) "
+                  f"[{int((ratio > 1).sum())} of {len(ratio)}]")
+
+
+if __name__ == "__main__":
+    main()
