@@ -15,7 +15,9 @@ dispatch). Medians over a block's iterations, then per part the median, min and 
 measured minus predicted (ms per iteration). Two more lines per plan: the all-reduces' time in
 flight (first launch to last end, reported, it overlaps the parts), and the run's compute
 (forwards + backwards) per round against dense's in the same round (paired, so drift common to a
-round cancels).
+round cancels). Last, each forward and backward against its predicted duration (same rank and
+instruction), by the share of its time during which a collective of either rank was in flight
+(ranks' clocks start after a common barrier): whether the excess needs a transfer beside it.
 """
 from __future__ import annotations
 
@@ -63,6 +65,36 @@ def decompose(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _covered(start: float, end: float, intervals: list[tuple[float, float]]) -> float:
+    """Seconds of [start, end] inside the union of ``intervals``."""
+    clipped = sorted((max(start, s), min(end, e)) for s, e in intervals if e > start and s < end)
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in clipped:
+        if cur_e is None or s > cur_e:
+            total += 0.0 if cur_e is None else cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return total + (0.0 if cur_e is None else cur_e - cur_s)
+
+
+def compute_beside_transfers(table: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
+    """One row per forward/backward of a measured table: measured over predicted duration, and the
+    share of it with a collective of any rank in flight."""
+    top = predicted[predicted.parent < 0]
+    pred = (top.end_s - top.start_s).groupby([top["rank"], top["index"]]).first()
+    df = table[table.parent < 0]
+    rows = []
+    for _, g in df.groupby("iteration"):
+        coll = list(zip(g.loc[g.stream == "collective", "start_s"], g.loc[g.stream == "collective", "end_s"],
+                        strict=True))
+        for x in g[g.kind.isin(["FWD", "BWD"])].itertuples():
+            d = x.end_s - x.start_s
+            rows.append({"kind": x.kind, "mb": x.microbatch, "ratio": d / pred[(x.rank, x.index)],
+                         "beside": _covered(x.start_s, x.end_s, coll) / d})
+    return pd.DataFrame(rows)
+
+
 def _attempt(suite: Path, plan: str, predicted_s: float) -> Path:
     for folder in sorted(suite.glob(f"plans/{plan}*")):
         if folder.name != plan and not folder.name.startswith(f"{plan}-retry"):
@@ -79,6 +111,7 @@ def main() -> None:
     args = ap.parse_args()
     rounds = json.loads((args.suite / "rounds.json").read_text())
     per_plan: dict[str, pd.DataFrame] = {}
+    beside = []
     lines = []
     for plan, predicted_s in rounds["predicted_s"].items():
         attempt = _attempt(args.suite, plan, predicted_s)
@@ -86,6 +119,8 @@ def main() -> None:
         files = [attempt / "run/record/instructions.parquet"] + [
             args.suite / f"rounds/round{k}/{plan}/record/instructions.parquet" for k in range(1, rounds["rounds"])]
         meas = pd.DataFrame([decompose(pd.read_parquet(f)).median() for f in files])
+        predicted_table = pd.read_parquet(attempt / "prediction/instructions.parquet")
+        beside += [compute_beside_transfers(pd.read_parquet(f), predicted_table).assign(plan=plan) for f in files]
         per_plan[plan] = meas
         excess = (meas - pred) * 1e3
         for p in (*PARTS, "iter", "allreduce"):
@@ -103,6 +138,14 @@ def main() -> None:
             ratio = meas["compute"] / per_plan[dense]["compute"]
             print(f"  {plan}: {ratio.median():.3f} ({ratio.min():.3f}, {ratio.max():.3f}) "
                   f"[{int((ratio > 1).sum())} of {len(ratio)}]")
+
+    b = pd.concat(beside)
+    b["collective in flight"] = pd.cut(b.beside, [-0.01, 0.02, 0.5, 1.01], labels=["none", "under half", "over half"])
+    print("\nforwards and backwards, measured / predicted duration: median [count] by the share of the "
+          "instruction with a collective of either rank in flight (all rounds and iterations)")
+    print(b.pivot_table(index="plan", columns="collective in flight", values="ratio", observed=True,
+                        aggfunc=lambda v: f"{v.median():.3f} [{len(v)}]").to_string())
+    print(b.pivot_table(index="plan", columns=["kind", "mb"], values="ratio", aggfunc="median").round(3).to_string())
 
 
 if __name__ == "__main__":
