@@ -3,21 +3,24 @@ and per kind of instruction, over the rounds (issue 12, eighth session). Reads s
 timing is taken, nothing is written.
 
     python scripts/suite_rounds_decompose.py runs/suite-embedding-9
+    python scripts/suite_rounds_decompose.py runs/netns-embedding-9     # per rate (scripts/netns_embedding.sh)
 
 For each plan the prediction is the attempt the suite reported (``rounds.json``'s ``predicted_s``
 matched against ``plans/<plan>[-retryN]/report.json``); round 0 is that attempt's run, rounds 1..R-1
-``rounds/round<k>/<plan>/record``. Per iteration, on the rank whose last instruction ends last, the
-compute thread's time is split into: the first forward (micro-batch 0), the other forwards, the
-backwards, the optimizer steps, the synchronous embedding exchanges (``emb:ids``/``emb:rows``
-all-to-alls, which the compute thread waits for: the partner's arrival and any collective queued
-ahead of them on the communicator are inside), and idle (the rest: waits for all-reduces and
-dispatch). Medians over a block's iterations, then per part the median, min and max over rounds of
-measured minus predicted (ms per iteration). Two more lines per plan: the all-reduces' time in
-flight (first launch to last end, reported, it overlaps the parts), and the run's compute
-(forwards + backwards) per round against dense's in the same round (paired, so drift common to a
-round cancels). Last, each forward and backward against its predicted duration (same rank and
-instruction), by the share of its time during which a collective of either rank was in flight
-(ranks' clocks start after a common barrier): whether the excess needs a transfer beside it.
+``rounds/round<k>/<plan>/record``. A shaped-network folder is read per rate: the prediction
+``<rate>/<method>/report/prediction``, round 0 ``<rate>/<method>/run``, then ``rounds/r<k>/run``
+(one profile for every method there: no drift between the plans' profiles). Per iteration, on the
+rank whose last instruction ends last, the compute thread's time is split into: the first forward
+(micro-batch 0), the other forwards, the backwards, the optimizer steps, the synchronous embedding
+exchanges (``emb:ids``/``emb:rows`` all-to-alls, which the compute thread waits for: the partner's
+arrival and any collective queued ahead of them on the communicator are inside), and idle (the rest:
+waits for all-reduces and dispatch). Medians over a block's iterations, then per part the median,
+min and max over rounds of measured minus predicted (ms per iteration). Two more lines per plan: the
+all-reduces' time in flight (first launch to last end, reported, it overlaps the parts), and the
+run's compute (forwards + backwards) per round against dense's in the same round (paired, so drift
+common to a round cancels). Last, each forward and backward against its predicted duration (same
+rank and instruction), by the share of its time during which a collective of either rank was in
+flight (ranks' clocks start after a common barrier): whether the excess needs a transfer beside it.
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ import json
 from pathlib import Path
 
 import pandas as pd
+
+from traces.errors import ConfigError
 
 SYNC = ("emb:ids", "emb:rows")
 PARTS = ("fwd_mb0", "fwd_rest", "bwd", "opt", "sync_exch", "idle")
@@ -105,21 +110,39 @@ def _attempt(suite: Path, plan: str, predicted_s: float) -> Path:
     raise SystemExit(f"{suite}: no attempt of {plan} predicted {predicted_s} s (rounds.json)")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("suite", type=Path)
-    args = ap.parse_args()
-    rounds = json.loads((args.suite / "rounds.json").read_text())
+def suite_sources(suite: Path) -> dict[str, tuple[Path, list[Path]]]:
+    """plan -> (predicted table, measured tables by round) of an interleaved validation suite."""
+    rounds = json.loads((suite / "rounds.json").read_text())
+    out = {}
+    for plan, predicted_s in rounds["predicted_s"].items():
+        attempt = _attempt(suite, plan, predicted_s)
+        out[plan] = (attempt / "prediction/instructions.parquet",
+                     [attempt / "run/record/instructions.parquet"]
+                     + [suite / f"rounds/round{k}/{plan}/record/instructions.parquet"
+                        for k in range(1, rounds["rounds"])])
+    return out
+
+
+def netns_sources(rate: Path) -> dict[str, tuple[Path, list[Path]]]:
+    """method -> (predicted table, measured tables by round) of one rate of scripts/netns_embedding.sh."""
+    out = {}
+    for method in sorted(p.parent.parent.name for p in rate.glob("*/report/prediction")):
+        folder = rate / method
+        later = sorted(folder.glob("rounds/r*/run/record/instructions.parquet"),
+                       key=lambda p: int(p.parts[-4].removeprefix("r")))
+        out[method] = (folder / "report/prediction/instructions.parquet",
+                       [folder / "run/record/instructions.parquet", *later])
+    return out
+
+
+def report(label: str, sources: dict[str, tuple[Path, list[Path]]]) -> None:
     per_plan: dict[str, pd.DataFrame] = {}
     beside = []
     lines = []
-    for plan, predicted_s in rounds["predicted_s"].items():
-        attempt = _attempt(args.suite, plan, predicted_s)
-        pred = decompose(pd.read_parquet(attempt / "prediction/instructions.parquet")).median()
-        files = [attempt / "run/record/instructions.parquet"] + [
-            args.suite / f"rounds/round{k}/{plan}/record/instructions.parquet" for k in range(1, rounds["rounds"])]
+    for plan, (predicted_path, files) in sources.items():
+        predicted_table = pd.read_parquet(predicted_path)
+        pred = decompose(predicted_table).median()
         meas = pd.DataFrame([decompose(pd.read_parquet(f)).median() for f in files])
-        predicted_table = pd.read_parquet(attempt / "prediction/instructions.parquet")
         beside += [compute_beside_transfers(pd.read_parquet(f), predicted_table).assign(plan=plan) for f in files]
         per_plan[plan] = meas
         excess = (meas - pred) * 1e3
@@ -128,8 +151,9 @@ def main() -> None:
                               predicted=pred[p] * 1e3, measured=meas[p].median() * 1e3,
                               excess=excess[p].median(), min=excess[p].min(), max=excess[p].max()))
     pd.set_option("display.width", 200)
-    print(f"{args.suite}: ms per iteration, slower rank; excess = measured - predicted, median (min, max) over "
-          f"{rounds['rounds']} rounds; predicted from the attempt the suite reported")
+    n = {len(f) for _, f in sources.values()}
+    print(f"{label}: ms per iteration, slower rank; excess = measured - predicted, median (min, max) over "
+          f"{'/'.join(map(str, sorted(n)))} rounds")
     print(pd.DataFrame(lines).round(2).to_string(index=False))
     dense = next((p for p in per_plan if "dense" in p), None)
     if dense:
@@ -138,7 +162,6 @@ def main() -> None:
             ratio = meas["compute"] / per_plan[dense]["compute"]
             print(f"  {plan}: {ratio.median():.3f} ({ratio.min():.3f}, {ratio.max():.3f}) "
                   f"[{int((ratio > 1).sum())} of {len(ratio)}]")
-
     b = pd.concat(beside)
     b["collective in flight"] = pd.cut(b.beside, [-0.01, 0.02, 0.5, 1.01], labels=["none", "under half", "over half"])
     print("\nforwards and backwards, measured / predicted duration: median [count] by the share of the "
@@ -146,6 +169,22 @@ def main() -> None:
     print(b.pivot_table(index="plan", columns="collective in flight", values="ratio", observed=True,
                         aggfunc=lambda v: f"{v.median():.3f} [{len(v)}]").to_string())
     print(b.pivot_table(index="plan", columns=["kind", "mb"], values="ratio", aggfunc="median").round(3).to_string())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("folders", type=Path, nargs="+")
+    for folder in ap.parse_args().folders:
+        if (folder / "rounds.json").is_file():
+            report(str(folder), suite_sources(folder))
+            continue
+        rates = sorted(p.parent.parent.parent for p in folder.glob("*/*/report/prediction"))
+        if not rates:
+            raise ConfigError("folder", f"{folder} is neither an interleaved suite (rounds.json) nor a "
+                              "shaped-network run (<rate>/<method>/report)", "give a folder written with --rounds")
+        for rate in dict.fromkeys(rates):
+            print()
+            report(str(rate), netns_sources(rate))
 
 
 if __name__ == "__main__":
