@@ -688,7 +688,10 @@ class RankRuntime:
             self.embedding.step()
         else:
             self.gradient_bytes = self._gradient_bytes()
-            allreduce_sequence_parallel_grads(self.sequence_parallel_params, self.tp_group)
+            if self.distributed is not None:  # on the gradients it reduce-scattered (the owned chunk's sum)
+                self.distributed.sum_sequence_parallel(self.tp_group)
+            else:
+                allreduce_sequence_parallel_grads(self.sequence_parallel_params, self.tp_group)
             if self.main_grads is not None:
                 self.main_grads.to_grads()
             self.optimizer.step()
