@@ -135,19 +135,30 @@ class Run:
 class RngState:
     cpu: torch.Tensor
     cuda: torch.Tensor | None  # the device's generator, on a CUDA device
+    # the sequence-parallel region's per-TP-rank generator and its state (exec.parallel.sequence)
+    region: Any = None
+    region_state: Any = None
 
     @staticmethod
-    def take(device: torch.device) -> RngState:
-        return RngState(torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+    def take(device: torch.device, region: Any = None) -> RngState:
+        return RngState(torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                        region, region.state() if region is not None else None)
 
     @contextlib.contextmanager
     def replayed(self, device: torch.device) -> Iterator[None]:
         """Run the body from this state and leave the generators as they were before it."""
+        after = self.region.state() if self.region is not None else None
         with torch.random.fork_rng(devices=[device] if self.cuda is not None else []):
             torch.set_rng_state(self.cpu)
             if self.cuda is not None:
                 torch.cuda.set_rng_state(self.cuda, device)
-            yield
+            if self.region is not None:
+                self.region.restore(self.region_state)
+            try:
+                yield
+            finally:
+                if self.region is not None:
+                    self.region.restore(after)
 
 
 def runs_of(flags: list[bool]) -> list[tuple[int, int, bool]]:

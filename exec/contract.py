@@ -62,8 +62,6 @@ def compile_for_run(plan: Plan) -> ExecutablePlan:
     compiled = compile_plan(plan, costs=None if plan.profile else structure, symmetric=False)
     if plan.workload_options.get("tied_embedding"):
         _check_tied(plan, compiled.program)
-    if plan.workload_options.get("sequence_parallel"):
-        _check_sequence_parallel(plan)
     return ExecutablePlan(plan, compiled.resolved, workload, structure, compiled.program)
 
 
@@ -84,18 +82,6 @@ def _check_tied(plan: Plan, program: Program) -> None:
     if GRADIENT_SYNC[plan.gradient_sync.method].shards_optimizer:
         raise ConfigError(field, "the distributed optimizer reduce-scatters the gradients before the tied "
                           "all-reduce runs", "use gradient_sync.method allreduce with tied_embedding")
-
-
-def _check_sequence_parallel(plan: Plan) -> None:
-    """The runtime sums the layernorm and row-parallel bias gradients of sequence parallelism over the
-    TP group at the step (exec.parallel.sequence); the distributed optimizer has reduce-scattered and
-    taken the gradients it steps before then, so the sum would never reach them."""
-    from sim.gradient_sync import GRADIENT_SYNC
-
-    if plan.dp > 1 and GRADIENT_SYNC[plan.gradient_sync.method].shards_optimizer:
-        raise ConfigError("workload_options.sequence_parallel", "the runtime sums sequence parallelism's "
-                          "layernorm gradients over TP at the step, after the distributed optimizer took its "
-                          "gradient shards", "use gradient_sync.method allreduce with sequence_parallel")
 
 
 @dataclass

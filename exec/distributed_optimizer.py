@@ -20,7 +20,7 @@ fp16) is an extra tensor here, outside the ledger's runtime costs, which count n
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -47,6 +47,12 @@ class _Bucket:
     numel: int  # without the padding
     chunk: int  # elements per replica
     owned: nn.Parameter  # this replica's chunk less any padding: a view of ``flat``
+    # Sequence parallelism (exec.parallel.sequence): the (offset, numel) in ``flat`` of its parameters
+    # tagged ``sequence_parallel``, and, between the bucket's reduce-scatter and the step, their
+    # gradients as Megatron-LM's main-grad buffer holds them then (the DP mean in the owned chunk,
+    # this rank's own gradient elsewhere), in the reduced dtype.
+    sp_ranges: list[tuple[int, int]] = field(default_factory=list)
+    sp_grads: torch.Tensor | None = None
 
 
 class DistributedOptimizer:
@@ -75,7 +81,12 @@ class DistributedOptimizer:
                 offset += p.numel()
         start = self.rank * chunk
         owned = nn.Parameter(flat[start:min(start + chunk, numel)])
-        return _Bucket(list(params), flat, numel, chunk, owned)
+        ranges, offset = [], 0
+        for p in params:
+            if getattr(p, "sequence_parallel", False):
+                ranges.append((offset, p.numel()))
+            offset += p.numel()
+        return _Bucket(list(params), flat, numel, chunk, owned, ranges)
 
     # -- the instructions ---------------------------------------------------------------------------
     def execute(self, ins: Instruction) -> tuple[Any, int, Callable[[], None] | None]:
@@ -99,7 +110,12 @@ class DistributedOptimizer:
         work = _reduce_scatter(out, padded, group=self.group, async_op=True)
 
         def then() -> None:  # the owned elements' mean, in the parameters' dtype
-            bucket.owned.grad = out[:bucket.owned.numel()].div_(self.size).to(bucket.owned.dtype)
+            mean = out[:bucket.owned.numel()].div_(self.size)
+            bucket.owned.grad = mean.to(bucket.owned.dtype)
+            if bucket.sp_ranges:  # held for sum_sequence_parallel, as the main-grad buffer holds them now
+                start = self.rank * bucket.chunk
+                padded[start:start + mean.numel()].copy_(mean)
+                bucket.sp_grads = torch.cat([padded[o:o + n] for o, n in bucket.sp_ranges])
 
         return Works([work]), padded.numel() * padded.element_size(), then
 
@@ -110,6 +126,31 @@ class DistributedOptimizer:
             works.append(_all_gather(bucket.flat, mine, group=self.group, async_op=True))
             nbytes += bucket.flat.numel() * bucket.flat.element_size()
         return Works(works), nbytes, None
+
+    def sum_sequence_parallel(self, tp_group: Any) -> int:
+        """Sum sequence parallelism's partial gradients over the TP group after the buckets' reduce-
+        scatters and before the step, as Megatron-LM does on its main-grad buffer (``finalize_model_grads``:
+        ``finish_grad_sync``, then the layernorm all-reduce over the whole of those parameters' gradients,
+        of which the step reads the owned chunk). Sums over DP and over TP commute, so the owned elements
+        get the sum the dense method steps with. One flat all-reduce of every bucket's tagged gradients
+        (the bytes sim.costs.sequence_parallel_grads_s prices); returns its bytes."""
+        pending = [b for b in self.buckets.values() if b.sp_grads is not None]
+        if not pending or tp_group is None:
+            return 0
+        flat = torch.cat([b.sp_grads for b in pending])
+        dist.all_reduce(flat, group=tp_group)
+        at = 0
+        for b in pending:
+            summed, at = flat[at:at + b.sp_grads.numel()], at + b.sp_grads.numel()
+            start, end = self.rank * b.chunk, self.rank * b.chunk + b.owned.numel()
+            grad, cursor = b.owned.grad.clone(), 0
+            for offset, n in b.sp_ranges:  # the owned part of each tagged parameter
+                lo, hi = max(offset, start), min(offset + n, end)
+                if lo < hi:
+                    grad[lo - start:hi - start] = summed[cursor + lo - offset:cursor + hi - offset]
+                cursor += n
+            b.owned.grad, b.sp_grads = grad, None
+        return flat.numel() * flat.element_size()
 
     # -- what the interpreter asks of an optimizer ----------------------------------------------------
     def step(self) -> None:

@@ -58,7 +58,7 @@ from exec.embedding import EMBEDDING_RUNTIMES, is_sharded
 from exec.faults import Fault
 from exec.gradient_sync import REDUCERS
 from exec.main_grad import MainGrads, accumulate_main
-from exec.parallel.sequence import allreduce_sequence_parallel_grads
+from exec.parallel.sequence import SEQUENCE_RNG_SEED, SequenceParallelRng, allreduce_sequence_parallel_grads
 from exec.parallel.tp import apply_tensor_parallel
 from exec.selective import checkpoint_attention_cores
 from exec.structure import torch_dtype
@@ -91,6 +91,10 @@ class RankRuntime:
         self.fault = Fault.from_env()
         self.structure = run.structure
 
+        # The sequence-parallel region's dropout draws from a per-TP-rank generator (Megatron-LM's
+        # model-parallel RNG): its shards' masks differ (exec.parallel.sequence.SequenceParallelRng).
+        self.sequence_rng = SequenceParallelRng(SEQUENCE_RNG_SEED, self.coords.tp, device) \
+            if self.workload.sequence_parallel and self.workload.stochastic and self.plan.tp > 1 else None
         # This rank's stages, built from the seeded full weights, then TP-sharded.
         self.stages: dict[int, nn.ModuleList] = {}
         self.layer_modules: dict[int, nn.Module] = {}
@@ -98,7 +102,7 @@ class RankRuntime:
             layers = self.stage_layers[s]
             modules = self.workload.build_layers(layers[0], layers[-1] + 1, device=device, dtype=self.dtype)
             apply_tensor_parallel(modules, self.coords.tp, self.plan.tp, tp_group,
-                                  sequence_parallel=self.workload.sequence_parallel)
+                                  sequence_parallel=self.workload.sequence_parallel, rng=self.sequence_rng)
             modules.train()
             if self.policy.view == "selective-attention":  # the attention cores keep nothing (exec.selective)
                 checkpoint_attention_cores(modules)
@@ -518,7 +522,7 @@ class RankRuntime:
                 slot.saved_at.append(len(slot.store.tensors))
                 inp = h if h is x else h.detach().requires_grad_(h.is_floating_point())
                 if checkpointed:  # keep only the run's input (a leaf); RECOMPUTE fills its segment
-                    rng = RngState.take(self.device) if self.workload.stochastic else None
+                    rng = RngState.take(self.device, self.sequence_rng) if self.workload.stochastic else None
                     with torch.no_grad():
                         out = self._walk(slot, s, start, end, inp)
                     slot.checkpointed.append(Run(start, end, inp, len(slot.segments), rng=rng))
@@ -529,7 +533,8 @@ class RankRuntime:
                         inp = h
                     captures: list = []
                     # DELTA may drop this layer and re-run it: the re-run draws the forward's masks
-                    rng = RngState.take(self.device) if self.delta is not None and self.workload.stochastic else None
+                    rng = RngState.take(self.device, self.sequence_rng) \
+                        if self.delta is not None and self.workload.stochastic else None
                     with self._capturing(captures):
                         out = self._walk(slot, s, start, end, inp)
                     slot.segments.append(Segment(inp, out, captures, rng=rng))
@@ -688,7 +693,10 @@ class RankRuntime:
             self.embedding.step()
         else:
             self.gradient_bytes = self._gradient_bytes()
-            allreduce_sequence_parallel_grads(self.sequence_parallel_params, self.tp_group)
+            if self.distributed is not None:  # on the gradients it reduce-scattered (the owned chunk's sum)
+                self.distributed.sum_sequence_parallel(self.tp_group)
+            else:
+                allreduce_sequence_parallel_grads(self.sequence_parallel_params, self.tp_group)
             if self.main_grads is not None:
                 self.main_grads.to_grads()
             self.optimizer.step()

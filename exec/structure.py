@@ -65,6 +65,7 @@ class LayerFacts:
     tp_comm_bytes: int = 0  # the tensor each TP collective of its forward carries (whole, under sequence parallelism)
     sequence_parallel: bool = False  # its TP collectives are reduce-scatters and all-gathers (sim.costs.LayerCosts)
     attention_core_bytes: int = -1  # what Korthikanti's selective recomputation drops (sim.costs.LayerCosts)
+    sp_grad_bytes: int = 0  # its parameters tagged sequence_parallel (summed over TP at the step: sim.costs.LayerCosts)
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, int]:
@@ -129,6 +130,7 @@ def measure_layers(workload: Workload, micro_batch: int, dtype: torch.dtype, tp:
             tp_allreduces=2 if sharded else 0,
             tp_comm_bytes=out.numel() * out.element_size() * sequence_split if sharded else 0,
             sequence_parallel=sequence_split > 1,
+            sp_grad_bytes=sum(p.numel() * p.element_size() for p in params if getattr(p, "sequence_parallel", False)),
         ))
         x = out.detach()
         previous = saved  # what this layer saved, its output among it if it saves it
@@ -208,6 +210,7 @@ class StructuralCosts:
             tp_allreduces=f.tp_allreduces,
             tp_comm_bytes=f.tp_comm_bytes,
             tp_sequence_parallel=f.sequence_parallel,
+            sp_grad_bytes=f.sp_grad_bytes,
             attention_core_bytes=f.attention_core_bytes,
             attention_core_recompute_s=0.0 if f.attention_core_bytes >= 0 else -1.0,
             flops_fwd=f.flops_fwd,

@@ -494,6 +494,7 @@ class LayerCosts:
     tp_bwd_regather_overlap_s: tuple[float, ...] = ()
     attention_core_bytes: int = -1  # sim.costs.LayerCosts.attention_core_bytes
     attention_core_recompute_s: float = -1.0
+    sp_grad_bytes: int = 0  # sim.costs.LayerCosts.sp_grad_bytes
 
     @property
     def bwd_s(self) -> float:
@@ -618,6 +619,12 @@ class AnalyticCostModel:
         overlap = column_wgrad if self.tp_backward_overlap and n_ar_bwd else ()
         regathers = len(column_dgrad) if sequence_parallel and n_ar_bwd else 0
         regather_overlap = column_dgrad if regathers and self.tp_backward_overlap else ()
+        # Parameters that see only the rank's 1/t of the sequence (sim.costs.LayerCosts.sp_grad_bytes):
+        # a block's two LayerNorms (weight and bias, 4 h) and its two row-parallel biases (proj, fc2:
+        # 2 h); the LM head's final LayerNorm (2 h), which runs on the shard before the gather.
+        sp_elems = 0
+        if layer.extra.get("sequence_parallel", 0.0) and t > 1 and "hidden" in layer.extra:
+            sp_elems = {"block": 6, "head": 2}.get(layer.kind, 0) * int(layer.extra["hidden"])
         return LayerCosts(
             fwd_s=fwd,
             bwd_input_s=bwd_i,
@@ -642,6 +649,7 @@ class AnalyticCostModel:
             tp_bwd_regathers=regathers, tp_bwd_regather_overlap_s=regather_overlap,
             attention_core_bytes=int(round(core_bytes)),
             attention_core_recompute_s=core_s,
+            sp_grad_bytes=sp_elems * g_b,
         )
 
     @staticmethod

@@ -40,6 +40,7 @@ class AnalyticCosts:
             tp_sequence_parallel=c.tp_sequence_parallel,
             tp_bwd_regathers=c.tp_bwd_regathers, tp_bwd_regather_overlap_s=c.tp_bwd_regather_overlap_s,
             attention_core_bytes=c.attention_core_bytes, attention_core_recompute_s=c.attention_core_recompute_s,
+            sp_grad_bytes=c.sp_grad_bytes,
         )
 
     def optimizer_step_s(self, param_bytes: int) -> float:

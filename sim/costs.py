@@ -6,7 +6,7 @@ Both the lowering (message and bucket sizes) and the engine (durations, memory) 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -48,6 +48,11 @@ class LayerCosts:
     # behind (empty: none hidden; the same switch as tp_bwd_overlap_s).
     tp_bwd_regathers: int = 0
     tp_bwd_regather_overlap_s: tuple[float, ...] = ()
+    # Under sequence parallelism the layer's parameters that see only the rank's 1/t of the sequence
+    # (the split region's LayerNorms, the row-parallel linears' replicated biases) get partial
+    # gradients: their gradient bytes (in the parameters' dtype, as grad_bytes), which the step sums
+    # over the TP group (sequence_parallel_grads_s).
+    sp_grad_bytes: int = 0
     flops_fwd: float = 0.0
     # Under PyTorch's selective checkpointing (``memory: {policy: selective}``, exec.selective): the
     # bytes the layer keeps (its input plus the outputs of its matmul / attention / convolution
@@ -133,6 +138,19 @@ def tp_comm_s(c: LayerCosts, backward: bool, price: Callable[[str, int], float],
         gather = price("all_gather", nbytes)
         regather = c.tp_bwd_regathers * gather - sum(min(gather, gemm) for gemm in c.tp_bwd_regather_overlap_s)
     return count * one - hidden + regather
+
+
+def sequence_parallel_grads_s(costs: Iterable[LayerCosts], buffer_scale: float,
+                              price: Callable[[str, int], float]) -> float:
+    """Seconds of sequence parallelism's TP all-reduce of a rank's partial gradients (``sp_grad_bytes``
+    of its layers, in the gradient buffer's dtype: ``buffer_scale``, sim.model_state), one flat
+    all-reduce over the TP group after the data-parallel sync and before the optimizer step, as the
+    runtime runs it (exec.parallel.sequence.allreduce_sequence_parallel_grads) and Megatron-LM's
+    ``finalize_model_grads`` (``_allreduce_layernorm_grads`` / ``_allreduce_non_tensor_model_parallel_grads``:
+    coalesced, after ``finish_grad_sync``). ``price(collective, bytes)``: one collective over the TP
+    group. The one rule the engine and the estimate share."""
+    nbytes = round(sum(c.sp_grad_bytes for c in costs) * buffer_scale)
+    return price("allreduce", nbytes) if nbytes else 0.0
 
 
 class CostModel(Protocol):

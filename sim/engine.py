@@ -22,7 +22,7 @@ import simpy
 from sim.channel import SharedChannel
 from sim.cluster import ClusterSpec
 from sim.comm import concurrent_groups, concurrent_senders
-from sim.costs import CostModel, LayerCosts, tp_comm_s
+from sim.costs import CostModel, LayerCosts, sequence_parallel_grads_s, tp_comm_s
 from sim.delta import choose
 from sim.delta_runtime import RankDelta, decision_name
 from sim.embedding import exchange_s, ids_request_host_s
@@ -469,6 +469,13 @@ class Engine:
             # The distributed optimizer steps its 1/dp shard (Program.optimizer_share).
             share = self.program.optimizer_share
             duration = self.costs.optimizer_step_s(instruction.bytes or round(ledger.static["parameters"] * share))
+            if not instruction.bytes and self.program.tp > 1:
+                # sequence parallelism's partial gradients, summed over the TP group before the step
+                group = self._tp_group(rank)
+                duration += sequence_parallel_grads_s(
+                    [self._layer(layer) for s in self.program.ranks[rank].stages
+                     for layer in self.program.stage_layers[s]], self.program.grad_buffer_scale,
+                    lambda collective, nbytes: self.comm.collective_s(collective, nbytes, group, self._groups(group)))
             # the optimizer's own copies of the gradients (of its shard), held while it steps (sim.model_state)
             scale = self.program.grad_buffer_scale
             copies = 0 if instruction.bytes else round(

@@ -42,7 +42,7 @@ from functools import lru_cache
 from typing import Any
 
 from sim.comm import ClusterComm, concurrent_groups, concurrent_senders
-from sim.costs import CostModel, LayerCosts, tp_comm_s
+from sim.costs import CostModel, LayerCosts, sequence_parallel_grads_s, tp_comm_s
 from sim.embedding import EmbeddingTerms, table_tp_costs
 from sim.estimate_pipeline import PipelineTime, StageTime, pipeline_time, steady_count
 from sim.gradient_sync import GRADIENT_SYNC, GradientSyncConfig, bucket_buffer_bytes, phases_s
@@ -793,6 +793,7 @@ class Estimator:
                 opt += self.param_gather_s(sync, pipe["sync_layers"][k], removed, dp, tp, pipe["micro_batch"])
             if k in tied:  # the tied embedding's all-reduce, after the buckets, before the step
                 opt += tied[k]
+            opt += self._sequence_parallel_grads_s(pipe["sync_layers"][k], dp, tp, pipe["micro_batch"], sync)
             if mine:
                 exposed += embedding.last_grads_s
                 if embedding.prefetch:
@@ -817,6 +818,18 @@ class Estimator:
             peak_bytes=self._peaks(pipe, dp, pp, sync, bucket_mb, embedding),
             capacity_bytes=self.comm.capacity_bytes,
         )
+
+    def _sequence_parallel_grads_s(self, rank_layers: Sequence[tuple[int, ...]], dp: int, tp: int,
+                                   micro_batch: int, sync: GradientSyncConfig) -> float:
+        """Sequence parallelism's TP all-reduce before a rank's step (sim.costs.sequence_parallel_grads_s)."""
+        if tp == 1:
+            return 0.0
+        group = tuple(range(tp))
+        sharing = concurrent_groups(self.comm.cluster, dp * tp, group)
+        return sequence_parallel_grads_s(
+            [self.costs.layer_costs(layer, micro_batch, tp) for layers in rank_layers for layer in layers],
+            gradient_buffer_scale(sync, self.dtype),
+            lambda collective, nbytes: self.comm.collective_s(collective, nbytes, group, sharing))
 
     def _tied(self, pipe: dict, dp: int, tp: int, pp: int, sync: GradientSyncConfig) -> dict[int, float]:
         """Seconds of the tied embedding's all-reduce per pipeline rank that runs it (the first and the

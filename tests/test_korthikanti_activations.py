@@ -166,7 +166,7 @@ def test_selective_attention_is_refused_where_nothing_keeps_an_attention_core():
     simulate(plan.replace(workload_options={"dropout": 0.1, "attention": "unfused"}))
 
 
-def test_sequence_parallelism_needs_tp_and_a_divisible_sequence_and_the_runtime_refuses_it_with_dropout():
+def test_sequence_parallelism_needs_tp_and_a_divisible_sequence():
     from exec.workloads import get_workload
     from sim.compile import check_tp
     from traces.errors import ConfigError
@@ -178,8 +178,8 @@ def test_sequence_parallelism_needs_tp_and_a_divisible_sequence_and_the_runtime_
     with pytest.raises(ConfigError, match="workload_options.sequence_parallel"):
         check_tp(4, transformer_config("gpt-tiny", sequence_parallel=True, seq=30), "gpt-tiny")
     assert get_workload("gpt-tiny", sequence_parallel=True).sequence_parallel  # runs: test_runtime_sequence_parallel
-    with pytest.raises(ConfigError, match="workload_options.sequence_parallel"):  # no per-TP-rank dropout RNG
-        get_workload("gpt-tiny", sequence_parallel=True, dropout=0.1)
+    # with dropout too (a per-TP-rank generator for the region's masks: test_runtime_sequence_parallel)
+    assert get_workload("gpt-tiny", sequence_parallel=True, dropout=0.1).stochastic
 
 
 def test_the_runtime_compiles_selective_attention_with_the_measured_core():

@@ -28,6 +28,9 @@ scatter keeps the first slice.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -187,3 +190,50 @@ def allreduce_sequence_parallel_grads(params: list[nn.Parameter], group: object)
         g.copy_(flat[offset:offset + g.numel()].view_as(g))
         offset += g.numel()
     return flat.numel() * flat.element_size()
+
+
+# The run's seed for the region's generators: the runtime's layers are built from seed 0
+# (exec.workloads.base.Workload.build_layers), as Megatron-LM's default --seed is one number for the run.
+SEQUENCE_RNG_SEED = 0
+
+
+class SequenceParallelRng:
+    """A per-TP-rank random generator for the dropouts of the sequence-parallel region (Megatron-LM's
+    ``get_cuda_rng_tracker().fork()`` under ``model_parallel_cuda_manual_seed``: the tensor-model-
+    parallel seed is the run's seed + 2718 + the TP rank). Each TP rank holds a different slice of the
+    sequence, so its masks must differ from its peers'; outside the region (the replicated head) the
+    ranks keep drawing from the shared generator. ``fork`` runs its body with the process's generators
+    set to this rank's state and keeps what the body drew; ``state``/``restore`` let a recomputed
+    forward replay the same masks (exec.activations.RngState)."""
+
+    OFFSET = 2718  # Megatron-LM's offset of the tensor-model-parallel seed (model_parallel_cuda_manual_seed)
+
+    def __init__(self, seed: int, tp_rank: int, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        with torch.random.fork_rng(devices=[device] if self.cuda else []):
+            torch.manual_seed(seed + self.OFFSET + tp_rank)
+            self._state = self._take()
+
+    def _take(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return torch.get_rng_state(), torch.cuda.get_rng_state(self.device) if self.cuda else None
+
+    def state(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self._state
+
+    def restore(self, state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+        self._state = state
+
+    @contextlib.contextmanager
+    def fork(self) -> Iterator[None]:
+        with torch.random.fork_rng(devices=[self.device] if self.cuda else []):
+            torch.set_rng_state(self._state[0])
+            if self.cuda:
+                torch.cuda.set_rng_state(self._state[1], self.device)
+            yield
+            self._state = self._take()
+
+
+def forked(rng: SequenceParallelRng | None) -> contextlib.AbstractContextManager:
+    """The region's generator where the layer runs sequence-parallel with one, else nothing."""
+    return rng.fork() if rng is not None else contextlib.nullcontext()

@@ -27,6 +27,7 @@ from torch import nn
 
 from exec.parallel.sequence import (
     SequenceGather,
+    SequenceParallelRng,
     SequenceScatter,
     gather_linear,
     mark_sequence_parallel,
@@ -160,18 +161,19 @@ def sharded_layer(layer: nn.Module) -> bool:
 
 
 def apply_tensor_parallel(layers: nn.ModuleList, tp_rank: int, tp: int, group: object,
-                          sequence_parallel: bool = False) -> nn.ModuleList:
+                          sequence_parallel: bool = False, rng: SequenceParallelRng | None = None) -> nn.ModuleList:
     """Shard every attention and MLP inside ``layers`` in place for TP rank ``tp_rank`` of ``tp``.
 
     ``sequence_parallel`` (exec.parallel.sequence): the linears gather / reduce-scatter along the
     sequence; a module's ``sequence_scatter`` / ``sequence_gather`` placeholder (an ``nn.Identity``
     where a workload's replicated part meets the sequence-parallel region) becomes the scatter or
     gather; every LayerNorm of a layer that has either, or that TP shards, runs on the sequence shard
-    and is tagged for the TP all-reduce of its gradients."""
+    and is tagged for the TP all-reduce of its gradients; a module with a ``sequence_rng`` slot in such a
+    layer draws its dropout masks from ``rng`` (this TP rank's generator; None: the shared one)."""
     if tp == 1:
         return layers
     if sequence_parallel:
-        _apply_sequence_regions(layers, tp_rank, tp, group)
+        _apply_sequence_regions(layers, tp_rank, tp, group, rng)
     for module in list(layers.modules()):
         if _is_attention(module):
             if module.heads % tp:
@@ -189,7 +191,8 @@ def apply_tensor_parallel(layers: nn.ModuleList, tp_rank: int, tp: int, group: o
     return layers
 
 
-def _apply_sequence_regions(layers: nn.ModuleList, tp_rank: int, tp: int, group: object) -> None:
+def _apply_sequence_regions(layers: nn.ModuleList, tp_rank: int, tp: int, group: object,
+                            rng: SequenceParallelRng | None) -> None:
     for layer in layers:
         edges = False
         for module in list(layer.modules()):
@@ -201,3 +204,5 @@ def _apply_sequence_regions(layers: nn.ModuleList, tp_rank: int, tp: int, group:
             for module in layer.modules():
                 if isinstance(module, nn.LayerNorm):
                     mark_sequence_parallel(module)
+                if hasattr(module, "sequence_rng"):
+                    module.sequence_rng = rng

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from exec.parallel.sequence import SequenceParallelRng, forked
 from sim.workloads import TransformerConfig, transformer_config, transformer_layers
 from traces.errors import ConfigError
 
@@ -43,10 +44,16 @@ class Embedding(nn.Module):
         # Where the output enters the sequence-parallel region (exec.parallel.tp, sequence_parallel):
         # Megatron-LM scatters the embedding's output along the sequence.
         self.sequence_scatter: nn.Module = nn.Identity()
+        # This TP rank's generator for the region's dropout (exec.parallel.sequence.SequenceParallelRng).
+        self.sequence_rng: SequenceParallelRng | None = None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(ids.shape[1], device=ids.device)
-        return self.sequence_scatter(_dropout(self.tok(ids) + self.pos(positions), self.dropout, self.training))
+        # Megatron-LM scatters first and drops out the shard under the model-parallel RNG
+        # (language_model.py, Embedding.forward); without sequence parallelism the scatter is the identity.
+        x = self.sequence_scatter(self.tok(ids) + self.pos(positions))
+        with forked(self.sequence_rng):
+            return _dropout(x, self.dropout, self.training)
 
 
 def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -133,10 +140,14 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.hidden)
         # GPT-2 uses the tanh approximation of GELU, BERT the exact one.
         self.mlp = MLP(cfg.hidden, cfg.ffn_mult * cfg.hidden, "tanh" if causal else "none")
+        self.sequence_rng: SequenceParallelRng | None = None  # as Embedding.sequence_rng
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + _dropout(self.attn(self.ln1(x)), self.dropout, self.training)
-        return x + _dropout(self.mlp(self.ln2(x)), self.dropout, self.training)
+        # Under sequence parallelism the whole block draws from this TP rank's generator, as Megatron-LM
+        # runs its transformer layers inside get_cuda_rng_tracker().fork() (transformer.py, ParallelTransformer).
+        with forked(self.sequence_rng):
+            x = x + _dropout(self.attn(self.ln1(x)), self.dropout, self.training)
+            return x + _dropout(self.mlp(self.ln2(x)), self.dropout, self.training)
 
 
 class Head(nn.Module):
@@ -172,11 +183,6 @@ class TransformerWorkload(Workload):
         if sparse and cfg.family != "gpt":  # the simulator's row counts assume GPT's unmasked inputs
             raise ConfigError("workload_options.sparse", f"a sparse token table is for gpt workloads, not {name}",
                               "leave sparse out")
-        if cfg.sequence_parallel and cfg.dropout:  # exec.parallel.sequence: no per-TP-rank RNG for its masks
-            raise ConfigError("workload_options.sequence_parallel", "the runtime runs sequence parallelism without "
-                              "dropout only (Megatron-LM draws the sequence shards' masks from a per-TP-rank RNG, "
-                              "which the runtime does not have)",
-                              "set workload_options.dropout to 0 to run it, or simulate the plan (paratwin simulate)")
         self.name = name
         self.cfg = cfg
         self.stochastic = cfg.dropout > 0
