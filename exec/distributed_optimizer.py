@@ -100,7 +100,12 @@ class DistributedOptimizer:
         grads = []
         for p in bucket.params:
             main = getattr(p, "main_grad", None)  # Megatron's fp32 buffer (exec.main_grad)
-            grads.append(main if main is not None else p.grad if p.grad is not None else torch.zeros_like(p))
+            if main is not None:
+                grads.append(main)
+            elif p.grad is None:
+                grads.append(torch.zeros_like(p))
+            else:  # a sparse embedding's gradient goes dense, as the dense all-reduce sends it (exec.parallel.dp)
+                grads.append(p.grad.to_dense() if p.grad.is_sparse else p.grad)
         flat = _flatten_dense_tensors(grads)
         if reduces_in_fp32(self.settings, _DTYPE_NAMES.get(flat.dtype, "")):
             flat = flat.float()

@@ -21,8 +21,9 @@ def test_gpu_codec_smoke_writes_rates_in_the_simulators_format(tmp_path: Path) -
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_rows(tmp_path / "codec_rates.csv")
-    # every method that encodes (dense all-reduce has no memory phase), for the named device
-    assert sorted(r["method"] for r in rows) == sorted(set(GRADIENT_SYNC) - {"allreduce"})
+    # every method that encodes (the dense all-reduce and the distributed optimizer, which only
+    # reduce-scatters, have no memory phase), for the named device
+    assert sorted(r["method"] for r in rows) == sorted(set(GRADIENT_SYNC) - {"allreduce", "distopt"})
     assert {r["device"] for r in rows} == {"local-cpu"}
     assert all(float(r["rate_Bps"]) > 0 and int(r["memory_bytes"]) > 0 for r in rows)
     assert set(rows[0]) == set(read_rows(CODEC_FILE)[0])  # the columns sim.gradient_sync reads
