@@ -10,17 +10,14 @@ instruction.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pandas as pd
 import pytest
 
 from sim.compile import compile_plan
 from sim.plan import Plan
 from sim.simulate import simulate
+from tests.script_module import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
 # The dense validation plan's model, buckets and schedule (examples/validation/embedding/
 # emb-dense-dp2.yaml) on one 8-GPU node: the analytic model does not price CPUs.
 DENSE = {"name": "emb-dense-gpu", "workload": "gpt-wordlm",
@@ -31,10 +28,7 @@ DENSE = {"name": "emb-dense-gpu", "workload": "gpt-wordlm",
 
 
 def _decompose():
-    spec = importlib.util.spec_from_file_location("suite_decompose", ROOT / "scripts/suite_decompose.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/suite_decompose.py")
 
 
 def test_buckets_launched_together_end_when_one_after_the_other_would() -> None:

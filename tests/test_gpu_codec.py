@@ -4,12 +4,12 @@ The GPU case itself never runs in CI."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 from sim.gradient_sync import CODEC_FILE, GRADIENT_SYNC
+from tests.script_module import load_script
 from traces.commented_csv import read_rows
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_codec.py"
@@ -31,10 +31,7 @@ def test_gpu_codec_smoke_writes_rates_in_the_simulators_format(tmp_path: Path) -
 
 
 def test_gpu_names_map_to_the_hardware_catalog() -> None:
-    spec = importlib.util.spec_from_file_location("gpu_codec", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("scripts/gpu_codec.py")
     assert module.catalog_name("NVIDIA H200", 141 * 2**30) == "H200"
     assert module.catalog_name("NVIDIA A100-SXM4-80GB", 80 * 2**30) == "A100-80GB"
     assert module.catalog_name("NVIDIA A100-PCIE-40GB", 40 * 2**30) == "A100-40GB"

@@ -3,7 +3,6 @@ section 3 quotes from benchmarks/megatron_at_scale.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from sim.compile import compile_plan
 from sim.engine import Engine
 from sim.plan import Plan
 from sim.workloads import transformer_config, transformer_layers
+from tests.script_module import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,9 +46,7 @@ def test_the_parts_sum_to_the_iteration_on_every_rank() -> None:
 
 
 def test_the_documented_at_scale_figures_are_what_the_benchmark_computes() -> None:
-    spec = importlib.util.spec_from_file_location("megatron_at_scale", ROOT / "benchmarks" / "megatron_at_scale.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("benchmarks/megatron_at_scale.py")
     rows = bench.load_table().to_dict("records")
     recorded = json.loads((ROOT / "docs" / "results" / "megatron_sc21_megatron2021.json").read_text())["rows"]
     as_simulated = json.loads((ROOT / "docs" / "results" / "megatron_sc21_as_simulated.json").read_text())["rows"]

@@ -4,11 +4,12 @@ docs/accuracy.md section 5 quotes are what the data give (benchmarks/korthikanti
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.script_module import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 A100_PEAK = 312e12  # fp16/bf16 dense, NVIDIA A100 datasheet: the peak the paper's MFU divides by
@@ -24,10 +25,7 @@ FIT_ALL_WITH_OVERLAP = 0.688
 @pytest.fixture(scope="module")
 def bench():
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("korthikanti_layers", ROOT / "benchmarks" / "korthikanti_layers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/korthikanti_layers.py")
 
 
 def test_table4_is_self_consistent(bench):

@@ -13,6 +13,7 @@ from sim.memory_optimal import layer_choice_model
 from sim.model_state import gradient_buffer_scale
 from sim.plan import Plan, migrate_flat
 from sim.simulate import simulate
+from tests.script_module import load_script
 
 # (plan dtype, reduce_dtype) -> bytes per parameter of the held gradient buffer; Megatron-LM v2.5 and
 # 739cb43 megatron/model/distributed.py lines 124-130 (fp32 when accumulate_allreduce_grads_in_fp32,
@@ -84,13 +85,8 @@ def test_megatrons_fp16_optimizer_holds_fp32_gradient_copies_during_its_step() -
     """SC'21 Table 1's 1.7B row (one stage, Megatron-LM v2.5's fp16 optimizer): the rank's peak is its
     step, 20 B per parameter (fp16 weights and gradients, fp32 gradient copies, masters, Adam
     moments; Megatron's docs/distrib_optimizer.md), and the fast estimate says the same."""
-    import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "megatron_at_scale.py"
-    spec = importlib.util.spec_from_file_location("megatron_at_scale", path)
-    sc21 = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sc21)
+    sc21 = load_script("benchmarks/megatron_at_scale.py")
     row = sc21.load_table().iloc[0].to_dict()
     p = sc21.plan_for(row, "interleaved-1f1b", 1, True)
     engine, costs, compiled, _ = sc21.run_plan(p, sc21.curve_of("default"))

@@ -3,7 +3,6 @@ it on a real simulated EmbRace 2D table, the synchronous exchanges are the ids/r
 the time beside collectives is a union (overlapping collectives counted once)."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pandas as pd
@@ -12,15 +11,13 @@ import pytest
 from sim.costs import UniformCosts
 from sim.plan import Plan
 from sim.simulate import simulate
+from tests.script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("suite_rounds_decompose", ROOT / "scripts/suite_rounds_decompose.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/suite_rounds_decompose.py")
 
 
 def test_union_of_intervals_counts_overlaps_once() -> None:
