@@ -30,6 +30,7 @@ from torch._utils import _flatten_dense_tensors
 
 from exec.contract import make_optimizer
 from exec.parallel.dp import Works
+from exec.parallel.sequence import allreduce_in_place
 from sim.gradient_sync import GradientSyncConfig, reduces_in_fp32
 from sim.gradient_sync_distopt import PARAM_GATHER_TAG
 from sim.program import Instruction, Kind, RankProgram
@@ -142,11 +143,9 @@ class DistributedOptimizer:
         pending = [b for b in self.buckets.values() if b.sp_grads is not None]
         if not pending or tp_group is None:
             return 0
-        flat = torch.cat([b.sp_grads for b in pending])
-        dist.all_reduce(flat, group=tp_group)
-        at = 0
+        nbytes = allreduce_in_place([b.sp_grads for b in pending], tp_group)
         for b in pending:
-            summed, at = flat[at:at + b.sp_grads.numel()], at + b.sp_grads.numel()
+            summed = b.sp_grads
             start, end = self.rank * b.chunk, self.rank * b.chunk + b.owned.numel()
             grad, cursor = b.owned.grad.clone(), 0
             for offset, n in b.sp_ranges:  # the owned part of each tagged parameter
@@ -155,7 +154,7 @@ class DistributedOptimizer:
                     grad[lo - start:hi - start] = summed[cursor + lo - offset:cursor + hi - offset]
                 cursor += n
             b.owned.grad, b.sp_grads = grad, None
-        return flat.numel() * flat.element_size()
+        return nbytes
 
     # -- what the interpreter asks of an optimizer ----------------------------------------------------
     def step(self) -> None:

@@ -183,12 +183,18 @@ def allreduce_sequence_parallel_grads(params: list[nn.Parameter], group: object)
     grads = [g for g in grads if g is not None]
     if not grads or group is None:
         return 0
-    flat = torch.cat([g.reshape(-1) for g in grads])
+    return allreduce_in_place(grads, group)
+
+
+def allreduce_in_place(tensors: list[torch.Tensor], group: object) -> int:
+    """Sum ``tensors`` over ``group`` in one flat all-reduce, each overwritten with its sum; returns
+    the flat buffer's bytes."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
     dist.all_reduce(flat, group=group)
     offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
     return flat.numel() * flat.element_size()
 
 
