@@ -1,13 +1,15 @@
 """Public at-scale check: Megatron-LM's Table 1 (Narayanan et al., SC'21) against the simulator.
 
-    python benchmarks/megatron_at_scale.py [--schedule interleaved-1f1b|1f1b] [--micro-batch 1]
+    python benchmarks/megatron_at_scale.py [--assumed] [--schedule interleaved-1f1b|1f1b] [--micro-batch N]
                                            [--as-simulated] [--decompose OUT.csv] [--json OUT.json]
                                            [--host-launch-us 37] [--eff-max 0.8]
                                            [--rows 0,1,2]
 
 Ten GPT models, 1.7B to 1T parameters, on 32 to 3,072 A100-80GB GPUs of Selene (8 per node,
 NVLink3, 8 x HDR InfiniBand per node), sequence 2,048, vocabulary 51,200, full activation
-recomputation, interleaved 1F1B (data and assumptions: ``sim/data/megatron_sc21_table1.md``).
+recomputation, each row with the micro-batch, interleaving and data-parallel implementation of the
+authors' run script (Megatron-LM ``examples/sc21/run_table_1.sh``; ``--assumed``: the guesses used
+before it was read; data and sources: ``sim/data/megatron_sc21_table1.md``).
 Each row's configuration is simulated (symmetric mode) with the project's default cost model and
 with what Megatron-LM v2.5 ran where the simulator offers a choice (blocking p2p with scatter/gather,
 per-layer recompute inside the backward, the flat-buffer gradient all-reduce, the fp16 optimizer's
@@ -44,6 +46,8 @@ from sim.plan import Plan
 from sim.workloads import transformer_config, transformer_layers
 
 TABLE = Path(__file__).resolve().parent.parent / "sim" / "data" / "megatron_sc21_table1.csv"
+# The authors' command lines for the same rows (Megatron-LM examples/sc21/run_table_1.sh).
+RUN_SCRIPT = TABLE.with_name("megatron_sc21_run_table_1.csv")
 SEQ, VOCAB = 2048, 51200
 GPUS_PER_NODE = 8
 # The 1T row lowers ~460k instructions (64 pipeline ranks x 2 virtual stages x 512 micro-batches x 7)
@@ -52,8 +56,19 @@ GPUS_PER_NODE = 8
 INSTRUCTION_LIMIT = 700_000
 
 
-def load_table(path: Path = TABLE) -> pd.DataFrame:
-    return pd.read_csv(path)
+def load_table(path: Path = TABLE, run_script: bool = True) -> pd.DataFrame:
+    """Table 1's rows; ``run_script``: joined with the authors' settings for each (micro_batch,
+    layers_per_virtual_stage, ddp), which ``plan_for`` follows. Without them ``plan_for`` falls back
+    to the earlier assumptions (micro-batch 1, the smallest interleaving >= 2, the local all-reduce)."""
+    table = pd.read_csv(path)
+    if not run_script:
+        return table
+    script = pd.read_csv(RUN_SCRIPT)
+    joined = table.merge(script, on="params_b", how="left", suffixes=("", "_script"), validate="one_to_one")
+    missing = joined.loc[joined["micro_batch"].isna(), "params_b"].tolist()
+    if missing:
+        raise ValueError(f"{RUN_SCRIPT.name} lacks the rows of {missing} B parameters")
+    return joined
 
 
 def paper_flops(row: dict[str, Any]) -> float:
@@ -62,16 +77,41 @@ def paper_flops(row: dict[str, Any]) -> float:
     return 96.0 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
 
 
+def _stated(row: dict[str, Any], key: str) -> bool:
+    return key in row and row[key] is not None and not pd.isna(row[key])
+
+
 def chunks_for(row: dict[str, Any], schedule: str) -> int:
-    """Virtual stages per pipeline rank (assumed; see the data notes): the smallest count >= 2 that
-    divides the layers per rank; a row that states its count (a ``chunks`` field, as Korthikanti et al.
-    2022 do) gets that."""
+    """Virtual stages per pipeline rank: what the row states (a ``chunks`` field, as Korthikanti et al.
+    2022 do; the run script's ``layers_per_virtual_stage``, none meaning plain 1F1B), else the earlier
+    assumption, the smallest count >= 2 that divides the layers per rank."""
     if schedule != "interleaved-1f1b" or row["pp"] == 1:
         return 1
-    if row.get("chunks") is not None and not pd.isna(row["chunks"]):
-        return int(row["chunks"])
     per_rank = int(row["layers"]) // int(row["pp"])
+    if _stated(row, "chunks"):
+        return int(row["chunks"])
+    if "layers_per_virtual_stage" in row:
+        if not _stated(row, "layers_per_virtual_stage"):
+            return 1
+        chunks, rest = divmod(per_rank, int(row["layers_per_virtual_stage"]))
+        if rest:
+            raise ValueError(f"{row['params_b']}B: {per_rank} layers per pipeline rank are not a multiple of "
+                             f"{row['layers_per_virtual_stage']} layers per virtual stage")
+        return chunks
     return next(v for v in range(2, per_rank + 1) if per_rank % v == 0)
+
+
+def gradient_sync_for(row: dict[str, Any], megatron_2021: bool) -> dict[str, Any]:
+    """How the row's gradients are all-reduced. ``--DDP-impl local`` (and rows that do not say):
+    Megatron-LM v2.5's one fp16 all-reduce after the pipeline flush (fp16 gradients:
+    --accumulate-allreduce-grads-in-fp32 is off by default and in examples/pretrain_gpt3_175B.sh), through a
+    flat copy (megatron/model/distributed.py, allreduce_gradients without contiguous buffers).
+    ``torch``: torch DDP's defaults, 25 MiB buckets in the gradients' own dtype launched as the last
+    micro-batch's backward fills them (megatron/schedules.py, forward_backward_no_pipelining: every
+    other micro-batch under model.no_sync())."""
+    if row.get("ddp") == "torch":
+        return {"method": "allreduce", "bucket_mb": 25.0, "reduce_dtype": "param"}
+    return {"method": "allreduce", "bucket_mb": 1e6, "flat_copies": megatron_2021}
 
 
 def megatron_virtual_partition(num_blocks: int, stages: int) -> list[list[int]]:
@@ -93,16 +133,22 @@ MEGATRON_2021_P2P = {"p2p": "blocking", "p2p_scatter_gather": True}
 ASYNC_P2P = {"p2p": "async", "p2p_scatter_gather": False}
 
 
-def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batch: int = 1,
+def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batch: int | None = None,
              megatron_2021: bool = True, nics_per_node: int = 8) -> Plan:
-    """The row's plan; ``megatron_2021``: with what Megatron-LM v2.5 ran (blocking p2p with
-    scatter/gather, per-layer recompute inside the backward, the flat-buffer gradient all-reduce),
-    else with the simulator's defaults for those choices. ``nics_per_node``: HDR adapters per node
-    (Selene's 8; vTrain's configurations state 800 Gbit/s per node, 4)."""
+    """The row's plan; ``micro_batch``: the row's own (the run script's) unless given, else 1;
+    ``megatron_2021``: with what Megatron-LM v2.5 ran (blocking p2p with scatter/gather, per-layer
+    recompute inside the backward, the row's data-parallel implementation), else with the simulator's
+    defaults for those choices. ``nics_per_node``: HDR adapters per node (Selene's 8; vTrain's
+    configurations state 800 Gbit/s per node, 4)."""
     tp, pp, gpus = int(row["tp"]), int(row["pp"]), int(row["gpus"])
     dp = gpus // (tp * pp)
+    if micro_batch is None:
+        micro_batch = int(row["micro_batch"]) if _stated(row, "micro_batch") else 1
     chunks = chunks_for(row, schedule)
-    m = int(row["global_batch"]) // (micro_batch * dp)
+    m, rest = divmod(int(row["global_batch"]), micro_batch * dp)
+    if rest:
+        raise ValueError(f"{row['params_b']}B: global batch {row['global_batch']} is not a multiple of "
+                         f"micro-batch {micro_batch} x dp {dp}")
     name = schedule if pp > 1 else "1f1b"
     if name == "interleaved-1f1b" and chunks < 2:
         name = "1f1b"
@@ -125,10 +171,7 @@ def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batc
         # one mpu.checkpoint per transformer layer (megatron/model/transformer.py, _checkpointed_forward),
         # so each layer is re-run inside the backward, one at a time.
         memory={"policy": "full", "in_backward": megatron_2021},
-        # One fp16 all-reduce after the pipeline flush (fp16 gradients: --accumulate-allreduce-grads-in-fp32
-        # is off by default and in examples/pretrain_gpt3_175B.sh at v2.5), through a flat copy
-        # (megatron/model/distributed.py, allreduce_gradients without contiguous buffers).
-        gradient_sync={"method": "allreduce", "bucket_mb": 1e6, "flat_copies": megatron_2021},
+        gradient_sync=gradient_sync_for(row, megatron_2021),
     ))
 
 
@@ -160,7 +203,7 @@ def run_plan(plan: Plan, curve: EfficiencyCurve, attention: str = MEGATRON_ATTEN
     return engine, costs, compiled, engine.run()
 
 
-def simulate_row(row: dict[str, Any], schedule: str, micro_batch: int, curve: str | EfficiencyCurve = "default",
+def simulate_row(row: dict[str, Any], schedule: str, micro_batch: int | None, curve: str | EfficiencyCurve = "default",
                  attention: str = MEGATRON_ATTENTION, kernels: bool = True,
                  decompose: bool = False, megatron_2021: bool = True,
                  host_launch_us: float | None = None) -> dict[str, Any]:
@@ -179,7 +222,8 @@ def simulate_row(row: dict[str, Any], schedule: str, micro_batch: int, curve: st
             rank = compiled.program.rank_of(0, pp_rank, 0)
             parts[where] = decompose_rank(engine, costs, rank)
     return {"params_b": row["params_b"], "gpus": int(row["gpus"]), "tp": int(row["tp"]), "pp": int(row["pp"]),
-            "dp": plan.dp, "chunks": plan.chunks, "microbatches": plan.schedule.microbatches,
+            "dp": plan.dp, "chunks": plan.chunks, "micro_batch": plan.micro_batch,
+            "microbatches": plan.schedule.microbatches, "ddp": row.get("ddp", "local"),
             "iteration_s": iteration, "reported_tflops": float(row["tflops_per_gpu"]),
             "predicted_tflops": predicted, "error": predicted / float(row["tflops_per_gpu"]) - 1,
             "peak_GiB": peak / 2**30, "oom": oom, "wall_s": time.perf_counter() - started, "decomposition": parts}
@@ -219,7 +263,11 @@ def main() -> None:
     sim.compile.MAX_INSTRUCTIONS = max(sim.compile.MAX_INSTRUCTIONS, INSTRUCTION_LIMIT)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--schedule", default="interleaved-1f1b", choices=["interleaved-1f1b", "1f1b"])
-    parser.add_argument("--micro-batch", type=int, default=1)
+    parser.add_argument("--micro-batch", type=int, default=None,
+                        help="every row's micro-batch (default: the row's, from the authors' run script)")
+    parser.add_argument("--assumed", action="store_true",
+                        help="the settings guessed before the run script was read (sessions 4-8): micro-batch 1, "
+                             "the smallest interleaving >= 2, the local flat all-reduce on every row")
     parser.add_argument("--curve", default="default", choices=["default", "physical"],
                         help="default: sim.analytic.default_for(A100, fp16); physical: the uncalibrated prior")
     parser.add_argument("--host-launch-us", type=float, default=None,
@@ -239,10 +287,10 @@ def main() -> None:
                              "and print it (analysis.iteration_decompose)")
     parser.add_argument("--json", type=Path, default=None, help="write rows and summary here")
     args = parser.parse_args()
-    table = load_table()
+    table = load_table(run_script=not args.assumed)
     records = table.to_dict("records")
     indices = [int(i) for i in args.rows.split(",")] if args.rows else list(range(len(table)))
-    print(f"{'params':>8} {'GPUs':>5} {'tp':>3} {'pp':>3} {'dp':>3} {'v':>2} {'m':>4} {'iter s':>8} "
+    print(f"{'params':>8} {'GPUs':>5} {'tp':>3} {'pp':>3} {'dp':>3} {'v':>2} {'mb':>3} {'m':>4} {'iter s':>8} "
           f"{'reported':>8} {'predicted':>9} {'error':>7} {'peak GiB':>8} {'wall s':>6}")
     curve = curve_of(args.curve, args.host_launch_us)
     if args.eff_max is not None:
@@ -254,7 +302,7 @@ def main() -> None:
                          megatron_2021=not args.as_simulated)
         results.append(r)
         print(f"{r['params_b']:>7.1f}B {r['gpus']:>5} {r['tp']:>3} {r['pp']:>3} {r['dp']:>3} {r['chunks']:>2} "
-              f"{r['microbatches']:>4} {r['iteration_s']:>8.2f} {r['reported_tflops']:>8.0f} "
+              f"{r['micro_batch']:>3} {r['microbatches']:>4} {r['iteration_s']:>8.2f} {r['reported_tflops']:>8.0f} "
               f"{r['predicted_tflops']:>9.1f} {r['error']:>+7.1%} {r['peak_GiB']:>8.1f}{'*' if r['oom'] else ' '}"
               f"{r['wall_s']:>6.1f}", flush=True)
     s = summarise(results)
@@ -267,6 +315,7 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"schedule": args.schedule, "micro_batch": args.micro_batch,
+                                         "settings": "assumed" if args.assumed else "run script",
                                          "curve": curve.to_dict(),
                                          "attention": args.attention,
                                          "kernels": not args.layer_roofline,

@@ -51,8 +51,8 @@ def test_the_documented_at_scale_figures_are_what_the_benchmark_computes() -> No
     recorded = json.loads((ROOT / "docs" / "results" / "megatron_sc21_megatron2021.json").read_text())["rows"]
     as_simulated = json.loads((ROOT / "docs" / "results" / "megatron_sc21_as_simulated.json").read_text())["rows"]
     for i in (0, 4):  # 1.7B (pp 1) and 39.1B (pp 2): quick rows
-        now = bench.simulate_row(rows[i], "interleaved-1f1b", 1, decompose=True)
+        now = bench.simulate_row(rows[i], "interleaved-1f1b", None, decompose=True)
         assert now["predicted_tflops"] == pytest.approx(recorded[i]["predicted_tflops"], rel=1e-6)
         assert now["peak_GiB"] == pytest.approx(recorded[i]["peak_GiB"], rel=1e-6)
-        before = bench.simulate_row(rows[i], "interleaved-1f1b", 1, megatron_2021=False)
+        before = bench.simulate_row(rows[i], "interleaved-1f1b", None, megatron_2021=False)
         assert before["predicted_tflops"] == pytest.approx(as_simulated[i]["predicted_tflops"], rel=1e-6)
