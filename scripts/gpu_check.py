@@ -10,7 +10,9 @@ Brown et al. 2020, Table 2.1), each at sequence 1,024 and 2,048, bf16, 4 micro-b
 one-stage 1F1B plan on the cluster preset ``h200-1`` (the analytic model prices the H200 from its
 datasheet, sim/data/hardware.yaml). The smoke run uses gpt-tiny at two sequence lengths on one CPU
 rank, where the analytic column is empty (the analytic model does not price CPUs). Writes
-``gpu_check.csv`` and ``gpu_check.md`` under ``--out`` (and each validation's folder).
+``gpu_check.csv`` and ``gpu_check.md`` under ``--out`` (and each validation's folder), then times
+unfused attention's memory-bound kernels against the model's rate (``scripts/kernel_rates.py``:
+``kernel_rates.csv`` / ``.md``).
 CI never runs the GPU cases.
 """
 
@@ -82,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['spread']:.0%} |" for r in rows]
     (args.out / "gpu_check.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    # The memory-bound attention kernels against the model's rate (docs/accuracy.md section 11).
+    import kernel_rates  # scripts/, beside this file
+
+    kernel_rates.write(kernel_rates.measure(args.smoke, repeats=20), args.out, device)
     return 0
 
 

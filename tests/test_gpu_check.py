@@ -30,3 +30,11 @@ def test_gpu_check_smoke_writes_the_comparison_table(tmp_path: Path) -> None:
     assert (table["spread"] >= 0).all()
     assert len([d for d in tmp_path.iterdir() if d.is_dir() and any(d.iterdir())]) == 2
     assert "| gpt-tiny seq 64 |" in (tmp_path / "gpu_check.md").read_text()
+    rates = pd.read_csv(tmp_path / "kernel_rates.csv")
+    assert set(rates["kernel"]) == {"copy", "softmax forward", "softmax backward", "dropout forward",
+                                    "dropout backward"}
+    assert (rates["median_s"] > 0).all() and (rates["min_s"] <= rates["median_s"]).all()
+    # bytes as sim.analytic counts them: a copy 2e per element, dropout 2e + a 1-byte mask (fp32 here)
+    per_element = rates.set_index("kernel")["bytes"] / (rates["batch_heads"] * rates["seq"] ** 2).iloc[0]
+    assert per_element["copy"] == 8 and per_element["dropout forward"] == 9
+
