@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis.estimate_grid import estimate_plan
 from analysis.validation.comm import COMM_PRIMITIVES, comm_sizes
 from exec.commbench import PRIMITIVES, run_commbench
 from sim.collectives import PRIMITIVES as MODELLED
@@ -71,6 +72,11 @@ def test_a_real_benchmarks_gathers_price_the_distributed_optimizers_buckets(tmp_
                                   repeats=2, warmup=1)
     assert sorted(fits["primitive"]) == GATHERS
     assert np.isfinite(fits["alpha_s"]).all() and (fits["bandwidth_Bps"] > 0).all()
+    # the CPU a call costs a rank (sim.host_cpu) comes from the same rows under the engine's names
+    cpu = ClusterComm(compile_plan(old).resolved.cluster, fits)
+    measured_rows = fits.set_index("primitive").loc[GATHERS].itertuples()
+    for kind, row in zip(("allgather", "reducescatter"), measured_rows, strict=True):
+        assert cpu.cpu_s(kind, 1 << 20, 2) == pytest.approx(row.cpu_alpha_s + (1 << 20) / row.cpu_bandwidth_Bps)
     # The run-7 bundle has no CPU columns; leave the new rows' CPU unmeasured too, so only the times change.
     fits = fits.assign(cpu_alpha_s=math.nan, cpu_bandwidth_Bps=math.nan)
     measured = tmp_path / "measured"
@@ -95,6 +101,7 @@ def test_a_real_benchmarks_gathers_price_the_distributed_optimizers_buckets(tmp_
     phases = {ins.index: ins.phases for ins in compile_plan(new).program.ranks[0].instructions if ins.phases}
     before, after = bucket_rows(old), bucket_rows(new)
     assert sorted(phases) == sorted(before.index) == sorted(after.index) and len(phases) == 2
+    moved = 0.0
     for index, bucket in phases.items():
         (kind, nbytes), = bucket
         primitive = {"allgather": "all_gather", "reducescatter": "reduce_scatter"}[kind]
@@ -104,6 +111,10 @@ def test_a_real_benchmarks_gathers_price_the_distributed_optimizers_buckets(tmp_
         assert was == pytest.approx(modelled, rel=1e-9)  # the old bundle: the cluster's links
         assert now == pytest.approx(fitted(primitive, nbytes), rel=1e-9)  # the new one: the measurement
         assert now - was == pytest.approx(fitted(primitive, nbytes) - modelled, rel=1e-9)
+        moved += now - was
+    # the iteration moves by as much, in the engine and in the fast estimate the search ranks plans by
+    for predict in (lambda p: simulate(p).iteration_s, lambda p: estimate_plan(p).iteration_s):
+        assert predict(new) - predict(old) == pytest.approx(moved, rel=1e-9)
     # and what the all-reduce of the same bundle would cost still comes from its own benchmark
     comm = ClusterComm(cluster, bundle.comm_fits, bundle.comm_samples)
     assert comm.collective_s("allreduce", 1 << 20, (0, 1)) != collective_time("all_reduce", 1 << 20, [0, 1], cluster)
