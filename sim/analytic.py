@@ -315,7 +315,10 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
     With sequence parallelism (``layer.extra["sequence_parallel"]``, t > 1; Korthikanti et al. 2022,
     section 4.2.2) a block's layernorms, bias-dropout-adds, residual sums and their masks run on the
     local 1/t of the sequence: X below is b s h / t for those kernels (the GEMMs and attention are
-    unchanged: the all-gathered input feeds them whole).
+    unchanged: the all-gathered input feeds them whole). So do the region's two edges (Korthikanti
+    et al. section 4.2.2; exec.parallel.sequence and exec.workloads.gpt run them so): the embedding's
+    output dropout, after the scatter (its lookup and position add stay whole), and the head's final
+    LN, before the gather (the logits GEMM and the loss run on the gathered sequence).
 
     block, forward: LN1 (read X, write X), attention (unfused: fused scale-mask-softmax read S write S,
       dropout read S write S + mask S, context permute copy read + write X / t; flash: none),
@@ -342,7 +345,8 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
     x = layer.extra
     s, h, a, f = int(x["seq"]), int(x["hidden"]), int(x["heads"]), int(x["ffn"])
     drop = 1.0 if x.get("dropout", 0.0) > 0 else 0.0  # whether the dropout kernels run (TransformerConfig.dropout)
-    sp = bool(x.get("sequence_parallel", 0.0)) and t > 1 and layer.kind == "block"
+    split = bool(x.get("sequence_parallel", 0.0)) and t > 1  # the layer's hidden-size region on 1/t
+    sp = split and layer.kind == "block"  # its TP all-reduces become reduce-scatters and all-gathers
     e = ACTIVATION_BYTES[normalize_dtype(dtype)]
     peak = device.peak(dtype)
     bw = device.memory_bandwidth_Bps * curve.mem_eff
@@ -402,15 +406,17 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
     elif layer.kind == "head":
         v = padded_vocab(int(x["vocab"]), t)
         logits = float(T * v / t)
-        mem_f, mem_b = e * 2 * X + 38 * logits, e * 3 * X + 14 * logits
+        L = X / t if split else X  # the final LN, on the sequence shard under sequence parallelism
+        mem_f, mem_b = e * 2 * L + 38 * logits, e * 3 * L + 14 * logits
         g = gemm(T, v / t, h)
         add("lm_head_loss", g[0] + mem_f / bw, g[1] + mem_b / bw, g[2])
-        pointwise_f = e * 2 * X  # the final LN; the cross-entropy runs outside the checkpointed layer
+        pointwise_f = e * 2 * L  # the final LN; the cross-entropy runs outside the checkpointed layer
     elif layer.kind == "embedding":
-        mem_f = e * 2 * X + e * 3 * X + drop * (e * 2 * X + X)
-        mem_b = drop * (e * 2 * X + X) + e * 3 * X
+        D = X / t if split else X  # the output dropout, after the sequence scatter under sequence parallelism
+        mem_f = e * 2 * X + e * 3 * X + drop * (e * 2 * D + D)
+        mem_b = drop * (e * 2 * D + D) + e * 3 * X
         add("embedding", mem_f / bw, mem_b / bw)
-        saved_extra = drop * X  # the embedding dropout's mask
+        saved_extra = drop * D  # the embedding dropout's mask
     else:
         raise ConfigError("layer", f"no kernel model for a {layer.kind!r} layer", "use a transformer layer")
     if layer.kind != "head":
@@ -558,8 +564,8 @@ class AnalyticCostModel:
         # shape is seq / tp: megatron/core/pipeline_parallel/schedules.py, get_tensor_shapes), so a
         # checkpointed layer keeps 2 s b h / t (Korthikanti et al. 2022, eq. 5). Its TP collectives
         # still move the whole tensor (``out`` below). check_tp makes t divide the sequence.
-        sequence_split = t if layer.extra.get("sequence_parallel", 0.0) and t > 1 \
-            and layer.kind in ("embedding", "block") else 1
+        split_region = bool(layer.extra.get("sequence_parallel", 0.0)) and t > 1
+        sequence_split = t if split_region and layer.kind in ("embedding", "block") else 1
 
         flops_fwd = b * layer.flops_fwd / t
         f_bi, f_bw = self._backward_split(layer)
@@ -593,6 +599,8 @@ class AnalyticCostModel:
             core_bytes, core_s = k.attention_core_bytes, k.attention_core_recompute_s
             if sequence_parallel:  # every saved tensor of the block is sharded: the hidden-size ones by sequence
                 saved_bytes = b * layer.saved_elems / t * act
+            elif split_region:  # an edge of the region (the head's final LayerNorm: its input and statistics)
+                saved_bytes -= b * layer.sequence_split_elems * (1 - 1 / t) * act
             saved_bytes += k.extra_saved_bytes
             if layer.selective_elems >= 0:
                 kept = (layer.selective_elems - layer.selective_elems_sharded) + layer.selective_elems_sharded / t
@@ -623,7 +631,7 @@ class AnalyticCostModel:
         # a block's two LayerNorms (weight and bias, 4 h) and its two row-parallel biases (proj, fc2:
         # 2 h); the LM head's final LayerNorm (2 h), which runs on the shard before the gather.
         sp_elems = 0
-        if layer.extra.get("sequence_parallel", 0.0) and t > 1 and "hidden" in layer.extra:
+        if split_region and "hidden" in layer.extra:
             sp_elems = {"block": 6, "head": 2}.get(layer.kind, 0) * int(layer.extra["hidden"])
         return LayerCosts(
             fwd_s=fwd,

@@ -4,7 +4,12 @@ host link and device capacity.
 Costs come from the cluster's links and ``sim.collectives`` (alpha-beta per link class, ring /
 tree / hierarchical algorithms), or, when a trace bundle carries a communication benchmark
 (``paratwin commbench``) of the same machine, from it directly: a measured all-reduce of the same
-group size beats any formula. A collective is priced from the benchmark's samples, interpolated
+group size beats any formula. Every collective the engine prices (all-reduce, all-gather,
+reduce-scatter, all-to-all) and point-to-point have a benchmark name (``_FIT_NAMES``); a primitive the
+bundle did not measure (bundles benchmarked before the ninth session's validation measured
+all-gather and reduce-scatter: all-reduce, all-to-all and send/recv only) is priced from the
+cluster's links (``sim.collectives``), so such a plan mixes measured and modelled collectives
+(docs/traces.md, "Communication benchmark"). A collective is priced from the benchmark's samples, interpolated
 between the measured sizes (``sim.comm_curve``: a shaped link is not one alpha-beta line), and
 from the fitted line where only a fit exists. Point-to-point routes keep the fit's latency and
 bandwidth (the engine shares a route's bandwidth among concurrent messages, which needs a rate);
@@ -29,8 +34,10 @@ from sim.cluster import ClusterSpec
 from sim.collectives import collective_time, p2p_transfer
 from sim.comm_curve import MeasuredCurve
 
-# commbench primitive names -> the engine's names
-_FIT_NAMES = {"allreduce": "all_reduce", "alltoall": "all_to_all", "p2p": "send_recv"}
+# The engine's and the gradient-sync phases' names (sim.gradient_sync.Collective) -> the commbench's
+# (exec.commbench.PRIMITIVES); names already the commbench's pass through.
+_FIT_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+              "alltoall": "all_to_all", "p2p": "send_recv"}
 
 
 class ClusterComm:

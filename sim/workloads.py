@@ -111,6 +111,10 @@ class LayerSpec:
     # once by a forward keeping both: sim.costs.LayerCosts.shared_input_bytes).
     shared_input_elems: int = 0
     unsaved_input_elems: int = 0  # its input, when it does not save it (sim.costs.LayerCosts.unsaved_input_bytes)
+    # Of the replicated part of saved_elems, what a layer at the edge of the sequence-parallel region
+    # keeps on the rank's 1/t of the sequence under sequence parallelism (the LM head's final
+    # LayerNorm: its input and statistics). A block keeps all of saved_elems split (sim.analytic).
+    sequence_split_elems: int = 0
     extra: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -294,7 +298,10 @@ def transformer_layers(cfg: TransformerConfig) -> list[LayerSpec]:
     Head (final LN, vocabulary projection, cross-entropy as the last pipeline stage runs it):
       saved = LN input (sh) and stats (2s), projection input (sh), log-softmax output (sv; the
       logits themselves are not kept), targets (s; int64, counted as s elements as the
-      embedding's ids are) = 2sh + 3s + sv; the output is the scalar loss.
+      embedding's ids are) = 2sh + 3s + sv; the output is the scalar loss. Under sequence
+      parallelism the final LN runs on the rank's 1/t of the sequence (exec.parallel.sequence: its
+      input arrives split, the gather follows it), so its input and stats (sh + 2s) are 1/t; the
+      projection's input is the all-gathered sequence, kept whole by this runtime's replicated head.
     Under torch's selective checkpointing (``memory: {policy: selective}``, exec.selective: keep
     the outputs of matmul and attention operators and the layer input, recompute the rest) a
     block keeps its input (sh), the QKV output (3sh), the attention output and log-sum-exp
@@ -336,5 +343,6 @@ def transformer_layers(cfg: TransformerConfig) -> list[LayerSpec]:
     # Head: final LN, projection to the vocabulary, cross-entropy (its log-softmax output is saved).
     head = LayerSpec("head", "head", params=2 * h + h * v, flops_fwd=2 * s * h * v, output_elems=1,
                      saved_elems=2 * s * h + 3 * s + s * v, saved_elems_sharded=s * v, tp_allreduces=1,
+                     sequence_split_elems=s * h + 2 * s,
                      selective_elems=s * h + 2 * s * v + s, selective_elems_sharded=2 * s * v, extra=dict(shape))
     return [embed, *blocks, head]

@@ -115,6 +115,27 @@ def test_one_rank_of_a_sequence_parallel_block_saves_and_sends_one_tp_th_of_its_
     assert split.output_shape(0) == ((b, 32 // t, 64), torch.float32)  # the embedding's output: scattered
 
 
+def test_the_regions_edges_keep_one_tp_th_of_what_sim_analytic_splits() -> None:
+    """The runtime is the ground truth for the analytic model's edges of the region: the head's final
+    LayerNorm keeps its input and statistics (the closed form's ``sequence_split_elems``) on 1/t of the
+    sequence, the embedding's output dropout its mask; everything else they keep is unchanged."""
+    b, t = 2, 2
+    head = transformer_layers(transformer_config("gpt-tiny"))[-1]
+    assert head.kind == "head" and head.sequence_split_elems == 32 * 64 + 2 * 32  # s h + 2 s
+    measured = {(sp, p): StructuralCosts(get_workload("gpt-tiny", sequence_parallel=sp, dropout=p), b, "fp32", t)
+                for sp in (False, True) for p in (0.0, 0.1)}
+    last = len(transformer_layers(transformer_config("gpt-tiny"))) - 1
+
+    def saved(sp: bool, p: float, layer: int) -> int:
+        return measured[(sp, p)].layer_costs(layer, b, t).saved_bytes
+
+    for p in (0.0, 0.1):
+        assert saved(False, p, last) - saved(True, p, last) == 4 * b * head.sequence_split_elems * (t - 1) // t
+    mask = saved(False, 0.1, 0) - saved(False, 0.0, 0)  # the embedding dropout's, on the whole sequence
+    assert mask > 0 and saved(True, 0.0, 0) == saved(False, 0.0, 0)
+    assert saved(True, 0.1, 0) == saved(False, 0.0, 0) + mask // t
+
+
 @pytest.mark.slow
 def test_sequence_parallelism_beside_the_distributed_optimizer_trains_as_the_dense_all_reduce(tmp_path: Path) -> None:
     """dp 2 x tp 2 on four gloo ranks: the distributed optimizer's replicas sum the layernorm and row-bias

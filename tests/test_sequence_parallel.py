@@ -91,3 +91,35 @@ def test_the_search_enumerates_sequence_parallel_plans_with_tp_above_1_and_selec
     assert result.ranked and all(r.candidate.tp > 1 for r in result.ranked)
     assert "selective-attention" in {dict(r.candidate.memory)["policy"] for r in result.ranked}
     assert result.best.simulated.iteration_s == pytest.approx(result.best.estimate.iteration_s, rel=0.02)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_the_regions_edges_run_on_one_tp_th_of_the_sequence(dropout):
+    """The embedding's output dropout runs after the sequence scatter, the head's final LayerNorm before
+    the gather (exec.workloads.gpt, exec.parallel.sequence; Korthikanti et al. 2022 section 4.2.2): their
+    bytes, the dropout's mask and the LayerNorm's saved input and statistics are 1/t; the lookups, the
+    position add, the logits GEMM and the loss are not."""
+    from sim.analytic import transformer_layer_times
+
+    cluster = load_cluster("dgx-a100-8")
+    shaped = {sp: transformer_layers(transformer_config("gpt2-medium", attention="unfused", dropout=dropout,
+                                                       sequence_parallel=sp)) for sp in (False, True)}
+    s_, h = int(shaped[False][0].extra["seq"]), int(shaped[False][0].extra["hidden"])
+    X, e, drop, gone = B * s_ * h, 2, 1 if dropout else 0, 1 - 1 / T
+    curve = costs(False).model.efficiency
+    bandwidth = cluster.device.memory_bandwidth_Bps * curve.mem_eff
+    # (layer index, kernel kind, forward bytes saved, backward bytes saved, saved bytes saved)
+    edges = ((0, "embedding", drop * (2 * e + 1) * X, drop * (2 * e + 1) * X, drop * X),  # dropout, 1-byte mask
+             (-1, "lm_head_loss", 2 * e * X, 3 * e * X, e * B * (s_ * h + 2 * s_)))  # LN; its input and stats
+    for index, kind, fwd, bwd, saved in edges:
+        plain, sp = (transformer_layer_times(shaped[s][index], B, T, cluster.device, "fp16", curve, "unfused")
+                     for s in (False, True))
+        assert plain.elementwise_bytes_fwd - sp.elementwise_bytes_fwd == pytest.approx(fwd * gone)
+        assert plain.elementwise_bytes_bwd - sp.elementwise_bytes_bwd == pytest.approx(bwd * gone)
+        part_plain, part_sp = dict(plain.parts)[kind], dict(sp.parts)[kind]
+        assert part_plain[0] - part_sp[0] == pytest.approx(fwd * gone / bandwidth, rel=1e-9, abs=1e-18)
+        assert part_plain[1] - part_sp[1] == pytest.approx(bwd * gone / bandwidth, rel=1e-9, abs=1e-18)
+        assert part_plain[2] == part_sp[2]  # the weight side (lookup gradients, logits wgrad) is whole
+        ledger = [c.layer_costs(index % len(shaped[False]), B, T).saved_bytes for c in (costs(False, dropout=dropout),
+                                                                                        costs(True, dropout=dropout))]
+        assert ledger[0] - ledger[1] == pytest.approx(saved * gone, abs=1)

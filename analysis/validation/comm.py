@@ -15,7 +15,9 @@ from sim.program import COLLECTIVE_KINDS, RECV_KINDS, SEND_KINDS
 from traces.bundle import read_bundle, write_bundle
 from traces.errors import ConfigError
 
-COMM_PRIMITIVES = ["all_reduce", "all_to_all", "send_recv"]  # all_to_all: sharded embeddings (sim.embedding)
+# all_to_all: sharded embeddings (sim.embedding); all_gather and reduce_scatter: sequence parallelism,
+# the distributed optimizer and the sparse all-gather baselines (sim.comm prices what it has measured)
+COMM_PRIMITIVES = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
 COMM_POINTS = 7  # sizes per sweep, geometric between half the smallest and twice the largest message
 MIN_COMM_BYTES = 1024
 COMM_KINDS = {k.value for k in (*SEND_KINDS, *RECV_KINDS, *COLLECTIVE_KINDS)}
@@ -41,7 +43,7 @@ def sweep_sizes(message_sizes: list[int], points: int = COMM_POINTS) -> list[int
 
 
 def calibrate_comm(bundle_dir: Path, sizes: list[int], repeats: int = 10) -> pd.DataFrame:
-    """Benchmark all_reduce and send_recv on two ranks over ``sizes``; store samples and fits in the bundle."""
+    """Benchmark ``COMM_PRIMITIVES`` on two ranks over ``sizes``; store samples and fits in the bundle."""
     from exec.commbench import run_commbench
 
     samples, fits = run_commbench(nproc=2, sizes=sizes, primitives=COMM_PRIMITIVES, backend="gloo",

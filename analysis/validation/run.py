@@ -9,8 +9,8 @@
    timed alone runs up to twice as fast as the same layer while another rank computes (measured
    here: 19-21 ms alone, 41-56 ms with a second profiler running, for one 256-wide block). Each
    layer's time is the median over the processes (``analysis.validation.profiling``);
-2. calibrate communication with ``exec.commbench`` on two ranks (all_reduce and send_recv, sizes
-   spanning the plan's messages, buckets and TP all-reduces) and store the alpha-beta fits in the
+2. calibrate communication with ``exec.commbench`` on two ranks (``analysis.validation.comm.COMM_PRIMITIVES``,
+   sizes spanning the plan's messages, buckets and TP all-reduces) and store the alpha-beta fits in the
    bundle, where ``sim.comm.ClusterComm`` picks them up (``analysis.validation.comm``);
 3. simulate the plan in full mode (every rank) with ``profile:`` pointing at that bundle;
 4. run it with ``exec.launcher.run_plan`` for ``warmup + iterations`` iterations;
