@@ -738,7 +738,7 @@ class Estimator:
                                       fig["per_rank"], fig["hop_s"],
                                       [fig["delta_s"][fig["rank_of"][s]] / chunks for s in range(pp * chunks)],
                                       fig["flags"], beside)
-        steps = beside.steps if beside is not None and timing.step_s else ()
+        steps = beside.steps if beside is not None and beside.steps and timing.step_s else ()
         steady = fig["steady"]
         return {**fig, "bubble": max(0.0, timing.bare - steady),
                 "hops": max(0.0, timing.makespan - timing.bare),
@@ -746,8 +746,8 @@ class Estimator:
                 "rank_end": timing.rank_end, "synced": timing.synced if beside is not None and beside.buckets else (),
                 "sync_slack": [tuple(timing.rank_end[k] - timing.grads_ready.get(s, timing.rank_end[k])
                                      for s in stages_of[k]) for k in range(pp)],
-                "step_extra": [wall - step if step > 0.0 else 0.0 for wall, step in zip(timing.step_s, steps,
-                                                                                            strict=True)] or [0.0] * pp}
+                "step_extra": [wall - step for wall, step in zip(timing.step_s, steps, strict=True)] if steps
+                else [0.0] * pp}
 
     def _timed_pipeline(self, schedule: str, pp: int, microbatches: int, chunks: int, stages: Sequence[StageTimes],
                         per_rank: Sequence[float], hop_s: Sequence[float],
