@@ -47,7 +47,10 @@ data, on any cluster) is the floor of the compute's stretch; the transfer keeps 
 The fast estimate (``sim.estimate``) prices the same terms: where its closed form knows a compute
 runs beside transfers (EmbRace 2D: the next micro-batch's forward beside a gradient exchange, the
 tables' optimizer step beside the buckets, the dense step beside the last rows exchange),
-``overlap`` gives both ends as the engine's re-timing would.
+``overlap`` gives both ends as the engine's re-timing would; its pipeline run times each rank's
+compute beside its sends, gradient buckets and optimizer step with ``RankTransfers`` (ninth
+session: ``sim.estimate_pipeline._sends_beside``). Receiving costs no CPU here, though a receive
+costs its host about what a send does (``scripts/probe_recv_cpu.py``, docs/host_cpu.md).
 """
 
 from __future__ import annotations
