@@ -264,6 +264,7 @@ def _sends_beside(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s
         rank_actions[graph.rank[i]].append(i)
     timed = [RankTransfers(beside.stretch, streams=2) for _ in range(graph.pp)]
     sent: list[Moving | None] = [None] * n
+    unknown: dict[Moving, int] = {}  # sends whose end is not known yet, by their rank
     end, bare = [0.0] * n, [0.0] * n
     placed = [False] * n
     position = [0] * graph.pp  # per rank: its next action to place
@@ -296,6 +297,7 @@ def _sends_beside(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s
                 if sends[i] >= 0:
                     hop = sends[i]
                     sent[i] = me.add(SEND_STREAM, hop_s[hop], beside.hop_cores[hop] if beside.hop_cores else 0.0)
+                    unknown[sent[i]] = rank
                 if i in stage_of_last:  # a stage's gradients are ready: the buckets that waited only for them start
                     done_stages.add(stage_of_last[i])
                     for bucket in [b for b in waiting[rank] if done_stages.issuperset(b[0])]:
@@ -312,9 +314,10 @@ def _sends_beside(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s
                     began = me.now
                     step_s[rank] = me.compute(beside.steps[rank]) - began
         if left and not progressed:  # every action left waits for a send still moving
-            first, rank = min(((m, graph.rank[i]) for i, m in enumerate(sent) if m is not None and m.end is None),
-                              key=lambda mr: timed[mr[1]].ends_alone(mr[0]))
-            first.end = timed[rank].ends_alone(first)
+            for m in [m for m in unknown if m.end is not None]:
+                del unknown[m]
+            first = min(unknown, key=lambda m: timed[unknown[m]].ends_alone(m))
+            first.end = timed[unknown.pop(first)].ends_alone(first)
     return WeightedRun(max(end, default=0.0), max(bare, default=0.0),
                        tuple(end[i] if i >= 0 else 0.0 for i in graph.rank_last),
                        {stage: end[i] for stage, i in graph.stage_last_backward}, tuple(step_s),
