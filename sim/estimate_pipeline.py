@@ -122,8 +122,7 @@ def weighted_run(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s:
     """The longest path through ``graph`` with ``seconds(stage, op)`` per action and ``hop_s[s]`` on an
     edge between stages s and s + 1 that crosses ranks (both directions: the activation forward, its
     gradient back); the same pass also gives the path without hops. ``beside``: what slows a
-    rank's compute and its transfers while both run (``_sends_beside``), where anything does
-    (``_sends_beside``)."""
+    rank's compute and its transfers while both run, where anything does (``_sends_beside``)."""
     if beside is not None and beside.slows:
         return _sends_beside(graph, seconds, hop_s, beside)
     durations = [seconds(stage, op) for stage, op in graph.kinds]
