@@ -10,6 +10,9 @@ What "bytes" means (the nccl-tests convention, so fits of different primitives c
 - all_gather: the gathered output (each rank contributes ``bytes / world``);
 - reduce_scatter: the input (each rank keeps ``bytes / world``);
 - send_recv: one message; ranks 2k and 2k+1 ping-pong and half the round trip is the time.
+- send, recv (measured only when asked for): one message one way, rank 2k to 2k+1; the time is the
+  slower side's call, the CPU the senders' (send) or the receivers' (recv) alone, where the
+  ping-pong's is the mean of a send and a receive (issue 12: what receiving costs its host).
 Sizes are rounded up to whole float32 elements divisible by the world size; the table holds the
 bytes actually moved.
 
@@ -45,6 +48,8 @@ from traces.schema import COMM_BENCH_FORMAT, COMM_BENCH_VERSION, COMM_FIT_TABLE,
 from traces.tables import conform
 
 PRIMITIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+# One-way messages whose CPU is one side's (see the module docstring); measured only when asked for.
+ONE_WAY = ("send", "recv")
 DEFAULT_SIZES = [1024 * 4**k for k in range(10)]  # 1 KiB, 4 KiB, ..., 256 MiB
 FLOAT_BYTES = 4
 
@@ -56,6 +61,8 @@ IMPLEMENTATION_NOTES = {
     "copy of this rank's chunk, so it costs about an all_reduce of the same bytes",
     ("gloo", "send_recv"): "one-way time = half a ping-pong round trip",
     ("nccl", "send_recv"): "one-way time = half a ping-pong round trip",
+    ("gloo", "send"): "one way, rank 2k to 2k+1; cpu: the sender's alone",
+    ("gloo", "recv"): "one way, rank 2k to 2k+1; cpu: the receiver's alone",
 }
 
 
@@ -274,11 +281,13 @@ def _measure(sizes: list[int], primitives: list[str], repeats: int, warmup: int)
                 times /= 2  # a ping-pong is two messages
             dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a repeat lasts until its slowest rank ends
             values = times.cpu().numpy()
-            # the mean over ranks of each rank's median CPU per call (send_recv: per message)
-            cpu_s = torch.tensor([float(np.median(cpu)) / (2 if primitive == "send_recv" else 1)],
+            # the mean over ranks of each rank's median CPU per call (send_recv: per message; send,
+            # recv: over the ranks on that side only)
+            side = _one_way_side(primitive, dist.get_rank(), world)
+            cpu_s = torch.tensor([float(np.median(cpu)) / (2 if primitive == "send_recv" else 1) * side[0]],
                                  dtype=torch.float64, device=device)
             dist.all_reduce(cpu_s)
-            cpu_s /= world
+            cpu_s /= side[1]
             rows.append(
                 [
                     primitive,
@@ -295,6 +304,17 @@ def _measure(sizes: list[int], primitives: list[str], repeats: int, warmup: int)
             del call
     table = pd.DataFrame(rows, columns=COMM_SAMPLE_TABLE.column_names)
     return conform(table, COMM_SAMPLE_TABLE, "comm samples")
+
+
+def _one_way_side(primitive: str, rank: int, world: int) -> tuple[int, int]:
+    """(whether ``rank``'s CPU counts, how many ranks' do): for ``send`` the senders' (even ranks
+    with a partner), for ``recv`` the receivers' (odd ranks), for any other primitive every rank's."""
+    if primitive not in ONE_WAY:
+        return 1, world
+    pairs = world // 2
+    if rank >= 2 * pairs:  # odd world size: the last rank sits this out
+        return 0, pairs
+    return int((rank % 2 == 0) == (primitive == "send")), pairs
 
 
 def _process_cpu_s() -> float:
@@ -334,7 +354,12 @@ def _operation(primitive: str, elements: int, device) -> Callable[[], None]:
         if rank % 2 == 0:
             return lambda: (dist.send(buffer, peer), dist.recv(buffer, peer))
         return lambda: (dist.recv(buffer, peer), dist.send(buffer, peer))
-    choices = ", ".join(PRIMITIVES)
+    if primitive in ONE_WAY:
+        peer = rank + 1 if rank % 2 == 0 else rank - 1
+        if peer >= world:
+            return lambda: None
+        return (lambda: dist.send(buffer, peer)) if rank % 2 == 0 else (lambda: dist.recv(buffer, peer))
+    choices = ", ".join(PRIMITIVES + ONE_WAY)
     raise ConfigError("primitives", f"unknown primitive {primitive!r}", f"choose from {choices}")
 
 
@@ -378,8 +403,8 @@ def _check_backend(backend: str | None, nproc: int) -> None:
 
 
 def _check_primitives(primitives: list[str]) -> list[str]:
-    unknown = [p for p in primitives if p not in PRIMITIVES]
+    unknown = [p for p in primitives if p not in PRIMITIVES + ONE_WAY]
     if unknown or not primitives:
         problem = f"unknown primitive(s) {', '.join(map(repr, unknown))}" if unknown else "none given"
-        raise ConfigError("primitives", problem, f"choose from {', '.join(PRIMITIVES)}")
+        raise ConfigError("primitives", problem, f"choose from {', '.join(PRIMITIVES + ONE_WAY)}")
     return list(dict.fromkeys(primitives))

@@ -3,7 +3,8 @@ plans of a stored validation run, each from its own stored profile (issue 12): n
 
     python scripts/estimate_vs_engine.py runs/suite-embedding-7 [--comm-cpu=runs/comm-cpu-12a] [--overlap-slowdown=S]
 
-``--comm-cpu=DIR``: an ``exec.commbench`` folder whose fits have the CPU of communicating; each
+``--comm-cpu=DIR``: an ``exec.commbench`` folder, or a profile bundle, whose fits have the CPU of communicating
+(e.g. runs/suite-embedding-9/plans/emb-dense-dp2/profile: the loopback fits of run 9); each
 plan's bundle is copied with those CPU columns added (``scripts/suite_repredict.py --comm-cpu``), so
 on a host whose cores the ranks share both the engine and the estimate price the cores the
 transfers take from compute (``sim.host_cpu``). ``--overlap-slowdown=S``: both priced with
@@ -28,6 +29,8 @@ from sim.estimate import Estimator, _layout
 from sim.plan import Plan
 from sim.schedules import SCHEDULES
 from sim.simulate import simulate
+from traces.bundle import read_bundle
+from traces.errors import BundleError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from suite_repredict import with_cpu  # noqa: E402
@@ -63,9 +66,20 @@ def compare(suite: Path, cpu: pd.DataFrame | None, scratch: Path, overlap_slowdo
     return pd.DataFrame(rows)
 
 
+def cpu_fits(directory: Path) -> pd.DataFrame:
+    """The comm fits of an ``exec.commbench`` folder or of a profile bundle."""
+    try:
+        return read_comm_results(directory)[1]
+    except BundleError:
+        fits = read_bundle(directory).comm_fits
+        if fits is None:
+            raise
+        return fits
+
+
 def main(argv: list[str]) -> None:
     cpu_dirs = [Path(a.split("=", 1)[1]) for a in argv if a.startswith("--comm-cpu=")]
-    cpu = read_comm_results(cpu_dirs[-1])[1] if cpu_dirs else None
+    cpu = cpu_fits(cpu_dirs[-1]) if cpu_dirs else None
     slowdowns = [float(a.split("=", 1)[1]) for a in argv if a.startswith("--overlap-slowdown=")]
     slowdown = slowdowns[-1] if slowdowns else 0.0
     with tempfile.TemporaryDirectory(prefix="paratwin-estimate-") as scratch:

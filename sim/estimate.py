@@ -44,7 +44,7 @@ from typing import Any
 from sim.comm import ClusterComm, concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts, sequence_parallel_grads_s, tp_comm_s
 from sim.embedding import EmbeddingTerms, table_tp_costs
-from sim.estimate_pipeline import PipelineTime, StageTime, pipeline_time, steady_count
+from sim.estimate_pipeline import Beside, Buckets, PipelineTime, StageTime, pipeline_time, steady_count
 from sim.gradient_sync import GRADIENT_SYNC, GradientSyncConfig, bucket_buffer_bytes, phases_s
 from sim.gradient_sync_context import BucketPlan, bucket_context, bucket_layers
 from sim.gradient_sync_distopt import param_gather_phases
@@ -545,22 +545,28 @@ class Estimator:
         if pipe is None:
             pipe = self._pipes[key] = self._pipeline(self._figures_of(key))
         sync = sync or self.sync_config(sync_method, bucket_mb)
-        if self.overlap_slowdown > 0.0 and dp > 1 and pp > 1:
-            # buckets can move before a rank's last compute (interleaved, zero-bubble): time the
-            # pipeline again with them, the compute beside them slowed as the engine slows it
-            pipe = self._pipeline(pipe, self._bucket_stages(pipe, sync, dp, tp, embedding))
+        if pp > 1 and self._beside(pipe).slows:
+            # Compute beside a rank's transfers is slowed, and on a shared host the transfers beside
+            # compute: time the pipeline again with what moves beside it as the engine runs it, the
+            # gradient buckets (they can move before a rank's last compute: interleaved, zero-bubble)
+            # and each rank's optimizer step (beside its last sends, which a receiver waits for).
+            buckets = self._bucket_stages(pipe, sync, dp, tp, embedding) if dp > 1 else ()
+            tied = self._tied(pipe, dp, tp, pp, sync)
+            steps = tuple(0.0 if k in tied or (embedding is not None and k == embedding.rank)
+                          else self._step_s(pipe, k, dp, tp, sync, embedding) for k in range(pp))
+            pipe = self._pipeline(pipe, self._beside(pipe, buckets, steps))
         return self._finish(pipe, dp, tp, pp, sync, bucket_mb, embedding)
 
     def _bucket_stages(self, pipe: dict, sync: GradientSyncConfig, dp: int, tp: int,
-                       embedding: EmbeddingTerms | None) -> list[list[tuple[tuple[int, ...], float]]]:
+                       embedding: EmbeddingTerms | None) -> Buckets:
         """Per pipeline rank, its buckets as ``_finish`` prices them: (the virtual stages whose last
-        backward each waits for, its seconds)."""
+        backward each waits for, its seconds, the cores it keeps busy)."""
         out = []
         for k, stages in enumerate(pipe["stages_of"]):
             removed = embedding.removed_by_layer if embedding is not None and k == embedding.rank else ()
             buckets = self.rank_buckets(sync, pipe["sync_layers"][k], removed, dp, tp, pipe["micro_batch"], pipe["m"])
-            out.append([(tuple(stages[i] for i in b.stages), b.seconds) for b in buckets])
-        return out
+            out.append(tuple((tuple(stages[i] for i in b.stages), b.seconds, b.cores) for b in buckets))
+        return tuple(out)
 
     def group_bound(self, pp: int, chunks: int, placement: str, micro_batch: int, microbatches: int,
                     stage_layers: Sequence[tuple[int, ...]], tp: int, optimizer_share: float = 1.0) -> float:
@@ -671,6 +677,9 @@ class Estimator:
         wire = (lambda nbytes: nbytes // tp) if scatter_gather and tp > 1 else (lambda nbytes: nbytes)
         m = microbatches
         hop_s = [self.p2p_hop_s(wire(st.output_bytes), dp, tp) if pp > 1 else 0.0 for st in stages]
+        # the cores a send keeps busy while it moves, as the engine prices a SEND (sim.host_cpu)
+        hop_cores = [cores_taken(phases_cpu_s(self.comm, (("p2p", wire(st.output_bytes)),), 2), hop)
+                     for st, hop in zip(stages, hop_s, strict=True)]
 
         held = []
         for k in range(pp):
@@ -698,7 +707,8 @@ class Estimator:
         raw_heads = [sum(stages[s].fwd_compute_s for s in range(min(stages_of[k]))) for k in range(pp)]
         raw_steady = m * max(c + r for c, r in zip(compute, recompute_compute, strict=True))
         return {"schedule": schedule, "pp": pp, "microbatches": microbatches, "stages": stages,
-                "per_rank": per_rank, "hop_s": hop_s, "delta_s": delta_s, "rank_of": rank_of,
+                "per_rank": per_rank, "hop_s": hop_s, "hop_cores": tuple(hop_cores), "world": dp * tp * pp,
+                "delta_s": delta_s, "rank_of": rank_of,
                 "flags": tuple(policy.recomputes(s) for s in range(stages_n)),
                 "steady": steady, "bwd": bwd, "params": params, "static": static, "grads": grads,
                 "model_state": model_state,
@@ -712,31 +722,40 @@ class Estimator:
                 "sync_layers": [tuple(tuple(stage_layers[s]) for s in stages_of[k]) for k in range(pp)],
                 "stages_of": stages_of}
 
-    def _pipeline(self, fig: dict, buckets: Sequence[Sequence[tuple[tuple[int, ...], float]]] = ()) -> dict:
+    def _beside(self, fig: dict, buckets: Buckets = (), steps: tuple[float, ...] = ()) -> Beside:
+        """What slows the pipeline's compute and its transfers while both run on a rank, as the engine
+        slows them (``sim.host_cpu.overlap_stretch``: ``overlap_slowdown``, and the shared slowdown of
+        the sends, ``buckets`` and optimizer ``steps`` on a host whose cores the ranks share)."""
+        ranks, cores = host_share(self.comm, fig["world"], self.comm.cluster.devices_per_node)
+        return Beside(ranks, cores, self.overlap_slowdown, fig["hop_cores"], buckets, steps)
+
+    def _pipeline(self, fig: dict, beside: Beside | None = None) -> dict:
         """The rank figures with the pipeline's time: the weighted run's bubble and hops, when each
-        rank ends and when each stage's gradients are ready (``buckets``: ``_bucket_stages``)."""
+        rank ends and when each stage's gradients are ready, each rank's optimizer step's seconds
+        beyond its own beside the rank's sends (``beside``: what slows the run, none by default)."""
         chunks, pp, stages_of = fig["chunks"], fig["pp"], fig["stages_of"]
         timing = self._timed_pipeline(fig["schedule"], pp, fig["microbatches"], chunks, fig["stages"],
                                       fig["per_rank"], fig["hop_s"],
                                       [fig["delta_s"][fig["rank_of"][s]] / chunks for s in range(pp * chunks)],
-                                      fig["flags"], buckets)
+                                      fig["flags"], beside)
+        steps = beside.steps if beside is not None and beside.steps and timing.step_s else ()
         steady = fig["steady"]
         return {**fig, "bubble": max(0.0, timing.bare - steady),
                 "hops": max(0.0, timing.makespan - timing.bare),
                 "earlier": [timing.makespan - end for end in timing.rank_end],
+                "rank_end": timing.rank_end, "synced": timing.synced if beside is not None and beside.buckets else (),
                 "sync_slack": [tuple(timing.rank_end[k] - timing.grads_ready.get(s, timing.rank_end[k])
-                                     for s in stages_of[k]) for k in range(pp)]}
+                                     for s in stages_of[k]) for k in range(pp)],
+                "step_extra": [wall - step for wall, step in zip(timing.step_s, steps, strict=True)] if steps
+                else [0.0] * pp}
 
     def _timed_pipeline(self, schedule: str, pp: int, microbatches: int, chunks: int, stages: Sequence[StageTimes],
                         per_rank: Sequence[float], hop_s: Sequence[float],
-                        delta_s: Sequence[float], flags: tuple[bool, ...],
-                        buckets: Sequence[Sequence[tuple[tuple[int, ...], float]]] = ()) -> PipelineTime:
-        """``sim.estimate_pipeline.pipeline_time`` with this estimator's cache of weighted runs; compute
-        beside a rank's sends slowed by ``overlap_slowdown`` as the engine slows it (the floor of
-        ``sim.host_cpu.overlap_stretch``; the sends' own CPU on a shared host is not priced here), and
-        beside its gradient ``buckets`` the same."""
+                        delta_s: Sequence[float], flags: tuple[bool, ...], beside: Beside | None) -> PipelineTime:
+        """``sim.estimate_pipeline.pipeline_time`` with this estimator's cache of weighted runs; a
+        rank's compute and its sends and gradient buckets slowed while both run (``beside``)."""
         return pipeline_time(schedule, pp, microbatches, chunks, stages, per_rank, hop_s, delta_s, flags, self._runs,
-                             1.0 + self.overlap_slowdown, buckets)
+                             beside)
 
     def _prefetched(self, e: EmbeddingTerms, dense_step_s: float, buckets: Sequence[tuple[float, float]],
                     per_microbatch_s: float, m: int, world_size: int) -> tuple[float, float]:
@@ -765,7 +784,6 @@ class Estimator:
 
     def _finish(self, pipe: dict, dp: int, tp: int, pp: int, sync: GradientSyncConfig, bucket_mb: float,
                 embedding: EmbeddingTerms | None = None) -> Estimate:
-        params = pipe["params"]
         share = optimizer_share(sync, dp)
         tied = self._tied(pipe, dp, tp, pp, sync)
         # Rank k finishes its last backward about k stage-backwards before rank 0; its gradient sync
@@ -778,7 +796,9 @@ class Estimator:
             mine = embedding is not None and k == embedding.rank
             removed = embedding.removed_by_layer if mine else ()
             buckets = self.rank_buckets(sync, pipe["sync_layers"][k], removed, dp, tp, pipe["micro_batch"], pipe["m"])
-            exposed = self._dp_exposed(buckets, pipe["sync_slack"][k])
+            # the run's own where it timed the buckets beside the compute (as slowed as the engine's)
+            exposed = max(0.0, pipe["synced"][k] - pipe["rank_end"][k]) if pipe["synced"] and buckets \
+                else self._dp_exposed(buckets, pipe["sync_slack"][k])
             if dp > 1 and buckets:
                 # the last bucket waits for the replicas' latest arrival (sim.meeting), once per stretch
                 # of compute between meetings (sequential EmbRace: each micro-batch's; else the iteration's)
@@ -787,13 +807,12 @@ class Estimator:
                                                  + offset_variance(pipe["offsets"][k]) / meetings ** 2, dp)
             # the rank steps over its own shard of the tables only (under 2D in a step of their own), and over
             # 1/dp of the rest under the distributed optimizer, then all-gathers the parameters
-            opt = self.costs.optimizer_step_s(round(share * (
-                params[k] - (embedding.step_bytes_saved + embedding.table_step_bytes if mine else 0))))
+            # (beside the rank's last sends it takes longer: ``step_extra``, from the weighted run)
+            opt = self._step_s(pipe, k, dp, tp, sync, embedding) + pipe["step_extra"][k]
             if share < 1.0:
                 opt += self.param_gather_s(sync, pipe["sync_layers"][k], removed, dp, tp, pipe["micro_batch"])
             if k in tied:  # the tied embedding's all-reduce, after the buckets, before the step
                 opt += tied[k]
-            opt += self._sequence_parallel_grads_s(pipe["sync_layers"][k], dp, tp, pipe["micro_batch"], sync)
             if mine:
                 exposed += embedding.last_grads_s
                 if embedding.prefetch:
@@ -818,6 +837,16 @@ class Estimator:
             peak_bytes=self._peaks(pipe, dp, pp, sync, bucket_mb, embedding),
             capacity_bytes=self.comm.capacity_bytes,
         )
+
+    def _step_s(self, pipe: dict, k: int, dp: int, tp: int, sync: GradientSyncConfig,
+                embedding: EmbeddingTerms | None) -> float:
+        """Pipeline rank ``k``'s optimizer step as the engine runs its OPTIMIZER_STEP: over its own
+        shard of the tables only (under 2D in a step of their own), over 1/dp of the rest under the
+        distributed optimizer, sequence parallelism's TP sum of the gradients first."""
+        mine = embedding is not None and k == embedding.rank
+        own = pipe["params"][k] - (embedding.step_bytes_saved + embedding.table_step_bytes if mine else 0)
+        return (self.costs.optimizer_step_s(round(optimizer_share(sync, dp) * own))
+                + self._sequence_parallel_grads_s(pipe["sync_layers"][k], dp, tp, pipe["micro_batch"], sync))
 
     def _sequence_parallel_grads_s(self, rank_layers: Sequence[tuple[int, ...]], dp: int, tp: int,
                                    micro_batch: int, sync: GradientSyncConfig) -> float:

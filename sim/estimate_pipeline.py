@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sim.host_cpu import Stretch, overlap
+from sim.host_cpu import Moving, RankTransfers, Stretch, overlap_stretch
 from sim.schedules import (
     SCHEDULES,
     Op,
@@ -113,18 +113,18 @@ class WeightedRun:
     bare: float
     rank_end: tuple[float, ...]
     stage_grads_ready: Mapping[int, float]
+    step_s: tuple[float, ...] = ()  # each rank's optimizer step's wall time beside its sends (``Beside.steps``)
+    synced: tuple[float, ...] = ()  # when each rank's last gradient bucket has moved (``Beside.buckets``)
 
 
 def weighted_run(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s: Sequence[float],
-                 beside_send: float = 1.0,
-                 buckets: Sequence[Sequence[tuple[tuple[int, ...], float]]] = ()) -> WeightedRun:
+                 beside: Beside | None = None) -> WeightedRun:
     """The longest path through ``graph`` with ``seconds(stage, op)`` per action and ``hop_s[s]`` on an
     edge between stages s and s + 1 that crosses ranks (both directions: the activation forward, its
-    gradient back); the same pass also gives the path without hops. ``beside_send`` above 1: an
-    action takes that many times as long while its rank's sends or gradient ``buckets`` move
-    (``_sends_beside``)."""
-    if beside_send > 1.0:
-        return _sends_beside(graph, seconds, hop_s, beside_send, buckets)
+    gradient back); the same pass also gives the path without hops. ``beside``: what slows a
+    rank's compute and its transfers while both run, where anything does (``_sends_beside``)."""
+    if beside is not None and beside.slows:
+        return _sends_beside(graph, seconds, hop_s, beside)
     durations = [seconds(stage, op) for stage, op in graph.kinds]
     n = len(graph.op)
     end = [0.0] * n
@@ -196,18 +196,58 @@ class PipelineTime:
     bare: float
     rank_end: tuple[float, ...]
     grads_ready: Mapping[int, float]
+    step_s: tuple[float, ...] = ()  # ``WeightedRun.step_s``
+    synced: tuple[float, ...] = ()  # ``WeightedRun.synced``
+
+
+# per pipeline rank, its gradient buckets as (virtual stages whose last backward each waits for, seconds, cores)
+Buckets = tuple[tuple[tuple[tuple[int, ...], float, float], ...], ...]
+
+
+@dataclass(frozen=True)
+class Beside:
+    """What slows a pipeline's compute and its transfers while both run on a rank (the engine's
+    rule, ``sim.host_cpu.overlap_stretch``): ``ranks_on_host`` ranks on ``cores`` cores (``None``:
+    not shared), ``overlap_slowdown``; the cores each stage boundary's send keeps busy
+    (``hop_cores[s]``), and per pipeline rank its gradient ``buckets`` as (virtual stages whose
+    last backward each waits for, seconds, cores) and the ``steps``' compute seconds: its optimizer
+    step, run once its last action has ended and its buckets have moved (0: none timed here; a step
+    that waits for more, e.g. the tied embedding's all-reduce, is left to the estimate's tail)."""
+
+    ranks_on_host: int = 1
+    cores: int | None = None
+    overlap_slowdown: float = 0.0
+    hop_cores: tuple[float, ...] = ()
+    buckets: Buckets = ()
+    steps: tuple[float, ...] = ()
+
+    @property
+    def slows(self) -> bool:
+        """Whether anything is slowed (else the plain weighted run is the engine's)."""
+        return self.overlap_slowdown > 0.0 or (self.cores is not None and (
+            any(self.hop_cores) or any(cores for rank in self.buckets for _, _, cores in rank)))
+
+    def stretch(self, comm_cores: float) -> Stretch:
+        return overlap_stretch(self.ranks_on_host, self.cores, comm_cores, self.overlap_slowdown)
+
+
+SEND_STREAM, COLLECTIVE_STREAM = 0, 1
 
 
 def _sends_beside(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s: Sequence[float],
-                  k: float, buckets: Sequence[Sequence[tuple[tuple[int, ...], float]]] = ()) -> WeightedRun:
-    """``weighted_run`` with each action slowed ``k`` times while its rank moves data (the engine's
-    ``EngineOptions.overlap_slowdown``: compute beside data moving). A send starts when the action
-    whose output it carries ends, or when the rank's previous send ends (one send stream), and lasts
-    its hop; ``buckets[rank]``: the rank's gradient buckets as (virtual stages whose last backward
-    it waits for, seconds), taken by its collective stream in the order they become ready. The
-    transfers keep their time (the receivers' edges as in ``weighted_run``), so from an action's
-    start its rank moves data without a gap until its last send or bucket ends: ``overlap`` over
-    that one stretch."""
+                  beside: Beside) -> WeightedRun:
+    """``weighted_run`` with each rank's compute and its transfers slowed while both run
+    (``Beside``). A send starts when the action whose output it carries ends, or when the rank's
+    previous send ends (one send stream), and its receiver waits for its end; a gradient bucket
+    starts when the last backward of the stages it holds ends, behind the rank's earlier buckets
+    (one collective stream). Each rank is timed by ``sim.host_cpu.RankTransfers``.
+
+    A send's end depends on how its sender computes after it, which may come after its receiver in
+    the graph's order (the unit run's), so the actions are placed as their inputs become known: a
+    send is known once its end is, or once its rank has no action left; when every action left
+    waits for a send still moving, the one that would end first if its rank computed no more
+    (``RankTransfers.ends_alone``) ends then: each action left starts after some such end, so its
+    sender computes nothing more before it."""
     durations = [seconds(stage, op) for stage, op in graph.kinds]
     n = len(graph.op)
     sends = [-1] * n  # the hop each action's output crosses to another rank (-1: none)
@@ -216,39 +256,79 @@ def _sends_beside(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s
             if hop >= 0:
                 sends[d] = hop
     stage_of_last = {i: stage for stage, i in graph.stage_last_backward}
-    waiting = [list(rank_buckets) for rank_buckets in buckets] or [[] for _ in range(graph.pp)]
+    waiting = [list(rank_buckets) for rank_buckets in beside.buckets] or [[] for _ in range(graph.pp)]
     done_stages: set[int] = set()
-    end, bare = [0.0] * n, [0.0] * n
-    moving_until = [0.0] * graph.pp  # per rank: when its sends started so far have all moved
-    collective_free = [0.0] * graph.pp  # per rank: when its buckets started so far have all moved
+    rank_actions: list[list[int]] = [[] for _ in range(graph.pp)]
     for i in range(n):
-        before, rank = graph.previous[i], graph.rank[i]
-        start, start_bare = (end[before], bare[before]) if before >= 0 else (0.0, 0.0)
-        for d, hop in graph.needs[i]:
-            start = max(start, end[d] + hop_s[hop] if hop >= 0 else end[d])
-            start_bare = max(start_bare, bare[d])
-        seconds_i = durations[graph.kind[i]]
-        beside = max(moving_until[rank], collective_free[rank]) - start
-        end[i] = start + (overlap(seconds_i, [(beside, Stretch(k, 1.0))])[0] if beside > 0 else seconds_i)
-        bare[i] = start_bare + seconds_i
-        if sends[i] >= 0:
-            moving_until[rank] = max(moving_until[rank], end[i]) + hop_s[sends[i]]
-        if i in stage_of_last:  # a stage's gradients are ready: the buckets that waited only for them start
-            done_stages.add(stage_of_last[i])
-            ready = [b for b in waiting[rank] if done_stages.issuperset(b[0])]
-            waiting[rank] = [b for b in waiting[rank] if not done_stages.issuperset(b[0])]
-            for _, bucket_s in ready:
-                collective_free[rank] = max(collective_free[rank], end[i]) + bucket_s
+        rank_actions[graph.rank[i]].append(i)
+    timed = [RankTransfers(beside.stretch, streams=2) for _ in range(graph.pp)]
+    sent: list[Moving | None] = [None] * n
+    unknown: dict[Moving, int] = {}  # sends whose end is not known yet, by their rank
+    end, bare = [0.0] * n, [0.0] * n
+    placed = [False] * n
+    position = [0] * graph.pp  # per rank: its next action to place
+    step_s = [0.0] * graph.pp
+    moved: list[list[Moving]] = [[] for _ in range(graph.pp)]  # per rank its buckets
+
+    def known(moving: Moving, rank: int) -> bool:
+        if moving.end is None and position[rank] == len(rank_actions[rank]):
+            moving.end = timed[rank].ends_alone(moving)  # nothing left to slow it
+        return moving.end is not None
+
+    left = n
+    while left:
+        progressed = False
+        for rank in range(graph.pp):
+            while position[rank] < len(rank_actions[rank]):
+                i = rank_actions[rank][position[rank]]
+                if not all(placed[d] and (hop < 0 or known(sent[d], graph.rank[d]))  # type: ignore[arg-type]
+                           for d, hop in graph.needs[i]):
+                    break
+                before = graph.previous[i]
+                start, start_bare = (end[before], bare[before]) if before >= 0 else (0.0, 0.0)
+                for d, hop in graph.needs[i]:
+                    start = max(start, sent[d].end if hop >= 0 else end[d])  # type: ignore[union-attr,type-var]
+                    start_bare = max(start_bare, bare[d])
+                me = timed[rank]
+                me.idle(start)
+                end[i] = me.compute(durations[graph.kind[i]])
+                bare[i] = start_bare + durations[graph.kind[i]]
+                if sends[i] >= 0:
+                    hop = sends[i]
+                    sent[i] = me.add(SEND_STREAM, hop_s[hop], beside.hop_cores[hop] if beside.hop_cores else 0.0)
+                    unknown[sent[i]] = rank
+                if i in stage_of_last:  # a stage's gradients are ready: the buckets that waited only for them start
+                    done_stages.add(stage_of_last[i])
+                    for bucket in [b for b in waiting[rank] if done_stages.issuperset(b[0])]:
+                        waiting[rank].remove(bucket)
+                        moved[rank].append(me.add(COLLECTIVE_STREAM, bucket[1], bucket[2]))
+                placed[i] = True
+                position[rank] += 1
+                left -= 1
+                progressed = True
+                if position[rank] == len(rank_actions[rank]) and beside.steps and beside.steps[rank] > 0.0:
+                    # its optimizer step, beside the sends still moving (they carry what others wait for)
+                    buckets_left = me.queues[COLLECTIVE_STREAM]
+                    me.idle(me.ends_alone(buckets_left[-1]) if buckets_left else me.now)
+                    began = me.now
+                    step_s[rank] = me.compute(beside.steps[rank]) - began
+        if left and not progressed:  # every action left waits for a send still moving
+            for m in [m for m in unknown if m.end is not None]:
+                del unknown[m]
+            first = min(unknown, key=lambda m: timed[unknown[m]].ends_alone(m))
+            first.end = timed[unknown.pop(first)].ends_alone(first)
     return WeightedRun(max(end, default=0.0), max(bare, default=0.0),
                        tuple(end[i] if i >= 0 else 0.0 for i in graph.rank_last),
-                       {stage: end[i] for stage, i in graph.stage_last_backward})
+                       {stage: end[i] for stage, i in graph.stage_last_backward}, tuple(step_s),
+                       tuple(max((timed[rank].ends_alone(m) for m in moved[rank]), default=0.0)
+                             for rank in range(graph.pp)))
 
 
 def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages: Sequence[StageTime],
                   per_rank: Sequence[float], hop_s: Sequence[float], delta_s: Sequence[float] | None = None,
                   flags: tuple[bool, ...] | None = None,
-                  runs: MutableMapping[tuple, WeightedRun] | None = None, beside_send: float = 1.0,
-                  buckets: Sequence[Sequence[tuple[tuple[int, ...], float]]] = ()) -> PipelineTime:
+                  runs: MutableMapping[tuple, WeightedRun] | None = None,
+                  beside: Beside | None = None) -> PipelineTime:
     """The schedule's graph weighted with the stages' seconds: the makespan with the hops and without
     them ("bare"), each rank's last compute end and each stage's last backward end.
 
@@ -257,11 +337,9 @@ def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages
     state is extended by the slowest rank's. ``hop_s[s]``: one point-to-point transfer between
     stages s and s + 1. ``delta_s``: per stage, seconds of re-runs DELTA adds before each backward.
     ``flags``: per stage, whether it recomputes (read only by a schedule whose recompute is its
-    shape, Merak's). ``runs``: a cache of weighted runs by their inputs. ``beside_send``: how many
-    times as long compute takes while its rank's sends move (``weighted_run``; then the graph is
-    run at the plan's micro-batch count, not capped). ``buckets``: per pipeline rank its gradient
-    buckets as (virtual stages they wait for, seconds), the compute beside them slowed alike (read
-    only with ``beside_send`` above 1)."""
+    shape, Merak's). ``runs``: a cache of weighted runs by their inputs. ``beside``: what slows a
+    rank's compute and its sends and gradient buckets while both run (``Beside``; where anything
+    does, the graph is run at the plan's micro-batch count, not capped)."""
     info = SCHEDULES[schedule]
     n_stages = len(stages)
     delta_s = delta_s if delta_s is not None else (0.0,) * n_stages
@@ -271,7 +349,8 @@ def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages
     # Under a slowdown the steady state is not the slowest rank's seconds per micro-batch (each
     # rank's compute beside its sends is slowed by how its sends fall), so the run goes to the plan's
     # own count: the same pass as the engine's, the extension then empty.
-    capped = steady_count(schedule, pp, microbatches, chunks) if beside_send <= 1.0 else microbatches
+    slows = beside is not None and beside.slows
+    capped = microbatches if slows else steady_count(schedule, pp, microbatches, chunks)
     flags = flags if flags is not None and info.recompute_is_schedule else (False,) * n_stages
     shape = (schedule, pp, capped, chunks, flags)
     graph = action_graph(*shape)
@@ -295,12 +374,12 @@ def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages
     # Plans that differ only where the pipeline cannot see it (a TP overlap level at tp 1, a memory
     # policy with the same recompute) share a run.
     key = (shape, tuple((st.fwd_s, st.bwd_s, st.recompute_s, st.bwd_input_s, st.bwd_weight_s) for st in stages),
-           tuple(delta_s), tuple(hop_s), beside_send, tuple(map(tuple, buckets)) if beside_send > 1.0 else ())
+           tuple(delta_s), tuple(hop_s), beside if slows else None)
     full = runs.get(key) if runs is not None else None
     if full is None:
-        full = weighted_run(graph, seconds, hop_s, beside_send, buckets)
+        full = weighted_run(graph, seconds, hop_s, beside)
         if runs is not None:
             runs[key] = full
     extend = (microbatches - capped) * max(per_rank)
     return PipelineTime(full.makespan + extend, full.bare + extend, tuple(end + extend for end in full.rank_end),
-                        {s: t + extend for s, t in full.stage_grads_ready.items()})
+                        {s: t + extend for s, t in full.stage_grads_ready.items()}, full.step_s, full.synced)

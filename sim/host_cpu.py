@@ -47,12 +47,17 @@ data, on any cluster) is the floor of the compute's stretch; the transfer keeps 
 The fast estimate (``sim.estimate``) prices the same terms: where its closed form knows a compute
 runs beside transfers (EmbRace 2D: the next micro-batch's forward beside a gradient exchange, the
 tables' optimizer step beside the buckets, the dense step beside the last rows exchange),
-``overlap`` gives both ends as the engine's re-timing would.
+``overlap`` gives both ends as the engine's re-timing would; its pipeline run times each rank's
+compute beside its sends, gradient buckets and optimizer step with ``RankTransfers`` (ninth
+session: ``sim.estimate_pipeline._sends_beside``). Receiving costs no CPU here, though a receive
+costs its host about what a send does (``scripts/probe_recv_cpu.py``, docs/host_cpu.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections import deque
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 
@@ -113,21 +118,103 @@ def host_share(comm: Any, world_size: int, devices_per_node: int) -> tuple[int, 
     return min(devices_per_node, world_size), cores
 
 
+class Moving:
+    """One transfer of a rank's while the estimate times it (``RankTransfers``): the seconds it has
+    left to move at its own speed, the cores it keeps busy meanwhile, and when it ended (once known)."""
+
+    __slots__ = ("left", "cores", "end")
+
+    def __init__(self, seconds: float, cores: float = 0.0) -> None:
+        self.left, self.cores = seconds, cores
+        self.end: float | None = None
+
+
+class RankTransfers:
+    """One rank's transfers as the estimate times them beside its compute: each of its streams (the
+    engine's send stream, its collective stream) moves its transfers one after the other in the
+    order they were added, the streams at once; alone a transfer moves at its own speed, beside the
+    rank's compute both progress at 1 / ``stretch(cores of every transfer moving)`` (the engine's
+    ``_advance`` over a sequence known in advance: the rates change only when the compute or a
+    transfer ends). ``now``: how far the rank has been timed."""
+
+    def __init__(self, stretch: Callable[[float], Stretch], streams: int = 1) -> None:
+        self.stretch = stretch
+        self.queues: list[deque[Moving]] = [deque() for _ in range(streams)]
+        self.now = 0.0
+
+    def add(self, stream: int, seconds: float, cores: float = 0.0) -> Moving:
+        """A transfer ready now, moving once those added before it on ``stream`` have moved."""
+        moving = Moving(seconds, cores)
+        self.queues[stream].append(moving)
+        return moving
+
+    def idle(self, until: float) -> None:
+        """No compute until ``until``: each stream moves at its transfers' own speed."""
+        for queue in self.queues:
+            t = self.now
+            while queue and t + queue[0].left <= until:
+                t += queue[0].left
+                self._ended(queue.popleft(), t)
+            if queue:
+                queue[0].left -= until - t
+        self.now = max(self.now, until)
+
+    def compute(self, seconds: float) -> float:
+        """``seconds`` of compute from ``now`` beside what moves; returns its end (the new ``now``)."""
+        t = self.now
+        while seconds > 0.0:
+            heads = [queue[0] for queue in self.queues if queue]
+            if not heads:
+                t += seconds
+                break
+            k = self.stretch(sum(m.cores for m in heads))
+            first = min(heads, key=lambda m: m.left)
+            if seconds * k.compute <= first.left * k.transfer:  # the compute ends beside them
+                t += seconds * k.compute
+                for m in heads:
+                    m.left -= seconds * k.compute / k.transfer
+                break
+            step = first.left * k.transfer  # a transfer ends first: the next on its stream starts
+            seconds -= step / k.compute
+            t += step
+            for m in heads:
+                m.left = 0.0 if m is first else m.left - step / k.transfer
+            for queue in self.queues:
+                while queue and queue[0].left <= 0.0:
+                    self._ended(queue.popleft(), t)
+        self.now = t
+        return t
+
+    def ends_alone(self, moving: Moving) -> float:
+        """When ``moving`` ends if the rank computes no more: its end, or a lower bound of it (more
+        compute only slows it)."""
+        if moving.end is not None:
+            return moving.end
+        for queue in self.queues:
+            t = self.now
+            for m in queue:
+                t += m.left
+                if m is moving:
+                    return t
+        raise ValueError("not one of this rank's transfers")
+
+    @staticmethod
+    def _ended(moving: Moving, at: float) -> None:
+        if moving.end is None:  # an end fixed before (``ends_alone``, taken as final) stays
+            moving.end = at
+
+
 def overlap(seconds: float, beside: Iterable[tuple[float, Stretch]]) -> tuple[float, float]:
     """(wall time of ``seconds`` of compute, end of the transfers) when the compute starts as
     transfers begin to move data one after the other, each ``(its duration alone, the stretch of
     both sides while they overlap)``: while both run each progresses at 1 / its stretch, the
-    compute at full speed after the transfers, a transfer at its own after the compute (the
-    engine's ``_progress`` over a known sequence of transfers)."""
-    now, compute_end = 0.0, None
+    compute at full speed after the transfers, a transfer at its own after the compute
+    (``RankTransfers`` with one stream, each transfer its own stretch)."""
+    given: dict[Moving, Stretch] = {}
+    rank = RankTransfers(lambda _cores: given[rank.queues[0][0]])
     for duration, k in beside:
-        if compute_end is not None:  # the compute is done: the rest moves at its own speed
-            now += duration
-        elif seconds * k.compute <= duration * k.transfer:  # the compute ends beside this transfer
-            now += seconds * k.compute
-            compute_end = now
-            now += duration - seconds * k.compute / k.transfer
-        else:  # this transfer ends first; the compute goes on beside the next one
-            seconds -= duration * k.transfer / k.compute
-            now += duration * k.transfer
-    return (now + seconds if compute_end is None else compute_end), now
+        given[rank.add(0, duration)] = k
+    moved = list(given)
+    compute_end = rank.compute(seconds)
+    rank.idle(math.inf)
+    return compute_end, max((m.end or 0.0 for m in moved), default=0.0)

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from exec.commbench import PRIMITIVES, fit_alpha_beta, read_comm_results, run_commbench
+from exec.commbench import PRIMITIVES, _one_way_side, fit_alpha_beta, read_comm_results, run_commbench
 from traces.errors import BundleError, ConfigError
 
 # Up to 16 MiB so that the largest transfer (milliseconds at gloo's ~1 GB/s here) stands clear of
@@ -46,6 +46,28 @@ def test_commbench_two_gloo_ranks(tmp_path: Path) -> None:
     pd.testing.assert_frame_equal(stored_samples, samples)
     pd.testing.assert_frame_equal(stored_fits, fits)
     assert meta["settings"]["sizes"] == SIZES and meta["software"]["gloo_available"]
+
+
+@pytest.mark.slow
+def test_one_way_messages_keep_one_sides_cpu() -> None:
+    """``send`` and ``recv`` (asked for, not measured by default) time one message one way and keep
+    the CPU of the senders or of the receivers alone (scripts/probe_recv_cpu.py, issue 12: the
+    ping-pong's per-message CPU is the mean of a send's and a receive's)."""
+    samples, fits = run_commbench(nproc=2, sizes=[1024, 1024 * 1024], primitives=["send", "recv"], repeats=3,
+                                  warmup=1)
+    assert sorted(set(samples["primitive"])) == ["recv", "send"] and len(samples) == 4
+    assert (samples["cpu_s"] > 0).all() and (samples["median_s"] > 0).all()
+    notes = fits.set_index("primitive")["note"]
+    assert "sender's alone" in notes["send"] and "receiver's alone" in notes["recv"]
+
+
+def test_a_one_way_primitive_counts_one_side_of_each_pair() -> None:
+    # 2 ranks: rank 0 sends to rank 1; each side is one rank of one pair
+    assert [_one_way_side("send", r, 2) for r in range(2)] == [(1, 1), (0, 1)]
+    assert [_one_way_side("recv", r, 2) for r in range(2)] == [(0, 1), (1, 1)]
+    # 5 ranks: two pairs, the last rank sits out; any other primitive: every rank
+    assert [_one_way_side("recv", r, 5) for r in range(5)] == [(0, 2), (1, 2), (0, 2), (1, 2), (0, 2)]
+    assert [_one_way_side("send_recv", r, 3) for r in range(3)] == [(1, 3)] * 3
 
 
 def _worker_in_existing_group(rank: int, init: str, out: str) -> None:
