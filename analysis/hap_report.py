@@ -37,6 +37,29 @@ def complete_folds(folds: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
     return part[per_key.to_numpy() == part["dataset"].map(ran).to_numpy()]
 
 
+def coverage(complete: pd.DataFrame, variants: list[str], planned_pairs: int) -> pd.DataFrame:
+    """Per dataset, the (seed, fold) pairs every one of ``variants`` finished (``complete`` as
+    ``complete_folds`` leaves it) against the protocol's ``planned_pairs``; ``status`` is ``complete``
+    when they are all there, else ``partial`` (a dataset no verdict may rest on)."""
+    part = complete[complete["variant"].isin(variants)]
+    rows = []
+    for dataset, group in part.groupby("dataset", sort=False):
+        pairs = group[KEY].drop_duplicates()
+        rows.append({"dataset": dataset, "pairs": len(pairs), "planned_pairs": planned_pairs,
+                     "seeds": int(pairs["seed"].nunique()), "methods": int(group["variant"].nunique()),
+                     "status": "complete" if len(pairs) >= planned_pairs else "partial"})
+    return pd.DataFrame(rows, columns=["dataset", "pairs", "planned_pairs", "seeds", "methods", "status"])
+
+
+def coverage_markdown(table: pd.DataFrame) -> str:
+    lines = ["| dataset | (seed, fold) pairs every method finished | of the protocol's | methods | status |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r.dataset} | {r.pairs} | {r.planned_pairs} | {r.methods} | "
+              f"{r.status if r.status == 'complete' else '**partial: indicative only, no verdict**'} |"
+              for r in table.itertuples()]
+    return "\n".join(lines) + "\n"
+
+
 def summary(folds: pd.DataFrame) -> pd.DataFrame:
     grouped = folds.groupby(["dataset", "variant"], sort=False)
     table = grouped.agg(

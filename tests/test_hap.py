@@ -473,3 +473,20 @@ def test_late_best_share_counts_fits_whose_best_epoch_is_within_the_patience_of_
     table = summary(pd.DataFrame(rows))
     assert table.set_index("variant")["late_best_share"].to_dict() == {"hap": 0.5, "sag": 0.0}  # 80 is not late
     assert "| hap | 50% |" in late_best_markdown(table) and "| sag | 0% |" in late_best_markdown(table)
+
+
+def test_the_report_says_which_datasets_the_protocol_covers_and_marks_the_rest_partial() -> None:
+    """A dataset counts as complete only when every method finished the protocol's 3 x 10 (seed, fold)
+    pairs; one method short of a pair leaves that pair out, and the dataset partial."""
+    from analysis.hap_report import complete_folds, coverage, coverage_markdown
+
+    methods = ["hap", "sag"]
+    rows = [{"dataset": d, "variant": v, "seed": s, "fold": f, "test_accuracy": 0.5}
+            for d in ("FULL", "SHORT") for v in methods for s in range(3) for f in range(10)]
+    rows = [r for r in rows if not (r["dataset"] == "SHORT" and r["variant"] == "sag" and r["seed"] == 2)]
+    table = coverage(complete_folds(pd.DataFrame(rows), methods), methods, planned_pairs=30)
+    got = table.set_index("dataset")[["pairs", "seeds", "status"]].to_dict("index")
+    assert got == {"FULL": {"pairs": 30, "seeds": 3, "status": "complete"},
+                   "SHORT": {"pairs": 20, "seeds": 2, "status": "partial"}}
+    text = coverage_markdown(table)
+    assert "| FULL | 30 | 30 | 2 | complete |" in text and "| SHORT | 20 | 30 | 2 | **partial" in text
