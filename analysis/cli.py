@@ -82,9 +82,11 @@ def profile(
     fmt: Annotated[str, typer.Option("--format", help="parquet or csv")] = "parquet",
 ) -> None:
     """Measure per-layer time (forward, backward input/weight, recompute), memory and FLOPs."""
+    from exec.host_memory import keep_freed_memory
     from exec.profiler import profile_workload
     from traces.bundle import OP_TIMELINE_NAME, write_bundle
 
+    keep_freed_memory()  # as the runtime's CPU ranks keep it (exec.host_memory); recorded in the bundle
     bundle = profile_workload(workload, micro_batch=micro_batch, seq=seq, dtype=dtype, device=device,
                               warmup=warmup, repeats=repeats, with_ops=ops)
     path = write_bundle(bundle, out, fmt=fmt)
