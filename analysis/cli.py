@@ -224,11 +224,15 @@ def validate_suite(
                                         "order; pairs judged by their per-round ratios (analysis.rounds)")] = 1,
     seed: Annotated[int | None, typer.Option(help="seed of the rounds' orders (default 12 when --rounds > 1)")
                     ] = None,
+    common_profile: Annotated[bool, typer.Option(
+        "--common-profile", help="predict every plan of a workload from one profile: the workload profiled once "
+                                 "per round (a drawn slot), pooled by the per-layer median")] = False,
 ) -> None:
     """Validate the simulator on >= 8 plans on 2 gloo ranks; one table of errors."""
     from analysis.validation_suite import format_suite, run_suite
 
-    table = run_suite(out, plans, iterations, warmup, section=section, rounds=rounds, seed=seed)
+    table = run_suite(out, plans, iterations, warmup, section=section, rounds=rounds, seed=seed,
+                      common_profile=common_profile)
     plain(format_suite(table))
     plain(f"wrote {out}")
 
