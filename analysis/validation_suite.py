@@ -37,13 +37,11 @@ from analysis.ranking import describe, rank_pairs
 from analysis.rounds import DEFAULT_SEED, record_rounds, round_orders
 from analysis.rounds import describe as describe_rounds
 from analysis.validation.calibration import ValidationCalibration, fit_calibration
-from analysis.validation.comm import copy_comm_fits
-from analysis.validation.pooled_profile import pool_profiles
-from analysis.validation.profiling import profile_for_validation, profile_plan_workload
+from analysis.validation.common_profile import CommonProfile
+from analysis.validation.profiling import profile_for_validation
 from analysis.validation.report import ValidationReport
 from analysis.validation.run import validate_plan, validate_record
 from sim.plan import Plan
-from traces.bundle import write_bundle
 from traces.errors import ConfigError, ParatwinError
 
 SUITE_DIR = Path(__file__).resolve().parent.parent / "examples" / "validation"
@@ -133,7 +131,7 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
     (per-round ratios, sign-test intervals), also in the summary as ``paired_ranking``. R = 1
     without a seed is the suite as it was: every plan once, in the given order.
 
-    ``common_profile`` (``analysis.validation.pooled_profile``): every plan of a workload is predicted
+    ``common_profile`` (``analysis.validation.common_profile``): every plan of a workload is predicted
     from one profile instead of its own. The workload is profiled once per round, at a position in
     the round drawn like a plan's (the slot ``PROFILE_SLOT`` of the round's permutation; first in
     every round without a seed), and the rounds' profiles are pooled (per layer, the median); every
@@ -143,7 +141,8 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
     between two predictions could be when each was profiled; one pooled profile prices every plan
     from the same layers, sampled over the same rounds and with the same statistic as the measured
     side. No per-plan profile, bracket or retry (its drift is what the rounds average); the table's
-    ``profile`` column names the bundle that priced each plan."""
+    ``profile`` column names the bundle that priced each plan (the pool, or for a plan with sharded
+    tables the pool with that plan's ids request host work, timed in the same slots)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if plans is not None and section is not None:
@@ -215,20 +214,21 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
                   flush=True)
     reports: dict[str, ValidationReport] = {}
     blocks: dict[str, list[list[float]]] = defaultdict(list)  # plan -> each round's iteration times
-    suite_groups = sorted({_profile_key(loaded[p]) for p in paths}, key=list(bundles).index)
-    round_profiles: dict[str, list[Path]] = defaultdict(list)  # group -> its profile of each round
+    common = CommonProfile(out, [loaded[p] for p in paths], _profile_key, groups_first,
+                           {key: number for number, key in enumerate(bundles)}, profile_repeats, verbose) \
+        if common_profile else None
     for number, order in enumerate(slots):
         if verbose and rounds > 1:
             print(f"round {number + 1} of {rounds}: {', '.join(order)}", flush=True)
         for name in order:
             if name == PROFILE_SLOT:
-                for key in suite_groups:
-                    round_profiles[key].append(_profile_round(groups_first[key], out, list(bundles).index(key),
-                                                              number, profile_repeats, verbose))
-            elif common_profile:  # every round only runs; the prediction waits for the pooled profile
+                assert common is not None
+                common.take(number)
+            elif common is not None:  # every round only runs; the prediction waits for the pooled profile
+                plan = loaded[by_name[name]]
                 folder = out / ("plans" if number == 0 else f"rounds/round{number}") / name
-                blocks[name].append(_run_block(loaded[by_name[name]], bundles[_profile_key(loaded[by_name[name]])],
-                                               iterations, warmup, folder / "run" if number == 0 else folder))
+                blocks[name].append(_run_block(plan, bundles[_profile_key(plan)], iterations, warmup,
+                                               folder / "run" if number == 0 else folder))
             elif number == 0:  # the validation: profile, run, prediction
                 reports[name] = validate(by_name[name], "plans", fitted)
                 m = reports[name].measured
@@ -236,19 +236,12 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
             else:
                 blocks[name].append(_run_block(loaded[by_name[name]], reports[name].profile, iterations, warmup,
                                                out / "rounds" / f"round{number}" / name))
-    pooled: dict[str, str] = {}
-    if common_profile:
-        for key in suite_groups:
-            target = out / "profiles" / "common" / f"group{list(bundles).index(key)}"
-            pool_profiles(round_profiles[key], target)
-            copy_comm_fits(bundles[key], target)
-            pooled[key] = str(target.resolve())
+    if common is not None:
+        common.pool(bundles)
         for name, path in by_name.items():
             plan = loaded[path]
-            note = (f"predicted from the suite's common profile {pooled[_profile_key(plan)]}: the per-layer median "
-                    f"of {rounds} profile(s) of the workload, one per round")
-            reports[name] = validate_record(plan, out / "plans" / name / "run", Path(pooled[_profile_key(plan)]),
-                                            out / "plans" / name, calibration=fitted, notes=[note])
+            reports[name] = validate_record(plan, out / "plans" / name / "run", common.bundles[name],
+                                            out / "plans" / name, calibration=fitted, notes=[common.note(plan)])
             reports[name].settings["attempts"] = 1
             if verbose:
                 print(f"{name}: predicted {reports[name].predicted_s * 1e3:.1f} ms from the common profile",
@@ -280,25 +273,13 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
         "wall_s": time.perf_counter() - started, "iterations": iterations, "warmup": warmup,
         "calibration": asdict(fitted), "calibration_plans": [loaded[p].name for p in calibration_paths],
         "section": section or "default", "rounds": rounds, "seed": seed,
-        "common_profile": {"bundles": sorted(pooled.values()), "rounds": {
-            pooled[k]: [str(p.resolve()) for p in round_profiles[k]] for k in pooled},
-            "slots": [order.index(PROFILE_SLOT) for order in slots]} if common_profile else None}
+        "common_profile": common.summary([order.index(PROFILE_SLOT) for order in slots]) if common else None}
     if rounds > 1 or seed is not None:
         record = record_rounds(out, orders, seed, iterations, blocks,
                                dict(zip(table["plan"], table["predicted_s"], strict=True)))
         table.attrs["summary"]["paired_ranking"] = record["ranking"]
     write_suite(table, out)
     return table
-
-
-def _profile_round(plan: Plan, out: Path, group: int, number: int, repeats: int, verbose: bool) -> Path:
-    """Round ``number``'s profile of ``plan``'s workload (co-located, in lockstep, as every validation
-    profile): ``out/profiles/common/group<g>-rounds/round<r>`` (the pool: ``group<g>``)."""
-    target = out / "profiles" / "common" / f"group{group}-rounds" / f"round{number}"
-    if verbose:
-        print(f"profiling {plan.workload} {plan.workload_options} for the common profile (round {number})", flush=True)
-    write_bundle(profile_plan_workload(plan, plan.world_size, repeats=repeats), target)
-    return target
 
 
 def _run_block(plan: Plan, profile: Path, iterations: int, warmup: int, out: Path) -> list[float]:
