@@ -189,6 +189,40 @@ def _profile_rows(plan: Any, repeats: int, together: Any) -> dict[str, float]:
     return out
 
 
+def profile_faults(plan: Any, layer: int, repeats: int) -> dict[str, tuple[float, float, int]]:
+    """The profiler's own rounds of ``layer`` (``exec.profiler.profile_workload``, this process): per
+    timed quantity (forward, whole backward, recompute, B, W), the median milliseconds, the median
+    and the largest page faults of a call."""
+    import exec.profiler as profiler
+    from exec.contract import load_workload
+
+    names = ("fwd", "bwd", "recompute", "B", "W")
+    seen: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    plain_round, plain_call = profiler._round, profiler._Timer.__call__
+
+    def counted_call(timer: Any, fn: Any) -> tuple[float, Any]:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        elapsed, out = plain_call(timer, fn)
+        timer.calls.append((elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before))
+        return elapsed, out
+
+    def counted_round(probe: Any, timer: Any) -> Any:
+        timer.calls = []
+        out = plain_round(probe, timer)
+        for name, call in zip(names, timer.calls, strict=False):
+            seen[name].append(call)
+        return out
+
+    profiler._round, profiler._Timer.__call__ = counted_round, counted_call
+    try:
+        profiler.profile_workload(load_workload(plan), micro_batch=plan.micro_batch, device="cpu", repeats=repeats,
+                                  with_ops=False, layers=range(layer, layer + 1))
+    finally:
+        profiler._round, profiler._Timer.__call__ = plain_round, plain_call
+    return {name: (statistics.median(t for t, _ in calls) * 1e3, statistics.median(f for _, f in calls),
+                   max(f for _, f in calls)) for name, calls in seen.items()}
+
+
 def fault_cost_us(megabytes: int = 17, repeats: int = 60) -> tuple[float, int]:
     """Microseconds one minor page fault adds here, and the faults per fill: filling ``megabytes``
     of fresh anonymous memory (each 4 KB page faulted and zeroed by the kernel) against filling the
@@ -213,6 +247,12 @@ def fault_cost_us(megabytes: int = 17, repeats: int = 60) -> tuple[float, int]:
         warm.fill(1)
         warm_s.append(time.perf_counter() - start)
     return (statistics.median(fresh_s) - statistics.median(warm_s)) / max(faults, 1) * 1e6, faults
+
+
+def plan_layers(plan: Any) -> list[str]:
+    from exec.contract import load_workload
+
+    return load_workload(plan).layer_names()
 
 
 def _stats(values: list[float]) -> tuple[float, float, float]:
@@ -288,11 +328,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real", action="store_true",
                         help="the real exchanges: --processes ranks in one gloo group (as a run); for page-fault "
                              "counts and the like, which a loaded machine does not change")
+    parser.add_argument("--profile-faults", action="store_true",
+                        help="only the profiler's rounds of the last layer: per quantity ms and page faults")
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="apply exec.host_memory.keep_freed_memory in this process first (--profile-faults)")
     parser.add_argument("--plans", nargs="*", default=list(PLANS), help="plan names in " + str(PLAN_DIR))
     parser.add_argument("--json", type=Path, default=None, help="write every sample here")
     args = parser.parse_args(argv)
     if args.real and args.processes < 2:
         parser.error("--real needs --processes 2 (the plans have dp 2)")
+    if args.profile_faults:
+        import torch
+
+        from sim.plan import Plan
+
+        torch.set_num_threads(1)
+        if args.keep_freed_memory:
+            from exec.host_memory import keep_freed_memory
+
+            keep_freed_memory()
+        plan = Plan.load(PLAN_DIR / f"{args.plans[0]}.yaml")
+        last = len(plan_layers(plan)) - 1
+        for name, (ms, median, most) in profile_faults(plan, last, args.profile_repeats).items():
+            print(f"layer {last} {name}: {ms:.2f} ms, page faults median {median:.0f}, max {most}")
+        return 0
     store_dir = tempfile.mkdtemp(prefix="probe-sharded-")
     args.store = f"{store_dir}/store"
     if args.processes == 1:
