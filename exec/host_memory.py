@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import resource
 
 # glibc <malloc.h>: the mallopt parameters
@@ -30,13 +31,18 @@ M_MMAP_MAX = -4
 # mallopt takes an int: the largest trim threshold it accepts, i.e. never trim
 NEVER_TRIM = 2**31 - 1
 
+ENV = "PARATWIN_HOST_MEMORY"  # "default": leave glibc's policy as it is
 _state: dict[str, object] = {"policy": "allocator default"}
 
 
 def keep_freed_memory() -> dict[str, object]:
     """Apply the policy to this process (glibc only); returns ``state()``. Elsewhere (musl, macOS,
-    Windows) nothing is changed and the state says why."""
+    Windows), or with ``PARATWIN_HOST_MEMORY=default`` in the environment (to measure what the policy
+    changes: the runs and profiles of a suite inherit it), nothing is changed and the state says why."""
     global _state
+    if os.environ.get(ENV) == "default":
+        _state = {"policy": "allocator default", "why": f"{ENV}=default"}
+        return state()
     path = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(path)
