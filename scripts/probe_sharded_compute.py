@@ -266,6 +266,10 @@ def _probe(index: int, processes: int, barrier: Any, votes: Any, args: argparse.
     import torch.distributed as dist
 
     torch.set_num_threads(1)  # as the runtime runs every CPU rank (exec.rank)
+    if args.keep_freed_memory:  # as exec.rank does (the probe builds its runtimes itself)
+        from exec.host_memory import keep_freed_memory
+
+        keep_freed_memory()
     import exec.embedding
     import exec.embedding_ps
     from exec.contract import compile_for_run
@@ -331,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-faults", action="store_true",
                         help="only the profiler's rounds of the last layer: per quantity ms and page faults")
     parser.add_argument("--keep-freed-memory", action="store_true",
-                        help="apply exec.host_memory.keep_freed_memory in this process first (--profile-faults)")
+                        help="apply exec.host_memory.keep_freed_memory in the probe's processes first, as every "
+                             "rank and validation profile does (without: glibc's default)")
     parser.add_argument("--plans", nargs="*", default=list(PLANS), help="plan names in " + str(PLAN_DIR))
     parser.add_argument("--json", type=Path, default=None, help="write every sample here")
     args = parser.parse_args(argv)
