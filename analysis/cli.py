@@ -82,9 +82,11 @@ def profile(
     fmt: Annotated[str, typer.Option("--format", help="parquet or csv")] = "parquet",
 ) -> None:
     """Measure per-layer time (forward, backward input/weight, recompute), memory and FLOPs."""
+    from exec.host_memory import keep_freed_memory
     from exec.profiler import profile_workload
     from traces.bundle import OP_TIMELINE_NAME, write_bundle
 
+    keep_freed_memory()  # as the runtime's CPU ranks keep it (exec.host_memory); recorded in the bundle
     bundle = profile_workload(workload, micro_batch=micro_batch, seq=seq, dtype=dtype, device=device,
                               warmup=warmup, repeats=repeats, with_ops=ops)
     path = write_bundle(bundle, out, fmt=fmt)
@@ -222,11 +224,15 @@ def validate_suite(
                                         "order; pairs judged by their per-round ratios (analysis.rounds)")] = 1,
     seed: Annotated[int | None, typer.Option(help="seed of the rounds' orders (default 12 when --rounds > 1)")
                     ] = None,
+    common_profile: Annotated[bool, typer.Option(
+        "--common-profile", help="predict every plan of a workload from one profile: the workload profiled once "
+                                 "per round (a drawn slot), pooled by the per-layer median")] = False,
 ) -> None:
     """Validate the simulator on >= 8 plans on 2 gloo ranks; one table of errors."""
     from analysis.validation_suite import format_suite, run_suite
 
-    table = run_suite(out, plans, iterations, warmup, section=section, rounds=rounds, seed=seed)
+    table = run_suite(out, plans, iterations, warmup, section=section, rounds=rounds, seed=seed,
+                      common_profile=common_profile)
     plain(format_suite(table))
     plain(f"wrote {out}")
 

@@ -37,9 +37,10 @@ from analysis.ranking import describe, rank_pairs
 from analysis.rounds import DEFAULT_SEED, record_rounds, round_orders
 from analysis.rounds import describe as describe_rounds
 from analysis.validation.calibration import ValidationCalibration, fit_calibration
+from analysis.validation.common_profile import CommonProfile
 from analysis.validation.profiling import profile_for_validation
 from analysis.validation.report import ValidationReport
-from analysis.validation.run import validate_plan
+from analysis.validation.run import validate_plan, validate_record
 from sim.plan import Plan
 from traces.errors import ConfigError, ParatwinError
 
@@ -52,7 +53,9 @@ STEADY_SPREAD = 0.20
 PROFILE_REPEATS = 5  # per process and per side of the bracket: 2 x 2 x 5 timings of every layer
 COLUMNS = ["plan", "predicted_s", "measured_median_s", "measured_p10_s", "measured_p90_s", "measured_spread",
            "error", "abs_error", "memory_error_max", "profile_drift", "predicted_uncalibrated_s", "attempts",
-           "steady", "timeline"]
+           "steady", "timeline", "profile"]
+# The name of the common profile's place in a round's order (run_suite's ``common_profile``).
+PROFILE_SLOT = "(profile)"
 
 
 # Subfolders of SUITE_DIR that are not sections: plans kept out of every suite on purpose.
@@ -93,7 +96,7 @@ def unsteadiness(report: ValidationReport) -> float:
 def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 20, warmup: int = 3,
               calibration: list[Path] | None = None, verbose: bool = True,
               profile_repeats: int = PROFILE_REPEATS, retries: int = 1, section: str | None = None,
-              rounds: int = 1, seed: int | None = None) -> pd.DataFrame:
+              rounds: int = 1, seed: int | None = None, common_profile: bool = False) -> pd.DataFrame:
     """Validate every plan (default: ``examples/validation/*.yaml``, or the plans of ``section``
     when it is given: ``examples/validation/<section>/*.yaml``); write ``suite.csv``,
     ``suite.json`` and ``suite.md`` to ``out_dir`` and return the per-plan table (its
@@ -126,7 +129,20 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
     columns are then the median and the 10th/90th percentiles of the plans' per-round medians, and
     ``rounds.json`` / ``rounds.md`` hold the orders, every block's times and the paired ranking
     (per-round ratios, sign-test intervals), also in the summary as ``paired_ranking``. R = 1
-    without a seed is the suite as it was: every plan once, in the given order."""
+    without a seed is the suite as it was: every plan once, in the given order.
+
+    ``common_profile`` (``analysis.validation.common_profile``): every plan of a workload is predicted
+    from one profile instead of its own. The workload is profiled once per round, at a position in
+    the round drawn like a plan's (the slot ``PROFILE_SLOT`` of the round's permutation; first in
+    every round without a seed), and the rounds' profiles are pooled (per layer, the median); every
+    plan's round-0 run is then compared with the prediction from that pool, calibrated as the suite
+    is. Why: plans profiled minutes apart on a host whose speed drifts were priced from different
+    moments (issue 12: the same block 0.38-0.68 ms forward across run 9's profiles), so a difference
+    between two predictions could be when each was profiled; one pooled profile prices every plan
+    from the same layers, sampled over the same rounds and with the same statistic as the measured
+    side. No per-plan profile, bracket or retry (its drift is what the rounds average); the table's
+    ``profile`` column names the bundle that priced each plan (the pool, or for a plan with sharded
+    tables the pool with that plan's ids request host work, timed in the same slots)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if plans is not None and section is not None:
@@ -143,16 +159,23 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
     if rounds > 1 and seed is None:
         seed = DEFAULT_SEED
     by_name = {loaded[p].name: p for p in paths}
-    orders = round_orders(list(by_name), rounds, seed)  # drawn (and checked) before anything runs
+    if common_profile and PROFILE_SLOT in by_name:
+        raise ConfigError("plans", f"a plan is named {PROFILE_SLOT!r}, the suite's name for its profile slot",
+                          "rename the plan")
+    # drawn (and checked) before anything runs; with a common profile, its slot is drawn like a plan's
+    slots = round_orders(([PROFILE_SLOT] if common_profile else []) + list(by_name), rounds, seed)
+    orders = [[name for name in order if name != PROFILE_SLOT] for order in slots]
     started = time.perf_counter()
 
     groups: dict[str, list[Path]] = defaultdict(list)
     for path, plan in loaded.items():
         groups[_profile_key(plan)].append(path)
     bundles: dict[str, Path] = {}
+    groups_first: dict[str, Plan] = {}  # the plan each group is profiled as (its widest)
     for number, (key, members) in enumerate(groups.items()):
         plans_here = [loaded[p] for p in members]
         widest = max(plans_here, key=lambda p: p.world_size)
+        groups_first[key] = widest
         if verbose:
             print(f"profiling {widest.workload} {widest.workload_options} micro-batch {widest.micro_batch} "
                   f"in {widest.world_size} processes, then benchmarking communication", flush=True)
@@ -191,17 +214,38 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
                   flush=True)
     reports: dict[str, ValidationReport] = {}
     blocks: dict[str, list[list[float]]] = defaultdict(list)  # plan -> each round's iteration times
-    for number, order in enumerate(orders):
+    common = CommonProfile(out, [loaded[p] for p in paths], _profile_key, groups_first,
+                           {key: number for number, key in enumerate(bundles)}, profile_repeats, verbose) \
+        if common_profile else None
+    for number, order in enumerate(slots):
         if verbose and rounds > 1:
             print(f"round {number + 1} of {rounds}: {', '.join(order)}", flush=True)
         for name in order:
-            if number == 0:  # the validation: profile, run, prediction
+            if name == PROFILE_SLOT:
+                assert common is not None
+                common.take(number)
+            elif common is not None:  # every round only runs; the prediction waits for the pooled profile
+                plan = loaded[by_name[name]]
+                folder = out / ("plans" if number == 0 else f"rounds/round{number}") / name
+                blocks[name].append(_run_block(plan, bundles[_profile_key(plan)], iterations, warmup,
+                                               folder / "run" if number == 0 else folder))
+            elif number == 0:  # the validation: profile, run, prediction
                 reports[name] = validate(by_name[name], "plans", fitted)
                 m = reports[name].measured
                 blocks[name].append(list(m.get("times_s") or [m["median_s"]]))
             else:
                 blocks[name].append(_run_block(loaded[by_name[name]], reports[name].profile, iterations, warmup,
                                                out / "rounds" / f"round{number}" / name))
+    if common is not None:
+        common.pool(bundles)
+        for name, path in by_name.items():
+            plan = loaded[path]
+            reports[name] = validate_record(plan, out / "plans" / name / "run", common.bundles[name],
+                                            out / "plans" / name, calibration=fitted, notes=[common.note(plan)])
+            reports[name].settings["attempts"] = 1
+            if verbose:
+                print(f"{name}: predicted {reports[name].predicted_s * 1e3:.1f} ms from the common profile",
+                      flush=True)
     rows = []
     times: dict[str, list[float]] = {}
     for path in paths:
@@ -223,12 +267,13 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
                      "predicted_uncalibrated_s": report.settings.get("predicted_uncalibrated_s")
                      or report.predicted_s,
                      "attempts": report.settings["attempts"], "steady": unsteadiness(report) <= 1.0,
-                     "timeline": str(report.paths.get("timeline_png", ""))})
+                     "timeline": str(report.paths.get("timeline_png", "")), "profile": str(report.profile)})
     table = pd.DataFrame(rows, columns=COLUMNS)
     table.attrs["summary"] = summarise(table, times) | {
         "wall_s": time.perf_counter() - started, "iterations": iterations, "warmup": warmup,
         "calibration": asdict(fitted), "calibration_plans": [loaded[p].name for p in calibration_paths],
-        "section": section or "default", "rounds": rounds, "seed": seed}
+        "section": section or "default", "rounds": rounds, "seed": seed,
+        "common_profile": common.summary([order.index(PROFILE_SLOT) for order in slots]) if common else None}
     if rounds > 1 or seed is not None:
         record = record_rounds(out, orders, seed, iterations, blocks,
                                dict(zip(table["plan"], table["predicted_s"], strict=True)))
@@ -332,6 +377,11 @@ def format_suite(table: pd.DataFrame) -> str:
     if s.get("paired_ranking"):
         lines.append(f"Ranking over rounds (seed {s.get('seed')}; measured columns: median of the round medians): "
                      f"{describe_rounds(s['paired_ranking'])}")
+    common = s.get("common_profile")
+    if common:
+        lines.append(f"Every plan predicted from its workload's common profile (column profile): the per-layer "
+                     f"median of one profile per round, taken at slot(s) {common['slots']} of the rounds' orders: "
+                     f"{', '.join(common['bundles'])}.")
     st = s["steady"]
     lines.append(f"Steady measurements only ({st['plans']} plans: profile drift within {STEADY_DRIFT:.0%}, spread "
                  f"under {STEADY_SPREAD:.0%}): median |error| {st['median_abs_error']:.1%}, max "
@@ -374,12 +424,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="interleaved rounds (analysis.rounds): every plan once per round, fresh order")
     parser.add_argument("--seed", type=int, default=None,
                         help=f"seed of the rounds' orders (default {DEFAULT_SEED} when --rounds > 1)")
+    parser.add_argument("--common-profile", action="store_true",
+                        help="predict every plan from one profile per workload: one profile per round, pooled "
+                             "(the per-layer median)")
     parser.add_argument("--calibration", type=Path, nargs="*", default=None,
                         help="plans outside the suite to fit the all-reduce overhead on (default: "
                              "examples/validation/calibration/*.yaml; the option without plans: none)")
     args = parser.parse_args(argv)
     table = run_suite(args.out, args.plans, args.iterations, args.warmup, args.calibration, retries=args.retries,
-                      section=args.section, rounds=args.rounds, seed=args.seed)
+                      section=args.section, rounds=args.rounds, seed=args.seed, common_profile=args.common_profile)
     print()
     print(format_suite(table))
     return 0

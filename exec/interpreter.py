@@ -57,6 +57,7 @@ from exec.distributed_optimizer import DistributedOptimizer
 from exec.embedding import EMBEDDING_RUNTIMES, is_sharded
 from exec.faults import Fault
 from exec.gradient_sync import REDUCERS
+from exec.host_memory import thread_faults
 from exec.main_grad import MainGrads, accumulate_main
 from exec.parallel.sequence import SEQUENCE_RNG_SEED, SequenceParallelRng, allreduce_sequence_parallel_grads
 from exec.parallel.tp import apply_tensor_parallel
@@ -270,7 +271,7 @@ class RankRuntime:
                 "peak_memory": self.peak, "saved_bytes": self.saved_bytes(), "activation_peak": self.activation_peak,
                 "gradient_bytes": self.gradient_bytes, "optimizer_bytes": self.optimizer_bytes}
 
-    def _row(self, instruction: Instruction, start: Any, end: Any, nbytes: int) -> None:
+    def _row(self, instruction: Instruction, start: Any, end: Any, nbytes: int, faults: int = -1) -> None:
         memory = self._memory()
         self.peak = max(self.peak, memory)
         self.rows.append({
@@ -279,6 +280,9 @@ class RankRuntime:
             "stream": instruction.stream.value, "start_s": start, "end_s": end, "bytes": nbytes,
             "mem_after": memory, "parent": -1, "layer": -1, "name": instruction.label,
             "iteration": self.iteration,
+            # this thread's minor page faults during a compute instruction (-1: not a compute one, or
+            # not countable here): memory the kernel handed out afresh (exec.host_memory)
+            "minor_faults": faults,
         })
 
     # The handler of every instruction kind (tests/test_engines_agree.py: every Kind has one).
@@ -293,9 +297,11 @@ class RankRuntime:
     def _execute(self, ins: Instruction) -> None:
         handler = getattr(self, self.HANDLERS[ins.kind])
         if ins.kind.is_compute:
+            faults = thread_faults()
             start = self.clock.mark()
             handler(ins)
-            self._row(ins, start, self.clock.mark(), 0)
+            end = self.clock.mark()
+            self._row(ins, start, end, 0, thread_faults() - faults if faults >= 0 else -1)
         else:
             handler(ins)
 

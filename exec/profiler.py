@@ -74,6 +74,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from exec.host_memory import state as host_memory_state
 from exec.lockstep import Alone, Together
 from exec.selective import COMPUTE_INTENSIVE, selective_saved_bytes
 from exec.selective import storage_key as _selective_key
@@ -239,6 +240,7 @@ def profile_workload(
         "micro_batch": micro_batch, "seq": getattr(wl, "seq", None), "dtype": dtype, "device": str(dev),
         "warmup": warmup, "repeats": repeats, "with_ops": with_ops, "layers": [span.start, span.stop],
         "seed": seed, "torch_threads": torch.get_num_threads(),
+        "host_memory": host_memory_state(),  # exec.host_memory (absent in older bundles: allocator default)
         "lockstep": not isinstance(timer.together, Alone),
         "timer": "cuda events" if dev.type == "cuda" else "time.perf_counter",
         "statistic": "median over repeats; spread = interquartile range / median",

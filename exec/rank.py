@@ -24,6 +24,8 @@ import torch.distributed as dist
 
 from exec.contract import LEARNING_RATE, ExecutablePlan, RunOptions, compile_for_run, pick_backend
 from exec.faults import PHASES, Phase
+from exec.host_memory import keep_freed_memory
+from exec.host_memory import state as host_memory_state
 from exec.interpreter import RankRuntime
 from exec.records import write_record
 from sim.plan import Plan
@@ -89,6 +91,7 @@ def run_rank(plan: Plan, rank: int, world_size: int, local_rank: int, out_dir: P
         else:
             device = torch.device("cpu")
             torch.set_num_threads(options.threads)
+            keep_freed_memory()  # no page faults for memory an iteration frees and the next asks for again
         timeout = dt.timedelta(seconds=options.timeout_s)
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
                                 timeout=timeout)
@@ -187,5 +190,6 @@ def run_meta(run: ExecutablePlan, backend: str, device: torch.device) -> dict:
         "memory": MEMORY_NOTE_CUDA if device.type == "cuda" else MEMORY_NOTE_CPU,
         "learning_rate": LEARNING_RATE,
         "costs": "profile" if run.plan.profile else "structural (exec.structure.StructuralCosts)",
+        "host_memory": host_memory_state(),  # exec.host_memory: what the allocator does with freed memory
     }
 

@@ -27,30 +27,23 @@ import pandas as pd
 
 from analysis.rounds import describe, paired_ranking, per_round_medians
 from analysis.validation.calibration import with_calibration
+from analysis.validation.pooled_profile import median_layers
 from sim.compile import resolve_plan
 from sim.engine import EngineOptions
 from sim.plan import Plan
 from sim.simulate import simulate
 from traces.bundle import read_bundle, write_bundle
-from traces.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from suite_repredict import repredict  # noqa: E402
 
 TIMES = ("fwd_s", "bwd_input_s", "bwd_weight_s", "bwd_s", "recompute_s")
-SAME = ("layer", "name", "kind", "param_bytes")  # what makes two profiles' rows the same layer
 
 
 def common_layers(profiles: list[Path]) -> pd.DataFrame:
     """Per layer, the median over ``profiles`` of each compute time (the profiles must hold the
-    same layers: same names, kinds and parameter bytes)."""
-    tables = [read_bundle(p).layers for p in profiles]
-    first = tables[0][list(SAME)].reset_index(drop=True)
-    for p, t in zip(profiles, tables, strict=True):
-        if not t[list(SAME)].reset_index(drop=True).equals(first):
-            raise ConfigError("profile", f"{p} profiles other layers than {profiles[0]}",
-                              "pool only profiles of one workload")
-    return pd.concat(tables).groupby("layer")[list(TIMES)].median()
+    same layers: same names, kinds and parameter bytes; ``analysis.validation.pooled_profile``)."""
+    return median_layers([read_bundle(p).layers for p in profiles], list(profiles)).set_index("layer")[list(TIMES)]
 
 
 def with_common_layers(profile: Path, common: pd.DataFrame, scratch: Path) -> Path:

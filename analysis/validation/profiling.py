@@ -29,6 +29,9 @@ def _profile_worker(index: int, barrier: Any, votes: Any, workload: str, options
     import torch
 
     torch.set_num_threads(1)  # as the runtime runs every CPU rank
+    from exec.host_memory import keep_freed_memory
+
+    keep_freed_memory()  # as every CPU rank keeps it (exec.host_memory): the same memory, no page faults
     from exec.lockstep import Alone, Lockstep
     from exec.profiler import profile_workload
     from exec.workloads import get_workload

@@ -109,16 +109,18 @@ def validate_plan(plan: Plan | str | Path, nproc: int | None = None, profile: Pa
 
 
 def validate_record(plan: Plan | str | Path, run_dir: Path, profile: Path, out_dir: Path,
-                    options: EngineOptions | None = None) -> ValidationReport:
+                    options: EngineOptions | None = None, calibration: ValidationCalibration | None = None,
+                    notes: list[str] | None = None) -> ValidationReport:
     """Compare a run made elsewhere (``python -m exec.runtime`` under torchrun, SLURM or in network
-    namespaces) with the prediction of ``plan`` from the bundle ``profile``. The plan's own
-    cluster prices communication unless the bundle has fits."""
+    namespaces), or earlier (a suite's rounds priced from a profile taken after them), with the
+    prediction of ``plan`` from the bundle ``profile``. The plan's own cluster prices communication
+    unless the bundle has fits. ``calibration`` and ``notes`` as in ``validate_plan``."""
     plan = plan if isinstance(plan, Plan) else Plan.load(plan)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     measured_plan = plan.replace(profile=str(Path(profile).resolve()))
-    return _predict_and_compare(plan, measured_plan, MeasuredRun.from_record(run_dir), out, [], options,
-                                {"run_dir": str(run_dir)})
+    return _predict_and_compare(plan, measured_plan, MeasuredRun.from_record(run_dir), out, list(notes or []),
+                                options, {"run_dir": str(run_dir)}, calibration)
 
 
 def _predict_and_compare(plan: Plan, measured_plan: Plan, run: MeasuredRun, out: Path, notes: list[str],
