@@ -1,7 +1,7 @@
 """Per-layer and per-iteration A100 timings of Korthikanti et al. 2022 against the kernel model.
 
-    python benchmarks/korthikanti_layers.py [--eff-max 0.8] [--fit] [--skip-iterations] [--skip-present]
-        [--json OUT.json]
+    python benchmarks/korthikanti_layers.py [--eff-max 0.8] [--attn-mem-eff 0.6] [--fit] [--skip-iterations]
+        [--skip-present] [--json OUT.json]
 
 Data (``sim/data/korthikanti2022_*.csv``, provenance in ``korthikanti2022.md``): Table 4, the forward
 and backward time of one transformer layer of a 22B GPT (hidden 6,144, 64 heads, sequence 2,048,
@@ -221,6 +221,9 @@ def main() -> None:
     sim.compile.MAX_INSTRUCTIONS = max(sim.compile.MAX_INSTRUCTIONS, sc21.INSTRUCTION_LIMIT)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--eff-max", type=float, default=None, help="GEMM efficiency instead of the default curve's")
+    parser.add_argument("--attn-mem-eff", type=float, default=None,
+                        help="bandwidth efficiency of unfused attention's softmax and dropout kernels instead of "
+                             "the curve's (EfficiencyCurve.attn_mem_eff)")
     parser.add_argument("--fit", action="store_true", help="fit eff_max on Table 4 and report both curves")
     parser.add_argument("--skip-iterations", action="store_true", help="Table 4 only")
     parser.add_argument("--skip-present", action="store_true",
@@ -234,6 +237,8 @@ def main() -> None:
     base = sc21.curve_of("default")
     if args.eff_max is not None:
         base = replace(base, eff_max=args.eff_max)
+    if args.attn_mem_eff is not None:
+        base = replace(base, attn_mem_eff=args.attn_mem_eff)
     curves = {"default": base}
     layers = load_layer_times()
     if args.fit:
@@ -246,6 +251,7 @@ def main() -> None:
     report: dict[str, Any] = {}
     for name, curve in curves.items():
         print(f"\n== {name}: eff_max {curve.eff_max:.3f}, mem_eff {curve.mem_eff}, "
+              f"attention softmax/dropout {curve.attention_mem_eff:.3f}, "
               f"host {curve.host_launch_s * 1e6:.0f} us")
         rows = compare_layers(layers, curve, overlap)
         print("Table 4, one layer of the 22B model (tp 8, micro-batch 4), ms: measured / simulated (error)")
