@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from sim.cluster import ClusterSpec
 from sim.collectives import collective_time
@@ -212,14 +213,13 @@ class EfficiencyCurve:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, object]) -> EfficiencyCurve:
+    def from_dict(cls, values: Mapping[str, Any]) -> EfficiencyCurve:
         """The curve ``to_dict`` wrote (or a calibration record's ``efficiency_curve``): absent optional
         fields take their defaults, mem_eff included (0.9)."""
         attn = values.get("attn_mem_eff")
-        return cls(eff_max=float(values["eff_max"]), flops_half=float(values["flops_half"]),  # type: ignore[arg-type]
-                   mem_eff=float(values.get("mem_eff", MEM_EFF)),  # type: ignore[arg-type]
-                   host_launch_s=float(values.get("host_launch_s", 0.0)),  # type: ignore[arg-type]
-                   attn_mem_eff=None if attn is None else float(attn))  # type: ignore[arg-type]
+        return cls(eff_max=float(values["eff_max"]), flops_half=float(values["flops_half"]),
+                   mem_eff=float(values.get("mem_eff", MEM_EFF)), host_launch_s=float(values.get("host_launch_s", 0.0)),
+                   attn_mem_eff=None if attn is None else float(attn))
 
 
 # Curves fitted by ``paratwin calibrate`` on measured data (one half of it; the file records the error
