@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.analytic import CALL_OVERHEAD_S, MEM_EFF, EfficiencyCurve, gpu_eff_max
+from sim.analytic import CALL_OVERHEAD_S, MEM_EFF, EfficiencyCurve, gpu_attn_mem_eff, gpu_eff_max
 from sim.analytic_costs import AnalyticCosts
 from sim.calibration import (
     MEGATRON_A100_CSV,
@@ -260,7 +260,7 @@ def fit(rows: pd.DataFrame, predict: Predictor, start: CurveCalibration, fit_nvl
 
     def calibration_of(theta: np.ndarray) -> CurveCalibration:
         curve = EfficiencyCurve(eff_max=float(theta[0]), flops_half=float(10 ** theta[1]),
-                                mem_eff=start.curve.mem_eff)
+                                mem_eff=start.curve.mem_eff, attn_mem_eff=start.curve.attn_mem_eff)
         return CurveCalibration(curve, float(theta[2]) if fit_nvlink else start.nvlink_efficiency)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
@@ -341,16 +341,20 @@ def subsample(rows: pd.DataFrame, max_rows: int | None, seed: int) -> pd.DataFra
 
 # --- the whole calibration ------------------------------------------------------------------------------
 
-def default_calibration() -> CurveCalibration:
+def default_calibration(eff_max: float | None = None, attn_mem_eff: float | None = None) -> CurveCalibration:
     """The uncalibrated model on A100 fp16 with nominal NVLink: ``sim.analytic``'s prior constants.
 
     Built from the constants rather than ``default_for`` so that, should ``default_for`` one day load
     this very calibration for A100, the "defaults" rows and the fit's starting point stay uncalibrated.
+    ``eff_max`` / ``attn_mem_eff``: held at these instead of the A100 prior's (``--eff-max``,
+    ``--attn-mem-eff``: how a candidate prior is scored on these splits).
     """
     device = get_device(MEGATRON_DEVICE)
-    peak, eff_max = device.peak(MEGATRON_DTYPE), gpu_eff_max(device)
+    peak = device.peak(MEGATRON_DTYPE)
+    eff_max = gpu_eff_max(device) if eff_max is None else eff_max
+    attn = gpu_attn_mem_eff(device) if attn_mem_eff is None else attn_mem_eff
     return CurveCalibration(EfficiencyCurve(eff_max=eff_max, flops_half=CALL_OVERHEAD_S * eff_max * peak,
-                                       mem_eff=MEM_EFF))
+                                            mem_eff=MEM_EFF, attn_mem_eff=attn))
 
 
 def fit_on(rows: pd.DataFrame, make_predictor: Callable[[], Predictor], start: CurveCalibration,
@@ -412,20 +416,21 @@ def _predictor_of(name: str, sim: Predictor, quick: Predictor) -> Predictor:
 
 def run_calibration(out_dir: Path, csv_path: Path | None = None, seed: int = 0,
                     max_fit_rows: int | None = MAX_FIT_ROWS, fit_nvlink: bool = True,
-                    figure: bool = True) -> dict[str, Any]:
+                    figure: bool = True, start: CurveCalibration | None = None) -> dict[str, Any]:
     """Leave each model shape out in turn (fit on the rest, score it), then fit on all rows.
 
     Writes ``out_dir/predictions.csv`` (one row per configuration: the model it belongs to, measured
     time, and per predictor the time predicted by the fit that did not see its model, ``pred_*_s``, and
     by the all-rows fit, ``pred_*_all_s``), ``out_dir/calibration.json`` (returned) and
     ``out_dir/pred_vs_measured.{png,pdf}``. ``seed`` only draws the rows when ``max_fit_rows`` caps them.
+    ``start``: the physical prior every fit starts from (default ``default_calibration()``).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     timings: dict[str, float] = {}
     data = load_rows(csv_path)
-    start = default_calibration()
+    start = start or default_calibration()
     sim_predict, quick_predict = SimulatorPredictor(), quick_predictor()
     predictions = data.copy()
     predictions["held_out_model"] = ""
@@ -567,8 +572,8 @@ def save_calibration_data(summary: Mapping[str, Any], path: Path = CALIBRATION_D
     record = {
         "device": MEGATRON_DEVICE,
         "dtype": MEGATRON_DTYPE,
-        "efficiency_curve": {k: fitted[k] for k in ("eff_max", "flops_half", "mem_eff", "host_launch_s")
-                             if k in fitted},
+        "efficiency_curve": {k: fitted[k] for k in ("eff_max", "flops_half", "mem_eff", "host_launch_s", "attn_mem_eff")
+                             if fitted.get(k) is not None},
         "nvlink_efficiency": fitted["nvlink_efficiency"],
         # Not the default (sim.analytic.calibrated_curve honours this): with the kernel-by-kernel model
         # the fit runs eff_max to its bound 1.0 and puts ~0.5 ms of fixed cost on every layer call, which
@@ -608,9 +613,7 @@ def load_calibrated_curve(path: Path = CALIBRATION_DATA) -> EfficiencyCurve:
             values = record["efficiency_curve"]
         else:  # a run_calibration summary: the fit it chose
             values = record["fitted"][record["chosen"]]
-        return EfficiencyCurve(eff_max=float(values["eff_max"]), flops_half=float(values["flops_half"]),
-                               mem_eff=float(values.get("mem_eff", 0.9)),
-                               host_launch_s=float(values.get("host_launch_s", 0.0)))
+        return EfficiencyCurve.from_dict(values)
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise BundleError(path, f"not a calibration file ({exc.__class__.__name__}: {exc})") from None
 
@@ -627,9 +630,15 @@ def main() -> None:
     parser.add_argument("--save-data", action="store_true",
                         help="also write sim/data/a100_calibration.json")
     parser.add_argument("--quick", action="store_true", help="skip the NVLink fit and the figure")
+    parser.add_argument("--eff-max", type=float, default=None,
+                        help="hold the prior's large-GEMM efficiency at this (default: sim.analytic.gpu_eff_max)")
+    parser.add_argument("--attn-mem-eff", type=float, default=None,
+                        help="unfused attention's softmax/dropout bandwidth efficiency in the prior "
+                             "(default: sim.analytic.gpu_attn_mem_eff; none there: mem_eff)")
     args = parser.parse_args()
     summary = run_calibration(args.out, args.csv, args.seed, args.max_fit_rows or None,
-                              fit_nvlink=not args.quick, figure=not args.quick)
+                              fit_nvlink=not args.quick, figure=not args.quick,
+                              start=default_calibration(args.eff_max, args.attn_mem_eff))
     print_summary(summary)
     if args.save_data:
         print(f"wrote {save_calibration_data(summary)}")
@@ -640,7 +649,8 @@ def _print_fits(fitted: Mapping[str, Any], metrics: Mapping[str, Any]) -> None:
               f"{'mean err':>8s} {'spearman':>8s}")
     for name, values in fitted.items():
         print(f"  {name:18s} eff_max={values['eff_max']:.3f} flops_half={values['flops_half']:.3g} "
-              f"nvlink_eff={values['nvlink_efficiency']:.3f} host_launch={values.get('host_launch_s', 0) * 1e6:.1f}us")
+              f"nvlink_eff={values['nvlink_efficiency']:.3f} host_launch={values.get('host_launch_s', 0) * 1e6:.1f}us"
+              + (f" attn_mem_eff={values['attn_mem_eff']:.3f}" if values.get("attn_mem_eff") is not None else ""))
     print("  " + header)
     for name, m in metrics.items():
         print("  " + _metric_line(name, m))

@@ -2,7 +2,7 @@
 
     python benchmarks/megatron_at_scale.py [--assumed] [--schedule interleaved-1f1b|1f1b] [--micro-batch N]
                                            [--as-simulated] [--decompose OUT.csv] [--json OUT.json]
-                                           [--host-launch-us 37] [--eff-max 0.8]
+                                           [--host-launch-us 37] [--eff-max 0.8] [--attn-mem-eff 0.6]
                                            [--rows 0,1,2]
 
 Ten GPT models, 1.7B to 1T parameters, on 32 to 3,072 A100-80GB GPUs of Selene (8 per node,
@@ -275,6 +275,10 @@ def main() -> None:
     parser.add_argument("--eff-max", type=float, default=None,
                         help="large-GEMM efficiency instead of the curve's (e.g. a fit on Korthikanti et al. 2022 "
                              "Table 4: benchmarks/korthikanti_layers.py --fit)")
+    parser.add_argument("--attn-mem-eff", type=float, default=None,
+                        help="bandwidth efficiency of unfused attention's softmax and dropout kernels instead of "
+                             "the curve's (EfficiencyCurve.attn_mem_eff; e.g. the joint fit of "
+                             "benchmarks/korthikanti_layers.py --fit-attention)")
     parser.add_argument("--attention", default=MEGATRON_ATTENTION, choices=["unfused", "flash"])
     parser.add_argument("--layer-roofline", action="store_true",
                         help="the earlier per-layer roofline instead of the kernel-by-kernel model")
@@ -295,6 +299,8 @@ def main() -> None:
     curve = curve_of(args.curve, args.host_launch_us)
     if args.eff_max is not None:
         curve = replace(curve, eff_max=args.eff_max)
+    if args.attn_mem_eff is not None:
+        curve = replace(curve, attn_mem_eff=args.attn_mem_eff)
     results = []
     for i in indices:
         r = simulate_row(records[i], args.schedule, args.micro_batch, curve, args.attention,

@@ -6,7 +6,8 @@ a copy's rate. Unfused attention's softmax and dropout run over b a s^2 / t elem
 draws a random number per element; whether they reach a copy's rate decides how much of the SC'21
 rows' remaining error is in attention. Each kernel is timed on an attention-score-shaped tensor and
 its bytes counted as ``sim.analytic.kernel_times`` counts them (e: the element's bytes; dropout's mask
-one byte per element), so ``achieved / datasheet`` reads against the model's ``mem_eff``.
+one byte per element), so ``achieved / datasheet`` reads against the model's rate: ``mem_eff`` for the
+copy, ``EfficiencyCurve.attention_mem_eff`` (``attn_mem_eff``, None = mem_eff) for softmax and dropout.
 
     python scripts/kernel_rates.py --out runs/kernel_rates            # on a CUDA GPU (gpu_check runs it)
     python scripts/kernel_rates.py --smoke --out /tmp/kernel-rates    # tiny tensors on this CPU (tests)
@@ -80,11 +81,12 @@ def measure(smoke: bool, repeats: int) -> pd.DataFrame:
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     e = torch.tensor([], dtype=dtype).element_size()
-    if cuda:  # the datasheet figure and mem_eff the model prices this GPU with (gpu_check's preset)
+    if cuda:  # the datasheet figure and the rates the model prices this GPU with (gpu_check's preset)
         spec = load_cluster("h200-1").device
-        datasheet, mem_eff = spec.memory_bandwidth_Bps, default_for(spec, "bf16").mem_eff
+        curve = default_for(spec, "bf16")
+        datasheet, mem_eff, attn_mem_eff = spec.memory_bandwidth_Bps, curve.mem_eff, curve.attention_mem_eff
     else:  # the analytic model does not price CPUs
-        datasheet = mem_eff = float("nan")
+        datasheet = mem_eff = attn_mem_eff = float("nan")
     rows = []
     for batch_heads, s in (SMOKE_SHAPES if smoke else GPU_SHAPES):
         x = torch.randn(batch_heads, s, s, device=device, dtype=dtype)
@@ -97,7 +99,9 @@ def measure(smoke: bool, repeats: int) -> pd.DataFrame:
             rows.append({"kernel": name, "batch_heads": batch_heads, "seq": s, "dtype": str(dtype).split(".")[-1],
                          "bytes": moved, "median_s": seconds, "min_s": min(times), "max_s": max(times),
                          "achieved_GBps": moved / seconds / 1e9, "datasheet_GBps": datasheet / 1e9,
-                         "fraction_of_datasheet": moved / seconds / datasheet, "model_mem_eff": mem_eff})
+                         "fraction_of_datasheet": moved / seconds / datasheet,
+                         # a copy at mem_eff; softmax and dropout at EfficiencyCurve.attention_mem_eff
+                         "model_mem_eff": mem_eff if name == "copy" else attn_mem_eff})
         del x, y, dy
     return pd.DataFrame(rows)
 
@@ -106,7 +110,7 @@ def write(table: pd.DataFrame, out: Path, device: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "kernel_rates.csv", index=False)
     lines = [f"# Memory-bound attention kernels on {device} ({time.strftime('%Y-%m-%d')})", "",
-             "| kernel | b x a | seq | median (ms) | spread (min-max, ms) | GB/s | of datasheet | model's mem_eff |",
+             "| kernel | b x a | seq | median (ms) | spread (min-max, ms) | GB/s | of datasheet | model's rate |",
              "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     lines += [f"| {r.kernel} | {r.batch_heads} | {r.seq} | {r.median_s * 1e3:.3f} | {r.min_s * 1e3:.3f}-"
               f"{r.max_s * 1e3:.3f} | {r.achieved_GBps:.0f} | {r.fraction_of_datasheet:.2f} | {r.model_mem_eff:.2f} |"

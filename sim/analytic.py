@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from sim.cluster import ClusterSpec
 from sim.collectives import collective_time
@@ -58,6 +59,9 @@ GPU_EFF_MAX = 0.8
 GPU_EFF_MAX_BY_FAMILY = {"A100": 0.791}
 CPU_EFF_MAX = 1.0
 MEM_EFF = 0.9
+# Where a public data set pins a device family's unfused-attention elementwise rate
+# (``EfficiencyCurve.attn_mem_eff``), that; elsewhere None, i.e. MEM_EFF (a copy's rate).
+GPU_ATTN_MEM_EFF_BY_FAMILY: dict[str, float] = {}
 # No fixed cost per layer call by default: the host enqueues kernels asynchronously and runs ahead of
 # the GPU (Megatron-LM's training loop synchronises once per iteration), so launch latency overlaps
 # GPU time instead of adding to it. Small work is priced by what it really costs on the device:
@@ -178,11 +182,25 @@ class EfficiencyCurve:
     # Host seconds per kernel launch (HOST_LAUNCH_S); the kernel model runs a layer's phase in
     # max(GPU time, launches x this). It lives on the curve because calibration fits it alongside.
     host_launch_s: float = HOST_LAUNCH_S
+    # Bandwidth efficiency of unfused attention's own elementwise kernels (the masked softmax and the
+    # attention dropout, forward and backward), which may run below a copy's rate: the softmax makes
+    # max / exp / sum passes, the dropout draws a Philox random number per element of b a s^2 / t.
+    # None: ``mem_eff``, as every other memory-bound kernel (``attention_mem_eff``). The score and
+    # context bmms stay on the GEMM roofline and the context's permute copy at ``mem_eff`` (a copy).
+    attn_mem_eff: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.eff_max <= 1 or not 0 < self.mem_eff <= 1 or self.flops_half < 0 or self.host_launch_s < 0:
             raise ConfigError("efficiency", f"invalid curve {self}",
                               "need 0 < eff_max <= 1, 0 < mem_eff <= 1, flops_half >= 0, host_launch_s >= 0")
+        if self.attn_mem_eff is not None and not 0 < self.attn_mem_eff <= 1:
+            raise ConfigError("attn_mem_eff", f"must be in (0, 1], got {self.attn_mem_eff}",
+                              "use a fraction of the device's memory bandwidth, or None for mem_eff's")
+
+    @property
+    def attention_mem_eff(self) -> float:
+        """The bandwidth efficiency the attention core's softmax and dropout kernels run at."""
+        return self.mem_eff if self.attn_mem_eff is None else self.attn_mem_eff
 
     def __call__(self, flops: float) -> float:
         return self.eff_max * flops / (flops + self.flops_half) if flops > 0 else 0.0
@@ -191,8 +209,17 @@ class EfficiencyCurve:
         # The closed form of flops / (peak * eff(flops)); zero work costs no compute time.
         return (flops + self.flops_half) / (self.eff_max * peak_flops) if flops > 0 else 0.0
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, float | None]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> EfficiencyCurve:
+        """The curve ``to_dict`` wrote (or a calibration record's ``efficiency_curve``): absent optional
+        fields take their defaults, mem_eff included (0.9)."""
+        attn = values.get("attn_mem_eff")
+        return cls(eff_max=float(values["eff_max"]), flops_half=float(values["flops_half"]),
+                   mem_eff=float(values.get("mem_eff", MEM_EFF)), host_launch_s=float(values.get("host_launch_s", 0.0)),
+                   attn_mem_eff=None if attn is None else float(attn))
 
 
 # Curves fitted by ``paratwin calibrate`` on measured data (one half of it; the file records the error
@@ -217,13 +244,20 @@ def uncalibrated_curve(device: DeviceSpec, dtype: str) -> EfficiencyCurve:
     """The physical prior before any fit: large-GEMM efficiency, copy bandwidth, no per-call cost, no
     host launch cost (calibrations start here; ``default_for`` adds the fitted host cost for GPUs)."""
     eff_max = CPU_EFF_MAX if device.kind == "cpu" else gpu_eff_max(device)
-    return EfficiencyCurve(eff_max=eff_max, flops_half=CALL_OVERHEAD_S * eff_max * device.peak(dtype))
+    return EfficiencyCurve(eff_max=eff_max, flops_half=CALL_OVERHEAD_S * eff_max * device.peak(dtype),
+                           attn_mem_eff=None if device.kind == "cpu" else gpu_attn_mem_eff(device))
 
 
 def gpu_eff_max(device: DeviceSpec) -> float:
     """A GPU's large-GEMM efficiency before any fit: its family's per-layer value if there is one
     (GPU_EFF_MAX_BY_FAMILY), else GPU_EFF_MAX."""
     return next((e for family, e in GPU_EFF_MAX_BY_FAMILY.items() if device.name.startswith(family)), GPU_EFF_MAX)
+
+
+def gpu_attn_mem_eff(device: DeviceSpec) -> float | None:
+    """A GPU's unfused-attention elementwise rate before any fit: its family's value
+    (GPU_ATTN_MEM_EFF_BY_FAMILY), else None (the copy rate, mem_eff)."""
+    return next((e for family, e in GPU_ATTN_MEM_EFF_BY_FAMILY.items() if device.name.startswith(family)), None)
 
 
 def calibrated_curve(device: DeviceSpec, dtype: str) -> EfficiencyCurve | None:
@@ -233,8 +267,7 @@ def calibrated_curve(device: DeviceSpec, dtype: str) -> EfficiencyCurve | None:
     record = json.loads(path.read_text())
     if not record.get("use_as_default", True):  # a fit recorded for reference, not shipped as default
         return None
-    curve = record["efficiency_curve"]
-    return EfficiencyCurve(curve["eff_max"], curve["flops_half"], curve["mem_eff"], curve.get("host_launch_s", 0.0))
+    return EfficiencyCurve.from_dict(record["efficiency_curve"])
 
 
 def padded_vocab(vocab: int, tp: int) -> int:
@@ -307,7 +340,8 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
     GEMMs at their per-GPU shapes after the TP split (column-parallel QKV and fc1, row-parallel proj
     and fc2, vocabulary-parallel head) through ``gemm_time``; a GEMM's backward is its input-gradient
     GEMM (m x k output, reduction over n) and its weight-gradient GEMM (k x n output, reduction over
-    the m tokens). Memory-bound kernels priced by the bytes they move at memory bandwidth x mem_eff;
+    the m tokens). Memory-bound kernels priced by the bytes they move at memory bandwidth x mem_eff
+    (unfused attention's softmax and dropout at x ``curve.attention_mem_eff``);
     tensors of the hidden size are replicated on every TP rank (no sequence parallelism in
     Megatron-LM 2021-2023), so their kernels do not shrink with t. Element size e, masks 1 byte.
     X = b s h, F = b s f / t, S = b (a / t) s^2 (elements):
@@ -350,6 +384,7 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
     e = ACTIVATION_BYTES[normalize_dtype(dtype)]
     peak = device.peak(dtype)
     bw = device.memory_bandwidth_Bps * curve.mem_eff
+    bw_attn = device.memory_bandwidth_Bps * curve.attention_mem_eff  # unfused attention's softmax and dropout
     eff = curve.eff_max
     sms = device.sm_count
 
@@ -371,6 +406,10 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
     column_wgrad: tuple[float, ...] = ()
     column_dgrad: tuple[float, ...] = ()
     core_bytes = core_s = 0.0
+    # Bytes and seconds of unfused attention's softmax and dropout kernels (forward), the one place
+    # they are priced (at bw_attn); their bytes are inside pointwise_f too, so selective_recompute_s
+    # below takes them out and adds these seconds back.
+    attn_elem_f = attn_elem_f_s = 0.0
     if layer.kind == "block":
         F = float(T * f / t)
         shapes = {"qkv": (T, 3 * h / t, h), "proj": (T, h, h / t), "fc1": (T, f / t, h), "fc2": (T, h, f / t)}
@@ -387,10 +426,12 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
             for m, n, k in ((s, s, d), (s, d, s)):
                 add("attention", gemm_time(m, n, k, heads, peak, eff, bw, e, sms),
                     gemm_time(m, k, n, heads, peak, eff, bw, e, sms) + gemm_time(k, n, m, heads, peak, eff, bw, e, sms))
-            att_f = e * 2 * S + drop * (e * 2 * S + S) + e * 2 * X / t
-            att_b = e * 3 * S + drop * (e * 2 * S + S) + e * 2 * X / t
-            add("attention", att_f / bw, att_b / bw)
-            mem_f, mem_b = mem_f + att_f, mem_b + att_b
+            # softmax and dropout at the attention's own rate, the context's permute copy at a copy's
+            attn_elem_f, attn_elem_b = e * 2 * S + drop * (e * 2 * S + S), e * 3 * S + drop * (e * 2 * S + S)
+            context_copy = e * 2 * X / t
+            attn_elem_f_s = attn_elem_f / bw_attn
+            add("attention", attn_elem_f_s + context_copy / bw, attn_elem_b / bw_attn + context_copy / bw)
+            mem_f, mem_b = mem_f + attn_elem_f + context_copy, mem_b + attn_elem_b + context_copy
             saved_extra = unfused_attention_saved_bytes(b, t, s, a, e, drop)
             core_bytes, core_s = e * S + drop * (S + e * S), parts["attention"][0]
         else:
@@ -439,7 +480,7 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
         fwd_s=fwd, bwd_input_s=bi, bwd_weight_s=bw_,
         elementwise_bytes_fwd=mem_f, elementwise_bytes_bwd=mem_b, extra_saved_bytes=saved_extra,
         parts=tuple((kind, (part[0], part[1], part[2])) for kind, part in parts.items()),
-        selective_recompute_s=pointwise_f / bw,
+        selective_recompute_s=(pointwise_f - attn_elem_f) / bw + attn_elem_f_s,
         column_wgrad_s=column_wgrad, column_dgrad_s=column_dgrad,
         attention_core_bytes=core_bytes, attention_core_recompute_s=core_s, sequence_parallel=sp,
     )

@@ -234,10 +234,11 @@ def fit_efficiency(rows: pd.DataFrame | Sequence[Mapping[str, Any]],
         raise ConfigError("rows", "no rows to fit", "pass the calibration part of the data")
     measured = np.array([float(r[target]) for r in data])
     start = initial or EfficiencyCurve(eff_max=0.5, flops_half=1e9)
-    mem_eff = start.mem_eff
+    mem_eff, attn_mem_eff = start.mem_eff, start.attn_mem_eff
 
     def curve_of(theta: np.ndarray) -> EfficiencyCurve:
-        return EfficiencyCurve(eff_max=float(theta[0]), flops_half=float(10 ** theta[1]), mem_eff=mem_eff)
+        return EfficiencyCurve(eff_max=float(theta[0]), flops_half=float(10 ** theta[1]), mem_eff=mem_eff,
+                               attn_mem_eff=attn_mem_eff)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         curve = curve_of(theta)
