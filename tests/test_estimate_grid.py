@@ -14,8 +14,8 @@ from sim.simulate import simulate
 # The estimate leaves out contention between concurrent transfers and the engine's queueing of a rank's
 # sends on one stream. On the full grid (python -m analysis.estimate_grid, session 9) the one-node and
 # InfiniBand plans are exact (0.60% before issue 12g: the capped extension); over 25 Gbit/s Ethernet
-# 19 of 1,216 plans (pp 4 and 8, mostly without recompute) are 2-11.2% under the engine, sends queued
-# behind each other; the quick grid's Ethernet plans (pp 2 and 4, full recompute) are within 0.03%.
+# 19 of 1,216 plans (pp 4 and 8, mostly without recompute) are 2-11.2% under the engine (likely sends queued,
+# not verified); the quick grid's Ethernet plans (pp 2 and 4, full recompute) are within 0.03%.
 TOLERANCE = 0.02
 
 
