@@ -4,7 +4,8 @@ The plan search ranks plans by ``sim.estimate`` and simulates only the best; whe
 search is wrong. This grid covers the regimes where a closed form can fail: every registered schedule
 (with its chunk counts), pp 2 / 4 / 8, micro-batches below, at and above pp, TP and DP degrees, no
 recompute and full recompute, a GPT whose LM head weighs about two blocks on the last stage beside one
-whose head is negligible, and pipelines inside one node or across nodes. Each plan is simulated
+whose head is negligible, and pipelines inside one node or across nodes (InfiniBand, or Ethernet slow
+enough that the hops, not the stages, set the steady state). Each plan is simulated
 (``sim.simulate``, symmetric mode) and estimated (``estimate_plan``); the relative difference is
 reported by regime.
 
@@ -42,16 +43,25 @@ WORKLOADS = {
 MICRO_BATCH = 4
 # Where the pipeline's hops go: "node", all ranks in one DGX A100 (NVLink, hops of tens of microseconds);
 # "ib", one node per pipeline rank of the a100-64 preset (HDR InfiniBand between stages: a hop of a
-# b x s x h fp16 activation, 16 MiB here, takes about 0.7 ms against a block's few milliseconds).
-NETWORKS = ("node", "ib")
+# b x s x h fp16 activation, 16 MiB here, takes about 0.7 ms against a block's few milliseconds);
+# "eth", the same nodes joined by 25 Gbit/s Ethernet instead (sim/data/hardware.yaml's eth-25g: a hop
+# takes about 5.4 ms, about a stage's forward at pp 2, so a micro-batch's round trip through the hops,
+# not a rank's compute, sets the steady state of most schedules, without a rank's sends queueing
+# behind each other: the communication-bound pipelines whose capped run the estimate once extended by
+# compute alone, up to 7.5% under the engine here; issue 12g).
+NETWORKS = ("node", "ib", "eth")
+QUICK_NETWORKS = ("ib", "eth")
 # (tp, dp) per pipeline degree, on one 8-GPU node.
 DEGREES = {2: [(1, 1), (2, 1), (1, 2), (2, 2)], 4: [(1, 1), (2, 1), (1, 2)], 8: [(1, 1)]}
 QUICK_DEGREES = {2: [(1, 1), (2, 2)], 4: [(1, 1), (2, 1)]}
 
 
-def microbatch_counts(pp: int) -> list[int]:
-    """Below, at, just above and well above the pipeline depth."""
-    return sorted({max(1, pp // 2), pp, pp + 1, 2 * pp, 4 * pp})
+def microbatch_counts(pp: int, quick: bool = False, network: str = "ib") -> list[int]:
+    """Below, at, just above and well above the pipeline depth (quick: below, at and twice it; on
+    Ethernet only well above it, where the estimate caps the graph's run and extends it)."""
+    if not quick:
+        return sorted({max(1, pp // 2), pp, pp + 1, 2 * pp, 4 * pp})
+    return [4 * pp] if network == "eth" else sorted({max(1, pp // 2), pp, 2 * pp})
 
 
 def chunk_counts(schedule: str) -> list[int]:
@@ -64,12 +74,12 @@ def grid_plans(quick: bool = False) -> Iterator[tuple[dict[str, str | int], Plan
     workloads = ["head"] if quick else list(WORKLOADS)
     policies = ["full"] if quick else ["none", "full"]
     degrees = QUICK_DEGREES if quick else DEGREES
-    networks = ["ib"] if quick else list(NETWORKS)
+    networks = QUICK_NETWORKS if quick else NETWORKS
     for workload, network in ((w, n) for w in workloads for n in networks):
         for schedule in SCHEDULES:
             for chunks in chunk_counts(schedule):
                 for pp, shapes in degrees.items():
-                    for m in microbatch_counts(pp) if not quick else sorted({max(1, pp // 2), pp, 2 * pp}):
+                    for m in microbatch_counts(pp, quick, network):
                         try:
                             check_preconditions(schedule, pp, m, chunks)
                         except ConfigError:
@@ -87,12 +97,18 @@ def _plan(labels: dict) -> Plan:
     return Plan.from_dict({
         "name": "estimate-grid-" + "-".join(str(v) for v in labels.values()),
         "workload": "gpt2-small", "workload_options": WORKLOADS[labels["workload"]], "dtype": "fp16",
-        "cluster": ({"preset": "dgx-a100-8", "devices_per_node": world} if labels["network"] == "node" else
-                    {"preset": "a100-64", "nodes": labels["pp"], "devices_per_node": world // labels["pp"]}),
+        "cluster": _cluster(labels["network"], world, labels["pp"]),
         "parallelism": {"tp": labels["tp"], "dp": labels["dp"], "pp": labels["pp"], "chunks": labels["chunks"]},
         "schedule": {"name": labels["schedule"], "micro_batch": MICRO_BATCH, "microbatches": labels["m"]},
         "memory": {"policy": labels["memory"]},
     })
+
+
+def _cluster(network: str, world: int, pp: int) -> dict:
+    if network == "node":
+        return {"preset": "dgx-a100-8", "devices_per_node": world}
+    nodes = {"preset": "a100-64", "nodes": pp, "devices_per_node": world // pp}
+    return nodes if network == "ib" else {**nodes, "inter_node_link": "eth-25g"}
 
 
 def estimate_plan(plan: Plan) -> Estimate:

@@ -324,6 +324,36 @@ def _sends_beside(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s
                              for rank in range(graph.pp)))
 
 
+def _compute_bound(schedule: str, pp: int, microbatches: int, chunks: int, capped: int, makespan: float,
+                   slowest: float, run: Callable[[int], WeightedRun]) -> bool:
+    """Whether the steady state at ``capped`` micro-batches is set by the slowest rank's compute,
+    so that extending it by ``slowest`` per micro-batch is exact.
+
+    The steady state repeats, and each cycle of its dependencies bounds its period: a rank's own
+    actions one after another (one micro-batch long: its compute per micro-batch), and a
+    micro-batch's round trip from a rank down the pipeline and back through the hops, one
+    micro-batch long per micro-batch that rank keeps in flight meanwhile (at most pp x chunks). The
+    longest per micro-batch sets the period. If it is a round trip, the makespan grows by steps that
+    repeat over the trip's length (1F1B, pp 4, 3 ms hops, 1-1.6 ms forwards: 5.7, 9, 9, 9 ms), not
+    by ``slowest`` each, and the capped count need not be in step with the plan's count. So the run
+    is repeated at the next count the schedule accepts at least pp x chunks further on (a window
+    holding a whole period of any round trip), and the steady state is taken as compute-bound iff
+    the makespan grew by exactly ``slowest`` per micro-batch there. (In the steady states seen, no
+    step is shorter than ``slowest`` and one per period is longer, so a round trip shows; a window
+    of one micro-batch missed two Merak plans of tests/test_estimate_steady.py.) Anything else (a
+    round trip, or a ramp not over yet) runs the plan's own count, which is exact."""
+    further = capped + pp * chunks
+    while further < microbatches:
+        try:
+            check_preconditions(schedule, pp, further, chunks)
+        except ConfigError:
+            further += 1
+            continue
+        grown = run(further).makespan - makespan
+        return abs(grown - (further - capped) * slowest) <= 1e-9 * grown  # else (or in a ramp still): run it all
+    return False  # the plan's own count is within reach: run it
+
+
 def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages: Sequence[StageTime],
                   per_rank: Sequence[float], hop_s: Sequence[float], delta_s: Sequence[float] | None = None,
                   flags: tuple[bool, ...] | None = None,
@@ -334,7 +364,8 @@ def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages
 
     ``per_rank``: each pipeline rank's seconds per micro-batch (its stages' forward, backward and
     recompute, plus ``delta_s``); past the capped micro-batch count (``steady_count``) the steady
-    state is extended by the slowest rank's. ``hop_s[s]``: one point-to-point transfer between
+    state is extended by the slowest rank's where that rank's compute sets its period
+    (``_compute_bound``), else the graph is run at the plan's count. ``hop_s[s]``: one point-to-point transfer between
     stages s and s + 1. ``delta_s``: per stage, seconds of re-runs DELTA adds before each backward.
     ``flags``: per stage, whether it recomputes (read only by a schedule whose recompute is its
     shape, Merak's). ``runs``: a cache of weighted runs by their inputs. ``beside``: what slows a
@@ -352,8 +383,6 @@ def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages
     slows = beside is not None and beside.slows
     capped = microbatches if slows else steady_count(schedule, pp, microbatches, chunks)
     flags = flags if flags is not None and info.recompute_is_schedule else (False,) * n_stages
-    shape = (schedule, pp, capped, chunks, flags)
-    graph = action_graph(*shape)
     # An ordinary recompute runs inside the backward, just before it (the program's RECOMPUTE
     # waits for the output gradient); Merak's are actions of their own.
     inline = 0.0 if info.recompute_is_schedule else 1.0
@@ -373,13 +402,24 @@ def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages
 
     # Plans that differ only where the pipeline cannot see it (a TP overlap level at tp 1, a memory
     # policy with the same recompute) share a run.
-    key = (shape, tuple((st.fwd_s, st.bwd_s, st.recompute_s, st.bwd_input_s, st.bwd_weight_s) for st in stages),
-           tuple(delta_s), tuple(hop_s), beside if slows else None)
-    full = runs.get(key) if runs is not None else None
-    if full is None:
-        full = weighted_run(graph, seconds, hop_s, beside)
-        if runs is not None:
-            runs[key] = full
+    weights = (tuple((st.fwd_s, st.bwd_s, st.recompute_s, st.bwd_input_s, st.bwd_weight_s) for st in stages),
+               tuple(delta_s), tuple(hop_s), beside if slows else None)
+
+    def run(count: int) -> WeightedRun:
+        key = ((schedule, pp, count, chunks, flags), *weights)
+        done = runs.get(key) if runs is not None else None
+        if done is None:
+            done = weighted_run(action_graph(schedule, pp, count, chunks, flags), seconds, hop_s, beside)
+            if runs is not None:
+                runs[key] = done
+        return done
+
+    full = run(capped)
+    if capped < microbatches and not _compute_bound(schedule, pp, microbatches, chunks, capped, full.makespan,
+                                                     max(per_rank), run):
+        # A cycle through the hops is longer per micro-batch than the slowest rank's compute: its
+        # period need not divide the capped count, so only the plan's own count is exact.
+        capped, full = microbatches, run(microbatches)
     extend = (microbatches - capped) * max(per_rank)
     return PipelineTime(full.makespan + extend, full.bare + extend, tuple(end + extend for end in full.rank_end),
                         {s: t + extend for s, t in full.stage_grads_ready.items()}, full.step_s, full.synced)

@@ -11,9 +11,11 @@ from analysis.estimate_grid import compare, estimate_plan
 from sim.schedules import SCHEDULES
 from sim.simulate import simulate
 
-# The estimate leaves out contention between concurrent transfers and the engine's queueing of sends
-# on one stream; on the full grid (python -m analysis.estimate_grid) the largest difference is 0.82%
-# (GPipe, 16 micro-batches, tp 2: sends queued behind each other on the drain).
+# The estimate leaves out contention between concurrent transfers and the engine's queueing of a rank's
+# sends on one stream. On the full grid (python -m analysis.estimate_grid, session 9) the one-node and
+# InfiniBand plans are exact (0.60% before issue 12g: the capped extension); over 25 Gbit/s Ethernet
+# 19 of 1,216 plans (pp 4 and 8, mostly without recompute) are 2-11.2% under the engine (likely sends queued,
+# not verified); the quick grid's Ethernet plans (pp 2 and 4, full recompute) are within 0.03%.
 TOLERANCE = 0.02
 
 
@@ -25,6 +27,9 @@ def grid():
 def test_the_estimate_is_within_tolerance_of_the_engine_on_every_grid_plan(grid) -> None:
     assert set(grid["schedule"]) == set(SCHEDULES)  # a newly registered schedule is covered
     assert {"m < pp", "m = pp", "m > pp"} <= set(grid["regime"])
+    # hops short against the stages, and long enough that they set the steady state of a capped run
+    # (extended by compute alone, 18 of these 36 plans were off, 11 beyond the tolerance, -7.5% at worst; issue 12g)
+    assert {"ib", "eth"} <= set(grid["network"])
     worst = grid.loc[grid["rel"].abs().idxmax()]
     assert abs(worst["rel"]) <= TOLERANCE, worst.to_dict()
 

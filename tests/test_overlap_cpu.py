@@ -59,13 +59,15 @@ def test_a_schedule_whose_compute_overlaps_no_transfer_is_not_slowed(name: str) 
     assert rank0(plan, True, overlap_slowdown=2.0)[0] == rank0(plan, True)[0]
 
 
-def measured_comm(plan: Plan, cpu_alpha_s: float, cpu_Bps: float, host_cores: int | None) -> ResolvedPlan:
+def measured_comm(plan: Plan, cpu_alpha_s: float, cpu_Bps: float, host_cores: int | None,
+                  alpha_s: float = 1e-3, bandwidth_Bps: float = 1e9) -> ResolvedPlan:
     """``plan`` resolved with a benchmark's fits for every kind it sends (the times of the cluster's
-    own link model, at the plan's sizes: 1 ms + bytes / 1 GB/s), CPU measured as given."""
+    own link model, at the plan's sizes: ``alpha_s`` + bytes / ``bandwidth_Bps``, 1 ms + bytes / 1 GB/s
+    unless told), CPU measured as given."""
     resolved = resolve_plan(plan, COSTS)
     cluster = resolved.cluster.model_copy(update={"host_cores": host_cores})
-    fits = pd.DataFrame([{"primitive": p, "backend": "gloo", "world_size": 2, "alpha_s": 1e-3,
-                          "bandwidth_Bps": 1e9, "r2": 1.0, "note": "", "cpu_alpha_s": cpu_alpha_s,
+    fits = pd.DataFrame([{"primitive": p, "backend": "gloo", "world_size": 2, "alpha_s": alpha_s,
+                          "bandwidth_Bps": bandwidth_Bps, "r2": 1.0, "note": "", "cpu_alpha_s": cpu_alpha_s,
                           "cpu_bandwidth_Bps": cpu_Bps} for p in ("all_reduce", "all_to_all", "send_recv")])
     return replace(resolved, cluster=cluster, comm=ClusterComm(cluster, fits))
 
