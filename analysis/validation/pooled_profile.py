@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.validation.profiling import reduce_process_layers
 from traces.bundle import ProfileBundle, read_bundle, write_bundle
 from traces.errors import ConfigError
-from traces.schema import LAYER_TABLE, PROCESS_LAYER_TABLE
+from traces.schema import LAYER_TABLE
 from traces.tables import conform
 
 SAME = ("layer", "name", "kind", "param_bytes")  # what makes two profiles' rows the same layer
@@ -45,13 +46,7 @@ def _median_process_layers(bundles: list[ProfileBundle]) -> pd.DataFrame | None:
     tables = [b.process_layers for b in bundles]
     if any(t is None or not len(t) for t in tables):
         return None
-    keys = [t.sort_values(["process", "layer"]).reset_index(drop=True) for t in tables]  # type: ignore[union-attr]
-    if any(not k[["process", "layer"]].equals(keys[0][["process", "layer"]]) for k in keys):
-        return None
-    pooled = keys[0].copy()
-    for column in [c for c in PROCESS_LAYER_TABLE.columns if c not in ("process", "layer")]:
-        pooled[column] = np.median(np.stack([k[column].to_numpy(dtype=float) for k in keys]), axis=0)
-    return conform(pooled, PROCESS_LAYER_TABLE, "pooled per-process profile")
+    return reduce_process_layers(tables, np.median, "pooled per-process profile")  # type: ignore[arg-type]
 
 
 def pool_profiles(profiles: list[Path], out: Path) -> Path:

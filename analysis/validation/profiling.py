@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -148,13 +149,21 @@ def _mean_process_layers(bundles: list[ProfileBundle]) -> pd.DataFrame | None:
     tables = [b.process_layers for b in bundles]
     if any(t is None for t in tables) or len({len(t) for t in tables}) != 1:  # type: ignore[arg-type]
         return None
-    keys = [t.sort_values(["process", "layer"]).reset_index(drop=True) for t in tables]  # type: ignore[union-attr]
+    return reduce_process_layers(tables, np.mean, "bracketed per-process profile")  # type: ignore[arg-type]
+
+
+def reduce_process_layers(tables: list[pd.DataFrame], reduce: Callable[..., np.ndarray],
+                          what: str) -> pd.DataFrame | None:
+    """Each co-located process's per-layer times over several profiles, combined column by column
+    with ``reduce`` (``np.mean``, ``np.median``); None where the profiles do not hold the same
+    processes and layers."""
+    keys = [t.sort_values(["process", "layer"]).reset_index(drop=True) for t in tables]
     if any(not k[["process", "layer"]].equals(keys[0][["process", "layer"]]) for k in keys):
         return None
-    mean = keys[0].copy()
+    combined = keys[0].copy()
     for column in [c for c in PROCESS_LAYER_TABLE.columns if c not in ("process", "layer")]:
-        mean[column] = np.mean([k[column].to_numpy(dtype=float) for k in keys], axis=0)
-    return conform(mean, PROCESS_LAYER_TABLE, "bracketed per-process profile")
+        combined[column] = reduce(np.stack([k[column].to_numpy(dtype=float) for k in keys]), axis=0)
+    return conform(combined, PROCESS_LAYER_TABLE, what)
 
 
 def process_layers(bundles: list[ProfileBundle]) -> pd.DataFrame:
