@@ -54,8 +54,11 @@ DEFAULT_PATIENCE = 20
 HARDWARE_NOTE = "CPU, 1 thread per run"  # say more with --note (the machine, its load)
 
 
-def write_report(results: Path, figures: Path | None = None, note: str = HARDWARE_NOTE) -> pd.DataFrame:
-    """Tables, tests and figures from ``results/folds.csv`` (+ curves.csv, datasets.csv); returns the summary."""
+def write_report(results: Path, figures: Path | None = None, note: str = HARDWARE_NOTE,
+                 planned_pairs: int | None = None) -> pd.DataFrame:
+    """Tables, tests and figures from ``results/folds.csv`` (+ curves.csv, datasets.csv); returns the summary.
+    ``planned_pairs``: the (seed, fold) pairs a dataset needs to count as complete (default: the
+    protocol's 3 seeds x 10 folds); only complete datasets get paired significance tests."""
     results = Path(results)
     figures = Path(figures) if figures else results
     figures.mkdir(parents=True, exist_ok=True)
@@ -68,8 +71,10 @@ def write_report(results: Path, figures: Path | None = None, note: str = HARDWAR
     complete = pd.concat([main_folds, ablation_folds]).drop_duplicates(FOLD_KEY)
     table = report.summary(complete)
     table.to_csv(results / "summary.csv", index=False)
-    plan = DatasetPlan("")  # the protocol's default: 3 seeds x 10 folds
-    covered = report.coverage(main_folds, list(METHODS), len(plan.seeds) * plan.folds)
+    if planned_pairs is None:
+        protocol = DatasetPlan("")  # the protocol's default: 3 seeds x 10 folds
+        planned_pairs = len(protocol.seeds) * protocol.folds
+    covered = report.coverage(main_folds, list(METHODS), planned_pairs)
     covered.to_csv(results / "coverage.csv", index=False)
     # Significance only where the protocol is complete: a partial dataset's few pairs are indicative.
     done = covered.loc[covered["status"] == "complete", "dataset"]
@@ -151,7 +156,7 @@ def run_hap_experiment(
     plans = tuple(DatasetPlan(name, (seed,), folds, folds, epochs, tuple(methods or METHODS)) for name in datasets)
     protocol = Protocol(plans, lrs=(base.lr,), patience=patience, base=base)
     run_protocol(protocol, Path(out_dir), data_root=data_root, cache_dir=cache_dir, verbose=verbose)
-    return write_report(Path(out_dir))
+    return write_report(Path(out_dir), planned_pairs=folds)  # this run's own protocol: one seed x folds
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -243,6 +243,7 @@ def test_experiment_writes_tables_and_figures_and_resumes(tmp_path: Path, mutag)
     assert len(pd.read_csv(tmp_path / "curves.csv")) == 4  # one epoch per fit
     results = (tmp_path / "results.md").read_text()
     assert "| hap |" in results and "| MUTAG | gcn-mean | 2 |" in results  # the paired test row
+    assert "| MUTAG | 2 | 2 | 2 | complete |" in results  # one seed x 2 folds, this run's own protocol
     for stem in ("hap_accuracy", "hap_curves"):
         for suffix in ("png", "pdf"):
             assert (tmp_path / f"{stem}.{suffix}").stat().st_size > 1000
