@@ -57,6 +57,21 @@ def keep_freed_memory() -> dict[str, object]:
     return state()
 
 
+def release_freed_memory() -> bool:
+    """Hand the memory glibc holds free back to the kernel now (``malloc_trim(0)``); False where the C
+    library has no ``malloc_trim``. The opposite of ``keep_freed_memory``, for a long sweep of
+    separate fits in one process (``analysis.hap_protocol``), where nothing is asked for again at once:
+    measured on PROTEINS HAP fits (15 epochs each), the resident size rose 436 -> 565 MB over five
+    fits and fell to 408 MB after each trim; the protocol's PROTEINS run grew about 200 MB per fit
+    without it (9.5 GB after 59 fits)."""
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return False
+    trim(0)
+    return True
+
+
 def state() -> dict[str, object]:
     """What this process's allocator does with freed memory: ``{"policy": "keep freed memory", ...}``
     once ``keep_freed_memory`` applied it, else ``{"policy": "allocator default"}`` (records

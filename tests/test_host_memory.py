@@ -85,3 +85,32 @@ def test_a_runs_compute_instructions_fault_far_less_once_warm(tmp_path: Path, mo
     # A typical iteration faults none with the policy (some iteration of the four does, on some rank;
     # one that grows the heap to a new peak still faults), and every iteration faults by default.
     assert (kept == 0).any() and (default > 0).all(), (kept.to_dict(), default.to_dict())
+
+
+_FRAGMENT = """
+import ctypes, json
+from exec.host_memory import release_freed_memory
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+def resident_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+blocks = [libc.malloc(64 * 1024) for _ in range(3200)]  # 200 MB of heap blocks, below the mmap threshold
+for b in blocks:
+    ctypes.memset(b, 1, 64 * 1024)
+top = libc.malloc(64)  # keeps the heap's top, so free() alone cannot shrink it
+for b in blocks:
+    libc.free(b)
+held = resident_mb()
+released = release_freed_memory()
+print(json.dumps({"held": held, "after": resident_mb(), "released": released}))
+"""
+
+
+def test_release_freed_memory_hands_a_freed_heap_back() -> None:
+    """What a long sweep of fits calls between fits (analysis.hap_protocol): 200 MB freed inside the
+    heap stays resident until it is released."""
+    out = subprocess.run([sys.executable, "-c", _FRAGMENT], capture_output=True, text=True, check=True, cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["released"] and got["held"] - got["after"] > 150, got
