@@ -76,15 +76,17 @@ def test_a_runs_compute_instructions_fault_far_less_once_warm(tmp_path: Path, mo
     """The EmbRace 2D plan on 2 gloo ranks, 4 iterations after 2 warm-up ones, with the ranks keeping
     freed memory and with glibc's default (``PARATWIN_HOST_MEMORY=default``): the forwards and
     backwards fault under a quarter as many pages (measured: mostly 0 per iteration, a rare
-    2,000-8,000 while the heap grows to a new peak; by default 10,000-33,000 in every iteration),
-    some iteration none, every default iteration some; the records say which policy ran."""
+    2,000-8,000 while the heap grows to a new peak; by default thousands to tens of thousands per
+    iteration on at least one rank),
+    some iteration none; the records say which policy ran."""
     kept, kept_state = _compute_faults(tmp_path, "kept", monkeypatch, None)
     default, default_state = _compute_faults(tmp_path, "default", monkeypatch, "default")
     assert kept_state["policy"] == "keep freed memory" and default_state["policy"] == "allocator default"
     assert kept.sum() < 0.25 * default.sum(), (kept.to_dict(), default.to_dict())
-    # A typical iteration faults none with the policy (some iteration of the four does, on some rank;
-    # one that grows the heap to a new peak still faults), and every iteration faults by default.
-    assert (kept == 0).any() and (default > 0).all(), (kept.to_dict(), default.to_dict())
+    # Some iteration faults none with the policy (one that grows the heap to a new peak still faults).
+    # By default the counts depend on where each process's heap lies: one rank faulted 16,607-18,655
+    # pages per iteration in a CI run while the other faulted 0-2,221, so only the sums are compared.
+    assert (kept == 0).any(), (kept.to_dict(), default.to_dict())
 
 
 _FRAGMENT = """
