@@ -43,12 +43,10 @@ def keep_freed_memory() -> dict[str, object]:
     if os.environ.get(ENV) == "default":
         _state = {"policy": "allocator default", "why": f"{ENV}=default"}
         return state()
-    path = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(path)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
-        _state = {"policy": "allocator default", "why": f"no mallopt in the C library ({path})"}
+    mallopt = _libc_function("mallopt")
+    if mallopt is None:
+        library = ctypes.util.find_library("c")
+        _state = {"policy": "allocator default", "why": f"no mallopt in the C library ({library})"}
         return state()
     if mallopt(M_MMAP_MAX, 0) != 1 or mallopt(M_TRIM_THRESHOLD, NEVER_TRIM) != 1:
         _state = {"policy": "allocator default", "why": "mallopt refused M_MMAP_MAX / M_TRIM_THRESHOLD"}
@@ -64,12 +62,19 @@ def release_freed_memory() -> bool:
     measured on PROTEINS HAP fits (15 epochs each), the resident size rose 436 -> 565 MB over five
     fits and fell to 408 MB after each trim; the protocol's PROTEINS run grew about 200 MB per fit
     without it (9.5 GB after 59 fits)."""
-    try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
-    except (OSError, AttributeError, TypeError):
+    trim = _libc_function("malloc_trim")
+    if trim is None:
         return False
     trim(0)
     return True
+
+
+def _libc_function(name: str):  # noqa: ANN202 (a ctypes foreign function, or None)
+    """The C library's function ``name``; None where there is no such library or function."""
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c")), name)
+    except (OSError, AttributeError, TypeError):
+        return None
 
 
 def state() -> dict[str, object]:
