@@ -44,6 +44,7 @@ from .hap_protocol import (
     FOLD_KEY,
     DatasetPlan,
     Protocol,
+    carry_over,
     parse_plan,
     parse_seeds,
     run_protocol,
@@ -172,6 +173,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     run.add_argument("--patience", type=int, default=DEFAULT_PATIENCE)
     run.add_argument("--lr", nargs="+", type=float, default=list(DEFAULT_LRS), help="lr grid of every method")
     run.add_argument("--out", type=Path, default=Path("runs/hap"))
+    run.add_argument("--carry-from", type=Path, default=None,
+                     help="an earlier run's directory: copy the fits this run would repeat exactly (the same "
+                          "knobs, or a smaller cap that early stopping ended before), train the rest")
     run.add_argument("--figures", type=Path, default=None)
     run.add_argument("--data-root", type=Path, default=None)
     run.add_argument("--note", default=HARDWARE_NOTE, help="hardware line for the figures")
@@ -203,6 +207,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         plans = [parse_plan(p, args.epochs, args.methods, seeds) for p in args.plan]
         plans += [parse_plan(p, args.epochs, ["hap", *ABLATIONS], seeds) for p in args.ablation_plan]
         protocol = Protocol(tuple(plans), lrs=tuple(args.lr), patience=args.patience)
+        if args.carry_from is not None:
+            counts = carry_over(protocol, args.carry_from, args.out)
+            print(f"from {args.carry_from}: {counts['carried']} fits carried, {counts['rerun']} to run again "
+                  f"(they reached their cap or cannot be carried), {counts['kept']} already in {args.out}", flush=True)
         run_protocol(protocol, args.out, data_root=args.data_root)
     if args.command == "merge":
         merge_results(args.sources, args.out)

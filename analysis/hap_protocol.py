@@ -15,11 +15,17 @@ Resumable: one row per finished (dataset, variant, seed, fold) is appended to ``
 its validation curve to ``curves.csv``) as soon as it is done; a restart skips the keys already
 there. A row records the protocol knobs (k, epochs, patience, grid), and a restart with other knobs
 in the same directory is refused rather than mixed.
+
+Raising the epoch cap (``carry_over``): early stopping reads only the curve so far, so a fit it ended
+before its cap is the same fit under any larger cap. A run with a larger cap in a new directory copies
+those rows from the old one and trains only the fits that reached the old cap; the old directory is
+only read.
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
 import itertools
 import math
 import time
@@ -202,7 +208,7 @@ def _done(path: Path) -> dict[tuple[str, str, int, int], dict[str, str]]:
     if not path.exists():
         return {}
     with path.open(newline="") as handle:
-        return {(r["dataset"], r["variant"], int(r["seed"]), int(r["fold"])): r for r in csv.DictReader(handle)}
+        return {_key(r): r for r in csv.DictReader(handle)}
 
 
 def run_protocol(
@@ -247,6 +253,68 @@ def run_protocol(
                               f"val {result.val_accuracy:.3f} best ep {result.best_epoch:3d}/"
                               f"{result.epochs_run:3d} {result.seconds:6.1f}s", flush=True)
     return folds_csv
+
+
+def carry_over(protocol: Protocol, source: Path, out_dir: Path) -> dict[str, int]:
+    """Copy into ``out_dir`` every row of ``source`` that ``protocol`` would reproduce exactly.
+
+    Carried (with its curve): a planned (dataset, variant, seed, fold) with the same k and patience and
+    a one-candidate grid of the same learning rate, run either with the plan's epoch cap or with a
+    smaller one that early stopping ended before (its ``max_epochs`` becomes the plan's: the same fit).
+    Left to run again: fits that reached their cap (they might have gone on improving), grids of
+    several candidates (a row records only the chosen one, not whether every candidate stopped early),
+    and everything else. Keys already in ``out_dir`` are kept as they are. Returns the counts
+    ``carried``, ``rerun`` (planned rows of ``source`` left to run again) and ``kept``.
+    """
+    validate(protocol)
+    source, out_dir = Path(source), Path(out_dir)
+    if not (source / "folds.csv").exists():
+        raise ConfigError("carry_from", f"{source} has no folds.csv", "name a directory an earlier run wrote")
+    if source.resolve() == out_dir.resolve():
+        raise ConfigError("carry_from", f"{source} is the output directory itself",
+                          "write the run with the larger cap to a new --out directory")
+    planned = {}
+    for plan in protocol.datasets:
+        base = replace(protocol.base, epochs=plan.epochs, patience=protocol.patience)
+        for seed, fold, name in itertools.product(plan.seeds, range(plan.folds), plan.variants):
+            planned[(plan.name, name, seed, fold)] = (plan, len(candidates(VARIANTS[name], base, protocol.lrs)))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    present = _done(out_dir / "folds.csv")
+    counts = {"carried": 0, "rerun": 0, "kept": 0}
+    rows = []
+    for key, row in _done(source / "folds.csv").items():
+        if key not in planned:
+            continue
+        if key in present:
+            counts["kept"] += 1
+            continue
+        plan, grid_size = planned[key]
+        cap, ran = int(float(row["max_epochs"])), int(float(row["epochs_run"]))
+        same = (int(float(row["k"])) == plan.k and int(float(row["patience"])) == protocol.patience
+                and int(float(row["grid_size"])) == grid_size == 1 and float(row["lr"]) == protocol.lrs[0])
+        if same and (cap == plan.epochs or (cap < plan.epochs and ran < cap)):
+            rows.append({**row, "max_epochs": plan.epochs})
+        else:
+            counts["rerun"] += 1
+    carried = {_key(r) for r in rows}
+    curves = [c for c in _read_curves(source) if _key(c) in carried]
+    if rows:
+        _append(out_dir / "curves.csv", CURVE_FIELDS, curves)  # curves first, as _record writes them
+        _append(out_dir / "folds.csv", FOLD_FIELDS, rows)
+    counts["carried"] = len(rows)
+    return counts
+
+
+def _key(row: dict[str, str]) -> tuple[str, str, int, int]:
+    return row["dataset"], row["variant"], int(row["seed"]), int(row["fold"])
+
+
+def _read_curves(directory: Path) -> list[dict[str, str]]:
+    for name, opener in (("curves.csv", open), ("curves.csv.gz", gzip.open)):
+        if (directory / name).exists():
+            with opener(directory / name, "rt", newline="") as handle:
+                return list(csv.DictReader(handle))
+    return []
 
 
 def _describe(path: Path, name: str, dataset, labels: np.ndarray) -> None:

@@ -14,7 +14,7 @@ import torch
 from torch_geometric.loader import DataLoader
 
 from analysis.hap_experiment import merge_results, run_hap_experiment
-from analysis.hap_protocol import DatasetPlan, Protocol, parse_plan, run_protocol, splits
+from analysis.hap_protocol import DatasetPlan, Protocol, carry_over, parse_plan, run_protocol, splits
 from analysis.hap_report import holm, paired_tests
 from exec.hap.baselines import METHODS, build_classifier
 from exec.hap.data import TU_URL, dense_batch, graph_labels, load_tu, majority_accuracy
@@ -491,3 +491,30 @@ def test_the_report_says_which_datasets_the_protocol_covers_and_marks_the_rest_p
                    "SHORT": {"pairs": 20, "seeds": 2, "status": "partial"}}
     text = coverage_markdown(table)
     assert "| FULL | 30 | 30 | 2 | complete |" in text and "| SHORT | 20 | 30 | 2 | **partial" in text
+
+
+def test_a_larger_cap_carries_the_fits_early_stopping_ended_and_equals_a_fresh_run(tmp_path: Path, mutag) -> None:
+    """Raising the epoch cap: the carried run (early-stopped fits copied, capped fits trained again)
+    equals a run with the larger cap from scratch, row for row and curve for curve."""
+    def protocol(cap: int) -> Protocol:  # lr 0.05, patience 1: some fits stop early within 5 epochs, some do not
+        return Protocol((DatasetPlan("MUTAG", (0,), 3, 10, cap, ("gcn-mean", "topk")),), lrs=(0.05,), patience=1)
+
+    cache = Path(mutag.root)
+    run_protocol(protocol(5), tmp_path / "cap5", cache_dir=cache, verbose=False)
+    run_protocol(protocol(9), tmp_path / "fresh9", cache_dir=cache, verbose=False)
+    before = (tmp_path / "cap5" / "folds.csv").read_bytes()
+    counts = carry_over(protocol(9), tmp_path / "cap5", tmp_path / "carried9")
+    assert counts["carried"] >= 1 and counts["rerun"] >= 1 and counts["kept"] == 0  # both paths taken
+    run_protocol(protocol(9), tmp_path / "carried9", cache_dir=cache, verbose=False)
+    assert (tmp_path / "cap5" / "folds.csv").read_bytes() == before  # the source is only read
+    columns = ["test_accuracy", "val_accuracy", "best_epoch", "epochs_run", "max_epochs"]
+    fresh, carried = (pd.read_csv(tmp_path / d / "folds.csv").set_index(["variant", "fold"]).sort_index()
+                      for d in ("fresh9", "carried9"))
+    pd.testing.assert_frame_equal(carried[columns], fresh[columns])
+    assert (fresh["epochs_run"] > 5).any()  # a capped fit did go on, so carrying it would have been wrong
+    keys = ["variant", "fold", "epoch"]
+    fresh_curves, carried_curves = (pd.read_csv(tmp_path / d / "curves.csv").sort_values(keys).reset_index(drop=True)
+                                    for d in ("fresh9", "carried9"))
+    pd.testing.assert_frame_equal(carried_curves, fresh_curves)
+    with pytest.raises(ConfigError, match="carry_from"):
+        carry_over(protocol(9), tmp_path / "carried9", tmp_path / "carried9")
