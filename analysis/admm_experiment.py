@@ -160,6 +160,19 @@ def _plot(df: pd.DataFrame, whatif: pd.DataFrame, task: str, steps: int, out_dir
     plt.close(fig)
 
 
+def run_configs(task: str, cfg: ADMMConfig | None = None,
+                ap_cfg: ADMMConfig | None = None) -> tuple[ADMMConfig, ADMMConfig]:
+    """The ADMM settings ``run_admm_experiment`` runs on ``task``: serial and SP with ``cfg`` (default:
+    the task's validated serial setting, ``TASK_SETTINGS``), AP with ``ap_cfg`` (default: AP's own
+    validation choice, ``AP_SETTINGS``, else ``cfg``)."""
+    if task not in TASK_SETTINGS:
+        raise ConfigError("task", f"unknown task {task!r}", f"use one of {', '.join(TASK_SETTINGS)}")
+    settings = TASK_SETTINGS[task]
+    cfg = cfg or ADMMConfig(rho_o=float(settings["rho_o"]), theta_w=float(settings["theta_w"]))
+    ap_cfg = ap_cfg or (ADMMConfig(**AP_SETTINGS[task]) if task in AP_SETTINGS else cfg)
+    return cfg, ap_cfg
+
+
 def run_admm_experiment(task: str, iterations: int, out_dir: Path, seed: int = 0, workers: int = 2,
                         staleness: int = 2, cfg: ADMMConfig | None = None,
                         ap_cfg: ADMMConfig | None = None) -> pd.DataFrame:
@@ -180,9 +193,7 @@ def run_admm_experiment(task: str, iterations: int, out_dir: Path, seed: int = 0
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # like every parallel rank, so serial and parallel timings compare
     try:
-        settings = TASK_SETTINGS[task]
-        cfg = cfg or ADMMConfig(rho_o=float(settings["rho_o"]), theta_w=float(settings["theta_w"]))
-        ap_cfg = ap_cfg or (ADMMConfig(**AP_SETTINGS[task]) if task in AP_SETTINGS else cfg)
+        cfg, ap_cfg = run_configs(task, cfg, ap_cfg)
         return _run(task, iterations, out_dir, seed, workers, staleness, cfg, ap_cfg)
     finally:
         torch.set_num_threads(threads)
@@ -219,7 +230,8 @@ def _run(task: str, iterations: int, out_dir: Path, seed: int, workers: int, sta
     whatif.insert(0, "task", task)
     whatif.to_csv(out_dir / f"admm_whatif_{task}.csv", index=False)
 
-    summary = {"task": task, "description": data.description, "iterations": iterations, "workers": workers,
+    summary = {"task": task, "seed": seed, "description": data.description, "iterations": iterations,
+               "workers": workers,
                "staleness": staleness, "hidden": hidden, "admm_config": vars(cfg),
                # AP always runs the local-first order (run_ap ignores cfg.sweep): record what ran
                "ap_admm_config": vars(replace(ap_cfg, sweep="local-first")), "settings": settings,
