@@ -42,13 +42,16 @@ TASK_SETTINGS: dict[str, dict[str, float | int]] = {
     "shakespeare": {"hidden": 64, "sgd_lr": 1.0, "adam_lr": 0.03, "rho_o": 0.03, "theta_w": 0.001},
     "text-source": {"hidden": 32, "sgd_lr": 0.03, "adam_lr": 0.003, "rho_o": 3.0, "theta_w": 0.1},
 }
-# AP-ADMMiRNN's own validation choice (``python -m analysis.admm_followup ap``: 2 workers,
-# staleness 2, seed 0, digits, 300 iterations, the suite's starting ADMM grid widened by the same
-# rule; docs/results/admm/tuning_digits_ap.csv, 2026-12-02). AP takes one weight step per worker
-# message, so the serial choice need not suit it. A task without an entry runs AP with the serial
-# setting.
+# AP-ADMMiRNN's own validation choice per task (``python -m analysis.admm_followup ap --task <task>``:
+# 2 workers, staleness 2, seed 0, the suite's iterations for the task, the suite's starting ADMM
+# grid widened by the same rule; docs/results/admm/tuning_<task>_ap.csv: digits 2026-12-02
+# 01:51-02:02 UTC, Shakespeare and text-source 2026-12-02 10:50-11:10 UTC). AP takes one weight step
+# per worker message, so the serial choice need not suit it. A task without an entry would run AP
+# with the serial setting.
 AP_SETTINGS: dict[str, dict[str, float]] = {
     "digits": {"rho_o": 0.1, "theta_w": 0.1},
+    "shakespeare": {"rho_o": 0.1, "theta_w": 0.03},
+    "text-source": {"rho_o": 3.0, "theta_w": 0.3},
 }
 WHATIF_WORKERS = (2, 4, 8, 16, 32, 64, 128, 256)
 WHATIF_STRAGGLER_CV = (0.0, 0.3, 1.0)
