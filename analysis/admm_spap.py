@@ -122,7 +122,7 @@ def plot(stats: pd.DataFrame, fig_dir: Path) -> None:
     import matplotlib.pyplot as plt
 
     tasks = list(dict.fromkeys(stats.task))
-    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
     width = 0.8 / len(METHODS)
     for i, method in enumerate(METHODS):
         part = stats[stats.method == method].set_index("task")
@@ -132,12 +132,12 @@ def plot(stats: pd.DataFrame, fig_dir: Path) -> None:
     seeds = ", ".join(sorted({str(n) for n in stats.seeds}))
     ax.set_xticks(range(len(tasks)), tasks)
     ax.set(ylabel=f"test accuracy (mean +- std, {seeds} seeds)",
-           title="Serial, SP and AP ADMMiRNN vs SGD and Adam\n2 gloo ranks (AP: +1 server, staleness 2) "
-                 "on one CPU; float64, full batch; test read once per run")
+           title="Serial, SP and AP ADMMiRNN vs SGD and Adam\n2 gloo ranks (AP: +1 server, staleness 2) on one "
+                 "2-core CPU;\nfloat64, full batch; settings chosen on validation; test read once per run")
     ax.legend(fontsize=7)
     fig.tight_layout()
     for suffix in ("png", "pdf"):
-        fig.savefig(fig_dir / f"admm_spap.{suffix}", dpi=130)
+        fig.savefig(fig_dir / f"admm_spap.{suffix}", dpi=130, bbox_inches="tight")
     plt.close(fig)
 
 
