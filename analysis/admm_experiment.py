@@ -178,12 +178,13 @@ def run_configs(task: str, cfg: ADMMConfig | None = None,
 
 def run_admm_experiment(task: str, iterations: int, out_dir: Path, seed: int = 0, workers: int = 2,
                         staleness: int = 2, cfg: ADMMConfig | None = None,
-                        ap_cfg: ADMMConfig | None = None) -> pd.DataFrame:
+                        ap_cfg: ADMMConfig | None = None, figures: bool = True) -> pd.DataFrame:
     """Run every method for ``iterations`` full-batch iterations; write CSVs, JSON and figures.
 
     ``cfg``: ADMM penalties of the serial, SP and AP runs; ``ap_cfg`` overrides them for AP only
     (AP takes one weight update per worker message, and can need a larger rho_o to stay stable).
     Without ``ap_cfg`` AP runs its own validation choice (``AP_SETTINGS``) where the task has one.
+    ``figures=False`` skips the three figures (the CSVs and the summary are written either way).
     """
     if task not in TASK_SETTINGS:
         raise ConfigError("task", f"unknown task {task!r}", f"use one of {', '.join(TASK_SETTINGS)}")
@@ -197,13 +198,13 @@ def run_admm_experiment(task: str, iterations: int, out_dir: Path, seed: int = 0
     torch.set_num_threads(1)  # like every parallel rank, so serial and parallel timings compare
     try:
         cfg, ap_cfg = run_configs(task, cfg, ap_cfg)
-        return _run(task, iterations, out_dir, seed, workers, staleness, cfg, ap_cfg)
+        return _run(task, iterations, out_dir, seed, workers, staleness, cfg, ap_cfg, figures)
     finally:
         torch.set_num_threads(threads)
 
 
 def _run(task: str, iterations: int, out_dir: Path, seed: int, workers: int, staleness: int,
-         cfg: ADMMConfig, ap_cfg: ADMMConfig) -> pd.DataFrame:
+         cfg: ADMMConfig, ap_cfg: ADMMConfig, figures: bool) -> pd.DataFrame:
     settings = TASK_SETTINGS[task]
     hidden = int(settings["hidden"])
     data = load_task(task, seed)
@@ -255,5 +256,6 @@ def _run(task: str, iterations: int, out_dir: Path, seed: int, workers: int, sta
                 "grad_W_norm_max": float(part.grad_W_norm.max()),
             }
     (out_dir / f"admm_{task}_summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    _plot(df, whatif, task, data.train.steps, out_dir)
+    if figures:
+        _plot(df, whatif, task, data.train.steps, out_dir)
     return df

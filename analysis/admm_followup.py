@@ -167,7 +167,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=None,
                         help="longer: iterations per run (required); edge: override (smoke runs only)")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--task", default="digits", help="ap: the task AP is tuned on")
+    parser.add_argument("--task", default="digits", choices=tuple(TASK_PLANS), help="ap: the task AP is tuned on")
     parser.add_argument("--repeats", type=int, default=0,
                         help="ap: re-run the choice and the runner-up this many more times each")
     args = parser.parse_args()

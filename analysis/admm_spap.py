@@ -57,7 +57,7 @@ def _matches(summary: dict | None, want: dict[str, object]) -> bool:
 
 
 def one_run(task: str, seed: int, runs_dir: Path, iterations: int | None = None,
-            workers: int = WORKERS, staleness: int = STALENESS) -> tuple[dict, bool]:
+            workers: int = WORKERS, staleness: int = STALENESS, figures: bool = True) -> tuple[dict, bool]:
     """The summary of ``task`` at ``seed`` (run now unless ``runs_dir`` holds the same run);
     returns it and whether it was reused."""
     its = TASK_PLANS[task].iterations if iterations is None else iterations
@@ -66,7 +66,7 @@ def one_run(task: str, seed: int, runs_dir: Path, iterations: int | None = None,
     if _matches(_summary(run_dir, task), want):
         return _summary(run_dir, task) or {}, True
     print(f"{task} seed {seed}: {its} iterations, AP {want['ap_admm_config']}", flush=True)
-    run_admm_experiment(task, its, run_dir, seed=seed, workers=workers, staleness=staleness)
+    run_admm_experiment(task, its, run_dir, seed=seed, workers=workers, staleness=staleness, figures=figures)
     return _summary(run_dir, task) or {}, False
 
 
@@ -142,8 +142,9 @@ def plot(stats: pd.DataFrame, fig_dir: Path) -> None:
 
 
 def run_spap(tasks: tuple[str, ...], seeds: int, out_dir: Path, runs_dir: Path, fig_dir: Path | None = None,
-             iterations: int | None = None) -> pd.DataFrame:
-    """Every task at seeds ``0..seeds-1``; writes the table files (module docstring); returns the stats."""
+             iterations: int | None = None, run_figures: bool = True) -> pd.DataFrame:
+    """Every task at seeds ``0..seeds-1``; writes the table files (module docstring); returns the stats.
+    ``run_figures=False``: no per-run figures in ``runs_dir`` (the table's figure is drawn either way)."""
     unknown = [t for t in tasks if t not in TASK_PLANS]
     if unknown:
         raise ConfigError("tasks", f"unknown task(s) {unknown}", f"use any of {', '.join(TASK_PLANS)}")
@@ -156,7 +157,7 @@ def run_spap(tasks: tuple[str, ...], seeds: int, out_dir: Path, runs_dir: Path, 
     rows = []
     for task in tasks:
         for seed in range(seeds):
-            summary, reused = one_run(task, seed, runs_dir, iterations)
+            summary, reused = one_run(task, seed, runs_dir, iterations, figures=run_figures)
             shutil.copyfile(runs_dir / f"{task}-seed{seed}" / f"admm_{task}_summary.json",
                             out_dir / f"admm_{task}_seed{seed}_summary.json")
             rows += rows_of(summary, reused)
@@ -171,7 +172,7 @@ def run_spap(tasks: tuple[str, ...], seeds: int, out_dir: Path, runs_dir: Path, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tasks", nargs="+", default=list(TASK_PLANS))
+    parser.add_argument("--tasks", nargs="+", default=list(TASK_PLANS), choices=tuple(TASK_PLANS))
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1")
     parser.add_argument("--out", type=Path, default=Path("docs/results/admm/spap"))
     parser.add_argument("--runs", type=Path, default=Path("runs/admm-spap"),

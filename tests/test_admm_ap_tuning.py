@@ -114,7 +114,7 @@ def test_spap_table_runs_each_task_and_seed_once_and_aggregates_over_seeds(tmp_p
     from analysis.admm_spap import METHODS, _matches, expected, run_spap
 
     out, runs_dir = tmp_path / "spap", tmp_path / "runs"
-    stats = run_spap(("text-source",), 1, out, runs_dir, iterations=1)
+    stats = run_spap(("text-source",), 1, out, runs_dir, iterations=1, run_figures=False)
     assert list(stats.method) == list(METHODS) and set(stats.seeds) == {1}
     first = json.loads((out / "admm_text-source_seed0_summary.json").read_text())
     assert first["seed"] == 0 and first["iterations"] == 1
@@ -124,7 +124,7 @@ def test_spap_table_runs_each_task_and_seed_once_and_aggregates_over_seeds(tmp_p
         second["final"][method]["test_acc"] = first["final"][method]["test_acc"] + 0.1
     (runs_dir / "text-source-seed1").mkdir()
     (runs_dir / "text-source-seed1" / "admm_text-source_summary.json").write_text(json.dumps(second))
-    stats = run_spap(("text-source",), 2, out, runs_dir, iterations=1)  # nothing runs: both reused
+    stats = run_spap(("text-source",), 2, out, runs_dir, iterations=1, run_figures=False)  # both reused
     runs = pd.read_csv(out / "spap_runs.csv")
     assert runs.reused.all() and len(runs) == 2 * len(METHODS)
     ap_row = stats[stats.method == "admm-ap"].iloc[0]
