@@ -42,13 +42,16 @@ TASK_SETTINGS: dict[str, dict[str, float | int]] = {
     "shakespeare": {"hidden": 64, "sgd_lr": 1.0, "adam_lr": 0.03, "rho_o": 0.03, "theta_w": 0.001},
     "text-source": {"hidden": 32, "sgd_lr": 0.03, "adam_lr": 0.003, "rho_o": 3.0, "theta_w": 0.1},
 }
-# AP-ADMMiRNN's own validation choice (``python -m analysis.admm_followup ap``: 2 workers,
-# staleness 2, seed 0, digits, 300 iterations, the suite's starting ADMM grid widened by the same
-# rule; docs/results/admm/tuning_digits_ap.csv, 2026-12-02). AP takes one weight step per worker
-# message, so the serial choice need not suit it. A task without an entry runs AP with the serial
-# setting.
+# AP-ADMMiRNN's own validation choice per task (``python -m analysis.admm_followup ap --task <task>``:
+# 2 workers, staleness 2, seed 0, the suite's iterations for the task, the suite's starting ADMM
+# grid widened by the same rule; docs/results/admm/tuning_<task>_ap.csv: digits 2026-12-02
+# 01:51-02:02 UTC, Shakespeare and text-source 2026-12-02 10:50-11:10 UTC). AP takes one weight step
+# per worker message, so the serial choice need not suit it. A task without an entry would run AP
+# with the serial setting.
 AP_SETTINGS: dict[str, dict[str, float]] = {
     "digits": {"rho_o": 0.1, "theta_w": 0.1},
+    "shakespeare": {"rho_o": 0.1, "theta_w": 0.03},
+    "text-source": {"rho_o": 3.0, "theta_w": 0.3},
 }
 WHATIF_WORKERS = (2, 4, 8, 16, 32, 64, 128, 256)
 WHATIF_STRAGGLER_CV = (0.0, 0.3, 1.0)
@@ -160,14 +163,28 @@ def _plot(df: pd.DataFrame, whatif: pd.DataFrame, task: str, steps: int, out_dir
     plt.close(fig)
 
 
+def run_configs(task: str, cfg: ADMMConfig | None = None,
+                ap_cfg: ADMMConfig | None = None) -> tuple[ADMMConfig, ADMMConfig]:
+    """The ADMM settings ``run_admm_experiment`` runs on ``task``: serial and SP with ``cfg`` (default:
+    the task's validated serial setting, ``TASK_SETTINGS``), AP with ``ap_cfg`` (default: AP's own
+    validation choice, ``AP_SETTINGS``, else ``cfg``)."""
+    if task not in TASK_SETTINGS:
+        raise ConfigError("task", f"unknown task {task!r}", f"use one of {', '.join(TASK_SETTINGS)}")
+    settings = TASK_SETTINGS[task]
+    cfg = cfg or ADMMConfig(rho_o=float(settings["rho_o"]), theta_w=float(settings["theta_w"]))
+    ap_cfg = ap_cfg or (ADMMConfig(**AP_SETTINGS[task]) if task in AP_SETTINGS else cfg)
+    return cfg, ap_cfg
+
+
 def run_admm_experiment(task: str, iterations: int, out_dir: Path, seed: int = 0, workers: int = 2,
                         staleness: int = 2, cfg: ADMMConfig | None = None,
-                        ap_cfg: ADMMConfig | None = None) -> pd.DataFrame:
+                        ap_cfg: ADMMConfig | None = None, figures: bool = True) -> pd.DataFrame:
     """Run every method for ``iterations`` full-batch iterations; write CSVs, JSON and figures.
 
     ``cfg``: ADMM penalties of the serial, SP and AP runs; ``ap_cfg`` overrides them for AP only
     (AP takes one weight update per worker message, and can need a larger rho_o to stay stable).
     Without ``ap_cfg`` AP runs its own validation choice (``AP_SETTINGS``) where the task has one.
+    ``figures=False`` skips the three figures (the CSVs and the summary are written either way).
     """
     if task not in TASK_SETTINGS:
         raise ConfigError("task", f"unknown task {task!r}", f"use one of {', '.join(TASK_SETTINGS)}")
@@ -180,16 +197,14 @@ def run_admm_experiment(task: str, iterations: int, out_dir: Path, seed: int = 0
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # like every parallel rank, so serial and parallel timings compare
     try:
-        settings = TASK_SETTINGS[task]
-        cfg = cfg or ADMMConfig(rho_o=float(settings["rho_o"]), theta_w=float(settings["theta_w"]))
-        ap_cfg = ap_cfg or (ADMMConfig(**AP_SETTINGS[task]) if task in AP_SETTINGS else cfg)
-        return _run(task, iterations, out_dir, seed, workers, staleness, cfg, ap_cfg)
+        cfg, ap_cfg = run_configs(task, cfg, ap_cfg)
+        return _run(task, iterations, out_dir, seed, workers, staleness, cfg, ap_cfg, figures)
     finally:
         torch.set_num_threads(threads)
 
 
 def _run(task: str, iterations: int, out_dir: Path, seed: int, workers: int, staleness: int,
-         cfg: ADMMConfig, ap_cfg: ADMMConfig) -> pd.DataFrame:
+         cfg: ADMMConfig, ap_cfg: ADMMConfig, figures: bool) -> pd.DataFrame:
     settings = TASK_SETTINGS[task]
     hidden = int(settings["hidden"])
     data = load_task(task, seed)
@@ -219,7 +234,8 @@ def _run(task: str, iterations: int, out_dir: Path, seed: int, workers: int, sta
     whatif.insert(0, "task", task)
     whatif.to_csv(out_dir / f"admm_whatif_{task}.csv", index=False)
 
-    summary = {"task": task, "description": data.description, "iterations": iterations, "workers": workers,
+    summary = {"task": task, "seed": seed, "description": data.description, "iterations": iterations,
+               "workers": workers,
                "staleness": staleness, "hidden": hidden, "admm_config": vars(cfg),
                # AP always runs the local-first order (run_ap ignores cfg.sweep): record what ran
                "ap_admm_config": vars(replace(ap_cfg, sweep="local-first")), "settings": settings,
@@ -240,5 +256,6 @@ def _run(task: str, iterations: int, out_dir: Path, seed: int, workers: int, sta
                 "grad_W_norm_max": float(part.grad_W_norm.max()),
             }
     (out_dir / f"admm_{task}_summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    _plot(df, whatif, task, data.train.steps, out_dir)
+    if figures:
+        _plot(df, whatif, task, data.train.steps, out_dir)
     return df

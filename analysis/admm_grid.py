@@ -34,15 +34,22 @@ def describe(setting: ADMMConfig | float) -> str:
     return json.dumps({"lr": setting})
 
 
+def ranked(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` best first: higher final validation accuracy, ties to the lower validation loss;
+    NaN ranks last (a diverged run)."""
+    return rows.fillna({"val_acc": -1.0, "val_loss": float("inf")}).sort_values(
+        ["val_acc", "val_loss"], ascending=[False, True], kind="stable")
+
+
+def parse(setting: str) -> ADMMConfig | float:
+    """The setting of a tuning table's ``setting`` column (the inverse of ``describe``)."""
+    values = json.loads(setting)
+    return float(values["lr"]) if "lr" in values else ADMMConfig(**values)
+
+
 def choose(tuning: pd.DataFrame) -> dict[str, ADMMConfig | float]:
     """Best final validation accuracy per method (ties: lower validation loss); NaN loses."""
-    chosen: dict[str, ADMMConfig | float] = {}
-    for method, part in tuning.groupby("method"):
-        best = part.fillna({"val_acc": -1.0, "val_loss": float("inf")}).sort_values(
-            ["val_acc", "val_loss"], ascending=[False, True]).iloc[0]
-        values = json.loads(best.setting)
-        chosen[str(method)] = float(values["lr"]) if "lr" in values else ADMMConfig(**values)
-    return chosen
+    return {str(method): parse(ranked(part).iloc[0].setting) for method, part in tuning.groupby("method")}
 
 
 def ladder_step(value: float, down: bool) -> float:

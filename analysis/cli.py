@@ -290,6 +290,28 @@ def admm(
     plain(f"wrote {out}")
 
 
+@app.command("admm-spap")
+def admm_spap(
+    task: Annotated[list[str] | None, typer.Option(help="tasks (repeat the option; default: all three)")] = None,
+    seeds: Annotated[int, typer.Option(help="seeds 0..N-1 per task")] = 3,
+    out: Annotated[Path, typer.Option(help="directory for the table files")] = Path("docs/results/admm/spap"),
+    runs: Annotated[Path, typer.Option(help="every run's full output; a run already there is reused")] = Path(
+        "runs/admm-spap"),
+    figures: Annotated[Path, typer.Option(help="directory for admm_spap.{png,pdf}")] = Path("docs/figures"),
+) -> None:
+    """Serial, SP and AP ADMMiRNN, SGD and Adam over tasks and seeds: the SP/AP table (docs/admm.md)."""
+    import pandas as pd
+    import torch
+
+    from analysis.admm_spap import markdown, run_spap
+    from analysis.admm_suite import TASK_PLANS
+
+    torch.set_num_threads(1)  # like every parallel rank
+    stats = run_spap(tuple(task) if task else tuple(TASK_PLANS), seeds, out, runs, figures)
+    plain(markdown(stats, pd.read_csv(out / "spap_runs.csv")))
+    plain(f"wrote {out}")
+
+
 @app.command("admm-suite")
 def admm_suite(
     out: Annotated[Path, typer.Option(help="directory for the CSVs and tables.md")] = Path("docs/results/admm"),

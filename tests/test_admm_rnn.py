@@ -276,25 +276,3 @@ def test_task_settings_are_the_validation_choices_of_the_committed_widened_grids
         assert (chosen["sgd"], chosen["adam"], admm.rho_o, admm.theta_w) == (
             settings["sgd_lr"], settings["adam_lr"], settings["rho_o"], settings["theta_w"]), task
 
-
-def test_ap_settings_are_aps_own_validation_choice_in_the_committed_tuning():
-    """AP_SETTINGS (what ``paratwin admm`` runs AP with) must be AP's choice on its widened grid
-    (docs/results/admm/tuning_digits_ap.csv, analysis/admm_followup.py ap), and interior to it."""
-    import json
-    from pathlib import Path
-
-    import pandas as pd
-
-    from analysis.admm_experiment import AP_SETTINGS
-    from analysis.admm_grid import axes, choose, widened
-
-    results = Path(__file__).resolve().parents[1] / "docs" / "results" / "admm"
-    tuning = pd.read_csv(results / "tuning_digits_ap.csv")
-    assert set(tuning.iterations) == {300} and set(tuning.workers) == {2} and set(tuning.staleness) == {2}
-    chosen = choose(tuning)["admm-ap"]
-    assert isinstance(chosen, ADMMConfig) and chosen.sweep == "local-first"
-    assert {"rho_o": chosen.rho_o, "theta_w": chosen.theta_w} == AP_SETTINGS["digits"]
-    grid = [axes(ADMMConfig(**json.loads(setting))) for setting in tuning.setting]
-    for name in ("rho_o", "theta_w"):
-        values = {point[name] for point in grid}
-        assert widened(values, axes(chosen)[name]) == values  # the widening stopped: the choice is interior
