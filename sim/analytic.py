@@ -61,7 +61,15 @@ CPU_EFF_MAX = 1.0
 MEM_EFF = 0.9
 # Where a public data set pins a device family's unfused-attention elementwise rate
 # (``EfficiencyCurve.attn_mem_eff``), that; elsewhere None, i.e. MEM_EFF (a copy's rate).
-GPU_ATTN_MEM_EFF_BY_FAMILY: dict[str, float] = {}
+# A100: measured, not fitted to any training figure. Dao et al. 2022 (FlashAttention, arXiv:2205.14135)
+# Appendix E.6, Tables 10-11: Megatron's attention alone on one A100 40 GB (fp16, dropout 0.1,
+# padding mask, seq 512-2,048); each row's time less the bmms and the context copy as this module prices
+# them, over the softmax and dropout bytes it counts, at 1,555 GB/s: the median of the six rows' rates,
+# 0.534 (0.454-0.742); rule declared in sim/data/flashattention_e6_a100.md before any test figure,
+# recomputed by benchmarks/flashattention_e6.py and tests/test_flashattention_e6.py. Carried as a
+# fraction of the datasheet bandwidth to the A100 80 GB (2,039 GB/s). Adopted by the rule of
+# docs/accuracy.md section 13 (SC'21 10.0 -> 5.1% MAPE; Table 5 and vTrain within noise or better).
+GPU_ATTN_MEM_EFF_BY_FAMILY: dict[str, float] = {"A100": 0.534}
 # No fixed cost per layer call by default: the host enqueues kernels asynchronously and runs ahead of
 # the GPU (Megatron-LM's training loop synchronises once per iteration), so launch latency overlaps
 # GPU time instead of adding to it. Small work is priced by what it really costs on the device:
