@@ -61,7 +61,15 @@ CPU_EFF_MAX = 1.0
 MEM_EFF = 0.9
 # Where a public data set pins a device family's unfused-attention elementwise rate
 # (``EfficiencyCurve.attn_mem_eff``), that; elsewhere None, i.e. MEM_EFF (a copy's rate).
-GPU_ATTN_MEM_EFF_BY_FAMILY: dict[str, float] = {}
+# A100: measured, not fitted to any training figure. Dao et al. 2022 (FlashAttention, arXiv:2205.14135)
+# Appendix E.6, Tables 10-11: Megatron's attention alone on one A100 40 GB (fp16, dropout 0.1,
+# padding mask, seq 512-2,048); each row's time less the bmms and the context copy as this module prices
+# them, over the softmax and dropout bytes it counts, at 1,555 GB/s: the median of the six rows' rates,
+# 0.534 (0.454-0.742); rule declared in sim/data/flashattention_e6_a100.md before any test figure,
+# recomputed by benchmarks/flashattention_e6.py and tests/test_flashattention_e6.py. Carried as a
+# fraction of the datasheet bandwidth to the A100 80 GB (2,039 GB/s). Adopted by the rule of
+# docs/accuracy.md section 13 (SC'21 10.0 -> 5.1% MAPE; Table 5 and vTrain within noise or better).
+GPU_ATTN_MEM_EFF_BY_FAMILY: dict[str, float] = {"A100": 0.534}
 # No fixed cost per layer call by default: the host enqueues kernels asynchronously and runs ahead of
 # the GPU (Megatron-LM's training loop synchronises once per iteration), so launch latency overlaps
 # GPU time instead of adding to it. Small work is priced by what it really costs on the device:
@@ -384,7 +392,6 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
     e = ACTIVATION_BYTES[normalize_dtype(dtype)]
     peak = device.peak(dtype)
     bw = device.memory_bandwidth_Bps * curve.mem_eff
-    bw_attn = device.memory_bandwidth_Bps * curve.attention_mem_eff  # unfused attention's softmax and dropout
     eff = curve.eff_max
     sms = device.sm_count
 
@@ -407,7 +414,7 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
     column_dgrad: tuple[float, ...] = ()
     core_bytes = core_s = 0.0
     # Bytes and seconds of unfused attention's softmax and dropout kernels (forward), the one place
-    # they are priced (at bw_attn); their bytes are inside pointwise_f too, so selective_recompute_s
+    # they are priced (unfused_attention_core_times); their bytes are inside pointwise_f too, so selective_recompute_s
     # below takes them out and adds these seconds back.
     attn_elem_f = attn_elem_f_s = 0.0
     if layer.kind == "block":
@@ -421,17 +428,11 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
         heads, d = b * a / t, h / a
         if attention == "unfused":
             S = float(heads * s * s)
-            # scores Q K^T: [s, d] x [d, s] per head; context P V: [s, s] x [s, d]. Each backward GEMM
-            # produces the gradient of one operand (both are activations: input gradients).
-            for m, n, k in ((s, s, d), (s, d, s)):
-                add("attention", gemm_time(m, n, k, heads, peak, eff, bw, e, sms),
-                    gemm_time(m, k, n, heads, peak, eff, bw, e, sms) + gemm_time(k, n, m, heads, peak, eff, bw, e, sms))
-            # softmax and dropout at the attention's own rate, the context's permute copy at a copy's
-            attn_elem_f, attn_elem_b = e * 2 * S + drop * (e * 2 * S + S), e * 3 * S + drop * (e * 2 * S + S)
-            context_copy = e * 2 * X / t
-            attn_elem_f_s = attn_elem_f / bw_attn
-            add("attention", attn_elem_f_s + context_copy / bw, attn_elem_b / bw_attn + context_copy / bw)
-            mem_f, mem_b = mem_f + attn_elem_f + context_copy, mem_b + attn_elem_b + context_copy
+            core = unfused_attention_core_times(heads, s, d, device, dtype, curve, dropout=bool(drop))
+            add("attention", core.fwd_s, core.bwd_s)
+            attn_elem_f, attn_elem_f_s = core.elementwise_bytes_fwd, core.elementwise_fwd_s
+            mem_f = mem_f + core.elementwise_bytes_fwd + core.copy_bytes
+            mem_b = mem_b + core.elementwise_bytes_bwd + core.copy_bytes
             saved_extra = unfused_attention_saved_bytes(b, t, s, a, e, drop)
             core_bytes, core_s = e * S + drop * (S + e * S), parts["attention"][0]
         else:
@@ -484,6 +485,57 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
         column_wgrad_s=column_wgrad, column_dgrad_s=column_dgrad,
         attention_core_bytes=core_bytes, attention_core_recompute_s=core_s, sequence_parallel=sp,
     )
+
+
+@dataclass(frozen=True)
+class AttentionCoreTimes:
+    """Unfused attention's core (scores, masked softmax, dropout, context, the context's permute copy)
+    on ``heads`` (batch x heads per rank) heads: seconds by kind and the bytes of its memory-bound
+    kernels. Priced once here for the layer (``transformer_layer_times``) and for the kernel benchmark
+    the attention rate is measured on (benchmarks/flashattention_e6.py)."""
+
+    bmm_fwd_s: float  # the score and context bmms, on the GEMM roofline
+    bmm_bwd_s: float  # their four backward bmms (each produces one activation operand's gradient)
+    elementwise_bytes_fwd: float  # softmax and dropout, at bandwidth x attention_mem_eff
+    elementwise_bytes_bwd: float
+    elementwise_fwd_s: float
+    elementwise_bwd_s: float
+    copy_bytes: float  # the context's permute + contiguous copy (each pass), at bandwidth x mem_eff
+    copy_s: float
+
+    @property
+    def fwd_s(self) -> float:
+        return self.bmm_fwd_s + self.elementwise_fwd_s + self.copy_s
+
+    @property
+    def bwd_s(self) -> float:
+        return self.bmm_bwd_s + self.elementwise_bwd_s + self.copy_s
+
+
+def unfused_attention_core_times(heads: float, s: int, d: float, device: DeviceSpec, dtype: str,
+                                 curve: EfficiencyCurve, dropout: bool) -> AttentionCoreTimes:
+    """Megatron-LM's CoreAttention, kernel by kernel, for ``heads`` = b a / t heads of dimension ``d`` at
+    sequence ``s``: S = heads s^2 score elements of e bytes (``dtype``'s activation size). Scores Q K^T
+    ([s, d] x [d, s] per head) and context P V ([s, s] x [s, d]) through ``gemm_time``; backward, the
+    gradient of each operand. Fused scale-mask-softmax: read S, write S (forward), read dy and y, write
+    dx (backward); dropout: read S, write S and a 1-byte mask (forward), read dy and the mask, write dx
+    (backward); both at memory bandwidth x ``curve.attention_mem_eff``. The context's permute copy
+    (read and write heads s d elements, each pass) at x ``curve.mem_eff``, as every copy."""
+    e = ACTIVATION_BYTES[normalize_dtype(dtype)]
+    peak, eff, sms = device.peak(dtype), curve.eff_max, device.sm_count
+    bw = device.memory_bandwidth_Bps * curve.mem_eff
+    bw_attn = device.memory_bandwidth_Bps * curve.attention_mem_eff
+    drop = 1.0 if dropout else 0.0
+    S = float(heads * s * s)
+    bmm_f = bmm_b = 0.0
+    for m, n, k in ((s, s, d), (s, d, s)):
+        bmm_f += gemm_time(m, n, k, heads, peak, eff, bw, e, sms)
+        bmm_b += gemm_time(m, k, n, heads, peak, eff, bw, e, sms) + gemm_time(k, n, m, heads, peak, eff, bw, e, sms)
+    elem_f, elem_b = e * 2 * S + drop * (e * 2 * S + S), e * 3 * S + drop * (e * 2 * S + S)
+    copy = e * 2 * heads * s * d
+    return AttentionCoreTimes(bmm_fwd_s=bmm_f, bmm_bwd_s=bmm_b, elementwise_bytes_fwd=elem_f,
+                              elementwise_bytes_bwd=elem_b, elementwise_fwd_s=elem_f / bw_attn,
+                              elementwise_bwd_s=elem_b / bw_attn, copy_bytes=copy, copy_s=copy / bw)
 
 
 def host_launches(kind: str, tp: int, dropout: bool = True) -> tuple[int, int, int]:

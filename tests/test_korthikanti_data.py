@@ -5,6 +5,7 @@ docs/accuracy.md section 5 quotes are what the data give (benchmarks/korthikanti
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -91,13 +92,30 @@ def test_the_a100_default_and_the_quoted_fit_are_what_table4_gives(bench):
     from sim.hardware import get_device
 
     table = bench.load_layer_times()
-    base = bench.sc21.curve_of("default")
+    # 0.791 was fitted (section 5) with attention's softmax and dropout at a copy's rate (mem_eff); the
+    # measured attention rate (section 13) came later and is held out of this provenance.
+    base = replace(bench.sc21.curve_of("default"), attn_mem_eff=None)
     assert default_for(get_device("A100-80GB"), "fp16").eff_max == GPU_EFF_MAX_BY_FAMILY["A100"]
     assert bench.fit_eff_max(table, base, "all", overlap=False) == pytest.approx(GPU_EFF_MAX_BY_FAMILY["A100"],
                                                                                   abs=1e-9)
     assert bench.fit_eff_max(table, base, "all", overlap=True) == pytest.approx(FIT_ALL_WITH_OVERLAP, abs=1e-9)
     for overlap in (False, True):  # the forward has no backward all-reduce to hide
         assert bench.fit_eff_max(table, base, "forward", overlap=overlap) == pytest.approx(FIT_FORWARD, abs=1e-9)
+
+
+# Section 13, step 5: eff_max refitted on Table 4 (none/full rows) with the measured attention rate held
+# (the A100 default since section 13), without and with the 2022 backward overlap; reported, not adopted.
+REFIT_WITH_MEASURED_ATTENTION = {False: 0.867, True: 0.741}
+
+
+def test_the_refits_with_the_measured_attention_rate_the_docs_quote(bench):
+    from sim.analytic import GPU_ATTN_MEM_EFF_BY_FAMILY
+
+    base = bench.sc21.curve_of("default")
+    assert base.attention_mem_eff == GPU_ATTN_MEM_EFF_BY_FAMILY["A100"]
+    table = bench.load_layer_times()
+    for overlap, fitted in REFIT_WITH_MEASURED_ATTENTION.items():
+        assert bench.fit_eff_max(table, base, "all", overlap=overlap) == pytest.approx(fitted, abs=1e-9)
 
 
 # Section 12: the joint (eff_max, attn_mem_eff) fit on Table 4's rows without sequence parallelism
