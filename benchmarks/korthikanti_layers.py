@@ -388,6 +388,7 @@ def main() -> None:
                 continue
             curves[f"fitted on Table 4 ({which})"] = replace(base, eff_max=fitted)
     joint_name = "joint fit on Table 4 (rows without sequence parallelism)"
+    share_name = "fit of (eff_max, share) on Table 4 (rows without sequence parallelism)"
     fits: dict[str, Any] = {}
     if args.fit_attention:
         for shift in (0.0, *CORE_DIFFERENCE_SHIFTS_MS):
@@ -403,14 +404,12 @@ def main() -> None:
               f"share {share:.2f}, log loss {loss:.5f}; with each time moved by half its print step:", flush=True)
         report["share_fit"] = {"eff_max": e, "share": share, "log_loss": loss,
                                "print_precision": share_fit_precision(layers, base)}
-        name = "fit of (eff_max, share) on Table 4 (rows without sequence parallelism)"
-        curves[name], overlaps[name] = replace(base, eff_max=e), share
+        curves[share_name], overlaps[share_name] = replace(base, eff_max=e), share
     for name, curve in curves.items():
         ov = overlaps.get(name, overlap)
-        print(f"\n== {name}: backward overlap share {float(ov):g}")
         print(f"\n== {name}: eff_max {curve.eff_max:.3f}, mem_eff {curve.mem_eff}, "
               f"attention softmax/dropout {curve.attention_mem_eff:.3f}, "
-              f"host {curve.host_launch_s * 1e6:.0f} us")
+              f"host {curve.host_launch_s * 1e6:.0f} us, backward overlap share {float(ov):g}")
         rows = compare_layers(layers, curve, ov)
         print("Table 4, one layer of the 22B model (tp 8, micro-batch 4), ms: measured / simulated (error)")
         for r in rows:
@@ -424,7 +423,7 @@ def main() -> None:
         for r in present:
             cells = [f"{r[k]:.1f} / {r['pred_' + k]:.2f} ({r['pred_' + k] / r[k] - 1:+.1%})"
                      for k in ("forward_ms", "backward_ms", "combined_ms")]
-            seen = name == joint_name and not r["sequence_parallel"]  # the joint fit's selective row
+            seen = name in (joint_name, share_name) and not r["sequence_parallel"]  # the two fits' selective row
             print(f"  {r['experiment']:<26} fwd {cells[0]}  bwd {cells[1]}  combined {cells[2]}  "
                   f"({'fitted' if seen else 'not fitted'})")
         if present and args.fit_attention:
