@@ -1,7 +1,7 @@
 """Per-layer and per-iteration A100 timings of Korthikanti et al. 2022 against the kernel model.
 
-    python benchmarks/korthikanti_layers.py [--eff-max 0.8] [--attn-mem-eff 0.6] [--fit] [--skip-iterations]
-        [--skip-present] [--json OUT.json]
+    python benchmarks/korthikanti_layers.py [--eff-max 0.8] [--attn-mem-eff 0.6] [--fit] [--fit-share]
+        [--skip-iterations] [--skip-present] [--json OUT.json]
 
 Data (``sim/data/korthikanti2022_*.csv``, provenance in ``korthikanti2022.md``): Table 4, the forward
 and backward time of one transformer layer of a 22B GPT (hidden 6,144, 64 heads, sequence 2,048,
@@ -34,6 +34,11 @@ the host launch cost (40 us, ``sim.analytic.GPU_HOST_LAUNCH_S``) was fitted on v
 on a grid, with the same loss, on Table 4's rows without sequence parallelism (``JOINT_FIT_RECOMPUTE``:
 recompute none, full, selective; declared before the fit was run), and again with the selective
 backward moved by +/- 0.1 ms (Table 4's print precision); the curve is then reported beside the default.
+
+``--fit-share``: eff_max and the share of each backward TP all-reduce the 2022 code hides under its
+weight-gradient GEMM (``--tp-backward-overlap-share``; ``AnalyticCosts(tp_backward_overlap=share)``) jointly,
+on the same rows and loss, attention at the curve's rate (declared in sim/data/korthikanti2022.md before it
+was run: ``SHARE_FIT_ROWS``, ``SHARE_RANGE``), and again with each fitted time moved by +/- 0.05 ms.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -131,7 +137,7 @@ def row_plan(row: dict[str, Any], recompute: str, sequence_parallel: bool = Fals
 
 
 def layer_times(row: dict[str, Any], curve: sc21.EfficiencyCurve,
-                overlap: bool = TP_BACKWARD_OVERLAP) -> tuple[float, float]:
+                overlap: bool | float = TP_BACKWARD_OVERLAP) -> tuple[float, float]:
     """Simulated (forward, backward) seconds of one middle transformer block, from the engine's
     per-layer rows on the first rank; a backward under full recompute includes its re-run forward."""
     plan = row_plan(row, row["recompute"], bool(row["sequence_parallel"]))
@@ -146,7 +152,7 @@ def layer_times(row: dict[str, Any], curve: sc21.EfficiencyCurve,
 
 
 def compare_layers(table: pd.DataFrame, curve: sc21.EfficiencyCurve,
-                   overlap: bool = TP_BACKWARD_OVERLAP, rows: str = "fit") -> list[dict[str, Any]]:
+                   overlap: bool | float = TP_BACKWARD_OVERLAP, rows: str = "fit") -> list[dict[str, Any]]:
     """Measured and simulated times of the Table 4 ``rows`` (LAYER_ROWS): "fit" (fit_rows), "present"
     (present_rows), "joint" (joint_fit_rows) or "joint_held" (joint_held_rows)."""
     out = []
@@ -182,7 +188,7 @@ def log_loss(results: list[dict[str, Any]], which: str = "all") -> float:
 
 
 def fit_eff_max(table: pd.DataFrame, base: sc21.EfficiencyCurve, which: str = "all", lo: float = 0.60,
-                hi: float = 1.0, step: float = 0.001, overlap: bool = TP_BACKWARD_OVERLAP) -> float:
+                hi: float = 1.0, step: float = 0.001, overlap: bool | float = TP_BACKWARD_OVERLAP) -> float:
     """The eff_max on a grid of ``step`` in [lo, hi] minimising ``log_loss`` on the Table 4 times
     ``which`` names (a coarse pass of 10 steps, then the fine grid around its best)."""
     def loss(e: float) -> float:
@@ -194,28 +200,81 @@ def fit_eff_max(table: pd.DataFrame, base: sc21.EfficiencyCurve, which: str = "a
     return round(float(min(fine, key=loss)), 6)
 
 
-def fit_joint(table: pd.DataFrame, base: sc21.EfficiencyCurve, overlap: bool = False,
+def grid_fit(loss: Callable[[float, float], float], x_range: tuple[float, float, float],
+             y_range: tuple[float, float, float]) -> tuple[float, float, float]:
+    """(x, y, loss) minimising ``loss(x, y)`` on a grid (each range: lo, hi, step): a coarse pass of 10
+    steps in each, then the fine grid around its best."""
+    def grid(lo: float, hi: float, step: float) -> np.ndarray:
+        return np.round(np.arange(lo, hi + 1e-9, step), 6)
+
+    (x_lo, x_hi, x_step), (y_lo, y_hi, y_step) = x_range, y_range
+    coarse = [(loss(x, y), x, y) for x in grid(x_lo, x_hi, 10 * x_step) for y in grid(y_lo, y_hi, 10 * y_step)]
+    _, x0, y0 = min(coarse)
+    fine = [(loss(x, y), x, y)
+            for x in grid(max(x_lo, x0 - 10 * x_step), min(x_hi, x0 + 10 * x_step), x_step)
+            for y in grid(max(y_lo, y0 - 10 * y_step), min(y_hi, y0 + 10 * y_step), y_step)]
+    best, x, y = min(fine)
+    return float(x), float(y), float(best)
+
+
+def fit_joint(table: pd.DataFrame, base: sc21.EfficiencyCurve, overlap: bool | float = False,
               eff_range: tuple[float, float, float] = (0.60, 1.0, 0.001),
               attn_range: tuple[float, float, float] = (0.10, 1.0, 0.005)) -> tuple[float, float, float]:
-    """(eff_max, attn_mem_eff, log loss) on a grid (each range: lo, hi, step) minimising ``log_loss`` over
-    the four distinct times of ``joint_fit_rows`` (the forward once, each row's backward), the loss
-    ``fit_eff_max`` uses. A coarse pass of 10 steps in each, then the fine grid around its best.
-    ``overlap`` defaults to off, the convention the A100's eff_max 0.791 was fitted in."""
+    """(eff_max, attn_mem_eff, log loss) on a grid (``grid_fit``) minimising ``log_loss`` over the four
+    distinct times of ``joint_fit_rows`` (the forward once, each row's backward), the loss
+    ``fit_eff_max`` uses. ``overlap`` defaults to off, the convention the A100's eff_max 0.791 was fitted in."""
     def loss(e: float, a: float) -> float:
         curve = replace(base, eff_max=round(float(e), 6), attn_mem_eff=round(float(a), 6))
         return log_loss(compare_layers(table, curve, overlap, rows="joint"), "all")
 
-    def grid(lo: float, hi: float, step: float) -> np.ndarray:
-        return np.round(np.arange(lo, hi + 1e-9, step), 6)
+    return grid_fit(loss, eff_range, attn_range)
 
-    (e_lo, e_hi, e_step), (a_lo, a_hi, a_step) = eff_range, attn_range
-    coarse = [(loss(e, a), e, a) for e in grid(e_lo, e_hi, 10 * e_step) for a in grid(a_lo, a_hi, 10 * a_step)]
-    _, e0, a0 = min(coarse)
-    fine = [(loss(e, a), e, a)
-            for e in grid(max(e_lo, e0 - 10 * e_step), min(e_hi, e0 + 10 * e_step), e_step)
-            for a in grid(max(a_lo, a0 - 10 * a_step), min(a_hi, a0 + 10 * a_step), a_step)]
-    best, e, a = min(fine)
-    return float(e), float(a), float(best)
+
+# What ``--fit-share`` fits (eff_max, the 2022 backward overlap's share) on, declared before the fit was
+# run (issue 9, session 10; sim/data/korthikanti2022.md): the rows without sequence parallelism
+# (``joint_fit_rows``), attention at the curve's rate (the measured 0.534), share 0-1 by 0.01.
+SHARE_FIT_ROWS = "joint"
+SHARE_RANGE = (0.0, 1.0, 0.01)
+# Table 4 prints to 0.1 ms: each fitted time is known to +/- 0.05 ms. ``--fit-share`` refits with each of
+# the four (the forward, the three backwards) moved by these, one at a time.
+PRINT_PRECISION_SHIFTS_MS = (-0.05, 0.05)
+
+
+def fit_share(table: pd.DataFrame, base: sc21.EfficiencyCurve,
+              eff_range: tuple[float, float, float] = (0.60, 1.0, 0.001),
+              share_range: tuple[float, float, float] = SHARE_RANGE) -> tuple[float, float, float]:
+    """(eff_max, share, log loss) on a grid (``grid_fit``) minimising ``log_loss`` over the four distinct
+    times of the SHARE_FIT_ROWS, the backward's TP all-reduces hidden min(share x all-reduce, GEMM)."""
+    def loss(e: float, share: float) -> float:
+        curve = replace(base, eff_max=round(float(e), 6))
+        return log_loss(compare_layers(table, curve, float(share), rows=SHARE_FIT_ROWS), "all")
+
+    return grid_fit(loss, eff_range, share_range)
+
+
+def shifted_time(table: pd.DataFrame, column: str, recompute: str | None, shift_ms: float) -> pd.DataFrame:
+    """Table 4 with ``column`` (forward_ms or backward_ms) moved by ``shift_ms`` on the rows without
+    sequence parallelism (all of them for the forward, which they share; else the ``recompute`` row)."""
+    moved = table.copy()
+    rows = moved["sequence_parallel"] == 0
+    if recompute is not None:
+        rows &= moved["recompute"] == recompute
+    moved.loc[rows, column] += shift_ms
+    moved.loc[rows, "combined_ms"] += shift_ms
+    return moved
+
+
+def share_fit_precision(table: pd.DataFrame, base: sc21.EfficiencyCurve) -> list[dict[str, Any]]:
+    """``fit_share`` again with each fitted time moved by PRINT_PRECISION_SHIFTS_MS, one at a time."""
+    out = []
+    times = [("forward_ms", None)] + [("backward_ms", r) for r in JOINT_FIT_RECOMPUTE]
+    for column, recompute in times:
+        for shift in PRINT_PRECISION_SHIFTS_MS:
+            e, share, loss = fit_share(shifted_time(table, column, recompute, shift), base)
+            out.append({"time": column if recompute is None else f"{column} ({recompute})", "shift_ms": shift,
+                        "eff_max": e, "share": share, "log_loss": loss})
+            print(f"  {out[-1]['time']:<24} {shift:+.2f} ms: eff_max {e:.3f}, share {share:.2f}", flush=True)
+    return out
 
 
 # Table 4 prints times to 0.1 ms: the core's re-run (selective minus no-recompute backward, 1.3 ms) is
@@ -238,7 +297,7 @@ ITERATION_COLUMNS = {"full": ("full_recompute_s", "full", False),
 
 
 def compare_iterations(table: pd.DataFrame, curve: sc21.EfficiencyCurve,
-                       overlap: bool = TP_BACKWARD_OVERLAP, column: str = "full") -> list[dict[str, Any]]:
+                       overlap: bool | float = TP_BACKWARD_OVERLAP, column: str = "full") -> list[dict[str, Any]]:
     """Table 5's ``column`` (ITERATION_COLUMNS): "full" recompute, or the "present" work (sequence
     parallelism + selective recomputation)."""
     measured, recompute, sequence_parallel = ITERATION_COLUMNS[column]
@@ -268,7 +327,7 @@ def print_stats(label: str, stats: dict[str, float]) -> None:
 
 
 def compare_data_parallel(iterations: pd.DataFrame, curve: sc21.EfficiencyCurve,
-                          path: Path = DATA_PARALLEL, overlap: bool = TP_BACKWARD_OVERLAP) -> dict[str, Any]:
+                          path: Path = DATA_PARALLEL, overlap: bool | float = TP_BACKWARD_OVERLAP) -> dict[str, Any]:
     """Section 6.3: the 530B model (present work) at 1 and 8-way data parallelism with the batch per
     model instance kept, 37.83 -> 39.15 s, no overlap of the gradient all-reduce. The simulator cannot
     run the present work (sequence parallelism), so it compares the increment: the full-recompute
@@ -303,16 +362,23 @@ def main() -> None:
                         help="leave out the present-work rows (sequence parallelism, selective recompute)")
     parser.add_argument("--no-tp-backward-overlap", dest="overlap", action="store_false",
                         help="price the 2022 runs' backward TP all-reduces after the compute (as before session 5c)")
+    parser.add_argument("--tp-backward-overlap-share", type=float, default=None, metavar="SHARE",
+                        help="the share in [0, 1] of each backward TP all-reduce the 2022 runs hide under its "
+                             "weight-gradient GEMM (1: the ideal overlap, what the option's on means; 0: off)")
+    parser.add_argument("--fit-share", action="store_true",
+                        help="fit (eff_max, that share) on Table 4's rows without sequence parallelism, with the "
+                             "fit's range over the times' print precision, and report it beside the default")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    overlap = args.overlap
-    print(f"2022 backward overlap of TP all-reduces with weight-gradient GEMMs: {'on' if overlap else 'off'}")
+    overlap: bool | float = args.overlap if args.tp_backward_overlap_share is None else args.tp_backward_overlap_share
+    print(f"2022 backward overlap of TP all-reduces with weight-gradient GEMMs: share {float(overlap):g}")
     base = sc21.curve_of("default")
     if args.eff_max is not None:
         base = replace(base, eff_max=args.eff_max)
     if args.attn_mem_eff is not None:
         base = replace(base, attn_mem_eff=args.attn_mem_eff)
     curves = {"default": base}
+    overlaps: dict[str, bool | float] = {}  # a curve's own share where it differs from ``overlap``
     layers = load_layer_times()
     if args.fit:
         for which in FIT_TARGETS:
@@ -322,6 +388,7 @@ def main() -> None:
                 continue
             curves[f"fitted on Table 4 ({which})"] = replace(base, eff_max=fitted)
     joint_name = "joint fit on Table 4 (rows without sequence parallelism)"
+    share_name = "fit of (eff_max, share) on Table 4 (rows without sequence parallelism)"
     fits: dict[str, Any] = {}
     if args.fit_attention:
         for shift in (0.0, *CORE_DIFFERENCE_SHIFTS_MS):
@@ -331,11 +398,19 @@ def main() -> None:
                   f"eff_max {e:.3f}, attn_mem_eff {a:.3f}, log loss {loss:.5f}", flush=True)
         curves[joint_name] = replace(base, eff_max=fits["+0.0"]["eff_max"], attn_mem_eff=fits["+0.0"]["attn_mem_eff"])
     report: dict[str, Any] = {"joint_fits": fits} if fits else {}
+    if args.fit_share:
+        e, share, loss = fit_share(layers, base)
+        print(f"fit of (eff_max, share) on Table 4's rows without sequence parallelism: eff_max {e:.3f}, "
+              f"share {share:.2f}, log loss {loss:.5f}; with each time moved by half its print step:", flush=True)
+        report["share_fit"] = {"eff_max": e, "share": share, "log_loss": loss,
+                               "print_precision": share_fit_precision(layers, base)}
+        curves[share_name], overlaps[share_name] = replace(base, eff_max=e), share
     for name, curve in curves.items():
+        ov = overlaps.get(name, overlap)
         print(f"\n== {name}: eff_max {curve.eff_max:.3f}, mem_eff {curve.mem_eff}, "
               f"attention softmax/dropout {curve.attention_mem_eff:.3f}, "
-              f"host {curve.host_launch_s * 1e6:.0f} us")
-        rows = compare_layers(layers, curve, overlap)
+              f"host {curve.host_launch_s * 1e6:.0f} us, backward overlap share {float(ov):g}")
+        rows = compare_layers(layers, curve, ov)
         print("Table 4, one layer of the 22B model (tp 8, micro-batch 4), ms: measured / simulated (error)")
         for r in rows:
             cells = [f"{r[k]:.1f} / {r['pred_' + k]:.2f} ({r['pred_' + k] / r[k] - 1:+.1%})"
@@ -344,15 +419,15 @@ def main() -> None:
         err = [p / m - 1 for m, p in fit_targets(rows)]
         print(f"  fit rows' distinct times: errors {', '.join(f'{e:+.1%}' for e in err)}; "
               f"MAPE {np.mean(np.abs(err)):.1%}, log loss {log_loss(rows):.5f}")
-        present = [] if args.skip_present else compare_layers(layers, curve, overlap, rows="present")
+        present = [] if args.skip_present else compare_layers(layers, curve, ov, rows="present")
         for r in present:
             cells = [f"{r[k]:.1f} / {r['pred_' + k]:.2f} ({r['pred_' + k] / r[k] - 1:+.1%})"
                      for k in ("forward_ms", "backward_ms", "combined_ms")]
-            seen = name == joint_name and not r["sequence_parallel"]  # the joint fit's selective row
+            seen = name in (joint_name, share_name) and not r["sequence_parallel"]  # the two fits' selective row
             print(f"  {r['experiment']:<26} fwd {cells[0]}  bwd {cells[1]}  combined {cells[2]}  "
                   f"({'fitted' if seen else 'not fitted'})")
         if present and args.fit_attention:
-            joint = compare_layers(layers, curve, overlap, rows="joint")
+            joint = compare_layers(layers, curve, ov, rows="joint")
             print(f"  joint fit rows' distinct times: errors "
                   f"{', '.join(f'{p / m - 1:+.1%}' for m, p in fit_targets(joint))}; log loss {log_loss(joint):.5f}")
             held = [(r[k], r["pred_" + k]) for r in present if r["sequence_parallel"]
@@ -366,7 +441,7 @@ def main() -> None:
             print_stats("all five rows, forward and backward times (10)", error_stats(*zip(*every, strict=True)))
         iters: list[dict[str, Any]] = []
         for column in () if args.skip_iterations else ("full", *(() if args.skip_present else ("present",))):
-            rows5 = compare_iterations(load_iterations(), curve, overlap, column)
+            rows5 = compare_iterations(load_iterations(), curve, ov, column)
             title = {"full": "full recompute", "present": "present work (sequence parallel + selective recompute)"}
             print(f"Table 5, {title[column]}, iteration s: measured / simulated (error)")
             for r in rows5:
@@ -375,12 +450,12 @@ def main() -> None:
             stats = error_stats([r["measured_s"] for r in rows5], [r["pred_s"] for r in rows5])
             print_stats(f"Table 5 {column}", stats)
             iters += rows5
-        dp = {} if args.skip_iterations else compare_data_parallel(load_iterations(), curve, overlap=overlap)
+        dp = {} if args.skip_iterations else compare_data_parallel(load_iterations(), curve, overlap=ov)
         if dp:
             print(f"Section 6.3, 530B at dp 1 -> 8, increment s: measured {dp['measured_increment_s']:.2f} / "
                   f"simulated {dp['pred_increment_s']:.2f} (full recompute: {dp['pred_dp1_s']:.2f} -> "
                   f"{dp['pred_dp8_s']:.2f} s)")
-        report[name] = {"curve": curve.to_dict(), "tp_backward_overlap": overlap, "layers": rows,
+        report[name] = {"curve": curve.to_dict(), "tp_backward_overlap": ov, "layers": rows,
                         "present_layers": present,
                         "iterations": iters, "data_parallel": dp}
     if args.json:

@@ -186,7 +186,7 @@ def curve_of(name: str, host_launch_us: float | None = None) -> EfficiencyCurve:
 
 def run_plan(plan: Plan, curve: EfficiencyCurve, attention: str = MEGATRON_ATTENTION, kernels: bool = True,
              megatron_2021: bool = True, layer_rows: bool = False,
-             tp_backward_overlap: bool = False) -> tuple[Engine, AnalyticCosts, Any, float]:
+             tp_backward_overlap: bool | float = False) -> tuple[Engine, AnalyticCosts, Any, float]:
     """Simulate ``plan`` (symmetric engine) with the kernel model on ``curve``: (engine, costs, the
     compiled plan, iteration seconds). ``megatron_2021``: the fp16 optimizer's step as Megatron ran it.
     ``tp_backward_overlap``: the backward's TP all-reduces hidden behind weight-gradient GEMMs as

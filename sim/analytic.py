@@ -588,6 +588,7 @@ class LayerCosts:
     shared_input_bytes: int = 0
     unsaved_input_bytes: int = 0
     tp_bwd_overlap_s: tuple[float, ...] = ()  # sim.costs.LayerCosts.tp_bwd_overlap_s
+    tp_bwd_overlap_share: float = 1.0  # sim.costs.LayerCosts.tp_bwd_overlap_share
     tp_sequence_parallel: bool = False  # sim.costs.LayerCosts.tp_sequence_parallel
     tp_bwd_regathers: int = 0  # sim.costs.LayerCosts.tp_bwd_regathers
     tp_bwd_regather_overlap_s: tuple[float, ...] = ()
@@ -613,7 +614,7 @@ class LayerCosts:
 class AnalyticCostModel:
     def __init__(self, device: DeviceSpec, dtype: str, efficiency: EfficiencyCurve | None = None,
                  attention: str = "flash", kernels: bool = True, optimizer: str = "adam",
-                 tp_backward_overlap: bool = False) -> None:
+                 tp_backward_overlap: bool | float = False) -> None:
         self.device = device
         self.dtype = normalize_dtype(dtype)
         self.peak = device.peak(self.dtype)  # raises a ConfigError for a dtype the device lacks
@@ -634,7 +635,9 @@ class AnalyticCostModel:
         # all-reduce of its input gradient asynchronously and runs its weight-gradient GEMM meanwhile
         # (megatron/mpu/layers.py, LinearWithGradAccumulationAndAsyncCommunication.backward). Off by
         # default: every golden and the v2.5 benchmark assume the all-reduces run after the compute.
-        self.tp_backward_overlap = tp_backward_overlap
+        # A number in [0, 1] is the share of each overlappable collective that runs under its GEMM
+        # (sim.costs.LayerCosts.tp_bwd_overlap_share): False is 0, True is 1 (the ideal overlap).
+        self.tp_backward_overlap = overlap_share(tp_backward_overlap)
 
     def _time(self, flops: float, nbytes: float) -> float:
         compute = self.efficiency.compute_time(flops, self.peak)
@@ -746,6 +749,7 @@ class AnalyticCostModel:
             shared_input_bytes=b * layer.shared_input_elems * act,
             unsaved_input_bytes=b * layer.unsaved_input_elems * act,
             tp_bwd_overlap_s=overlap,
+            tp_bwd_overlap_share=self.tp_backward_overlap if overlap or regather_overlap else 1.0,
             tp_sequence_parallel=sequence_parallel,
             tp_bwd_regathers=regathers, tp_bwd_regather_overlap_s=regather_overlap,
             attention_core_bytes=int(round(core_bytes)),
@@ -783,6 +787,21 @@ class AnalyticCostModel:
         params = param_bytes / p_b
         traffic = params * OPTIMIZER_TRAFFIC.get(self.optimizer, 2 * p_b + g_b + 2 * o_b)
         return traffic / (self.device.memory_bandwidth_Bps * self.efficiency.mem_eff)
+
+
+def overlap_share(value: bool | float) -> float:
+    """``tp_backward_overlap`` as the share of each overlappable backward collective that runs under its
+    GEMM: False 0.0, True 1.0, a number in [0, 1] itself; anything else a ConfigError."""
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    try:
+        share = float(value)
+    except (TypeError, ValueError):
+        share = float("nan")
+    if not 0.0 <= share <= 1.0:  # also refuses nan
+        raise ConfigError("tp_backward_overlap", f"must be a bool or a share in [0, 1], got {value!r}",
+                          "use False (no overlap), True (the ideal overlap) or a fraction such as 0.5")
+    return share
 
 
 def megatron_head_tp(micro_batch: int, layer: LayerSpec, act: int) -> tuple[int, int, int, int]:

@@ -16,7 +16,7 @@ class AnalyticCosts:
     def __init__(self, layers: Sequence[LayerSpec], device: DeviceSpec, dtype: str,
                  cluster: ClusterSpec | None = None, efficiency: EfficiencyCurve | None = None,
                  attention: str = "flash", kernels: bool = True, optimizer: str = "adam",
-                 tp_backward_overlap: bool = False) -> None:
+                 tp_backward_overlap: bool | float = False) -> None:
         self.specs = list(layers)
         self.num_layers = len(self.specs)
         self.model = AnalyticCostModel(device, dtype, efficiency, attention=attention, kernels=kernels,
@@ -36,7 +36,7 @@ class AnalyticCosts:
             selective_saved_bytes=c.selective_saved_bytes, selective_recompute_s=c.selective_recompute_s,
             shared_input_bytes=c.shared_input_bytes,
             unsaved_input_bytes=c.unsaved_input_bytes,
-            tp_bwd_overlap_s=c.tp_bwd_overlap_s,
+            tp_bwd_overlap_s=c.tp_bwd_overlap_s, tp_bwd_overlap_share=c.tp_bwd_overlap_share,
             tp_sequence_parallel=c.tp_sequence_parallel,
             tp_bwd_regathers=c.tp_bwd_regathers, tp_bwd_regather_overlap_s=c.tp_bwd_regather_overlap_s,
             attention_core_bytes=c.attention_core_bytes, attention_core_recompute_s=c.attention_core_recompute_s,

@@ -79,6 +79,13 @@ class LayerCosts:
     # seconds each backward collective can hide behind (the weight-gradient GEMM of the column-parallel
     # linear whose input gradient it reduces, running meanwhile), one per collective; empty: none.
     tp_bwd_overlap_s: tuple[float, ...] = ()
+    # The share of each such collective (and of each sequence-parallel re-gather) that runs under its
+    # GEMM, in [0, 1]: the collective's first ``share`` of its seconds proceeds beside the GEMM, the
+    # rest after it, so a backward hides min(share x collective, GEMM). 1 is the ideal two-stream overlap
+    # (no contention); the measured 2022 runs hid less (docs/accuracy.md sections 6 and 14). It scales
+    # the seconds hidden, never the collective's own price, so the same plan at share 0 prices as with
+    # no overlap at all.
+    tp_bwd_overlap_share: float = 1.0
     # Standard deviations of the phases' times (s) where the cost model measured them (a profile's
     # per-layer spread, sim.bundle_costs); 0: no variance known. The engine and the estimate turn
     # them into the expected wait at a collective for the latest member (sim.meeting).
@@ -114,9 +121,10 @@ def tp_comm_s(c: LayerCosts, backward: bool, price: Callable[[str, int], float],
     """Exposed seconds of the layer's TP communication in a forward (or a backward, ``backward``), with
     ``price(collective, bytes)`` the seconds of one collective over the layer's TP group. The one
     rule the engine and the estimate share. A backward that computes the weight gradients with the
-    input gradients (``with_weight_grads``) hides min(collective, GEMM) of each collective that has a
-    GEMM in ``tp_bwd_overlap_s`` (what the two streams' overlap saves; a split backward's input-
-    gradient step has no weight-gradient GEMM to hide behind)."""
+    input gradients (``with_weight_grads``) hides min(share x collective, GEMM) of each collective that
+    has a GEMM in ``tp_bwd_overlap_s`` (what the two streams' overlap saves, ``tp_bwd_overlap_share``
+    of the collective at most; a split backward's input-gradient step has no weight-gradient GEMM to
+    hide behind)."""
     if c.tp_allreduces == 0 or (backward and not c.tp_in_backward):
         return 0.0
     count, nbytes = c.tp_allreduces, c.tp_comm_bytes
@@ -132,11 +140,13 @@ def tp_comm_s(c: LayerCosts, backward: bool, price: Callable[[str, int], float],
         one = hideable + price("all_gather", nbytes)
     else:
         one = hideable = price(c.tp_collective, nbytes)
-    hidden = sum(min(hideable, gemm) for gemm in c.tp_bwd_overlap_s) if backward and with_weight_grads else 0.0
+    share = c.tp_bwd_overlap_share
+    hidden = sum(min(share * hideable, gemm) for gemm in c.tp_bwd_overlap_s) \
+        if backward and with_weight_grads else 0.0
     regather = 0.0
     if backward and c.tp_bwd_regathers:
         gather = price("all_gather", nbytes)
-        regather = c.tp_bwd_regathers * gather - sum(min(gather, gemm) for gemm in c.tp_bwd_regather_overlap_s)
+        regather = c.tp_bwd_regathers * gather - sum(min(share * gather, gemm) for gemm in c.tp_bwd_regather_overlap_s)
     return count * one - hidden + regather
 
 
