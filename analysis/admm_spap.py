@@ -30,7 +30,7 @@ import torch
 from traces.errors import ConfigError
 
 from .admm_experiment import AP_SETTINGS, TASK_SETTINGS, run_admm_experiment, run_configs
-from .admm_suite import TASK_PLANS, _mean_std
+from .admm_suite import TASK_PLANS, _mean_std, run_length
 
 METHODS = ("admm-serial", "admm-sp", "admm-ap", "sgd", "adam")  # the table's row order
 VALUES = ("train_loss", "val_acc", "test_acc", "time_s")
@@ -60,11 +60,12 @@ def one_run(task: str, seed: int, runs_dir: Path, iterations: int | None = None,
             workers: int = WORKERS, staleness: int = STALENESS, figures: bool = True) -> tuple[dict, bool]:
     """The summary of ``task`` at ``seed`` (run now unless ``runs_dir`` holds the same run);
     returns it and whether it was reused."""
-    its = TASK_PLANS[task].iterations if iterations is None else iterations
+    its = run_length(TASK_PLANS[task], iterations)
     run_dir = Path(runs_dir) / f"{task}-seed{seed}"
     want = expected(task, seed, its, workers, staleness)
-    if _matches(_summary(run_dir, task), want):
-        return _summary(run_dir, task) or {}, True
+    summary = _summary(run_dir, task)
+    if summary is not None and _matches(summary, want):
+        return summary, True
     print(f"{task} seed {seed}: {its} iterations, AP {want['ap_admm_config']}", flush=True)
     run_admm_experiment(task, its, run_dir, seed=seed, workers=workers, staleness=staleness, figures=figures)
     return _summary(run_dir, task) or {}, False
