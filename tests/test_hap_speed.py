@@ -1,11 +1,13 @@
 """The cheaper HAP fit computes the same numbers: flat batches equal torch_geometric's, edge-list hop
-distances equal the dense ones, a short fit's curve is the same with either loader, and a committed
-MUTAG row of docs/results/hap is reproduced exactly (docs/hap.md, "Speed")."""
+distances equal the dense ones, a short fit's curve is the same with either loader, and the first
+epochs of a committed MUTAG curve are reproduced, and a fit is the same twice on one machine (docs/hap.md,
+"Speed" and "Reproducibility")."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -83,18 +85,36 @@ def test_short_fit_is_the_same_with_either_loader(mutag, monkeypatch: pytest.Mon
     assert all(torch.equal(a, b) for a, b in zip(curves["pyg"][3], curves["flat"][3], strict=True))
 
 
-def test_a_committed_mutag_row_is_reproduced(tmp_path: Path) -> None:
-    """HAP, MUTAG, seed 0, fold 0 (47 epochs, ~10 s): the committed row and curve, to their digits."""
-    run_protocol(Protocol((DatasetPlan("MUTAG", seeds=(0,), folds=1, variants=("hap",)),), lrs=(1e-3,)),
-                 tmp_path, verbose=False)
-    key = ["dataset", "variant", "seed", "fold"]
-    ours = pd.read_csv(tmp_path / "folds.csv").set_index(key)
-    committed = pd.read_csv(RESULTS / "folds.csv").set_index(key).loc[ours.index]
-    for column in ("test_accuracy", "val_accuracy", "best_epoch", "epochs_run"):
-        assert ours[column].tolist() == committed[column].tolist(), column
-    curve = pd.read_csv(tmp_path / "curves.csv")
+# Float rounding differs between CPUs and builds (SIMD width, MKL's code path): the same code on another
+# machine drifts from a committed curve by ~1e-5 within the first epochs and, training being chaotic,
+# by ~1e-2 after 15-20 (HAP, MUTAG; docs/hap.md, "Reproducibility"). So the committed run is
+# matched where rounding cannot have grown yet, and exact equality is asked of two runs on one machine.
+EARLY_EPOCHS, EARLY_TOLERANCE = 10, 1e-3
+
+
+def _mutag_hap_fold0(out: Path, epochs: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    plan = DatasetPlan("MUTAG", seeds=(0,), folds=1, epochs=epochs, variants=("hap",))
+    run_protocol(Protocol((plan,), lrs=(1e-3,)), out, verbose=False)
+    return pd.read_csv(out / "folds.csv"), pd.read_csv(out / "curves.csv")
+
+
+def test_the_committed_mutag_curve_is_reproduced_while_rounding_is_small(tmp_path: Path) -> None:
+    """HAP, MUTAG, seed 0, fold 0: the first 10 epochs of the committed curve (a code change moves the
+    first epoch's losses by far more than the tolerance; another CPU's rounding does not, yet)."""
+    _, curve = _mutag_hap_fold0(tmp_path, EARLY_EPOCHS)
     stored = pd.read_csv(RESULTS / "curves.csv.gz")
     stored = stored[(stored["dataset"] == "MUTAG") & (stored["variant"] == "hap") & (stored["seed"] == 0)
-                    & (stored["fold"] == 0)]
-    columns = ["epoch", "train_loss", "val_accuracy", "val_loss"]
-    assert curve[columns].values.tolist() == stored[columns].values.tolist()
+                    & (stored["fold"] == 0) & (stored["epoch"] <= EARLY_EPOCHS)]
+    assert curve["epoch"].tolist() == stored["epoch"].tolist() == list(range(1, EARLY_EPOCHS + 1))
+    for column in ("train_loss", "val_loss", "val_accuracy"):
+        gap = float(np.abs(curve[column].to_numpy() - stored[column].to_numpy()).max())
+        assert gap <= EARLY_TOLERANCE, (column, gap)
+
+
+def test_a_fit_is_the_same_twice_on_one_machine(tmp_path: Path) -> None:
+    """What ``carry_over`` relies on: on one machine a fit is deterministic, row and curve, every digit."""
+    first = _mutag_hap_fold0(tmp_path / "a", 30)
+    second = _mutag_hap_fold0(tmp_path / "b", 30)
+    columns = ["test_accuracy", "val_accuracy", "best_epoch", "epochs_run"]
+    assert first[0][columns].values.tolist() == second[0][columns].values.tolist()
+    assert first[1].values.tolist() == second[1].values.tolist()
