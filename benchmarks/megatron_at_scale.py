@@ -1,9 +1,17 @@
-"""Public at-scale check: Megatron-LM's Table 1 (Narayanan et al., SC'21) against the simulator.
+"""Public at-scale checks: Megatron-LM's Table 1 (Narayanan et al., SC'21) and MT-NLG 530B's throughput
+runs (Smith et al. 2022, section 2.4) against the simulator.
 
-    python benchmarks/megatron_at_scale.py [--assumed] [--schedule interleaved-1f1b|1f1b] [--micro-batch N]
-                                           [--as-simulated] [--decompose OUT.csv] [--json OUT.json]
+    python benchmarks/megatron_at_scale.py [--table sc21|mtnlg] [--assumed] [--schedule interleaved-1f1b|1f1b]
+                                           [--micro-batch N] [--as-simulated] [--zero1]
+                                           [--decompose OUT.csv] [--json OUT.json]
                                            [--host-launch-us 37] [--eff-max 0.8] [--attn-mem-eff 0.6]
                                            [--rows 0,1,2]
+
+``--table mtnlg``: the 530B model (105 layers, hidden 20,480) at tp 8 / pp 35 with batch 1,920 on 280,
+350 and 420 DGX A100 nodes of the same Selene, bf16, Megatron-DeepSpeed's plain 1F1B pipeline and
+one data-parallel all-reduce after the flush; the settings the paper leaves open are the data file's
+declared assumptions (``sim/data/mtnlg_530b.md``). The rows below describe Table 1 (``--table sc21``,
+the default); both tables share every function here: a row's columns say what differs.
 
 Ten GPT models, 1.7B to 1T parameters, on 32 to 3,072 A100-80GB GPUs of Selene (8 per node,
 NVLink3, 8 x HDR InfiniBand per node), sequence 2,048, vocabulary 51,200, full activation
@@ -48,6 +56,10 @@ from sim.workloads import transformer_config, transformer_layers
 TABLE = Path(__file__).resolve().parent.parent / "sim" / "data" / "megatron_sc21_table1.csv"
 # The authors' command lines for the same rows (Megatron-LM examples/sc21/run_table_1.sh).
 RUN_SCRIPT = TABLE.with_name("megatron_sc21_run_table_1.csv")
+# MT-NLG 530B, Smith et al. 2022 section 2.4, with its declared assumptions in the same rows.
+MTNLG = TABLE.with_name("mtnlg_530b.csv")
+TABLES = {"sc21": TABLE, "mtnlg": MTNLG}
+# Sequence and (padded) vocabulary of every SC'21 row; a row's own ``vocab`` column overrides the latter.
 SEQ, VOCAB = 2048, 51200
 GPUS_PER_NODE = 8
 # The 1T row lowers ~460k instructions (64 pipeline ranks x 2 virtual stages x 512 micro-batches x 7)
@@ -71,9 +83,29 @@ def load_table(path: Path = TABLE, run_script: bool = True) -> pd.DataFrame:
     return joined
 
 
+def load_named(table: str, run_script: bool = True) -> pd.DataFrame:
+    """One of ``TABLES`` by name; ``run_script`` applies to SC'21 only (the other tables carry their
+    settings in their own columns)."""
+    if table == "sc21":
+        return load_table(run_script=run_script)
+    if not run_script:
+        raise ValueError(f"--assumed applies to the SC'21 table only, not {table!r}")
+    return pd.read_csv(TABLES[table])
+
+
+def row_vocab(row: dict[str, Any]) -> int:
+    """The row's padded vocabulary: its ``vocab`` column where it has one, else SC'21's 51,200."""
+    return int(row["vocab"]) if _stated(row, "vocab") else VOCAB
+
+
+def row_dtype(row: dict[str, Any]) -> str:
+    """The row's training precision: its ``dtype`` column (MT-NLG: bf16), else SC'21's fp16."""
+    return str(row["dtype"]) if _stated(row, "dtype") else "fp16"
+
+
 def paper_flops(row: dict[str, Any]) -> float:
     """FLOPs of one iteration as the paper counts them (with recomputation): appendix eq. (3)."""
-    B, s, L, h, V = row["global_batch"], SEQ, row["layers"], row["hidden"], VOCAB
+    B, s, L, h, V = row["global_batch"], SEQ, row["layers"], row["hidden"], row_vocab(row)
     return 96.0 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
 
 
@@ -101,16 +133,26 @@ def chunks_for(row: dict[str, Any], schedule: str) -> int:
     return next(v for v in range(2, per_rank + 1) if per_rank % v == 0)
 
 
-def gradient_sync_for(row: dict[str, Any], megatron_2021: bool) -> dict[str, Any]:
-    """How the row's gradients are all-reduced. ``--DDP-impl local`` (and rows that do not say):
+def gradient_sync_for(row: dict[str, Any], megatron_2021: bool, zero1: bool = False) -> dict[str, Any]:
+    """How the row's gradients are all-reduced. ``zero1``: the simulator's distributed optimizer instead
+    (ZeRO stage 1: reduce-scatter, 1/dp of the step, parameter all-gather), in the row's reduce dtype.
+    ``deepspeed`` (MT-NLG): DeepSpeed's pipeline engine, one all-reduce after the last micro-batch
+    (``_exec_reduce_grads``) through flattened buckets (``allreduce_bucket``: flatten, all-reduce, copy
+    back) in the gradients' own dtype (``fp32_allreduce`` off by default). ``--DDP-impl local`` (and rows
+    that do not say):
     Megatron-LM v2.5's one fp16 all-reduce after the pipeline flush (fp16 gradients:
     --accumulate-allreduce-grads-in-fp32 is off by default and in examples/pretrain_gpt3_175B.sh), through a
     flat copy (megatron/model/distributed.py, allreduce_gradients without contiguous buffers).
     ``torch``: torch DDP's defaults, 25 MiB buckets in the gradients' own dtype launched as the last
     micro-batch's backward fills them (megatron/schedules.py, forward_backward_no_pipelining: every
     other micro-batch under model.no_sync())."""
+    if zero1:  # reduce-scatters a contiguous buffer: no flat copies (sim/gradient_sync_distopt.py)
+        dtype = {"reduce_dtype": "param"} if row.get("ddp") in ("torch", "deepspeed") else {}
+        return {"method": "distopt", "bucket_mb": 1e6, **dtype}
     if row.get("ddp") == "torch":
         return {"method": "allreduce", "bucket_mb": 25.0, "reduce_dtype": "param"}
+    if row.get("ddp") == "deepspeed":
+        return {"method": "allreduce", "bucket_mb": 1e6, "flat_copies": megatron_2021, "reduce_dtype": "param"}
     return {"method": "allreduce", "bucket_mb": 1e6, "flat_copies": megatron_2021}
 
 
@@ -134,12 +176,13 @@ ASYNC_P2P = {"p2p": "async", "p2p_scatter_gather": False}
 
 
 def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batch: int | None = None,
-             megatron_2021: bool = True, nics_per_node: int = 8) -> Plan:
+             megatron_2021: bool = True, nics_per_node: int = 8, zero1: bool = False) -> Plan:
     """The row's plan; ``micro_batch``: the row's own (the run script's) unless given, else 1;
     ``megatron_2021``: with what Megatron-LM v2.5 ran (blocking p2p with scatter/gather, per-layer
     recompute inside the backward, the row's data-parallel implementation), else with the simulator's
     defaults for those choices. ``nics_per_node``: HDR adapters per node (Selene's 8; vTrain's
-    configurations state 800 Gbit/s per node, 4)."""
+    configurations state 800 Gbit/s per node, 4). The row's own ``name``, ``vocab`` and ``dtype`` columns
+    where it has them (MT-NLG); ``zero1``: ``gradient_sync_for``'s distributed optimizer."""
     tp, pp, gpus = int(row["tp"]), int(row["pp"]), int(row["gpus"])
     dp = gpus // (tp * pp)
     if micro_batch is None:
@@ -155,13 +198,14 @@ def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batc
     cluster = {"name": "selene", "nodes": gpus // GPUS_PER_NODE, "devices_per_node": GPUS_PER_NODE,
                "device": "A100-80GB", "intra_node_link": "nvlink3", "inter_node_link": "ib-hdr",
                "nics_per_node": nics_per_node,
-               "source": "Selene DGX A100 nodes, 8 x 200 Gbit/s HDR HCAs (Narayanan et al. SC'21, section 5)"}
+               "source": "Selene DGX A100 nodes, 8 x 200 Gbit/s HDR HCAs (Narayanan et al. SC'21, section 5; "
+               "MT-NLG: the same nodes, Smith et al. 2022 section 2.3)"}
     return Plan.from_dict(dict(
-        name=f"megatron-sc21-{row['params_b']}b", workload="gpt2-medium",
+        name=str(row["name"]) if _stated(row, "name") else f"megatron-sc21-{row['params_b']}b", workload="gpt2-medium",
         workload_options={"hidden": int(row["hidden"]), "heads": int(row["heads"]),
-                          "num_layers": int(row["layers"]), "seq": SEQ, "vocab": VOCAB, "dropout": MEGATRON_DROPOUT,
-                          "tied_embedding": MEGATRON_TIED_EMBEDDING},
-        cluster=cluster, dtype="fp16",
+                          "num_layers": int(row["layers"]), "seq": SEQ, "vocab": row_vocab(row),
+                          "dropout": MEGATRON_DROPOUT, "tied_embedding": MEGATRON_TIED_EMBEDDING},
+        cluster=cluster, dtype=row_dtype(row),
         parallelism={"tp": tp, "pp": pp, "dp": dp, "chunks": chunks if name == "interleaved-1f1b" else 1,
                      "partition": megatron_virtual_partition(int(row["layers"]),
                                                              pp * (chunks if name == "interleaved-1f1b" else 1))},
@@ -169,9 +213,10 @@ def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batc
                   **(MEGATRON_2021_P2P if megatron_2021 else ASYNC_P2P)},
         # --checkpoint-activations with --checkpoint-num-layers 1 (the default at v2.5, megatron/arguments.py):
         # one mpu.checkpoint per transformer layer (megatron/model/transformer.py, _checkpointed_forward),
-        # so each layer is re-run inside the backward, one at a time.
+        # so each layer is re-run inside the backward, one at a time. Megatron-DeepSpeed (MT-NLG) passes the
+        # same flag to DeepSpeed's PipelineModule as activation_checkpoint_interval (GPTModelPipe).
         memory={"policy": "full", "in_backward": megatron_2021},
-        gradient_sync=gradient_sync_for(row, megatron_2021),
+        gradient_sync=gradient_sync_for(row, megatron_2021, zero1),
     ))
 
 
@@ -206,9 +251,10 @@ def run_plan(plan: Plan, curve: EfficiencyCurve, attention: str = MEGATRON_ATTEN
 def simulate_row(row: dict[str, Any], schedule: str, micro_batch: int | None, curve: str | EfficiencyCurve = "default",
                  attention: str = MEGATRON_ATTENTION, kernels: bool = True,
                  decompose: bool = False, megatron_2021: bool = True,
-                 host_launch_us: float | None = None) -> dict[str, Any]:
-    """One Table 1 row; ``curve``: a name for ``curve_of`` or a curve itself."""
-    plan = plan_for(row, schedule, micro_batch, megatron_2021)
+                 host_launch_us: float | None = None, zero1: bool = False) -> dict[str, Any]:
+    """One row of either table; ``curve``: a name for ``curve_of`` or a curve itself (A100 fp16 and bf16
+    share one curve: the same tensor-core peak and calibration)."""
+    plan = plan_for(row, schedule, micro_batch, megatron_2021, zero1=zero1)
     started = time.perf_counter()
     if not isinstance(curve, EfficiencyCurve):
         curve = curve_of(curve, host_launch_us)
@@ -226,7 +272,26 @@ def simulate_row(row: dict[str, Any], schedule: str, micro_batch: int | None, cu
             "microbatches": plan.schedule.microbatches, "ddp": row.get("ddp", "local"),
             "iteration_s": iteration, "reported_tflops": float(row["tflops_per_gpu"]),
             "predicted_tflops": predicted, "error": predicted / float(row["tflops_per_gpu"]) - 1,
-            "peak_GiB": peak / 2**30, "oom": oom, "wall_s": time.perf_counter() - started, "decomposition": parts}
+            "peak_GiB": peak / 2**30, "oom": oom, "wall_s": time.perf_counter() - started, "decomposition": parts,
+            **iteration_error(row, iteration)}
+
+
+def iteration_error(row: dict[str, Any], iteration: float) -> dict[str, float]:
+    """Where the table prints the iteration time (MT-NLG), the error in time too: predicted / reported
+    - 1 (positive: predicted too slow). Empty for tables that print TFLOP/s only."""
+    if not _stated(row, "iteration_s"):
+        return {}
+    reported = float(row["iteration_s"])
+    return {"reported_iteration_s": reported, "iteration_error": iteration / reported - 1}
+
+
+def scaling_trend(results: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Per-GPU throughput of each row relative to the first, reported and predicted: the data-parallel
+    scaling trend of one model (MT-NLG: 280 -> 350 -> 420 nodes), a check that three rows' rank
+    correlation cannot give."""
+    first = results[0]
+    return [{"gpus": r["gpus"], "reported": r["reported_tflops"] / first["reported_tflops"],
+             "predicted": r["predicted_tflops"] / first["predicted_tflops"]} for r in results]
 
 
 def summarise(results: list[dict[str, Any]]) -> dict[str, float]:
@@ -259,9 +324,21 @@ def write_decomposition(results: list[dict[str, Any]], path: Path) -> None:
     print(shares.to_string(index=False))
 
 
+def _time_column(r: dict[str, Any]) -> str:
+    """The reported iteration time and the error in time, for tables that print it."""
+    if "iteration_error" not in r:
+        return ""
+    return f"   reported {r['reported_iteration_s']:.1f} s, time error {r['iteration_error']:+.1%}"
+
+
 def main() -> None:
     sim.compile.MAX_INSTRUCTIONS = max(sim.compile.MAX_INSTRUCTIONS, INSTRUCTION_LIMIT)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--table", default="sc21", choices=sorted(TABLES),
+                        help="sc21: Narayanan et al. SC'21 Table 1; mtnlg: MT-NLG 530B, Smith et al. 2022 section 2.4")
+    parser.add_argument("--zero1", action="store_true",
+                        help="every row's data parallelism as the simulator's distributed optimizer (ZeRO stage 1: "
+                             "reduce-scatter, 1/dp of the step, all-gather) instead of the row's all-reduce")
     parser.add_argument("--schedule", default="interleaved-1f1b", choices=["interleaved-1f1b", "1f1b"])
     parser.add_argument("--micro-batch", type=int, default=None,
                         help="every row's micro-batch (default: the row's, from the authors' run script)")
@@ -291,7 +368,7 @@ def main() -> None:
                              "and print it (analysis.iteration_decompose)")
     parser.add_argument("--json", type=Path, default=None, help="write rows and summary here")
     args = parser.parse_args()
-    table = load_table(run_script=not args.assumed)
+    table = load_named(args.table, run_script=not args.assumed)
     records = table.to_dict("records")
     indices = [int(i) for i in args.rows.split(",")] if args.rows else list(range(len(table)))
     print(f"{'params':>8} {'GPUs':>5} {'tp':>3} {'pp':>3} {'dp':>3} {'v':>2} {'mb':>3} {'m':>4} {'iter s':>8} "
@@ -305,28 +382,33 @@ def main() -> None:
     for i in indices:
         r = simulate_row(records[i], args.schedule, args.micro_batch, curve, args.attention,
                          not args.layer_roofline, decompose=args.decompose is not None,
-                         megatron_2021=not args.as_simulated)
+                         megatron_2021=not args.as_simulated, zero1=args.zero1)
         results.append(r)
         print(f"{r['params_b']:>7.1f}B {r['gpus']:>5} {r['tp']:>3} {r['pp']:>3} {r['dp']:>3} {r['chunks']:>2} "
               f"{r['micro_batch']:>3} {r['microbatches']:>4} {r['iteration_s']:>8.2f} {r['reported_tflops']:>8.0f} "
               f"{r['predicted_tflops']:>9.1f} {r['error']:>+7.1%} {r['peak_GiB']:>8.1f}{'*' if r['oom'] else ' '}"
-              f"{r['wall_s']:>6.1f}", flush=True)
+              f"{r['wall_s']:>6.1f}" + _time_column(r), flush=True)
     s = summarise(results)
     print(f"MAPE {s['mape']:.1%}  median |err| {s['median_abs_error']:.1%}  max |err| {s['max_abs_error']:.1%}  "
           f"mean err {s['mean_signed_error']:+.1%}  Spearman {s['spearman']:.3f}  (* = over 80 GiB in the ledger)")
     print(f"Peak memory {min(r['peak_GiB'] for r in results):.1f}-{max(r['peak_GiB'] for r in results):.1f} GiB; "
           f"{sum(not r['oom'] for r in results)} of {len(results)} rows fit in 80 GiB")
+    trend = scaling_trend(results) if args.table == "mtnlg" else []
+    if trend:
+        print("Per-GPU throughput relative to the first row (reported / predicted): "
+              + ", ".join(f"{t['gpus']} GPUs {t['reported']:.3f} / {t['predicted']:.3f}" for t in trend))
     if args.decompose:
         write_decomposition(results, args.decompose)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"schedule": args.schedule, "micro_batch": args.micro_batch,
+        args.json.write_text(json.dumps({"table": args.table, "zero1": args.zero1,
+                                         "schedule": args.schedule, "micro_batch": args.micro_batch,
                                          "settings": "assumed" if args.assumed else "run script",
                                          "curve": curve.to_dict(),
                                          "attention": args.attention,
                                          "kernels": not args.layer_roofline,
                                          "megatron_2021": not args.as_simulated,
-                                         "rows": results, "summary": s}, indent=1))
+                                         "rows": results, "summary": s, "scaling_trend": trend}, indent=1))
 
 
 if __name__ == "__main__":
