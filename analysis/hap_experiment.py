@@ -11,7 +11,9 @@ Commands (``python -m analysis.hap_experiment <command> ...``):
           --plan MUTAG PTC_MR ENZYMES PROTEINS NCI1 --ablation-plan MUTAG PTC_MR
 
   (a bare NAME is 3 seeds x 10 folds, seeds 0-2; ``--seeds 1 2`` names the seeds instead, e.g. to
-  complete seeds 1 and 2 only). Then ``report`` is run on the same directory.
+  complete seeds 1 and 2 only). ``--workers N`` runs N fits at a time on local processes,
+  ``--scheduler local-dask`` or ``--scheduler tcp://host:port`` on Dask workers; this process writes
+  every result. Then ``report`` is run on the same directory.
 - ``report``: from ``OUT/folds.csv`` and ``curves.csv``, writes ``summary.csv``, ``tests.csv``,
   ``results.md`` (accuracy tables and the paired Wilcoxon tests of HAP against every other method
   and ablation) and the figures ``hap_accuracy``, ``hap_ablation``, ``hap_curves`` (.png, .pdf, .csv)
@@ -38,6 +40,7 @@ from exec.hap.train import TrainConfig
 from traces.errors import ConfigError
 
 from . import hap_report as report
+from .executors import check_workers
 from .hap_protocol import (
     ABLATIONS,
     DEFAULT_LRS,
@@ -63,9 +66,12 @@ def write_report(results: Path, figures: Path | None = None, note: str = HARDWAR
     results = Path(results)
     figures = Path(figures) if figures else results
     figures.mkdir(parents=True, exist_ok=True)
-    folds = pd.read_csv(results / "folds.csv")
     info = pd.read_csv(results / "datasets.csv") if (results / "datasets.csv").exists() else None
     majority = dict(zip(info["dataset"], info["majority_accuracy"], strict=True)) if info is not None else None
+    graphs = dict(zip(info["dataset"], info["graphs"], strict=True)) if info is not None else None
+    # Tables follow this order (baselines, HAP, its ablations), not the order fits finished in.
+    order = [*(m for m in METHODS if m != "hap"), "hap", *ABLATIONS]
+    folds = report.canonical_order(pd.read_csv(results / "folds.csv"), order, graphs)
     main_folds = report.complete_folds(folds, list(METHODS))
     ablation_folds = report.complete_folds(folds, ["hap", *ABLATIONS])
     ablation_folds = ablation_folds[ablation_folds["dataset"].isin(folds[folds["variant"].isin(ABLATIONS)]["dataset"])]
@@ -101,7 +107,7 @@ def write_report(results: Path, figures: Path | None = None, note: str = HARDWAR
         report.plot_accuracy(ablation, figures / "hap_ablation", knobs, majority)
     curves_file = next((results / n for n in ("curves.csv", "curves.csv.gz") if (results / n).exists()), None)
     if curves_file is not None:  # the docs keep theirs gzipped (1 MB of text)
-        curves = pd.read_csv(curves_file)
+        curves = report.canonical_order(pd.read_csv(curves_file), order, graphs)
         report.plot_curves(curves[curves["variant"].isin(METHODS)], figures / "hap_curves",
                            f"{note}; mean over folds x seeds of the tested candidate; "
                            "stopped fits keep their last value")
@@ -176,6 +182,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     run.add_argument("--carry-from", type=Path, default=None,
                      help="an earlier run's directory: copy the fits this run would repeat exactly (the same "
                           "knobs, or a smaller cap that early stopping ended before), train the rest")
+    run.add_argument("--workers", type=int, default=1,
+                     help="fits at a time: local processes, or Dask workers with --scheduler local-dask (default 1: "
+                          "one after the other in this process)")
+    run.add_argument("--scheduler", default=None,
+                     help="local-dask (an embedded Dask LocalCluster of --workers workers) or a Dask scheduler "
+                          "address, e.g. tcp://host:8786 (its workers need paratwin and the data sets)")
     run.add_argument("--figures", type=Path, default=None)
     run.add_argument("--data-root", type=Path, default=None)
     run.add_argument("--note", default=HARDWARE_NOTE, help="hardware line for the figures")
@@ -207,11 +219,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         plans = [parse_plan(p, args.epochs, args.methods, seeds) for p in args.plan]
         plans += [parse_plan(p, args.epochs, ["hap", *ABLATIONS], seeds) for p in args.ablation_plan]
         protocol = Protocol(tuple(plans), lrs=tuple(args.lr), patience=args.patience)
+        check_workers(args.workers)  # before --carry-from writes anything
         if args.carry_from is not None:
             counts = carry_over(protocol, args.carry_from, args.out)
             print(f"from {args.carry_from}: {counts['carried']} fits carried, {counts['rerun']} to run again "
                   f"(they reached their cap or cannot be carried), {counts['kept']} already in {args.out}", flush=True)
-        run_protocol(protocol, args.out, data_root=args.data_root)
+        run_protocol(protocol, args.out, data_root=args.data_root, workers=args.workers, scheduler=args.scheduler)
     if args.command == "merge":
         merge_results(args.sources, args.out)
     table = write_report(args.out, args.figures, args.note)

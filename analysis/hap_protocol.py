@@ -25,22 +25,24 @@ only read.
 from __future__ import annotations
 
 import csv
+import fcntl
 import gzip
 import itertools
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from analysis.executors import BrokenProcessPool, backend, check_workers
 from exec.hap.baselines import METHODS
-from exec.hap.data import TU_NAMES, graph_labels, load_tu
+from exec.hap.data import TU_NAMES, default_cache_dir, graph_labels, load_tu
 from exec.hap.train import FitResult, TrainConfig, fit_tuned
 from exec.host_memory import release_freed_memory
-from traces.errors import ConfigError
+from traces.errors import ConfigError, ParatwinError
 
 # The grid every variant is tuned over on the validation split (same budget for every method).
 # 1e-3 and 1e-2 are the two learning rates compared in the first HAP run (docs/hap.md).
@@ -211,21 +213,69 @@ def _done(path: Path) -> dict[tuple[str, str, int, int], dict[str, str]]:
         return {_key(r): r for r in csv.DictReader(handle)}
 
 
-def run_protocol(
-    protocol: Protocol,
-    out_dir: Path,
-    data_root: Path | None = None,
-    cache_dir: Path | None = None,
-    verbose: bool = True,
-) -> Path:
-    """Run every missing (dataset, seed, fold, variant) of ``protocol``; return ``out_dir/folds.csv``."""
-    validate(protocol)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    folds_csv, curves_csv = out_dir / "folds.csv", out_dir / "curves.csv"
-    done = _done(folds_csv)
+@dataclass(frozen=True)
+class FitTask:
+    """One (dataset, variant, seed, fold) fit, small enough to send to a worker: the dataset travels
+    by name (a worker loads it once, ``_dataset``), the split as index arrays."""
+
+    key: tuple[str, str, int, int]  # dataset, variant, seed, fold
+    grid: tuple[TrainConfig, ...]
+    knobs: tuple[tuple[str, int], ...]  # recorded in the row, checked on a resume
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+    data_root: Path | None = None
+    cache_dir: Path | None = None
+
+    @property
+    def id(self) -> str:
+        return "-".join(map(str, self.key))
+
+    @property
+    def variant(self) -> Variant:
+        return VARIANTS[self.key[1]]
+
+
+def _fit(task: FitTask, dataset) -> FitResult:
+    _, _, seed, fold = task.key
+    result = fit_tuned(task.variant.method, dataset, torch.as_tensor(task.train), torch.as_tensor(task.val),
+                       torch.as_tensor(task.test), list(task.grid), seed=seed * 1000 + fold)
+    release_freed_memory()  # else glibc keeps each fit's freed heap: ~200 MB a PROTEINS fit
+    return result
+
+
+# A worker process's datasets, loaded on its first fit of each: a worker runs many fits of one dataset.
+_DATASETS: dict[tuple[str, str, str], object] = {}
+
+
+def _dataset(name: str, data_root: Path | None, cache_dir: Path | None):
+    key = (name, str(data_root), str(cache_dir))
+    if key not in _DATASETS:
+        cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        cache.mkdir(parents=True, exist_ok=True)
+        # Workers of one machine share its cache; on a fresh Dask worker machine two of them would
+        # copy and process the same files at once. One at a time: the later one finds it built.
+        with (cache / f".{name}.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            _DATASETS[key] = load_tu(name, data_root=data_root, cache_dir=cache_dir)
+    return _DATASETS[key]
+
+
+def fit_in_worker(task: FitTask) -> FitResult:
+    """A task in a worker process: one thread (the workers share the cores), the dataset cached."""
+    torch.set_num_threads(1)
+    return _fit(task, _dataset(task.key[0], task.data_root, task.cache_dir))
+
+
+def _tasks(protocol: Protocol, out_dir: Path, done: dict, loaded: dict, data_root: Path | None,
+           cache_dir: Path | None) -> Iterator[FitTask]:
+    """The missing fits of ``protocol``, in the serial order (dataset, seed, fold, variant); a key in
+    ``done`` is skipped after its knobs are checked. Loads each dataset into ``loaded`` (the driver
+    needs its labels for the folds)."""
+    folds_csv = out_dir / "folds.csv"
     for plan in protocol.datasets:
         dataset = load_tu(plan.name, data_root=data_root, cache_dir=cache_dir)
+        loaded[plan.name] = dataset
         labels = graph_labels(dataset).numpy()
         _describe(out_dir / "datasets.csv", plan.name, dataset, labels)
         base = replace(protocol.base, epochs=plan.epochs, patience=protocol.patience,
@@ -235,24 +285,77 @@ def run_protocol(
                 if fold >= plan.folds:
                     break
                 for name in plan.variants:
-                    variant = VARIANTS[name]
-                    grid = candidates(variant, base, protocol.lrs)
+                    grid = candidates(VARIANTS[name], base, protocol.lrs)
                     knobs = {"k": plan.k, "max_epochs": plan.epochs, "patience": protocol.patience,
                              "grid_size": len(grid)}
                     key = (plan.name, name, seed, fold)
                     if key in done:
                         _check_knobs(done[key], knobs, folds_csv)
                         continue
-                    result = fit_tuned(variant.method, dataset, torch.as_tensor(train), torch.as_tensor(val),
-                                       torch.as_tensor(test), grid, seed=seed * 1000 + fold)
-                    _record(folds_csv, curves_csv, key, variant, knobs, result)
-                    release_freed_memory()  # else glibc keeps each fit's freed heap: ~200 MB a PROTEINS fit
+                    # marked as planned here: plans sharing a variant run it once
                     done[key] = {**{k: str(v) for k, v in knobs.items()}, "dataset": plan.name, "variant": name}
-                    if verbose:
-                        print(f"{plan.name:8s} s{seed} f{fold} {name:13s} test {result.test_accuracy:.3f} "
-                              f"val {result.val_accuracy:.3f} best ep {result.best_epoch:3d}/"
-                              f"{result.epochs_run:3d} {result.seconds:6.1f}s", flush=True)
+                    yield FitTask(key, tuple(grid), tuple(knobs.items()), train, val, test, data_root, cache_dir)
+
+
+def run_protocol(
+    protocol: Protocol,
+    out_dir: Path,
+    data_root: Path | None = None,
+    cache_dir: Path | None = None,
+    verbose: bool = True,
+    workers: int = 1,
+    scheduler: str | None = None,
+) -> Path:
+    """Run every missing (dataset, seed, fold, variant) of ``protocol``; return ``out_dir/folds.csv``.
+
+    ``workers=1`` without ``scheduler``: one fit after the other in this process. Otherwise every
+    missing fit is a task on ``workers`` local processes (``scheduler=None``), an embedded Dask
+    cluster (``"local-dask"``) or a Dask scheduler's workers (``"tcp://host:port"``); this process
+    writes each result the moment it comes back, so a kill loses only the fits in flight.
+    """
+    validate(protocol)
+    check_workers(workers)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    folds_csv, curves_csv = out_dir / "folds.csv", out_dir / "curves.csv"
+    loaded: dict[str, object] = {}
+    tasks = _tasks(protocol, out_dir, _done(folds_csv), loaded, data_root, cache_dir)
+
+    def record(task: FitTask, result: FitResult) -> None:
+        _record(folds_csv, curves_csv, task.key, task.variant, dict(task.knobs), result)
+        if verbose:
+            dataset, name, seed, fold = task.key
+            print(f"{dataset:8s} s{seed} f{fold} {name:13s} test {result.test_accuracy:.3f} "
+                  f"val {result.val_accuracy:.3f} best ep {result.best_epoch:3d}/"
+                  f"{result.epochs_run:3d} {result.seconds:6.1f}s", flush=True)
+
+    if workers == 1 and not scheduler:
+        for task in tasks:  # lazily: each fit is recorded before the next one starts
+            record(task, _fit(task, loaded[task.key[0]]))
+        return folds_csv
+    todo = list(tasks)  # every knob checked before any fit starts
+    loaded.clear()  # the workers load their own
+    if todo:
+        _run_tasks(todo, workers, scheduler, record, folds_csv)
     return folds_csv
+
+
+def _run_tasks(todo: list[FitTask], workers: int, scheduler: str | None,
+               record: Callable[[FitTask, FitResult], None], folds_csv: Path) -> None:
+    where = backend(min(workers, len(todo)) if not scheduler else workers, scheduler)
+    try:
+        futures = [where.submit(fit_in_worker, task, f"hap-{task.id}") for task in todo]
+        task_of = {id(future): task for future, task in zip(futures, todo, strict=True)}
+        for finished, future in enumerate(where.as_completed(futures)):
+            try:
+                result = future.result()
+            except BrokenProcessPool as exc:  # a worker was killed (OOM killer, signal)
+                raise ParatwinError(f"a worker process died ({exc}); {finished} of {len(todo)} fits of this "
+                                    f"run are recorded in {folds_csv} (fix: run the same command again to "
+                                    "resume)") from None
+            record(task_of[id(future)], result)
+    finally:
+        where.close()
 
 
 def carry_over(protocol: Protocol, source: Path, out_dir: Path) -> dict[str, int]:

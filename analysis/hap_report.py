@@ -25,6 +25,22 @@ from exec.hap.baselines import METHODS
 KEY = ["seed", "fold"]
 
 
+def canonical_order(frame: pd.DataFrame, variants: list[str], graphs: dict[str, int] | None = None) -> pd.DataFrame:
+    """``frame`` (folds or curves) sorted by dataset, variant, seed, fold (and epoch): every table and
+    figure follows first appearance, and a parallel run appends its fits as they finish. Datasets go
+    smallest first (``graphs``: graphs per dataset; unknown ones last, by name), variants in the
+    order of ``variants`` (others after, by name)."""
+    graphs = graphs or {}
+    dataset_rank = {d: (graphs.get(d, float("inf")), d) for d in frame["dataset"].unique()}
+    dataset_rank = {d: i for i, d in enumerate(sorted(dataset_rank, key=dataset_rank.get))}
+    others = sorted(set(frame["variant"]) - set(variants))
+    variant_rank = {v: i for i, v in enumerate([*variants, *others])}
+    keys = [k for k in ("seed", "fold", "epoch") if k in frame]
+    ranked = frame.assign(_dataset=frame["dataset"].map(dataset_rank), _variant=frame["variant"].map(variant_rank))
+    ranked = ranked.sort_values(["_dataset", "_variant", *keys], kind="mergesort")
+    return ranked.drop(columns=["_dataset", "_variant"]).reset_index(drop=True)
+
+
 def complete_folds(folds: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
     """Only the (dataset, seed, fold) of ``variants`` that every one of them that ran on the dataset finished.
 

@@ -41,7 +41,7 @@ a sweep killed at any moment (``kill -9`` included) loses at most the points in 
 completed one, and never computes a completed point again. Delete ``points/<id>.json`` to compute a
 point again.
 
-Where the points run (the same interface for all):
+Where the points run (the same interface for all, `analysis.executors`, shared with the HAP runner):
 
 - ``workers=1``: in this process, one after the other;
 - default: a ``concurrent.futures.ProcessPoolExecutor`` of ``workers`` processes (default: the
@@ -62,7 +62,7 @@ import socket
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -71,16 +71,11 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from analysis.executors import LOCAL_DASK, BrokenProcessPool, backend, check_workers, one_line, usable_cores
 from traces.atomic import atomic_path, atomic_write_text
 from traces.errors import ConfigError, ParatwinError
 from traces.outdir import OutputLock
 
-try:
-    from concurrent.futures.process import BrokenProcessPool
-except ImportError:  # pragma: no cover
-    BrokenProcessPool = RuntimeError  # type: ignore[misc,assignment]
-
-LOCAL_DASK = "local-dask"
 STATUSES = ("ok", "does-not-fit", "error", "exception")
 # The plan's shape, as columns of the merged table (read from the plan of each point).
 PLAN_COLUMNS = ["workload", "cluster", "dtype", "dp", "tp", "pp", "chunks", "partition", "tp_overlap", "schedule",
@@ -291,20 +286,16 @@ def evaluate_point(point: Point | dict[str, Any]) -> dict[str, Any]:
         })
         does_not_fit = result.does_not_fit()
         if does_not_fit is not None:
-            record.update(status="does-not-fit", reason=_one_line(does_not_fit))
+            record.update(status="does-not-fit", reason=one_line(does_not_fit))
     except ParatwinError as exc:
-        record.update(status="error", reason=_one_line(exc))
+        record.update(status="error", reason=one_line(exc))
     except Exception as exc:  # a bug, not a bad plan: recorded (with where it happened), never lost
         where = traceback.extract_tb(exc.__traceback__)[-1]
-        record.update(status="exception", reason=_one_line(f"{type(exc).__name__}: {exc} "
+        record.update(status="exception", reason=one_line(f"{type(exc).__name__}: {exc} "
                                                            f"({Path(where.filename).name}:{where.lineno})"))
     record.update({"eval_s": time.perf_counter() - started, "host": socket.gethostname(), "pid": os.getpid(),
                    "computed_at": datetime.now(timezone.utc).isoformat()})
     return record
-
-
-def _one_line(message: object) -> str:
-    return " ".join(str(message).split())[:2000]
 
 
 def _plan_shape(plan: Any) -> dict[str, Any]:
@@ -316,97 +307,6 @@ def _plan_shape(plan: Any) -> dict[str, Any]:
             "tp_overlap": plan.parallelism.tp_overlap, "schedule": plan.schedule.name,
             "micro_batch": plan.micro_batch, "microbatches": plan.microbatches, "global_batch": plan.global_batch,
             "memory_policy": plan.memory.policy, "gradient_sync": plan.gradient_sync.method}
-
-
-# ---------------------------------------------------------------------------------------------
-# Where points run: one interface over a process pool, Dask, or this process
-
-
-class _Serial:
-    """Evaluates a point when its result is asked for: ``workers=1``, and a debugger's friend."""
-
-    name = "this process"
-
-    def submit(self, fn: Callable, point: Point) -> Any:
-        from concurrent.futures import Future
-
-        future: Future = Future()
-        future.set_result(fn(point))
-        return future
-
-    def as_completed(self, futures: list[Any]) -> Iterator[Any]:
-        yield from futures
-
-    def close(self) -> None:
-        pass
-
-
-class _Pool:
-    def __init__(self, workers: int) -> None:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        # forkserver, not fork: a worker must not inherit the output folder's lock (an orphan of a
-        # killed sweep would hold it), nor this process's threads.
-        self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("forkserver"))
-        self.name = f"{workers} local processes"
-
-    def submit(self, fn: Callable, point: Point) -> Any:
-        return self.executor.submit(fn, point)
-
-    def as_completed(self, futures: list[Any]) -> Iterator[Any]:
-        from concurrent.futures import as_completed
-
-        yield from as_completed(futures)
-
-    def close(self) -> None:
-        self.executor.shutdown(wait=True, cancel_futures=True)
-
-
-class _Dask:
-    def __init__(self, scheduler: str, workers: int, processes: bool = True) -> None:
-        try:
-            from distributed import Client, LocalCluster
-        except ImportError:
-            raise ConfigError("--scheduler", "Dask distributed is not installed",
-                              'pip install "dask[distributed]" (or leave --scheduler out: local processes)') from None
-        self.cluster = None
-        if scheduler == LOCAL_DASK:
-            self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes,
-                                        dashboard_address=None)
-            self.client = Client(self.cluster)
-            self.name = f"Dask LocalCluster of {workers} workers"
-        else:
-            try:
-                self.client = Client(scheduler)  # waits distributed.comm.timeouts.connect (Dask config)
-            except OSError as exc:
-                raise ConfigError("--scheduler", f"cannot reach the Dask scheduler at {scheduler}: "
-                                  f"{_one_line(exc)}", "start `dask scheduler` there, or use local-dask") from None
-            self.name = f"Dask scheduler {scheduler}"
-
-    def submit(self, fn: Callable, point: Point) -> Any:
-        # pure=False: a point resubmitted after a resume is computed, not looked up in a stale cache.
-        return self.client.submit(fn, point, key=f"paratwin-point-{point.id}-{uuid.uuid4().hex[:8]}", pure=False)
-
-    def as_completed(self, futures: list[Any]) -> Iterator[Any]:
-        from distributed import as_completed
-
-        yield from as_completed(futures)
-
-    def close(self) -> None:
-        self.client.close()
-        if self.cluster is not None:
-            self.cluster.close()
-
-
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def _backend(workers: int, scheduler: str | None, dask_processes: bool) -> Any:
-    if scheduler:
-        return _Dask(scheduler, workers, processes=dask_processes)
-    return _Serial() if workers == 1 else _Pool(workers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -474,8 +374,7 @@ def run_sweep(spec: SweepSpec | dict[str, Any] | str | Path, out_dir: str | Path
         spec = SweepSpec.load(spec) if isinstance(spec, (str, Path)) else SweepSpec.from_dict(spec)
     out = Path(out_dir)
     workers = workers or usable_cores()
-    if workers < 1:
-        raise ConfigError("--workers", f"{workers} workers", "use at least 1")
+    check_workers(workers)
     with OutputLock(out):  # one sweep at a time per folder: two would compute the same points
         return _run_locked(spec, out, workers, scheduler, progress, dask_processes, evaluate, started)
 
@@ -497,14 +396,14 @@ def _run_locked(spec: SweepSpec, out: Path, workers: int, scheduler: str | None,
     backend_name = "nothing to compute"
     _log(out, {"run": run_id, "event": "start", "points": len(spec.points), "todo": len(todo), "pid": os.getpid()})
     if todo:
-        backend = _backend(min(workers, len(todo)) if not scheduler else workers, scheduler, dask_processes)
-        backend_name = backend.name
+        where = backend(min(workers, len(todo)) if not scheduler else workers, scheduler, dask_processes)
+        backend_name = where.name
         try:
             futures = []
             for point in todo:
                 _log(out, {"run": run_id, "event": "submit", "id": point.id})
-                futures.append(backend.submit(evaluate, point))
-            for future in backend.as_completed(futures):
+                futures.append(where.submit(evaluate, point, f"point-{point.id}"))
+            for future in where.as_completed(futures):
                 try:
                     record = future.result()
                 except BrokenProcessPool as exc:  # a worker was killed (OOM killer, signal) or failed to start
@@ -518,7 +417,7 @@ def _run_locked(spec: SweepSpec, out: Path, workers: int, scheduler: str | None,
                 if progress is not None:
                     progress(reused + len(computed), len(spec.points), record)
         finally:
-            backend.close()
+            where.close()
     table = merge_results(out, spec)
     _log(out, {"run": run_id, "event": "end", "computed": len(computed)})
     return SweepRun(table, out, run_id, len(spec.points), computed, reused, backend_name,
