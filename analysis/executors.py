@@ -33,19 +33,25 @@ def one_line(message: object) -> str:
 
 
 class Serial:
-    """Runs a task when it is submitted: ``workers=1``, and a debugger's friend."""
+    """``workers=1``, and a debugger's friend: each task runs in this process when ``as_completed``
+    reaches it, so the caller records one result before the next task starts (a killed run loses
+    only the task in flight, as with the other backends)."""
 
     name = "this process"
 
     def submit(self, fn: Callable, task: Any, task_id: str) -> Any:  # noqa: ARG002 - the interface's
-        from concurrent.futures import Future
-
-        future: Future = Future()
-        future.set_result(fn(task))
-        return future
+        return (fn, task)
 
     def as_completed(self, futures: list[Any]) -> Iterator[Any]:
-        yield from futures
+        from concurrent.futures import Future
+
+        for fn, task in futures:
+            future: Future = Future()
+            try:
+                future.set_result(fn(task))
+            except Exception as exc:  # raised by future.result(), as a worker's exception would be
+                future.set_exception(exc)
+            yield future
 
     def close(self) -> None:
         pass
