@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.metrics import spearman
 from sim.analytic import CALL_OVERHEAD_S, MEM_EFF, EfficiencyCurve, gpu_attn_mem_eff, gpu_eff_max
 from sim.analytic_costs import AnalyticCosts
 from sim.calibration import (
@@ -310,20 +311,19 @@ def fit_host(rows: pd.DataFrame, predict: Predictor, start: CurveCalibration) ->
 
 def error_metrics(measured: Sequence[float] | np.ndarray,
                   predicted: Sequence[float] | np.ndarray) -> dict[str, float]:
-    """Relative error (predicted - measured) / measured: median, p90 and max of its absolute value,
-    its mean (signed; positive = too slow), and the Spearman rank correlation of predicted vs measured."""
-    from scipy.stats import spearmanr
-
+    """Relative error (predicted - measured) / measured: mean (MAPE), median, p90 and max of its absolute
+    value, its mean (signed; positive = too slow), and the Spearman rank correlation of predicted vs
+    measured (``analysis.metrics.spearman``: nan below 3 rows)."""
     measured, predicted = np.asarray(measured, dtype=float), np.asarray(predicted, dtype=float)
     if measured.shape != predicted.shape or measured.size == 0:
         raise ConfigError("predicted", f"{predicted.size} predictions for {measured.size} measurements",
                           "pass one prediction per measured row")
     rel = (predicted - measured) / measured
-    spearman = float(spearmanr(predicted, measured).statistic) if measured.size > 1 else float("nan")
-    return {"rows": int(measured.size), "median_abs_error": float(np.median(np.abs(rel))),
+    return {"rows": int(measured.size), "mape": float(np.mean(np.abs(rel))),
+            "median_abs_error": float(np.median(np.abs(rel))),
             "p90_abs_error": float(np.quantile(np.abs(rel), 0.9)),
             "max_abs_error": float(np.max(np.abs(rel))),
-            "mean_signed_error": float(np.mean(rel)), "spearman": spearman}
+            "mean_signed_error": float(np.mean(rel)), "spearman": spearman(predicted, measured)}
 
 
 def predict_rows(rows: pd.DataFrame, predict: Predictor, calibration: CurveCalibration) -> np.ndarray:
@@ -421,7 +421,8 @@ def run_calibration(out_dir: Path, csv_path: Path | None = None, seed: int = 0,
 
     Writes ``out_dir/predictions.csv`` (one row per configuration: the model it belongs to, measured
     time, and per predictor the time predicted by the fit that did not see its model, ``pred_*_s``, and
-    by the all-rows fit, ``pred_*_all_s``), ``out_dir/calibration.json`` (returned) and
+    by the all-rows fit, ``pred_*_all_s``; the depth splits' fits as ``pred_*_depth_s``, the depth
+    held out in ``held_out_depth``), ``out_dir/calibration.json`` (returned) and
     ``out_dir/pred_vs_measured.{png,pdf}``. ``seed`` only draws the rows when ``max_fit_rows`` caps them.
     ``start``: the physical prior every fit starts from (default ``default_calibration()``).
     """
@@ -434,30 +435,31 @@ def run_calibration(out_dir: Path, csv_path: Path | None = None, seed: int = 0,
     sim_predict, quick_predict = SimulatorPredictor(), quick_predictor()
     predictions = data.copy()
     predictions["held_out_model"] = ""
+    predictions["held_out_depth"] = ""
     names = ["sim_default", "quick_default", "sim_fitted", *(["sim_fitted_nvlink"] if fit_nvlink else []),
              "quick_fitted", "sim_host", "quick_host"]
 
-    def score(label: str, fit_rows_all: pd.DataFrame, held: pd.DataFrame, keep: bool) -> dict[str, Any]:
-        """Fit on one side, score the other; ``keep`` writes the held-out predictions into the table."""
+    def score(label: str, fit_rows_all: pd.DataFrame, held: pd.DataFrame, kind: str) -> dict[str, Any]:
+        """Fit on one side, score the other, and write the held-out predictions into the table: a
+        model split's as ``pred_<fit>_s``, a depth split's as ``pred_<fit>_depth_s`` (each kind of
+        split holds out every row once, so each row has one prediction of each kind)."""
         fit_rows = subsample(fit_rows_all, max_fit_rows, seed)
         fits = {"sim_default": start, "quick_default": start, **fit_all(fit_rows, start, fit_nvlink, timings)}
         mask = predictions["row_id"].isin(held["row_id"])
-        if keep:
-            predictions.loc[mask, "held_out_model"] = label
+        predictions.loc[mask, f"held_out_{kind}"] = label
+        suffix = "" if kind == "model" else f"_{kind}"
         metrics = {}
         for name in names:
             predicted = predict_rows(held, _predictor_of(name, sim_predict, quick_predict), fits[name])
-            if keep:
-                predictions.loc[mask, f"pred_{name}_s"] = predicted
+            predictions.loc[mask, f"pred_{name}{suffix}_s"] = predicted
             metrics[name] = error_metrics(held["iter_time_s"], predicted)
         return {"label": label, "fit_rows": int(len(fit_rows)), "holdout_rows": int(len(held)),
                 "fitted": {name: fits[name].to_dict() for name in names if "fitted" in name or "host" in name},
                 "metrics": metrics}
 
-    splits = [{"held_out_model": list(shape), **score(shape_label(shape), fit_rows, held, keep=True)}
+    splits = [{"held_out_model": list(shape), **score(shape_label(shape), fit_rows, held, "model")}
               for shape, fit_rows, held in model_splits(data)]
-    # Depth splits hold out rows the model splits already scored, so only their metrics are kept.
-    by_depth = [score(label, fit_rows, held, keep=False) for label, fit_rows, held in depth_splits(data)]
+    by_depth = [score(label, fit_rows, held, "depth") for label, fit_rows, held in depth_splits(data)]
 
     # What ships: every fit again on all rows (capped alike); its error on those rows is in-sample.
     all_rows = subsample(data, max_fit_rows, seed)
@@ -493,10 +495,27 @@ def run_calibration(out_dir: Path, csv_path: Path | None = None, seed: int = 0,
         "timings_s": timings,
         "date": dt.date.today().isoformat(),
     }
+    summary["held_out"] = held_out_table(summary)
     (out_dir / "calibration.json").write_text(json.dumps(summary, indent=2) + "\n")
     if figure:
         plot_predictions(predictions, out_dir / "pred_vs_measured", summary)
     return summary
+
+
+# The default model as it ships, in the calibration's terms: the physical prior plus the host launch
+# path, whose one scalar (sim.analytic.GPU_HOST_LAUNCH_S) each split fits on its own fit side.
+DEFAULT_FIT = "sim_host"
+
+
+def held_out_table(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One line per (split, fit) for the default model and the chosen fit, model splits then depth
+    splits: rows, MAPE, median and max |error| and Spearman on the rows that split held out."""
+    roles = {"default": DEFAULT_FIT, "chosen": summary["chosen"]}
+    splits = [("model", s) for s in summary["splits"]] + [("depth", s) for s in summary.get("depth_splits", [])]
+    keys = ("rows", "mape", "median_abs_error", "max_abs_error", "spearman")
+    return [{"split": split["label"], "kind": kind, "role": role, "fit": name,
+             **{k: split["metrics"][name][k] for k in keys}}
+            for kind, split in splits for role, name in roles.items()]
 
 
 def _source_name(csv_path: Path | None) -> str:
@@ -645,7 +664,7 @@ def main() -> None:
 
 
 def _print_fits(fitted: Mapping[str, Any], metrics: Mapping[str, Any]) -> None:
-    header = (f"{'predictor':18s} {'rows':>5s} {'med|err|':>8s} {'p90|err|':>8s} {'max|err|':>8s} "
+    header = (f"{'predictor':18s} {'rows':>5s} {'MAPE':>8s} {'med|err|':>8s} {'p90|err|':>8s} {'max|err|':>8s} "
               f"{'mean err':>8s} {'spearman':>8s}")
     for name, values in fitted.items():
         print(f"  {name:18s} eff_max={values['eff_max']:.3f} flops_half={values['flops_half']:.3g} "
@@ -668,10 +687,20 @@ def print_summary(summary: Mapping[str, Any]) -> None:
           "not a test:")
     _print_fits(summary["fitted"], summary["in_sample"])
     print(f"chosen for sim/data: {summary['chosen']}; {summary['timings_s']['total_s']:.0f} s in all")
+    _print_held_out(summary)
+
+
+def _print_held_out(summary: Mapping[str, Any]) -> None:
+    print(f"\nheld out, every split: the default model ({DEFAULT_FIT}: physical prior + host launch path fitted on "
+          f"the split's other side) and the chosen fit ({summary['chosen']})")
+    print(f"  {'held out':44s} {'model':8s} {'rows':>5s} {'MAPE':>6s} {'median':>7s} {'max':>7s} {'Spearman':>8s}")
+    for line in summary["held_out"]:
+        print(f"  {line['split']:44s} {line['role']:8s} {line['rows']:5d} {line['mape']:6.1%} "
+              f"{line['median_abs_error']:7.1%} {line['max_abs_error']:7.1%} {line['spearman']:8.3f}")
 
 
 def _metric_line(name: str, m: Mapping[str, float]) -> str:
-    return (f"{name:18s} {m['rows']:5d} {m['median_abs_error']:8.1%} {m['p90_abs_error']:8.1%} "
+    return (f"{name:18s} {m['rows']:5d} {m['mape']:8.1%} {m['median_abs_error']:8.1%} {m['p90_abs_error']:8.1%} "
             f"{m['max_abs_error']:8.1%} {m['mean_signed_error']:+8.1%} {m['spearman']:8.3f}")
 
 

@@ -55,6 +55,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.metrics import spearman, spearman_text
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import megatron_at_scale as sc21  # noqa: E402  (the Table 1 benchmark's plans and engine run)
 
@@ -311,19 +313,18 @@ def compare_iterations(table: pd.DataFrame, curve: sc21.EfficiencyCurve,
     return out
 
 
-def error_stats(measured: list[float], predicted: list[float]) -> dict[str, float]:
-    """MAPE, median and max |error|, mean signed error and Spearman's rank correlation."""
-    from scipy.stats import spearmanr
-
+def error_stats(measured: list[float], predicted: list[float]) -> dict[str, Any]:
+    """MAPE, median and max |error|, mean signed error and Spearman's rank correlation (with its text:
+    the row count, and the number of possible orders on a small table)."""
     e = np.array(predicted) / np.array(measured) - 1
-    rho = float(spearmanr(measured, predicted).statistic) if len(e) > 2 else float("nan")
     return {"mape": float(np.mean(np.abs(e))), "median": float(np.median(np.abs(e))),
-            "max": float(np.max(np.abs(e))), "mean": float(np.mean(e)), "spearman": rho}
+            "max": float(np.max(np.abs(e))), "mean": float(np.mean(e)),
+            "spearman": spearman(predicted, measured), "spearman_text": spearman_text(predicted, measured)}
 
 
 def print_stats(label: str, stats: dict[str, float]) -> None:
     print(f"  {label}: MAPE {stats['mape']:.1%}  median {stats['median']:.1%}  max {stats['max']:.1%}  "
-          f"mean {stats['mean']:+.1%}  Spearman {stats['spearman']:.3f}")
+          f"mean {stats['mean']:+.1%}  {stats['spearman_text']}")
 
 
 def compare_data_parallel(iterations: pd.DataFrame, curve: sc21.EfficiencyCurve,

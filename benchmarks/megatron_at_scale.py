@@ -44,6 +44,7 @@ import pandas as pd
 
 import sim.compile
 from analysis.iteration_decompose import KINDS, decompose_rank
+from analysis.metrics import spearman, spearman_text
 from sim.analytic import EfficiencyCurve, default_for, uncalibrated_curve
 from sim.analytic_costs import AnalyticCosts
 from sim.calibration import MEGATRON_ATTENTION, MEGATRON_DROPOUT, MEGATRON_TIED_EMBEDDING
@@ -294,16 +295,14 @@ def scaling_trend(results: list[dict[str, Any]]) -> list[dict[str, float]]:
              "predicted": r["predicted_tflops"] / first["predicted_tflops"]} for r in results]
 
 
-def summarise(results: list[dict[str, Any]]) -> dict[str, float]:
-    from scipy.stats import spearmanr
-
+def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
     err = np.array([r["error"] for r in results])
     pred = [r["predicted_tflops"] for r in results]
     rep = [r["reported_tflops"] for r in results]
     return {"rows": len(results), "mape": float(np.mean(np.abs(err))),
             "median_abs_error": float(np.median(np.abs(err))),
             "max_abs_error": float(np.max(np.abs(err))), "mean_signed_error": float(np.mean(err)),
-            "spearman": float(spearmanr(pred, rep).statistic) if len(results) > 2 else float("nan")}
+            "spearman": spearman(pred, rep), "spearman_text": spearman_text(pred, rep)}
 
 
 def write_decomposition(results: list[dict[str, Any]], path: Path) -> None:
@@ -390,7 +389,7 @@ def main() -> None:
               f"{r['wall_s']:>6.1f}" + _time_column(r), flush=True)
     s = summarise(results)
     print(f"MAPE {s['mape']:.1%}  median |err| {s['median_abs_error']:.1%}  max |err| {s['max_abs_error']:.1%}  "
-          f"mean err {s['mean_signed_error']:+.1%}  Spearman {s['spearman']:.3f}  (* = over 80 GiB in the ledger)")
+          f"mean err {s['mean_signed_error']:+.1%}  {s['spearman_text']}  (* = over 80 GiB in the ledger)")
     print(f"Peak memory {min(r['peak_GiB'] for r in results):.1f}-{max(r['peak_GiB'] for r in results):.1f} GiB; "
           f"{sum(not r['oom'] for r in results)} of {len(results)} rows fit in 80 GiB")
     trend = scaling_trend(results) if args.table == "mtnlg" else []

@@ -147,6 +147,7 @@ def test_error_metrics_on_a_hand_example() -> None:
     predicted = [2.5, 1.8, 4.0, 6.0]  # relative errors +150%, -10%, 0%, +20%
     m = error_metrics(measured, predicted)
     assert m["rows"] == 4
+    assert m["mape"] == pytest.approx((1.5 + 0.1 + 0.0 + 0.2) / 4)
     assert m["median_abs_error"] == pytest.approx(0.15)  # |err| sorted 0, 0.1, 0.2, 1.5
     assert m["p90_abs_error"] == pytest.approx(0.2 + 0.7 * 1.3)  # linear interpolation at rank 2.7
     assert m["max_abs_error"] == pytest.approx(1.5)
@@ -155,6 +156,32 @@ def test_error_metrics_on_a_hand_example() -> None:
     assert m["spearman"] == pytest.approx(0.8)
     with pytest.raises(ConfigError):
         error_metrics([1.0, 2.0], [1.0])
+
+
+def test_every_held_out_split_reports_mape_of_its_stored_predictions(tmp_path: Path, capsys) -> None:
+    """A small run (both widths x four depths, 8 rows, ~6 s): every split's table line (default model
+    and chosen fit, model and depth splits) carries MAPE, and it is the mean |error| of the predictions
+    predictions.csv stores for the rows that split held out."""
+    from analysis.calibrate import DEFAULT_FIT, print_summary, run_calibration
+
+    raw = pd.read_csv(MEGATRON_A100_CSV)
+    pick = raw[(raw["# GPUs"] == 2) & (raw["pipeline parallelism"] == 1) & (raw["micro batch"] == 1)]
+    pick[pick["global batch"] == pick["global batch"].min()].to_csv(tmp_path / "small.csv", index=False)
+    summary = run_calibration(tmp_path, tmp_path / "small.csv", max_fit_rows=None, fit_nvlink=False, figure=False)
+    stored = json.loads((tmp_path / "calibration.json").read_text())
+    predictions = pd.read_csv(tmp_path / "predictions.csv", keep_default_na=False)
+    lines = stored["held_out"]
+    assert [(line["kind"], line["role"]) for line in lines] == [(kind, role) for kind in ("model",) * 2 + ("depth",) * 2
+                                                                for role in ("default", "chosen")]
+    assert {line["fit"] for line in lines} == {DEFAULT_FIT, summary["chosen"]}
+    for line in lines:
+        held = predictions[predictions[f"held_out_{line['kind']}"] == line["split"]]
+        column = f"err_{line['fit']}" + ("_depth" if line["kind"] == "depth" else "")
+        assert len(held) == line["rows"] == 4
+        assert line["mape"] == pytest.approx(float(held[column].abs().mean()), rel=1e-9), line
+    print_summary(summary)
+    printed = capsys.readouterr().out
+    assert "MAPE" in printed and f"{lines[0]['mape']:6.1%}" in printed
 
 
 def test_a100_defaults_to_the_physical_model_with_the_host_path_and_the_curve_fit_is_not_shipped() -> None:

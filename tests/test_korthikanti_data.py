@@ -173,3 +173,10 @@ def test_the_share_fit_the_docs_quote_is_a_grid_minimum_of_its_declared_rows(ben
                 assert loss(e0 + de, round(s0 + ds, 6)) > best, (de, ds)
     for end in (0.0, 1.0):
         assert min(loss(e, end) for e in (0.74, 0.78, 0.82, 0.86, 0.90)) > 10 * best
+
+
+def test_the_stats_name_a_small_tables_rows_and_orders(bench):
+    # Table 5 has four rows: 4! = 24 orders (analysis.metrics.spearman_text, shared with megatron_at_scale).
+    stats = bench.error_stats([1.42, 18.13, 49.05, 94.42], [1.40, 18.0, 47.8, 95.4])
+    assert stats["spearman_text"] == "Spearman 1.000 (4 rows, 24 orders)"
+    assert stats["mape"] == pytest.approx((0.02 / 1.42 + 0.13 / 18.13 + 1.25 / 49.05 + 0.98 / 94.42) / 4)

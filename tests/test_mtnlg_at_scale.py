@@ -94,3 +94,11 @@ def test_scaling_trend_is_relative_to_the_first_row() -> None:
     trend = bench.scaling_trend(rows)
     assert trend[0] == {"gpus": 8, "reported": 1.0, "predicted": 1.0}
     assert math.isclose(trend[1]["reported"], 0.9) and math.isclose(trend[1]["predicted"], 0.95)
+
+
+def test_the_summary_says_how_little_three_rows_rank() -> None:
+    # Three rows have 3! = 6 orders: the summary's Spearman text names them (analysis.metrics.spearman_text).
+    rows = [{"error": e, "predicted_tflops": p, "reported_tflops": r}
+            for e, p, r in ((0.3, 165.0, 126.0), (0.3, 160.0, 121.0), (0.4, 155.0, 113.0))]
+    s = bench.summarise(rows)
+    assert s["spearman"] == 1.0 and s["spearman_text"] == "Spearman 1.000 (3 rows, 6 orders)"
