@@ -23,6 +23,10 @@ Commands (``python -m analysis.hap_experiment <command> ...``):
 - ``measure``: seconds per epoch of every method on one fold, to size a run.
 
 ``run_hap_experiment`` (used by ``paratwin hap``) is the one-seed form of ``run`` + ``report``.
+
+``run``, ``merge`` and ``report`` hold ``--out``'s ``OutputLock`` for the whole command: a second
+command on the same folder is refused in one line naming the holder. ``cli`` prints any error
+paratwin reports as one line on stderr and exits with status 2.
 """
 
 from __future__ import annotations

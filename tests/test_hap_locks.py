@@ -9,12 +9,11 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from analysis.hap_experiment import main
+from analysis.hap_protocol import DatasetPlan, Protocol, run_protocol
 from exec.hap.data import BUILT_MARKER, load_tu
 from traces.outdir import LOCK_NAME, OutputLock
 
@@ -75,19 +74,24 @@ def one_line_error(done: subprocess.Popen) -> str:
     return lines[0]
 
 
+def contents(folder: Path) -> dict[str, bytes]:
+    """Every file of ``folder`` but the lock (whose holder's pid changes), by name."""
+    return {path.name: path.read_bytes() for path in folder.iterdir() if path.name != LOCK_NAME}
+
+
 @pytest.fixture
-def hap_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A real (tiny) ``run`` of the CLI's ``main``: one fit, then its report, in ``tmp_path/out``."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its default TU cache
+def hap_run(tmp_path: Path) -> Path:
+    """A real (tiny) run's folder, ``tmp_path/out``: one fit's row and curve (the CLI's ``run`` with its
+    report is covered by test_hap.py's CLI test, which also needs the lock to be reentrant)."""
     out = tmp_path / "out"
-    main(["run", "--out", str(out), "--plan", "MUTAG:1x1:1", "--data-root", str(TU), "--methods", "gcn-mean",
-          "--lr", "0.01", "--patience", "0"])
+    run_protocol(Protocol((DatasetPlan("MUTAG", (0,), 1, 10, 1, ("gcn-mean",)),), lrs=(0.01,), patience=0), out,
+                 data_root=TU, cache_dir=tmp_path / "cache", verbose=False)
     return out
 
 
 def test_a_second_report_or_run_on_a_locked_folder_is_refused_naming_the_holder_and_loses_nothing(
         tmp_path: Path, hap_run: Path) -> None:
-    before = {name: (hap_run / name).read_bytes() for name in ("folds.csv", "curves.csv", "results.md")}
+    before = contents(hap_run)
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(hap_run)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, cwd=REPO, env=env(tmp_path))
     try:
@@ -99,10 +103,10 @@ def test_a_second_report_or_run_on_a_locked_folder_is_refused_naming_the_holder_
         for command in commands:
             line = one_line_error(command)
             assert f"--out {hap_run}: in use by another paratwin process (pid {holder.pid})" in line, line
-            assert 'running "python -c import sys; from traces.outdir import OutputLock;' in line, line
+            assert "running \"python -c 'import sys; from traces.outdir import OutputLock;" in line, line
     finally:
         holder.communicate(input="", timeout=WAIT_S)
-    assert {name: (hap_run / name).read_bytes() for name in before} == before
+    assert contents(hap_run) == before  # no row appended, no report written
 
 
 def test_the_lock_is_reentrant_within_a_process_and_released_by_its_outermost_holder(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import fcntl
 import json
 import os
 import re
+import shlex
 import sys
 import threading
 import time
@@ -127,7 +128,7 @@ def _command_line() -> str:
     argv = list(sys.orig_argv)  # as started: `python -m module ...`, not the module's path
     if argv:
         argv[0] = Path(argv[0]).name
-    return " ".join(" ".join(argv).split())[:COMMAND_CHARS]
+    return " ".join(shlex.join(argv).split())[:COMMAND_CHARS]
 
 
 def _describe_holder(text: str) -> str:
