@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -10,8 +9,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from analysis.report import console, plain, print_error, print_layers, print_sim, size
-from traces.errors import ConfigError, ParatwinError
+from analysis.report import console, plain, print_layers, print_sim, run_cli, size
+from traces.errors import ConfigError
 from traces.outdir import fresh_run_folder, safe_name
 
 app = typer.Typer(
@@ -440,13 +439,7 @@ def demo(
 
 
 def main() -> None:
-    try:
-        app()
-    except ParatwinError as exc:
-        print_error(exc)
-        # 2 for every error paratwin reports, unless it carries its own code (3: plan does not fit;
-        # 128 + the signal's number: a run stopped by SIGINT or SIGTERM).
-        sys.exit(getattr(exc, "exit_code", 2))
+    run_cli(app)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,10 @@ Commands (``python -m analysis.hap_experiment <command> ...``):
 - ``measure``: seconds per epoch of every method on one fold, to size a run.
 
 ``run_hap_experiment`` (used by ``paratwin hap``) is the one-seed form of ``run`` + ``report``.
+
+``run``, ``merge`` and ``report`` hold ``--out``'s ``OutputLock`` for the whole command: a second
+command on the same folder is refused in one line naming the holder. ``cli`` prints any error
+paratwin reports as one line on stderr and exits with status 2.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import torch
 from exec.hap.baselines import METHODS
 from exec.hap.train import TrainConfig
 from traces.errors import ConfigError
+from traces.outdir import OutputLock
 
 from . import hap_report as report
 from .executors import check_workers
@@ -52,6 +57,7 @@ from .hap_protocol import (
     parse_seeds,
     run_protocol,
 )
+from .report import error_console, run_cli
 
 DEFAULT_EPOCHS = 100
 DEFAULT_PATIENCE = 20
@@ -64,7 +70,19 @@ def write_report(results: Path, figures: Path | None = None, note: str = HARDWAR
     ``planned_pairs``: the (seed, fold) pairs a dataset needs to count as complete (default: the
     protocol's 3 seeds x 10 folds); only complete datasets get paired significance tests."""
     results = Path(results)
-    figures = Path(figures) if figures else results
+    check_results(results)
+    with OutputLock(results):  # reentrant: `run` and `merge` hold it already
+        return _write_report(results, Path(figures) if figures else results, note, planned_pairs)
+
+
+def check_results(results: Path) -> None:
+    """Refuse in one line a folder without ``folds.csv`` (before a lock creates a mistyped one)."""
+    if not (Path(results) / "folds.csv").is_file():
+        raise ConfigError("--out", f"{results} holds no folds.csv",
+                          "name a directory that `run` or `merge` wrote")
+
+
+def _write_report(results: Path, figures: Path, note: str, planned_pairs: int | None) -> pd.DataFrame:
     figures.mkdir(parents=True, exist_ok=True)
     info = pd.read_csv(results / "datasets.csv") if (results / "datasets.csv").exists() else None
     majority = dict(zip(info["dataset"], info["majority_accuracy"], strict=True)) if info is not None else None
@@ -117,7 +135,11 @@ def write_report(results: Path, figures: Path | None = None, note: str = HARDWAR
 def merge_results(sources: Sequence[Path], out: Path) -> None:
     """Merge folds.csv / curves.csv / datasets.csv of ``sources`` into ``out``; a repeated key keeps its first rows."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    with OutputLock(out):  # the sources are only read
+        _merge(sources, out)
+
+
+def _merge(sources: Sequence[Path], out: Path) -> None:
     folds = [pd.read_csv(Path(s) / "folds.csv") for s in sources if (Path(s) / "folds.csv").exists()]
     if not folds:
         raise ConfigError("merge", f"no folds.csv in {', '.join(map(str, sources))}", "name run directories")
@@ -162,11 +184,12 @@ def run_hap_experiment(
     base = train or TrainConfig()
     plans = tuple(DatasetPlan(name, (seed,), folds, folds, epochs, tuple(methods or METHODS)) for name in datasets)
     protocol = Protocol(plans, lrs=(base.lr,), patience=patience, base=base)
-    run_protocol(protocol, Path(out_dir), data_root=data_root, cache_dir=cache_dir, verbose=verbose)
-    return write_report(Path(out_dir), planned_pairs=folds)  # this run's own protocol: one seed x folds
+    with OutputLock(Path(out_dir)):  # run and report as one command: no other writer in between
+        run_protocol(protocol, Path(out_dir), data_root=data_root, cache_dir=cache_dir, verbose=verbose)
+        return write_report(Path(out_dir), planned_pairs=folds)  # this run's own protocol: one seed x folds
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run (or resume) the protocol, then write the report")
@@ -203,34 +226,61 @@ def main(argv: Sequence[str] | None = None) -> None:
     measure = sub.add_parser("measure", help="seconds per epoch of every method on one fold")
     measure.add_argument("--datasets", nargs="+", default=["MUTAG"])
     measure.add_argument("--epochs", type=int, default=5)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _measure(datasets: Sequence[str], epochs: int) -> None:
+    from .hap_protocol import measure_one_fold
+
+    for name in datasets:
+        seconds = measure_one_fold(name, METHODS, epochs)
+        per_epoch = {k: round(v / epochs, 3) for k, v in seconds.items()}
+        print(f"{name}: s/epoch {per_epoch}; all methods {sum(per_epoch.values()):.2f} s/epoch", flush=True)
+
+
+def _protocol(args: argparse.Namespace) -> Protocol:
+    """The protocol ``run`` asks for, its options checked (before anything is written)."""
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else None
+    plans = [parse_plan(p, args.epochs, args.methods, seeds) for p in args.plan]
+    plans += [parse_plan(p, args.epochs, ["hap", *ABLATIONS], seeds) for p in args.ablation_plan]
+    check_workers(args.workers)
+    return Protocol(tuple(plans), lrs=tuple(args.lr), patience=args.patience)
+
+
+def _run(protocol: Protocol, args: argparse.Namespace) -> None:
+    if args.carry_from is not None:
+        counts = carry_over(protocol, args.carry_from, args.out)
+        print(f"from {args.carry_from}: {counts['carried']} fits carried, {counts['rerun']} to run again "
+              f"(they reached their cap or cannot be carried), {counts['kept']} already in {args.out}", flush=True)
+    run_protocol(protocol, args.out, data_root=args.data_root, workers=args.workers, scheduler=args.scheduler)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
     torch.set_num_threads(1)  # one core per experiment on a shared machine
     start = time.perf_counter()
     if args.command == "measure":
-        from .hap_protocol import measure_one_fold
-
-        for name in args.datasets:
-            seconds = measure_one_fold(name, METHODS, args.epochs)
-            per_epoch = {k: round(v / args.epochs, 3) for k, v in seconds.items()}
-            print(f"{name}: s/epoch {per_epoch}; all methods {sum(per_epoch.values()):.2f} s/epoch", flush=True)
+        _measure(args.datasets, args.epochs)
         return
-    if args.command == "run":
-        seeds = parse_seeds(args.seeds) if args.seeds is not None else None
-        plans = [parse_plan(p, args.epochs, args.methods, seeds) for p in args.plan]
-        plans += [parse_plan(p, args.epochs, ["hap", *ABLATIONS], seeds) for p in args.ablation_plan]
-        protocol = Protocol(tuple(plans), lrs=tuple(args.lr), patience=args.patience)
-        check_workers(args.workers)  # before --carry-from writes anything
-        if args.carry_from is not None:
-            counts = carry_over(protocol, args.carry_from, args.out)
-            print(f"from {args.carry_from}: {counts['carried']} fits carried, {counts['rerun']} to run again "
-                  f"(they reached their cap or cannot be carried), {counts['kept']} already in {args.out}", flush=True)
-        run_protocol(protocol, args.out, data_root=args.data_root, workers=args.workers, scheduler=args.scheduler)
-    if args.command == "merge":
-        merge_results(args.sources, args.out)
-    table = write_report(args.out, args.figures, args.note)
-    print((args.out / "results.md").read_text())
+    protocol = _protocol(args) if args.command == "run" else None
+    if args.command == "report":
+        check_results(args.out)
+    # One command per folder for the whole command (--carry-from's rows, the fits, the report): a
+    # second run, merge or report on it is refused in one line; workers only compute, this process writes.
+    with OutputLock(args.out):
+        if protocol is not None:
+            _run(protocol, args)
+        if args.command == "merge":
+            merge_results(args.sources, args.out)
+        table = write_report(args.out, args.figures, args.note)
+        print((args.out / "results.md").read_text())
     print(f"wrote {args.out} ({len(table)} rows) in {time.perf_counter() - start:.0f} s")
 
 
+def cli(argv: Sequence[str] | None = None) -> None:
+    """The command line: ``main``, an error paratwin reports printed as one line on stderr (status 2)."""
+    run_cli(lambda: main(argv), to=error_console)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -25,7 +25,6 @@ only read.
 from __future__ import annotations
 
 import csv
-import fcntl
 import gzip
 import itertools
 import math
@@ -39,10 +38,11 @@ import torch
 
 from analysis.executors import BrokenProcessPool, backend, check_workers
 from exec.hap.baselines import METHODS
-from exec.hap.data import TU_NAMES, default_cache_dir, graph_labels, load_tu
+from exec.hap.data import TU_NAMES, graph_labels, load_tu
 from exec.hap.train import FitResult, TrainConfig, fit_tuned
 from exec.host_memory import release_freed_memory
 from traces.errors import ConfigError, ParatwinError
+from traces.outdir import OutputLock
 
 # The grid every variant is tuned over on the validation split (same budget for every method).
 # 1e-3 and 1e-2 are the two learning rates compared in the first HAP run (docs/hap.md).
@@ -250,14 +250,8 @@ _DATASETS: dict[tuple[str, str, str], object] = {}
 
 def _dataset(name: str, data_root: Path | None, cache_dir: Path | None):
     key = (name, str(data_root), str(cache_dir))
-    if key not in _DATASETS:
-        cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        cache.mkdir(parents=True, exist_ok=True)
-        # Workers of one machine share its cache; on a fresh Dask worker machine two of them would
-        # copy and process the same files at once. One at a time: the later one finds it built.
-        with (cache / f".{name}.lock").open("w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            _DATASETS[key] = load_tu(name, data_root=data_root, cache_dir=cache_dir)
+    if key not in _DATASETS:  # workers sharing a cache build it once: load_tu's build lock
+        _DATASETS[key] = load_tu(name, data_root=data_root, cache_dir=cache_dir)
     return _DATASETS[key]
 
 
@@ -316,7 +310,12 @@ def run_protocol(
     validate(protocol)
     check_workers(workers)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with OutputLock(out_dir):  # one writer of folds.csv and curves.csv (reentrant: the CLI holds it)
+        return _run_locked(protocol, out_dir, data_root, cache_dir, verbose, workers, scheduler)
+
+
+def _run_locked(protocol: Protocol, out_dir: Path, data_root: Path | None, cache_dir: Path | None,
+                verbose: bool, workers: int, scheduler: str | None) -> Path:
     folds_csv, curves_csv = out_dir / "folds.csv", out_dir / "curves.csv"
     loaded: dict[str, object] = {}
     tasks = _tasks(protocol, out_dir, _done(folds_csv), loaded, data_root, cache_dir)
@@ -381,7 +380,11 @@ def carry_over(protocol: Protocol, source: Path, out_dir: Path) -> dict[str, int
         base = replace(protocol.base, epochs=plan.epochs, patience=protocol.patience)
         for seed, fold, name in itertools.product(plan.seeds, range(plan.folds), plan.variants):
             planned[(plan.name, name, seed, fold)] = (plan, len(candidates(VARIANTS[name], base, protocol.lrs)))
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with OutputLock(out_dir):  # the source is only read
+        return _carry(planned, protocol, source, out_dir)
+
+
+def _carry(planned: dict, protocol: Protocol, source: Path, out_dir: Path) -> dict[str, int]:
     present = _done(out_dir / "folds.csv")
     counts = {"carried": 0, "rerun": 0, "kept": 0}
     rows = []

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from traces.errors import ParatwinError
 
-def _make_console() -> Console:
+
+def _make_console(stderr: bool = False) -> Console:
     # A pipe or a file has no width to wrap at: keep table rows and error lines whole there.
-    terminal = Console()
-    return terminal if terminal.is_terminal else Console(width=250, soft_wrap=True)
+    terminal = Console(stderr=stderr)
+    return terminal if terminal.is_terminal else Console(stderr=stderr, width=250, soft_wrap=True)
 
 
 console = _make_console()
+error_console = _make_console(stderr=True)  # for a CLI whose stdout is its result (analysis.hap_experiment)
 ERROR_CHARS = 4000  # the most of an error message the CLI prints
 
 
@@ -22,12 +28,23 @@ def plain(text: object) -> None:
     console.print(str(text), markup=False, highlight=False)
 
 
-def print_error(message: object) -> None:
+def print_error(message: object, to: Console = console) -> None:
     """``error: <message>`` on one line, the message escaped and cut to ``ERROR_CHARS``."""
     text = str(message)
     if len(text) > ERROR_CHARS:
         text = text[:ERROR_CHARS] + f"... ({len(text) - ERROR_CHARS:,} more characters)"
-    console.print(f"[red]error:[/red] {escape(text)}", highlight=False, soft_wrap=True)
+    to.print(f"[red]error:[/red] {escape(text)}", highlight=False, soft_wrap=True)
+
+
+def run_cli(command: Callable[[], object], to: Console = console) -> None:
+    """Run a CLI's ``command``; an error paratwin reports (``ParatwinError``) is printed on ``to`` as one
+    ``error:`` line, no traceback, and the process exits with status 2, unless the error carries its
+    own ``exit_code`` (3: plan does not fit; 128 + the signal's number: a run stopped by SIGINT or SIGTERM)."""
+    try:
+        command()
+    except ParatwinError as exc:
+        print_error(exc, to)
+        sys.exit(getattr(exc, "exit_code", 2))
 
 
 def gib(nbytes: float) -> str:

@@ -3,6 +3,7 @@ baselines, the TU loader's scratch copy and the cross-validation experiment's ou
 
 from __future__ import annotations
 
+import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -350,15 +351,19 @@ def test_paired_tests_find_a_consistent_winner_and_not_a_tie() -> None:
     assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
 
 
-def test_the_cli_runs_named_seeds_only_and_they_equal_those_seeds_of_a_full_run(tmp_path: Path, mutag) -> None:
+def test_the_cli_runs_named_seeds_only_and_they_equal_those_seeds_of_a_full_run(
+        tmp_path: Path, mutag, monkeypatch: pytest.MonkeyPatch) -> None:
     """``--seeds 2`` runs seed 2 alone (not 0..S-1), on the same folds as seed 2 of a 3-seed run."""
     from analysis.hap_experiment import main
     from analysis.hap_protocol import parse_seeds
 
+    # The CLI's TU cache is $TMPDIR's: this test's own, not the machine's (another run may be reading it).
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     knobs = ["--methods", "gcn-mean", "--lr", "0.001", "--epochs", "1", "--patience", "0"]
     main(["run", "--out", str(tmp_path / "named"), "--plan", "MUTAG:1x1", "--seeds", "2", *knobs])
     named = pd.read_csv(tmp_path / "named" / "folds.csv")
     assert list(named["seed"]) == [2]
+    assert (tmp_path / "paratwin-tu-cache" / "MUTAG" / ".built").is_file()
     main(["run", "--out", str(tmp_path / "all"), "--plan", "MUTAG:3x1", *knobs])
     every = pd.read_csv(tmp_path / "all" / "folds.csv")
     assert sorted(every["seed"]) == [0, 1, 2]

@@ -2,8 +2,9 @@
 
 * ``safe_name`` turns a plan name into one path component (no separators, no ``..``).
 * ``OutputLock`` holds an exclusive ``flock`` on ``<folder>/.paratwin.lock`` while a command
-  writes there; a second writer gets a one-line ``OutputError`` naming the holder's pid. The
-  kernel drops the lock when the holder exits, however it exits, so a lock is never stale.
+  writes there; a second writer gets a one-line ``OutputError`` naming the holder's pid and command
+  line. Reentrant within a process. The kernel drops the lock when the holder exits, however it
+  exits, so a lock is never stale.
 * ``claim_run_folder`` prepares a folder for ``paratwin run``: it refuses a folder that already
   holds run outputs (unless ``force`` and a marker shows that an earlier run wrote them, in which
   case exactly the files that run writes are removed) and records in ``.paratwin-run.json`` what
@@ -17,6 +18,9 @@ import fcntl
 import json
 import os
 import re
+import shlex
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +31,8 @@ LOCK_NAME = ".paratwin.lock"
 MARKER_NAME = ".paratwin-run.json"
 RENDEZVOUS_NAME = ".paratwin-rendezvous"
 NAME_LIMIT = 100
+COMMAND_CHARS = 300  # of the holder's command line kept in the lock file
+HOLDER_BYTES = 4096  # read back from it: the pid, the command line and slack
 
 # What a run writes, folder by folder: file name patterns (glob) inside each.
 RUN_OUTPUTS: dict[str, tuple[str, ...]] = {
@@ -50,41 +56,87 @@ def safe_name(name: str) -> str:
     return cleaned or "plan"
 
 
+# The folders this process holds (resolved): the descriptor holding the flock and how many holders
+# share it. A second flock on a new descriptor would be refused even within this process.
+_HELD: dict[Path, list[int]] = {}
+_HELD_GUARD = threading.Lock()
+# A forked child does not hold its parent's locks (it would otherwise skip the flock and write).
+os.register_at_fork(after_in_child=_HELD.clear)
+
+
 class OutputLock:
-    """An exclusive, non-blocking lock on a folder (``with OutputLock(folder):``)."""
+    """An exclusive, non-blocking lock on a folder (``with OutputLock(folder):``).
+
+    Reentrant within one process: a function holding a folder's lock may call another that takes it
+    again (``hap_experiment``'s ``run`` holds it, then its report takes it too); the ``flock`` is
+    dropped when the outermost holder releases it. Another process is refused in one line that names
+    the holder's pid and command line (both written into the lock file).
+    """
 
     def __init__(self, folder: Path, option: str = "--out") -> None:
         self.folder = Path(folder)
         self.option = option
-        self._fd: int | None = None
+        self._key: Path | None = None
 
     def acquire(self) -> OutputLock:
         self.folder.mkdir(parents=True, exist_ok=True)
+        key = self.folder.resolve()
+        with _HELD_GUARD:
+            if key in _HELD:
+                _HELD[key][1] += 1
+            else:
+                _HELD[key] = [self._lock(), 1]
+        self._key = key
+        return self
+
+    def _lock(self) -> int:
         fd = os.open(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            holder = os.pread(fd, HOLDER_BYTES, 0).decode(errors="replace")
             os.close(fd)
             if exc.errno not in (errno.EAGAIN, errno.EACCES):
                 raise
-            raise OutputError(f"{self.option} {self.folder}: in use by another paratwin process (pid {holder}); "
-                              f"wait for it to finish or choose another {self.option}") from None
+            raise OutputError(f"{self.option} {self.folder}: in use by another paratwin process "
+                              f"{_describe_holder(holder)}; wait for it to finish or choose another "
+                              f"{self.option}") from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._fd = fd
-        return self
+        os.pwrite(fd, f"{os.getpid()}\n{_command_line()}\n".encode(), 0)
+        return fd
 
     def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor drops the flock
-            self._fd = None
+        if self._key is None:
+            return
+        with _HELD_GUARD:
+            entry = _HELD[self._key]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _HELD[self._key]
+                os.close(entry[0])  # closing the descriptor drops the flock
+        self._key = None
 
     def __enter__(self) -> OutputLock:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _command_line() -> str:
+    """This process's command line on one line, the interpreter's directory dropped (``python -m ...``)."""
+    argv = list(sys.orig_argv)  # as started: `python -m module ...`, not the module's path
+    if argv:
+        argv[0] = Path(argv[0]).name
+    return " ".join(shlex.join(argv).split())[:COMMAND_CHARS]
+
+
+def _describe_holder(text: str) -> str:
+    """``(pid 1234) running "python -m ..."`` from a lock file's text (pid only if an older writer's)."""
+    pid, _, command = text.strip().partition("\n")
+    described = f"(pid {pid.strip() or '?'})"
+    command = " ".join(command.split())
+    return f'{described} running "{command}"' if command else described
 
 
 def _present(folder: Path) -> list[str]:

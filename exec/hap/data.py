@@ -7,7 +7,9 @@ from the TU collection's site (the URL torch_geometric's ``TUDataset`` downloads
 
 torch_geometric's ``TUDataset`` writes ``processed/`` next to ``raw/``, and the data folders are
 read-only (the package's, a user's copy), so the raw text files are first copied into a scratch cache
-directory and the dataset is built there. Node features are the node attributes (where the dataset
+directory and the dataset is built there: under a lock (``<cache>/.<NAME>.lock``, so concurrent first
+loads build it once), finished by a ``<cache>/<NAME>/.built`` marker. A built cache is only read (it
+may be read-only). Node features are the node attributes (where the dataset
 has them) followed by the one-hot node labels (``use_node_attr=True``). Continuous node attributes
 are z-scored per column over all nodes of the dataset (label-free statistics): PROTEINS' attribute
 spans -538..798 and would otherwise swamp the one-hot labels.
@@ -15,6 +17,7 @@ spans -538..798 and would otherwise swamp the one-hot labels.
 
 from __future__ import annotations
 
+import fcntl
 import io
 import shutil
 import tempfile
@@ -29,6 +32,7 @@ from torch import Tensor
 from traces.errors import ConfigError
 from traces.paths import DATA_ENV, DOWNLOAD_TIMEOUT_S, cache_root, data_roots, offline_error
 
+BUILT_MARKER = ".built"  # in <cache>/<NAME>/ once raw/ is copied and processed/ built
 TU_NAMES = ("MUTAG", "PROTEINS", "PTC_MR", "NCI1", "ENZYMES")
 # torch_geometric.datasets.TUDataset.url (PyG 2.8.1): <url>/<NAME>.zip holds <NAME>/<NAME>_*.txt.
 TU_URL = "https://www.chrsmrrs.com/graphkerneldatasets"
@@ -100,16 +104,10 @@ def load_tu(
                           f"choose one of {', '.join(TU_NAMES)} or pass data_root")
     else:
         source = find_tu_root(name) or download_tu(name)
-    raw = source / name / "raw"
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = cache / name / "raw"
-    if not _same_files(raw, target):
-        shutil.rmtree(cache / name, ignore_errors=True)  # stale copy: rebuild processed/ too
-        target.mkdir(parents=True, exist_ok=True)
-        for path in raw.iterdir():
-            if path.is_file():
-                shutil.copyfile(path, target / path.name)
-    dataset = TUDataset(str(cache), name, use_node_attr=True)
+    if not _built(source / name / "raw", cache / name):
+        _build(source / name / "raw", cache, name)
+    dataset = TUDataset(str(cache), name, use_node_attr=True)  # built: only reads
     attributes = dataset.num_node_attributes  # they come first in x, before the one-hot labels
     if standardize and attributes:
         x = dataset._data.x
@@ -117,6 +115,41 @@ def load_tu(
         scaled = (values - values.mean(0)) / values.std(0).clamp(min=1e-6)
         dataset._data.x = torch.cat([scaled, x[:, attributes:]], dim=1)
     return dataset
+
+
+def _built(raw: Path, copy: Path) -> bool:
+    """Whether ``copy`` (``<cache>/<NAME>``) holds a finished build of the raw files ``raw``."""
+    return (copy / BUILT_MARKER).is_file() and _same_files(raw, copy / "raw")
+
+
+def _build(raw: Path, cache: Path, name: str) -> None:
+    """Copy ``raw`` into ``<cache>/<name>/raw`` and build ``processed/`` there, one process at a time.
+
+    Two processes loading a data set for the first time (two commands, or the workers of a pool on
+    one machine) would otherwise delete and rewrite each other's files: the later one waits on
+    ``<cache>/.<name>.lock`` and then finds the build done. The marker is written last, so a build
+    cut short (a kill) is redone, never read half-written.
+    """
+    from torch_geometric.datasets import TUDataset
+
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        lock = (cache / f".{name}.lock").open("a")
+    except OSError as exc:
+        raise ConfigError("cache_dir", f"cannot build TU dataset {name} in {cache} ({exc.strerror})",
+                          "pass a writable cache_dir, or build it there once with write access") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # blocking; dropped when the file is closed
+        copy = cache / name
+        if _built(raw, copy):  # another process built it while this one waited
+            return
+        shutil.rmtree(copy, ignore_errors=True)  # stale or unfinished: rebuild processed/ too
+        (copy / "raw").mkdir(parents=True)
+        for path in raw.iterdir():
+            if path.is_file():
+                shutil.copyfile(path, copy / "raw" / path.name)
+        TUDataset(str(cache), name, use_node_attr=True)  # writes processed/
+        (copy / BUILT_MARKER).write_text("raw/ copied and processed/ built by exec.hap.data.load_tu\n")
 
 
 def _same_files(source: Path, target: Path) -> bool:
