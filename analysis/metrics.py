@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from sim.estimate import spearman as estimate_spearman
 from traces.errors import ConfigError
 
 # Rank correlation needs at least this many rows to be reported (with two, it is +1 or -1 by construction).
@@ -23,14 +24,10 @@ SMALL_TABLE_ROWS = 6
 
 
 def spearman(predicted: Sequence[float] | np.ndarray, reported: Sequence[float] | np.ndarray) -> float:
-    """Spearman's rank correlation of predicted vs reported; nan below ``MIN_SPEARMAN_ROWS`` rows or
-    when either side is constant (no order to compare)."""
-    from scipy.stats import spearmanr  # slow to import; only this needs it
-
+    """Spearman's rank correlation of predicted vs reported (``sim.estimate.spearman``, the search's own):
+    nan below ``MIN_SPEARMAN_ROWS`` rows or when either side is constant (no order to compare)."""
     predicted, reported = _paired(predicted, reported)
-    if predicted.size < MIN_SPEARMAN_ROWS or np.ptp(predicted) == 0 or np.ptp(reported) == 0:
-        return float("nan")
-    return float(spearmanr(predicted, reported).statistic)
+    return estimate_spearman(predicted.tolist(), reported.tolist())
 
 
 def spearman_text(predicted: Sequence[float] | np.ndarray, reported: Sequence[float] | np.ndarray) -> str:

@@ -294,17 +294,14 @@ def _run_block(plan: Plan, profile: Path, iterations: int, warmup: int, out: Pat
 def summarise(table: pd.DataFrame, times: dict[str, list[float]] | None = None) -> dict:
     """The suite's figures; with ``times`` (plan -> its measured per-iteration times) also the
     ranking judged on the pairs the measurement resolves (``analysis.ranking.rank_pairs``)."""
-    from scipy.stats import spearmanr
+    from analysis.metrics import spearman
 
     errors = table["abs_error"].to_numpy(dtype=float)
-    rho = float(spearmanr(table["predicted_s"], table["measured_median_s"]).statistic) if len(table) > 2 \
-        else math.nan
+    rho = spearman(table["predicted_s"], table["measured_median_s"])
     plain = (table["predicted_uncalibrated_s"] / table["measured_median_s"] - 1).abs().to_numpy(dtype=float)
-    plain_rho = float(spearmanr(table["predicted_uncalibrated_s"], table["measured_median_s"]).statistic) \
-        if len(table) > 2 else math.nan
+    plain_rho = spearman(table["predicted_uncalibrated_s"], table["measured_median_s"])
     steady = table[table["steady"].astype(bool)] if "steady" in table else table
-    steady_rho = float(spearmanr(steady["predicted_s"], steady["measured_median_s"]).statistic) \
-        if len(steady) > 2 else math.nan
+    steady_rho = spearman(steady["predicted_s"], steady["measured_median_s"])
     return {"plans": int(len(table)), "median_abs_error": float(np.median(errors)),
             "steady": {"plans": int(len(steady)),
                        "median_abs_error": float(steady["abs_error"].median()) if len(steady) else math.nan,

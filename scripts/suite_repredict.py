@@ -43,8 +43,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
-from scipy.stats import spearmanr
 
+from analysis.metrics import spearman_text
 from analysis.ranking import describe, rank_pairs
 from analysis.validation.calibration import ValidationCalibration, fit_calibration, with_calibration
 from analysis.validation.comm import merge_cpu_fits
@@ -148,7 +148,7 @@ def print_table(table: pd.DataFrame) -> None:
         errors = table[column]
         predicted = table["measured_s"] * (1 + errors)
         print(f"{label}: median |error| {errors.abs().median():.1%}, max {errors.abs().max():.1%}, mean "
-              f"{errors.mean():+.1%}, Spearman {spearmanr(predicted, table['measured_s']).statistic:.3f}")
+              f"{errors.mean():+.1%}, {spearman_text(predicted, table['measured_s'])}")
         ranking = rank_pairs(dict(zip(table["plan"], table["times_s"], strict=True)),
                              dict(zip(table["plan"], predicted, strict=True)))
         print(f"  {label}: {describe(ranking.to_dict())}")

@@ -10,14 +10,15 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-from scipy.stats import spearmanr
+
+from analysis.metrics import spearman
 
 
 def summary_of(table: pd.DataFrame) -> dict[str, float]:
     return {"median |error|": table["abs_error"].median(), "max |error|": table["abs_error"].max(),
             "mean error": table["error"].mean(),
             "too fast (of plans)": float((table["error"] < 0).sum()),
-            "Spearman": float(spearmanr(table["predicted_s"], table["measured_median_s"]).statistic)}
+            "Spearman": spearman(table["predicted_s"], table["measured_median_s"])}
 
 
 def main(folders: list[str]) -> None:
