@@ -271,7 +271,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        raise SystemExit(main())
-    except ConfigError as error:
-        sys.exit(f"error: {error}")
+    from analysis.report import error_console, run_cli
+
+    run_cli(lambda: sys.exit(main()), to=error_console)  # a bad option: one line, status 2

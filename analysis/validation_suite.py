@@ -42,7 +42,7 @@ from analysis.validation.profiling import profile_for_validation
 from analysis.validation.report import ValidationReport
 from analysis.validation.run import validate_plan, validate_record
 from sim.plan import Plan
-from traces.errors import ConfigError, ParatwinError
+from traces.errors import ConfigError
 
 SUITE_DIR = Path(__file__).resolve().parent.parent / "examples" / "validation"
 # A measurement is steady when the profiles before and after the run agree within STEADY_DRIFT and
@@ -436,7 +436,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        raise SystemExit(main())
-    except ParatwinError as error:  # a bad plan or option: the one-line message, as `paratwin` prints it
-        sys.exit(f"error: {error}")
+    from analysis.report import error_console, run_cli
+
+    run_cli(lambda: sys.exit(main()), to=error_console)  # a bad plan or option: one line, status 2

@@ -170,6 +170,9 @@ def main(argv: list[str]) -> None:
 def run_all(argv: list[str], options: EngineOptions, runtime_costs: bool, comm: list[Path],
             cpu: pd.DataFrame | None, scratch: Path) -> None:
     for suite in [Path(a) for a in argv if not a.startswith("--")]:
+        if not suite.is_dir():
+            raise ConfigError("suite", f"{suite} is not a folder", "pass the --out folder of a validation suite "
+                              "or of scripts/netns_embedding.sh")
         if any(suite.glob("*/*/report/report.json")):  # scripts/netns_embedding.sh's <rate>/<method>/report
             table = repredict_netns(suite, options, comm[-1] if comm else None, "--rate-only" in argv, cpu, scratch)
             for rate, part in table.groupby("rate", sort=False):
@@ -185,7 +188,6 @@ def run_all(argv: list[str], options: EngineOptions, runtime_costs: bool, comm: 
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except ConfigError as error:
-        sys.exit(f"error: {error}")
+    from analysis.report import error_console, run_cli
+
+    run_cli(lambda: main(sys.argv[1:]), to=error_console)  # a bad option: one line, status 2
