@@ -253,17 +253,26 @@ def p2p_pass(draft: _Draft) -> None:
 
 def blocking_p2p_pass(draft: _Draft) -> None:
     """Megatron-LM 2021's blocking exchanges (plan ``schedule.p2p: blocking``): the compute after a
-    send waits for its transfer to finish, so the compute stream carries every transfer's time.
+    send waits for its transfer to finish, so the compute stream carries every transfer's time; and
+    a receive waits for the compute before it and for the sends issued since, because the exchange
+    runs between two computes (megatron/schedules.py calls ``_communicate`` after each forward /
+    backward) and completes all its transfers before a scatter/gather's all-gather, which
+    ``_communicate`` runs after ``torch.cuda.synchronize()``: the all-gather sits between the two
+    computes instead of beside them (docs/accuracy.md, section 16).
     Not modelled: the rendezvous (a transfer also waits for its receiver to reach the exchange),
     which Megatron's pairing of each step's sends and receives in one batch makes deadlock-free,
-    but this Program's per-consumer receives would not be (docs/accuracy.md, section 3)."""
+    but this Program's per-consumer receives would not be (docs/accuracy.md, sections 3 and 16)."""
     sends: list[Node] = []
+    previous: Node | None = None  # the last compute in program order
     for node in draft.nodes:
         if node.kind in (Kind.SEND_ACT, Kind.SEND_GRAD):
             sends.append(node)
+        elif node.kind in (Kind.RECV_ACT, Kind.RECV_GRAD) and previous is not None:
+            node.deps.extend([previous, *sends])  # the same exchange: after its compute and sends
         elif node.kind.is_compute:
             node.deps.extend(sends)
             sends = []
+            previous = node
 
 
 def _last_gradient_writers(draft: _Draft) -> dict[int, Node]:
