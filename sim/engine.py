@@ -513,9 +513,12 @@ class Engine:
         backward = kind in (Kind.BWD, Kind.BWD_I, Kind.BWD_W)
         # An I step alone (split backward) has no weight-gradient GEMM for a backward all-reduce to hide behind.
         with_weight_grads = kind is Kind.BWD or whole_backward_in_w
+        # Every backward of a layer but its first of the iteration adds its weight gradients into the
+        # earlier micro-batches' (LayerCosts.grad_accumulate_s; 0 unless the cost model prices it).
+        accumulates = kind in (Kind.BWD, Kind.BWD_W) and instruction.microbatch > 0
         segments = [
-            (phase_time(c), self._tp_comm_s(c, rank, backward, with_weight_grads) if with_tp else 0.0,
-             max(c.tp_allreduces, 1))
+            (phase_time(c) + (c.grad_accumulate_s if accumulates else 0.0),
+             self._tp_comm_s(c, rank, backward, with_weight_grads) if with_tp else 0.0, max(c.tp_allreduces, 1))
             for c in layers
         ]
         per_layer = tp_segments_time(segments, self.tp_overlap if with_tp else 0)
