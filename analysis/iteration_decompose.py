@@ -21,8 +21,8 @@ from sim.program import Kind
 # The columns, in order. "pipeline_wait": the compute stream idle before a forward, recompute or
 # backward (bubble, and transfers it had to wait for); "sync_wait": idle before the optimizer step
 # (data-parallel and embedding all-reduces not hidden behind the backward).
-KINDS = ("gemm", "attention", "memory", "lm_head_loss", "embedding", "per_call", "host", "recompute", "tp_allreduce",
-         "optimizer", "pipeline_wait", "sync_wait", "p2p_transfer")
+KINDS = ("gemm", "attention", "memory", "lm_head_loss", "embedding", "per_call", "host", "recompute", "grad_accumulate",
+         "tp_allreduce", "optimizer", "pipeline_wait", "sync_wait", "p2p_transfer")
 
 
 def decompose_rank(engine: Engine, costs: AnalyticCosts, rank: int) -> dict[str, float]:
@@ -48,6 +48,11 @@ def decompose_rank(engine: Engine, costs: AnalyticCosts, rank: int) -> dict[str,
             out["optimizer"] += duration
             continue
         kernels = 0.0
+        if ins.kind in (Kind.BWD, Kind.BWD_W) and ins.microbatch > 0:  # as the engine charges it
+            accumulate = sum(costs.layer_costs(layer, engine.micro_batch, program.tp).grad_accumulate_s
+                             for layer in ins.layers)
+            out["grad_accumulate"] += accumulate
+            kernels += accumulate
         for layer in ins.layers:
             spec = costs.specs[layer]
             if not has_kernel_shape(spec):

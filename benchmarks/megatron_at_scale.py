@@ -232,16 +232,20 @@ def curve_of(name: str, host_launch_us: float | None = None) -> EfficiencyCurve:
 
 def run_plan(plan: Plan, curve: EfficiencyCurve, attention: str = MEGATRON_ATTENTION, kernels: bool = True,
              megatron_2021: bool = True, layer_rows: bool = False,
-             tp_backward_overlap: bool | float = False) -> tuple[Engine, AnalyticCosts, Any, float]:
+             tp_backward_overlap: bool | float = False,
+             grad_accumulation: str = "fused") -> tuple[Engine, AnalyticCosts, Any, float]:
     """Simulate ``plan`` (symmetric engine) with the kernel model on ``curve``: (engine, costs, the
     compiled plan, iteration seconds). ``megatron_2021``: the fp16 optimizer's step as Megatron ran it.
     ``tp_backward_overlap``: the backward's TP all-reduces hidden behind weight-gradient GEMMs as
-    Megatron-LM did from 2021-09 (``AnalyticCostModel``); v2.5, which Table 1 ran, did not."""
+    Megatron-LM did from 2021-09 (``AnalyticCostModel``); v2.5, which Table 1 ran, did not.
+    ``grad_accumulation``: how weight gradients accumulate over micro-batches (sim.analytic.GRAD_ACCUMULATIONS:
+    ``fused`` into the GEMM as Megatron-LM from 2022, Korthikanti et al.'s code, runs it; ``autograd``, a
+    pass of its own per backward after the first, as v2.5 and Megatron-DeepSpeed ran it: simulate_row)."""
     cluster = load_cluster(plan.cluster)
     layers = transformer_layers(transformer_config(plan.workload, **plan.workload_options))
     costs = AnalyticCosts(layers, cluster.device, plan.dtype, cluster, curve, attention=attention,
                           kernels=kernels, optimizer="megatron-fp16" if megatron_2021 else "adam",
-                          tp_backward_overlap=tp_backward_overlap)
+                          tp_backward_overlap=tp_backward_overlap, grad_accumulation=grad_accumulation)
     compiled = compile_plan(plan, costs)
     resolved = compiled.resolved
     engine = Engine(compiled.program, resolved.costs, resolved.comm, resolved.policy, plan.micro_batch,
@@ -252,14 +256,20 @@ def run_plan(plan: Plan, curve: EfficiencyCurve, attention: str = MEGATRON_ATTEN
 def simulate_row(row: dict[str, Any], schedule: str, micro_batch: int | None, curve: str | EfficiencyCurve = "default",
                  attention: str = MEGATRON_ATTENTION, kernels: bool = True,
                  decompose: bool = False, megatron_2021: bool = True,
-                 host_launch_us: float | None = None, zero1: bool = False) -> dict[str, Any]:
+                 host_launch_us: float | None = None, zero1: bool = False,
+                 grad_accumulation: str | None = None) -> dict[str, Any]:
     """One row of either table; ``curve``: a name for ``curve_of`` or a curve itself (A100 fp16 and bf16
-    share one curve: the same tensor-core peak and calibration)."""
+    share one curve: the same tensor-core peak and calibration). ``grad_accumulation``: ``run_plan``'s;
+    by default ``autograd`` with ``megatron_2021`` (v2.5's local DDP without contiguous buffers, torch
+    DDP, DeepSpeed's engine: docs/accuracy.md section 17), else the simulator's ``fused``."""
     plan = plan_for(row, schedule, micro_batch, megatron_2021, zero1=zero1)
     started = time.perf_counter()
     if not isinstance(curve, EfficiencyCurve):
         curve = curve_of(curve, host_launch_us)
-    engine, costs, compiled, iteration = run_plan(plan, curve, attention, kernels, megatron_2021)
+    if grad_accumulation is None:
+        grad_accumulation = "autograd" if megatron_2021 else "fused"
+    engine, costs, compiled, iteration = run_plan(plan, curve, attention, kernels, megatron_2021,
+                                                  grad_accumulation=grad_accumulation)
     peak = max(ledger.peak for ledger in engine.ledgers.values())
     oom = any(ledger.oom_at_s is not None for ledger in engine.ledgers.values())
     predicted = paper_flops(row) / (iteration * row["gpus"]) / 1e12
@@ -270,6 +280,7 @@ def simulate_row(row: dict[str, Any], schedule: str, micro_batch: int | None, cu
             parts[where] = decompose_rank(engine, costs, rank)
     return {"params_b": row["params_b"], "gpus": int(row["gpus"]), "tp": int(row["tp"]), "pp": int(row["pp"]),
             "dp": plan.dp, "chunks": plan.chunks, "micro_batch": plan.micro_batch,
+            "grad_accumulation": grad_accumulation,
             "microbatches": plan.schedule.microbatches, "ddp": row.get("ddp", "local"),
             "iteration_s": iteration, "reported_tflops": float(row["tflops_per_gpu"]),
             "predicted_tflops": predicted, "error": predicted / float(row["tflops_per_gpu"]) - 1,
@@ -361,6 +372,9 @@ def main() -> None:
     parser.add_argument("--as-simulated", action="store_true",
                         help="the simulator's defaults instead of what Megatron-LM v2.5 ran: asynchronous whole-"
                              "tensor p2p, a stage's recompute at once, one fused Adam pass, no flat-buffer copies")
+    parser.add_argument("--grad-accumulation", default=None, choices=["fused", "autograd"],
+                        help="how weight gradients accumulate over micro-batches (default: autograd, as v2.5 and "
+                             "Megatron-DeepSpeed ran it; fused with --as-simulated; docs/accuracy.md section 17)")
     parser.add_argument("--rows", default="", help="comma-separated row indices (default: all)")
     parser.add_argument("--decompose", type=Path, default=None, metavar="CSV",
                         help="write each row's iteration split by kind (first and last pipeline rank) here "
@@ -381,7 +395,8 @@ def main() -> None:
     for i in indices:
         r = simulate_row(records[i], args.schedule, args.micro_batch, curve, args.attention,
                          not args.layer_roofline, decompose=args.decompose is not None,
-                         megatron_2021=not args.as_simulated, zero1=args.zero1)
+                         megatron_2021=not args.as_simulated, zero1=args.zero1,
+                         grad_accumulation=args.grad_accumulation)
         results.append(r)
         print(f"{r['params_b']:>7.1f}B {r['gpus']:>5} {r['tp']:>3} {r['pp']:>3} {r['dp']:>3} {r['chunks']:>2} "
               f"{r['micro_batch']:>3} {r['microbatches']:>4} {r['iteration_s']:>8.2f} {r['reported_tflops']:>8.0f} "

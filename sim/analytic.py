@@ -595,6 +595,7 @@ class LayerCosts:
     attention_core_bytes: int = -1  # sim.costs.LayerCosts.attention_core_bytes
     attention_core_recompute_s: float = -1.0
     sp_grad_bytes: int = 0  # sim.costs.LayerCosts.sp_grad_bytes
+    grad_accumulate_s: float = 0.0  # sim.costs.LayerCosts.grad_accumulate_s
 
     @property
     def bwd_s(self) -> float:
@@ -611,10 +612,20 @@ class LayerCosts:
         return self.tp_comm_bytes_bwd // self.tp_allreduces_bwd if self.tp_allreduces_bwd else 0
 
 
+# How a backward's weight gradients join those of the iteration's earlier micro-batches
+# (docs/accuracy.md, section 17). "fused": inside the weight-gradient GEMM (beta = 1; Megatron-LM's
+# --gradient-accumulation-fusion, on by default from 2022, 739cb43 megatron/mpu/layers.py), no pass of
+# its own. "autograd": PyTorch's AccumulateGrad adds each into ``.grad`` in place, one memory-bound pass
+# reading both and writing the sum (3 x the gradient bytes) for every backward but the first after
+# ``zero_grad(set_to_none=True)``: Megatron-LM v2.5's local DDP without contiguous buffers
+# (megatron/model/distributed.py), torch DDP, and DeepSpeed's engine without ZeRO.
+GRAD_ACCUMULATIONS = ("fused", "autograd")
+
+
 class AnalyticCostModel:
     def __init__(self, device: DeviceSpec, dtype: str, efficiency: EfficiencyCurve | None = None,
                  attention: str = "flash", kernels: bool = True, optimizer: str = "adam",
-                 tp_backward_overlap: bool | float = False) -> None:
+                 tp_backward_overlap: bool | float = False, grad_accumulation: str = "fused") -> None:
         self.device = device
         self.dtype = normalize_dtype(dtype)
         self.peak = device.peak(self.dtype)  # raises a ConfigError for a dtype the device lacks
@@ -638,6 +649,17 @@ class AnalyticCostModel:
         # A number in [0, 1] is the share of each overlappable collective that runs under its GEMM
         # (sim.costs.LayerCosts.tp_bwd_overlap_share): False is 0, True is 1 (the ideal overlap).
         self.tp_backward_overlap = overlap_share(tp_backward_overlap)
+        if grad_accumulation not in GRAD_ACCUMULATIONS:
+            raise ConfigError("grad_accumulation", f"unknown gradient accumulation {grad_accumulation!r}",
+                              f"use one of {', '.join(GRAD_ACCUMULATIONS)}")
+        self.grad_accumulation = grad_accumulation
+
+    def grad_accumulate_s(self, grad_bytes: int) -> float:
+        """Seconds of one accumulation pass over ``grad_bytes`` of weight gradients (GRAD_ACCUMULATIONS):
+        read the sum and the new gradient, write the sum, at the memory-bound kernels' rate."""
+        if self.grad_accumulation == "fused":
+            return 0.0
+        return 3 * grad_bytes / (self.device.memory_bandwidth_Bps * self.efficiency.mem_eff)
 
     def _time(self, flops: float, nbytes: float) -> float:
         compute = self.efficiency.compute_time(flops, self.peak)
@@ -755,6 +777,7 @@ class AnalyticCostModel:
             attention_core_bytes=int(round(core_bytes)),
             attention_core_recompute_s=core_s,
             sp_grad_bytes=sp_elems * g_b,
+            grad_accumulate_s=self.grad_accumulate_s(params * g_b),
         )
 
     @staticmethod

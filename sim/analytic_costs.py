@@ -16,11 +16,12 @@ class AnalyticCosts:
     def __init__(self, layers: Sequence[LayerSpec], device: DeviceSpec, dtype: str,
                  cluster: ClusterSpec | None = None, efficiency: EfficiencyCurve | None = None,
                  attention: str = "flash", kernels: bool = True, optimizer: str = "adam",
-                 tp_backward_overlap: bool | float = False) -> None:
+                 tp_backward_overlap: bool | float = False, grad_accumulation: str = "fused") -> None:
         self.specs = list(layers)
         self.num_layers = len(self.specs)
         self.model = AnalyticCostModel(device, dtype, efficiency, attention=attention, kernels=kernels,
-                                       optimizer=optimizer, tp_backward_overlap=tp_backward_overlap)
+                                       optimizer=optimizer, tp_backward_overlap=tp_backward_overlap,
+                                       grad_accumulation=grad_accumulation)
         self.cluster = cluster
         self.layer_costs = lru_cache(maxsize=None)(self._layer_costs)  # type: ignore[method-assign]
 
@@ -40,7 +41,7 @@ class AnalyticCosts:
             tp_sequence_parallel=c.tp_sequence_parallel,
             tp_bwd_regathers=c.tp_bwd_regathers, tp_bwd_regather_overlap_s=c.tp_bwd_regather_overlap_s,
             attention_core_bytes=c.attention_core_bytes, attention_core_recompute_s=c.attention_core_recompute_s,
-            sp_grad_bytes=c.sp_grad_bytes,
+            sp_grad_bytes=c.sp_grad_bytes, grad_accumulate_s=c.grad_accumulate_s,
         )
 
     def optimizer_step_s(self, param_bytes: int) -> float:

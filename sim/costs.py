@@ -86,6 +86,11 @@ class LayerCosts:
     # the seconds hidden, never the collective's own price, so the same plan at share 0 prices as with
     # no overlap at all.
     tp_bwd_overlap_share: float = 1.0
+    # Seconds of one pass that adds a backward's weight gradients into those accumulated over the
+    # iteration's earlier micro-batches (PyTorch autograd's in-place ``.grad +=``, as Megatron-LM v2.5
+    # and Megatron-DeepSpeed ran it): paid by every backward of the layer but its first; 0 where the
+    # accumulation is fused into the weight-gradient GEMM or not modelled (docs/accuracy.md, section 17).
+    grad_accumulate_s: float = 0.0
     # Standard deviations of the phases' times (s) where the cost model measured them (a profile's
     # per-layer spread, sim.bundle_costs); 0: no variance known. The engine and the estimate turn
     # them into the expected wait at a collective for the latest member (sim.meeting).

@@ -134,6 +134,22 @@ class MemoryLedger:
             self.oom_at_s, self.oom_instruction = now, label
 
 
+def exchange_waits(program: Program) -> dict[tuple[int, int], tuple[int, ...]]:
+    """(rank, receive index) -> the instructions its exchange runs after: the compute before it in the
+    rank's program and the sends issued since (``Program.gather_after_exchange``)."""
+    waits: dict[tuple[int, int], tuple[int, ...]] = {}
+    for rank, rp in program.ranks.items():
+        previous: list[int] = []  # the last compute, then the sends after it
+        for ins in rp.instructions:
+            if ins.stream is Stream.COMPUTE:
+                previous = [ins.index]
+            elif ins.stream is Stream.P2P_SEND and previous:
+                previous.append(ins.index)
+            elif ins.stream is Stream.P2P_RECV and previous:
+                waits[(rank, ins.index)] = tuple(previous)
+    return waits
+
+
 class Engine:
     def __init__(self, program: Program, costs: CostModel, comm: CommModel, policy: MemoryPolicy,
                  micro_batch: int, tp_overlap: int = 0, options: EngineOptions | None = None) -> None:
@@ -183,6 +199,7 @@ class Engine:
                     before = i.index
                 elif i.kind is Kind.RECV_GRAD:
                     self._posted_after[(rank, before)].append(i)
+        self._exchange_waits = exchange_waits(program) if program.gather_after_exchange else {}
         self._layer_cache: dict[int, LayerCosts] = {}
         # (rank, stage, micro-batch) -> the layers its RECOMPUTE re-runs: what its forward does not keep
         self.recomputed = {(rank, i.stage, i.microbatch): i.layers for rank, rp in program.ranks.items()
@@ -276,6 +293,10 @@ class Engine:
             elif stream is Stream.P2P_SEND:
                 yield from self._send(rank, instruction)
             elif stream is Stream.P2P_RECV:
+                waits = [done[d] for d in self._exchange_waits.get((rank, instruction.index), ())
+                         if not done[d].processed]
+                if waits:  # a blocking exchange gathers after its compute and sends (Program.gather_after_exchange)
+                    yield self.env.all_of(waits)
                 arrival = self.arrivals[(rank, instruction.tag)]
                 if not arrival.processed:
                     yield arrival
@@ -513,9 +534,12 @@ class Engine:
         backward = kind in (Kind.BWD, Kind.BWD_I, Kind.BWD_W)
         # An I step alone (split backward) has no weight-gradient GEMM for a backward all-reduce to hide behind.
         with_weight_grads = kind is Kind.BWD or whole_backward_in_w
+        # Every backward of a layer but its first of the iteration adds its weight gradients into the
+        # earlier micro-batches' (LayerCosts.grad_accumulate_s; 0 unless the cost model prices it).
+        accumulates = kind in (Kind.BWD, Kind.BWD_W) and instruction.microbatch > 0
         segments = [
-            (phase_time(c), self._tp_comm_s(c, rank, backward, with_weight_grads) if with_tp else 0.0,
-             max(c.tp_allreduces, 1))
+            (phase_time(c) + (c.grad_accumulate_s if accumulates else 0.0),
+             self._tp_comm_s(c, rank, backward, with_weight_grads) if with_tp else 0.0, max(c.tp_allreduces, 1))
             for c in layers
         ]
         per_layer = tp_segments_time(segments, self.tp_overlap if with_tp else 0)

@@ -38,7 +38,7 @@ def lower(
                                recompute=[policy.recomputes(s) for s in range(plan.num_stages)])
     program = Program(world_size=plan.world_size, dp=plan.dp, pp=plan.pp, tp=plan.tp,
                       stage_layers=[tuple(layers) for layers in stage_layers], ranks={}, symmetric=symmetric,
-                      p2p_gather_tp=p2p_gather_tp(plan),
+                      p2p_gather_tp=p2p_gather_tp(plan), gather_after_exchange=plan.schedule.p2p == "blocking",
                       grad_buffer_scale=gradient_buffer_scale(plan.gradient_sync, plan.dtype),
                       optimizer_share=optimizer_share(plan.gradient_sync, plan.dp))
     stage_rank = [stage_to_rank(s, plan.pp, plan.chunks, info.placement) for s in range(plan.num_stages)]
@@ -253,10 +253,12 @@ def p2p_pass(draft: _Draft) -> None:
 
 def blocking_p2p_pass(draft: _Draft) -> None:
     """Megatron-LM 2021's blocking exchanges (plan ``schedule.p2p: blocking``): the compute after a
-    send waits for its transfer to finish, so the compute stream carries every transfer's time.
+    send waits for its transfer to finish, so the compute stream carries every transfer's time. (The
+    receive side, a scatter/gather's all-gather after the exchange, is the engine's timing rule
+    ``Program.gather_after_exchange``, not a dependency here: docs/accuracy.md, section 17.)
     Not modelled: the rendezvous (a transfer also waits for its receiver to reach the exchange),
     which Megatron's pairing of each step's sends and receives in one batch makes deadlock-free,
-    but this Program's per-consumer receives would not be (docs/accuracy.md, section 3)."""
+    but this Program's per-consumer receives would not be (docs/accuracy.md, sections 3 and 17)."""
     sends: list[Node] = []
     for node in draft.nodes:
         if node.kind in (Kind.SEND_ACT, Kind.SEND_GRAD):

@@ -159,6 +159,13 @@ class Program:
     # Scatter/gather (schedule.p2p_scatter_gather): a SEND/RECV carries 1/tp of the tensor; the receiver
     # all-gathers the whole tensor (its bytes x tp) over its TP group before the receive ends.
     p2p_gather_tp: bool = False
+    # Blocking exchanges (schedule.p2p: blocking): a receive's all-gather starts only once the compute
+    # before it in the rank's program and the sends issued since have finished, as Megatron-LM v2.5's
+    # _communicate waits for its batch's transfers and synchronises before it gathers (docs/accuracy.md,
+    # section 17). A timing rule of the engine, not a dependency: the runtime posts a receive with the
+    # sends around it, as Megatron batches them; waiting for a send before posting the matching peer's
+    # receive would deadlock (a send completes only once its receiver has posted).
+    gather_after_exchange: bool = False
     # Bytes of the gradient buffer a rank holds per byte of its layers' gradients: 2.0 where 16-bit
     # gradients accumulate in an fp32 main-grad buffer (Megatron-LM; sim.model_state), else 1.0.
     grad_buffer_scale: float = 1.0

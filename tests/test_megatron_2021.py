@@ -141,3 +141,50 @@ def test_the_estimate_leaves_blocking_out_as_the_engine_finds_it_small() -> None
     for key, (engine, estimate) in runs.items():
         assert estimate.iteration_s == pytest.approx(engine, rel=0.1), key
     assert runs[("blocking", True)][1].p2p_s < runs[("blocking", False)][1].p2p_s
+
+
+def test_a_blocking_exchange_gathers_between_two_computes() -> None:
+    """Megatron-LM v2.5 all-gathers a scatter/gather piece after the exchange that follows a compute
+    has finished its transfers (``_communicate``: wait, ``torch.cuda.synchronize()``, then
+    ``gather_split_1d_tensor``; docs/accuracy.md section 17). On the second stage of a two-micro-batch
+    1F1B, micro-batch 1's activation arrives during backward 0; its forward must still start one
+    all-gather of the whole tensor after the gradient send that follows backward 0."""
+    p = plan("blocking", scatter_gather=True, tp=2).replace(schedule={"microbatches": 2})
+    table = simulate(p, full=True, costs=COSTS).table
+
+    def one(kind: str, microbatch: int, rank: int = 2) -> pd.Series:  # rank 2: pipeline rank 1, tp 0
+        picked = table[(table["parent"] == -1) & (table["rank"] == rank) & (table["kind"] == kind)
+                       & (table["microbatch"] == microbatch)]
+        assert len(picked) == 1, (kind, microbatch, rank)
+        return picked.iloc[0]
+
+    # By hand: a ring all-gather of the whole 64 MiB tensor over the 2 GPUs of one NVLink node,
+    # (n - 1) / n of the bytes at the link's bandwidth plus n - 1 hops of its latency.
+    link = resolve_plan(p, COSTS).cluster.intra_node_link
+    gather = (2 - 1) / 2 * (64 << 20) / link.effective_bandwidth_Bps + (2 - 1) * link.latency_s
+    assert one("SEND_ACT", 1, rank=0)["end_s"] < one("BWD", 0)["end_s"]  # the piece was there early ...
+    assert one("FWD", 1)["start_s"] == pytest.approx(one("SEND_GRAD", 0)["end_s"] + gather, rel=1e-9)  # ... still
+
+
+def test_autograd_accumulation_adds_a_pass_per_backward_after_the_first() -> None:
+    """Megatron-LM v2.5's local DDP without contiguous buffers leaves the accumulation of weight gradients
+    over micro-batches to autograd: an in-place ``.grad +=`` per parameter after every backward but the
+    first (docs/accuracy.md section 17). One rank, three micro-batches: the iteration grows by two passes
+    of 3 x each layer's gradient bytes at the memory-bound kernels' rate, by hand."""
+    from sim.analytic_costs import AnalyticCosts
+    from sim.cluster import load_cluster
+    from sim.workloads import transformer_config, transformer_layers
+
+    p = Plan.from_dict({"workload": "gpt2-small", "cluster": {"preset": "dgx-a100-8", "devices_per_node": 1},
+                        "dtype": "fp16", "schedule": {"micro_batch": 2, "microbatches": 3}})
+    cluster = load_cluster(p.cluster)
+    layers = transformer_layers(transformer_config(p.workload, **p.workload_options))
+    runs = {mode: AnalyticCosts(layers, cluster.device, "fp16", cluster, attention="unfused", grad_accumulation=mode)
+            for mode in ("fused", "autograd")}
+    times = {mode: simulate(p, costs=costs).iteration_s for mode, costs in runs.items()}
+    fused = runs["fused"]
+    grad_bytes = sum(fused.layer_costs(i, 2, 1).grad_bytes for i in range(fused.num_layers))
+    rate = cluster.device.memory_bandwidth_Bps * fused.model.efficiency.mem_eff
+    assert times["autograd"] - times["fused"] == pytest.approx((3 - 1) * 3 * grad_bytes / rate, rel=1e-6)
+    with pytest.raises(ConfigError, match="grad_accumulation"):
+        AnalyticCosts(layers, cluster.device, "fp16", cluster, grad_accumulation="fp32")
