@@ -299,6 +299,7 @@ class Estimator:
         self.workload, self.workload_options = workload, dict(workload_options or {})
         self._stages: dict[tuple, StageTimes] = {}
         self._stages_shared: dict[tuple, StageTimes] = {}  # by the layers' cost kinds (stage())
+        self._accumulation: dict[tuple[int, int], bool] = {}  # (micro_batch, tp) -> _accumulates
         self._kinds: dict[LayerCosts, int] = {}
         self._kinds_of: dict[tuple[int, int, int], int] = {}
         self._buffers: dict[tuple, int] = {}  # bucket_buffer_bytes by its inputs
@@ -342,6 +343,8 @@ class Estimator:
         ``accumulate_share``: the share of the stage's backwards that add their weight gradients into the
         earlier micro-batches' ((m - 1) / m: the engine charges LayerCosts.grad_accumulate_s on every
         backward but micro-batch 0's; the stage times are per micro-batch, so the pass is averaged)."""
+        if accumulate_share and not self._accumulates(micro_batch, tp):
+            accumulate_share = 0.0  # nothing to add (fused, the default): one cached stage for every m
         key = (layers, recomputed, micro_batch, tp, level, swap, tp_sharing, one_at_a_time, view, tables,
                split_backward, accumulate_share)
         cached = self._stages.get(key)
@@ -363,6 +366,15 @@ class Estimator:
                 split_backward, accumulate_share)
         self._stages[key] = cached
         return cached
+
+    def _accumulates(self, micro_batch: int, tp: int) -> bool:
+        """Whether any layer's backward adds a gradient-accumulation pass (LayerCosts.grad_accumulate_s)."""
+        key = (micro_batch, tp)
+        found = self._accumulation.get(key)
+        if found is None:
+            found = self._accumulation[key] = any(self.costs.layer_costs(layer, micro_batch, tp).grad_accumulate_s
+                                                  for layer in range(self.costs.num_layers))
+        return found
 
     def _kind(self, layer: int, micro_batch: int, tp: int) -> int:
         """A number per distinct LayerCosts value (-1 before the first layer)."""
