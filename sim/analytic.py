@@ -26,7 +26,7 @@ from typing import Any
 from sim.cluster import ClusterSpec
 from sim.collectives import collective_time
 from sim.hardware import ELEMENT_BYTES, DeviceSpec, normalize_dtype
-from sim.workloads import ATTENTION_IMPLEMENTATIONS, LayerSpec
+from sim.workloads import ATTENTION_IMPLEMENTATIONS, GRAD_ACCUMULATIONS, LayerSpec
 from traces.errors import ConfigError
 
 # Bytes of one activation element, by compute dtype. tf32 computes on fp32 storage; fp8 training
@@ -612,14 +612,8 @@ class LayerCosts:
         return self.tp_comm_bytes_bwd // self.tp_allreduces_bwd if self.tp_allreduces_bwd else 0
 
 
-# How a backward's weight gradients join those of the iteration's earlier micro-batches
-# (docs/accuracy.md, section 17). "fused": inside the weight-gradient GEMM (beta = 1; Megatron-LM's
-# --gradient-accumulation-fusion, on by default from 2022, 739cb43 megatron/mpu/layers.py), no pass of
-# its own. "autograd": PyTorch's AccumulateGrad adds each into ``.grad`` in place, one memory-bound pass
-# reading both and writing the sum (3 x the gradient bytes) for every backward but the first after
-# ``zero_grad(set_to_none=True)``: Megatron-LM v2.5's local DDP without contiguous buffers
-# (megatron/model/distributed.py), torch DDP, and DeepSpeed's engine without ZeRO.
-GRAD_ACCUMULATIONS = ("fused", "autograd")
+# GRAD_ACCUMULATIONS (sim.workloads, the plan's workload_options.grad_accumulation): how a backward's
+# weight gradients join those of the iteration's earlier micro-batches (docs/accuracy.md, section 17).
 
 
 class AnalyticCostModel:

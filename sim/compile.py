@@ -83,7 +83,8 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
             from sim.analytic_costs import AnalyticCosts
 
             costs = AnalyticCosts(transformer_layers(transformer), cluster.device, plan.dtype, cluster,
-                                  attention=transformer.attention)
+                                  attention=transformer.attention,
+                                  grad_accumulation=transformer.grad_accumulation)
         else:
             raise ConfigError("profile", f"workload {plan.workload!r} has no closed-form cost model", profile_it)
     if plan.num_stages > costs.num_layers:

@@ -5,6 +5,8 @@ Closed form over the same inputs as the engine, with no event simulation:
 - **Per virtual stage, per micro-batch**: forward, backward and recompute times from the cost model's
   ``LayerCosts``, the TP all-reduces folded in by ``sim.tp_overlap.tp_segments_time`` (the engine's
   own rule for each overlap level) at the cost ``sim.comm.ClusterComm`` gives for the TP group.
+  The backward carries (m - 1) / m of the weight-gradient accumulation pass (``grad_accumulate_s``),
+  which the engine charges to every backward but micro-batch 0's: the same total per rank.
 - **Pipeline**: the schedule's shape comes from its own generator (``sim.schedules.generate_schedule``)
   run on the idealised unit-cost machine (``simulate_unit_costs``: F = I = W = 1; an ordinary
   recompute lengthens the backward and leaves the shape alone, Merak's eager ones are placed); the
@@ -297,6 +299,7 @@ class Estimator:
         self.workload, self.workload_options = workload, dict(workload_options or {})
         self._stages: dict[tuple, StageTimes] = {}
         self._stages_shared: dict[tuple, StageTimes] = {}  # by the layers' cost kinds (stage())
+        self._accumulation: dict[tuple[int, int], bool] = {}  # (micro_batch, tp) -> _accumulates
         self._kinds: dict[LayerCosts, int] = {}
         self._kinds_of: dict[tuple[int, int, int], int] = {}
         self._buffers: dict[tuple, int] = {}  # bucket_buffer_bytes by its inputs
@@ -326,7 +329,8 @@ class Estimator:
 
     def stage(self, layers: tuple[int, ...], recomputed: tuple[int, ...], micro_batch: int, tp: int, level: int,
               swap: float | tuple[int, ...], tp_sharing: int = 1, one_at_a_time: bool = False,
-              view: str = "", tables: tuple[int, ...] = (), split_backward: bool = False) -> StageTimes:
+              view: str = "", tables: tuple[int, ...] = (), split_backward: bool = False,
+              accumulate_share: float = 0.0) -> StageTimes:
         """``recomputed``: the stage's recomputed layers; ``swap``: the fraction of kept bytes swapped,
         or the layers whose saved bytes are swapped (a per-layer memory policy); ``tp_sharing``: TP
         groups sharing a node's adapters (sim.comm.concurrent_groups; 1 unless a TP group spans nodes);
@@ -335,9 +339,14 @@ class Estimator:
         how every layer runs (sim.memory.LAYER_VIEWS, MemoryPolicy.view; "": as costed); ``tables``: the
         layers of embedding tables a sharded method holds (their TP communication is its all-gather,
         ``sim.embedding.table_tp_costs``); ``split_backward``: price the I and W steps of a split backward
-        (zero-bubble schedules; otherwise ``bwd_input_s`` is the whole backward and ``bwd_weight_s`` 0)."""
+        (zero-bubble schedules; otherwise ``bwd_input_s`` is the whole backward and ``bwd_weight_s`` 0);
+        ``accumulate_share``: the share of the stage's backwards that add their weight gradients into the
+        earlier micro-batches' ((m - 1) / m: the engine charges LayerCosts.grad_accumulate_s on every
+        backward but micro-batch 0's; the stage times are per micro-batch, so the pass is averaged)."""
+        if accumulate_share and not self._accumulates(micro_batch, tp):
+            accumulate_share = 0.0  # nothing to add (fused, the default): one cached stage for every m
         key = (layers, recomputed, micro_batch, tp, level, swap, tp_sharing, one_at_a_time, view, tables,
-               split_backward)
+               split_backward, accumulate_share)
         cached = self._stages.get(key)
         if cached is not None:
             return cached
@@ -348,14 +357,24 @@ class Estimator:
         shared_key = (tuple(self._kind(layer, micro_batch, tp) for layer in (layers[0] - 1, *layers)),
                       tuple(layer in chosen for layer in layers), micro_batch, tp, level,
                       swap if isinstance(swap, (int, float)) else tuple(layer in swap for layer in layers),
-                      tp_sharing, one_at_a_time, view, tuple(layer in tables for layer in layers), split_backward)
+                      tp_sharing, one_at_a_time, view, tuple(layer in tables for layer in layers), split_backward,
+                      accumulate_share)
         cached = self._stages_shared.get(shared_key)
         if cached is None:
             cached = self._stages_shared[shared_key] = self._price_stage(
                 layers, recomputed, micro_batch, tp, level, swap, tp_sharing, one_at_a_time, view, tables,
-                split_backward)
+                split_backward, accumulate_share)
         self._stages[key] = cached
         return cached
+
+    def _accumulates(self, micro_batch: int, tp: int) -> bool:
+        """Whether any layer's backward adds a gradient-accumulation pass (LayerCosts.grad_accumulate_s)."""
+        key = (micro_batch, tp)
+        found = self._accumulation.get(key)
+        if found is None:
+            found = self._accumulation[key] = any(self.costs.layer_costs(layer, micro_batch, tp).grad_accumulate_s
+                                                  for layer in range(self.costs.num_layers))
+        return found
 
     def _kind(self, layer: int, micro_batch: int, tp: int) -> int:
         """A number per distinct LayerCosts value (-1 before the first layer)."""
@@ -370,7 +389,8 @@ class Estimator:
 
     def _price_stage(self, layers: tuple[int, ...], recomputed: tuple[int, ...], micro_batch: int, tp: int,
                      level: int, swap: float | tuple[int, ...], tp_sharing: int, one_at_a_time: bool,
-                     view: str, tables: tuple[int, ...], split_backward: bool) -> StageTimes:
+                     view: str, tables: tuple[int, ...], split_backward: bool,
+                     accumulate_share: float = 0.0) -> StageTimes:
         from sim.tp_overlap import tp_segments_time
 
         costs = [self.costs.layer_costs(layer, micro_batch, tp) for layer in layers]
@@ -388,11 +408,14 @@ class Estimator:
         every = range(len(layers))
         rec = [i for i, layer in enumerate(layers) if layer in recomputed]
         fwd = timed([c.fwd_s for c in costs], every)
-        bwd = timed([c.bwd_input_s + c.bwd_weight_s for c in costs], every, backward_tp)
+        # The accumulation pass joins each layer's backward (BWD, or BWD_W when split), as the engine runs it.
+        accumulate = [accumulate_share * c.grad_accumulate_s for c in costs]
+        bwd = timed([c.bwd_input_s + c.bwd_weight_s + a for c, a in zip(costs, accumulate, strict=True)], every,
+                    backward_tp)
         if split_backward:
             input_only_tp = [self._tp_comm_s(c, tp, tp_sharing, True, with_weight_grads=False) for c in costs]
             bwd_input = timed([c.bwd_input_s for c in costs], every, input_only_tp)
-            bwd_weight = sum(c.bwd_weight_s for c in costs)
+            bwd_weight = sum(c.bwd_weight_s for c in costs) + sum(accumulate)
         else:  # the search prices thousands of stages: only split schedules need the two steps
             bwd_input, bwd_weight = bwd, 0.0
         recompute = timed([c.recompute_s for c in costs], rec)
@@ -412,7 +435,7 @@ class Estimator:
                  if one_at_a_time else held_bytes(layers, rec_layers, cost) - kept)
         result = StageTimes(
             fwd_s=fwd, bwd_s=bwd, recompute_s=recompute, bwd_input_s=bwd_input, bwd_weight_s=bwd_weight,
-            compute_s=sum(c.fwd_s + c.bwd_input_s + c.bwd_weight_s for c in costs),
+            compute_s=sum(c.fwd_s + c.bwd_input_s + c.bwd_weight_s for c in costs) + sum(accumulate),
             fwd_compute_s=sum(c.fwd_s for c in costs),
             recompute_compute_s=sum(costs[i].recompute_s for i in rec),
             static_bytes=sum(c.param_bytes + c.grad_bytes + c.optimizer_bytes for c in costs),
@@ -634,7 +657,8 @@ class Estimator:
         stages = [self.stage(tuple(stage_layers[s]), tuple(policy.recompute_layers[s]), micro_batch, tp, tp_overlap,
                              policy.swap_fraction[s] if policy.swap_layers is None else policy.swap_layers[s],
                              tp_sharing, one_at_a_time=policy.recompute_in_backward, view=policy.view,
-                             tables=tables, split_backward=info.split_backward)
+                             tables=tables, split_backward=info.split_backward,
+                             accumulate_share=(microbatches - 1) / microbatches)
                   for s in range(stages_n)]
         if info.recompute_is_schedule:
             # Merak's eager recomputes move into bubbles: their placement is the schedule's shape.

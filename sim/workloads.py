@@ -39,6 +39,10 @@ class TransformerConfig:
     # sum as separate kernels with the probabilities saved, as Megatron-LM ran it in 2021-2023
     # (sim.analytic prices both; exec.workloads.gpt runs both).
     attention: str = "flash"
+    # How weight gradients accumulate over micro-batches (GRAD_ACCUMULATIONS): "fused", no pass of their
+    # own; "autograd", an in-place ``.grad +=`` pass after every backward but the first, as Megatron-LM
+    # v2.5 ran it (sim.analytic prices it; docs/accuracy.md section 17). Simulated only.
+    grad_accumulation: str = "fused"
     # Dropout probability p of Megatron-LM's GPT, one p for its three places (megatron/model at v2.5:
     # transformer.py line 178/308, attention dropout on the softmax probabilities; lines 357-380 and
     # 476-502, the bias-dropout-add after the attention projection and after fc2, --hidden-dropout;
@@ -231,13 +235,22 @@ def _positive_ints(value: object) -> bool:
 
 
 ATTENTION_IMPLEMENTATIONS = ("flash", "unfused")
+# How a backward's weight gradients join those of the iteration's earlier micro-batches
+# (docs/accuracy.md, section 17). "fused": inside the weight-gradient GEMM (beta = 1; Megatron-LM's
+# --gradient-accumulation-fusion, on by default from 2022, 739cb43 megatron/mpu/layers.py), no pass of
+# its own. "autograd": PyTorch's AccumulateGrad adds each into ``.grad`` in place, one memory-bound pass
+# reading both and writing the sum (3 x the gradient bytes) for every backward but the first after
+# ``zero_grad(set_to_none=True)``: Megatron-LM v2.5's local DDP without contiguous buffers
+# (megatron/model/distributed.py), torch DDP, and DeepSpeed's engine without ZeRO.
+GRAD_ACCUMULATIONS = ("fused", "autograd")
 
 # Configuration fields added after bundles were first written, with the value every bundle written
 # before them ran: a bundle that does not record such a field describes a plan that has that value.
 ADDED_CONFIG_FIELDS: dict[str, object] = {"attention": "flash",  # torch SDPA, before the option existed
                                           "dropout": 0.0,  # no dropout, before the option existed
                                           "sequence_parallel": False,  # before the option existed
-                                          "tied_embedding": False}  # an untied head, before the option existed
+                                          "tied_embedding": False,  # an untied head, before the option existed
+                                          "grad_accumulation": "fused"}  # no pass priced, before the option existed
 
 
 def transformer_config(name: str, **overrides: object) -> TransformerConfig:
@@ -246,6 +259,10 @@ def transformer_config(name: str, **overrides: object) -> TransformerConfig:
     if cfg.attention not in ATTENTION_IMPLEMENTATIONS:
         raise ConfigError("workload_options.attention", f"unknown attention implementation {cfg.attention!r}",
                           f"use one of {', '.join(ATTENTION_IMPLEMENTATIONS)}")
+    if cfg.grad_accumulation not in GRAD_ACCUMULATIONS:
+        raise ConfigError("workload_options.grad_accumulation",
+                          f"unknown gradient accumulation {cfg.grad_accumulation!r}",
+                          f"use one of {', '.join(GRAD_ACCUMULATIONS)}")
     if not 0.0 <= cfg.dropout < 1.0:
         raise ConfigError("workload_options.dropout", f"a dropout probability must lie in [0, 1), got {cfg.dropout}",
                           "use 0 (no dropout) or Megatron-LM's 0.1")

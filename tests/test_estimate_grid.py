@@ -72,3 +72,38 @@ def test_sequence_parallel_plans_are_priced_and_held_as_the_engine_prices_and_ho
     # the elements against the backward's re-gather of the column-parallel inputs; here it is slower.)
     peak = {sp: max(m.peak_bytes for m in run.memory.values()) for sp, run in runs.items()}
     assert peak[True] < peak[False]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_the_autograd_accumulation_pass_is_priced_as_the_engine_prices_it(schedule) -> None:
+    """``workload_options.grad_accumulation: autograd`` (docs/accuracy.md section 17): the engine charges the
+    accumulation pass to every backward but micro-batch 0's (BWD_W when split); the estimate carries (m - 1) / m
+    of it per backward. The bottleneck rank's compute grows by (m - 1) x its layers' passes, exactly; the
+    iteration stays within the grid's tolerance and moves as the engine's does (a missing term moves it by 0)."""
+    from sim.compile import resolve_plan
+    from sim.plan import Plan
+
+    def plan(mode: str) -> Plan:
+        return Plan.from_dict({"workload": "gpt2-medium",
+                               "workload_options": {"attention": "unfused", "grad_accumulation": mode},
+                               "cluster": {"preset": "dgx-a100-8"}, "dtype": "fp16",
+                               "parallelism": {"pp": 2, "tp": 2, "dp": 2},
+                               "schedule": {"name": schedule, "micro_batch": 2, "microbatches": 4}})
+
+    engine = {mode: simulate(plan(mode)).iteration_s for mode in ("fused", "autograd")}
+    fast = {mode: estimate_plan(plan(mode)) for mode in ("fused", "autograd")}
+    assert fast["autograd"].iteration_s == pytest.approx(engine["autograd"], rel=0.005)
+    moved = fast["autograd"].iteration_s - fast["fused"].iteration_s
+    assert moved == pytest.approx(engine["autograd"] - engine["fused"], rel=0.15)
+    resolved = resolve_plan(plan("autograd"))
+    passes = [(4 - 1) * sum(resolved.costs.layer_costs(layer, 2, 2).grad_accumulate_s for layer in layers)
+              for layers in resolved.stage_layers]  # one stage per rank (chunks 1)
+    added = fast["autograd"].compute_s - fast["fused"].compute_s
+    assert min(passes) > 0 and any(added == pytest.approx(p, rel=1e-9) for p in passes), (added, passes)
+    # One estimator, one stage, two micro-batch counts: the stage caches keep them apart.
+    from sim.estimate import Estimator
+
+    estimator = Estimator(resolved.costs, resolved.comm, "fp16")
+    layers = tuple(resolved.stage_layers[0])
+    one, four = (estimator.stage(layers, (), 2, 2, 0, 0.0, accumulate_share=share).compute_s for share in (0.0, 0.75))
+    assert four - one == pytest.approx(passes[0] / 4, rel=1e-9)

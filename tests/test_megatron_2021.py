@@ -169,22 +169,24 @@ def test_a_blocking_exchange_gathers_between_two_computes() -> None:
 def test_autograd_accumulation_adds_a_pass_per_backward_after_the_first() -> None:
     """Megatron-LM v2.5's local DDP without contiguous buffers leaves the accumulation of weight gradients
     over micro-batches to autograd: an in-place ``.grad +=`` per parameter after every backward but the
-    first (docs/accuracy.md section 17). One rank, three micro-batches: the iteration grows by two passes
-    of 3 x each layer's gradient bytes at the memory-bound kernels' rate, by hand."""
+    first (docs/accuracy.md section 17). One rank, three micro-batches, the plan's
+    ``workload_options.grad_accumulation``: the iteration grows by two passes of 3 x each layer's gradient
+    bytes at the memory-bound kernels' rate, by hand."""
     from sim.analytic_costs import AnalyticCosts
     from sim.cluster import load_cluster
-    from sim.workloads import transformer_config, transformer_layers
 
-    p = Plan.from_dict({"workload": "gpt2-small", "cluster": {"preset": "dgx-a100-8", "devices_per_node": 1},
-                        "dtype": "fp16", "schedule": {"micro_batch": 2, "microbatches": 3}})
-    cluster = load_cluster(p.cluster)
-    layers = transformer_layers(transformer_config(p.workload, **p.workload_options))
-    runs = {mode: AnalyticCosts(layers, cluster.device, "fp16", cluster, attention="unfused", grad_accumulation=mode)
-            for mode in ("fused", "autograd")}
-    times = {mode: simulate(p, costs=costs).iteration_s for mode, costs in runs.items()}
-    fused = runs["fused"]
+    def plan(mode: str) -> Plan:
+        return Plan.from_dict({"workload": "gpt2-small",
+                               "workload_options": {"attention": "unfused", "grad_accumulation": mode},
+                               "cluster": {"preset": "dgx-a100-8", "devices_per_node": 1},
+                               "dtype": "fp16", "schedule": {"micro_batch": 2, "microbatches": 3}})
+
+    times = {mode: simulate(plan(mode)).iteration_s for mode in ("fused", "autograd")}
+    fused = resolve_plan(plan("fused")).costs
+    assert isinstance(fused, AnalyticCosts)
     grad_bytes = sum(fused.layer_costs(i, 2, 1).grad_bytes for i in range(fused.num_layers))
-    rate = cluster.device.memory_bandwidth_Bps * fused.model.efficiency.mem_eff
+    rate = load_cluster(plan("fused").cluster).device.memory_bandwidth_Bps * fused.model.efficiency.mem_eff
     assert times["autograd"] - times["fused"] == pytest.approx((3 - 1) * 3 * grad_bytes / rate, rel=1e-6)
-    with pytest.raises(ConfigError, match="grad_accumulation"):
-        AnalyticCosts(layers, cluster.device, "fp16", cluster, grad_accumulation="fp32")
+    with pytest.raises(ConfigError, match="workload_options.grad_accumulation") as bad:
+        resolve_plan(plan("fp32"))
+    assert "\n" not in str(bad.value) and "fused, autograd" in str(bad.value)
