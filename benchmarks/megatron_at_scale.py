@@ -52,7 +52,7 @@ from sim.cluster import load_cluster
 from sim.compile import compile_plan
 from sim.engine import Engine, EngineOptions
 from sim.plan import Plan
-from sim.workloads import transformer_config, transformer_layers
+from sim.workloads import GRAD_ACCUMULATIONS, transformer_config, transformer_layers
 
 TABLE = Path(__file__).resolve().parent.parent / "sim" / "data" / "megatron_sc21_table1.csv"
 # The authors' command lines for the same rows (Megatron-LM examples/sc21/run_table_1.sh).
@@ -372,7 +372,7 @@ def main() -> None:
     parser.add_argument("--as-simulated", action="store_true",
                         help="the simulator's defaults instead of what Megatron-LM v2.5 ran: asynchronous whole-"
                              "tensor p2p, a stage's recompute at once, one fused Adam pass, no flat-buffer copies")
-    parser.add_argument("--grad-accumulation", default=None, choices=["fused", "autograd"],
+    parser.add_argument("--grad-accumulation", default=None, choices=GRAD_ACCUMULATIONS,
                         help="how weight gradients accumulate over micro-batches (default: autograd, as v2.5 and "
                              "Megatron-DeepSpeed ran it; fused with --as-simulated; docs/accuracy.md section 17)")
     parser.add_argument("--rows", default="", help="comma-separated row indices (default: all)")

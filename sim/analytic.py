@@ -612,10 +612,6 @@ class LayerCosts:
         return self.tp_comm_bytes_bwd // self.tp_allreduces_bwd if self.tp_allreduces_bwd else 0
 
 
-# GRAD_ACCUMULATIONS (sim.workloads, the plan's workload_options.grad_accumulation): how a backward's
-# weight gradients join those of the iteration's earlier micro-batches (docs/accuracy.md, section 17).
-
-
 class AnalyticCostModel:
     def __init__(self, device: DeviceSpec, dtype: str, efficiency: EfficiencyCurve | None = None,
                  attention: str = "flash", kernels: bool = True, optimizer: str = "adam",
