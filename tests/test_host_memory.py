@@ -63,29 +63,34 @@ def _compute_faults(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch, 
         monkeypatch.delenv(ENV, raising=False)
     else:
         monkeypatch.setenv(ENV, policy)  # the ranks inherit the environment
-    result = run_plan(Plan.load(PLAN), iterations=4, warmup=2, out_dir=tmp_path / name)
+    result = run_plan(Plan.load(PLAN), iterations=ITERATIONS, warmup=2, out_dir=tmp_path / name)
     compute = result.table[result.table["kind"].isin(["FWD", "BWD"])]
-    assert len(compute) == 2 * 4 * 2 * 2  # ranks x iterations x micro-batches x (FWD, BWD)
+    assert len(compute) == 2 * ITERATIONS * 2 * 2  # ranks x iterations x micro-batches x (FWD, BWD)
     assert (compute["minor_faults"] >= 0).all()
     assert (result.table.loc[~result.table["kind"].isin(["FWD", "BWD", "OPTIMIZER_STEP"]), "minor_faults"] == -1).all()
     return compute.groupby(["rank", "iteration"])["minor_faults"].sum(), result.summary["host_memory"]
 
 
+ITERATIONS = 6
+
+
 @pytest.mark.slow
 def test_a_runs_compute_instructions_fault_far_less_once_warm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The EmbRace 2D plan on 2 gloo ranks, 4 iterations after 2 warm-up ones, with the ranks keeping
-    freed memory and with glibc's default (``PARATWIN_HOST_MEMORY=default``): the forwards and
-    backwards fault under a quarter as many pages (measured: mostly 0 per iteration, a rare
-    2,000-8,000 while the heap grows to a new peak; by default thousands to tens of thousands per
-    iteration on at least one rank),
-    some iteration none; the records say which policy ran."""
+    """The EmbRace 2D plan on 2 gloo ranks, 6 iterations after 2 warm-up ones, with the ranks keeping
+    freed memory and with glibc's default (``PARATWIN_HOST_MEMORY=default``): in the typical
+    (median) rank-iteration the forwards and backwards fault under a tenth as many pages; some
+    iteration faults none; the records say which policy ran.
+
+    Medians, not sums: with the policy a rank still faults while its heap grows to a new peak, which
+    happens in a few early iterations of each run (measured, 8 timed iterations of 8 runs: 0-1 pages
+    in most rank-iterations, 1,040-16,640 in 2-4 of 16, mostly the first two); a sum over 4
+    iterations then lands near a quarter of the default's (CI: 18,723 against 73,596) while the
+    median stays at 0-2. By default the counts depend on where each process's heap lies: a median of
+    4,100-16,600 pages, one rank once at 0-2,221 an iteration in CI."""
     kept, kept_state = _compute_faults(tmp_path, "kept", monkeypatch, None)
     default, default_state = _compute_faults(tmp_path, "default", monkeypatch, "default")
     assert kept_state["policy"] == "keep freed memory" and default_state["policy"] == "allocator default"
-    assert kept.sum() < 0.25 * default.sum(), (kept.to_dict(), default.to_dict())
-    # Some iteration faults none with the policy (one that grows the heap to a new peak still faults).
-    # By default the counts depend on where each process's heap lies: one rank faulted 16,607-18,655
-    # pages per iteration in a CI run while the other faulted 0-2,221, so only the sums are compared.
+    assert kept.median() < 0.1 * default.median(), (kept.to_dict(), default.to_dict())
     assert (kept == 0).any(), (kept.to_dict(), default.to_dict())
 
 
