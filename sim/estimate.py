@@ -6,7 +6,9 @@ Closed form over the same inputs as the engine, with no event simulation:
   ``LayerCosts``, the TP all-reduces folded in by ``sim.tp_overlap.tp_segments_time`` (the engine's
   own rule for each overlap level) at the cost ``sim.comm.ClusterComm`` gives for the TP group.
   The backward carries (m - 1) / m of the weight-gradient accumulation pass (``grad_accumulate_s``),
-  which the engine charges to every backward but micro-batch 0's: the same total per rank.
+  which the engine charges to every backward but micro-batch 0's: the same total per rank. Under
+  ``p2p: blocking`` with scatter/gather, a forward or backward that needs a message from another rank
+  also carries the receivers' TP all-gather of it (``Estimator._gathered``).
 - **Pipeline**: the schedule's shape comes from its own generator (``sim.schedules.generate_schedule``)
   run on the idealised unit-cost machine (``simulate_unit_costs``: F = I = W = 1; an ordinary
   recompute lengthens the backward and leaves the shape alone, Merak's eager ones are placed); the
@@ -710,7 +712,10 @@ class Estimator:
         # under blocking it runs between two computes, in the stage times (``_gathered``).
         # Blocking sends (p2p: blocking) add no term: a send's transfer overlaps the wait for the
         # next stage's gradient that 1F1B's dependency cycle already has (the engine, on the plans of
-        # tests/test_megatron_2021.py with hops of 3-14% of a step: +0.2-0.7% of the iteration).
+        # tests/test_megatron_2021.py with hops of 3-14% of a step: +0.2-0.7% of the iteration). Not
+        # always: one node per pipeline rank over HDR InfiniBand, gpt2-small at hidden 2048, tp 2, pp 4,
+        # 8 micro-batches, whole tensors, the engine's blocking iteration is 1.7% (1F1B) and 6.0%
+        # (interleaved, 2 chunks) above its async one, which this estimate misses (session 14, issue 9g).
         wire = (lambda nbytes: nbytes // tp) if scatter_gather and tp > 1 else (lambda nbytes: nbytes)
         m = microbatches
         hop_s = [self.p2p_hop_s(wire(st.output_bytes), dp, tp) if pp > 1 else 0.0 for st in stages]
