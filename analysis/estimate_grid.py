@@ -112,13 +112,15 @@ def _cluster(network: str, world: int, pp: int) -> dict:
 
 
 def estimate_plan(plan: Plan) -> Estimate:
-    """The fast estimate of one plan, with the inputs the search would give it (no sharded embedding)."""
+    """The fast estimate of one plan, with the inputs the search would give it (no sharded embedding) and the
+    plan's own pipeline exchanges (scatter/gather, blocking)."""
     r = resolve_plan(plan)
     return Estimator(r.costs, r.comm, plan.dtype, plan.workload, plan.workload_options).estimate(
         schedule=plan.schedule.name, dp=plan.dp, tp=plan.tp, pp=plan.pp, chunks=plan.chunks,
         micro_batch=plan.micro_batch, microbatches=plan.microbatches, stage_layers=r.stage_layers,
         policy=r.policy, tp_overlap=plan.parallelism.tp_overlap, sync_method=plan.gradient_sync.method,
-        bucket_mb=plan.gradient_sync.bucket_mb, scatter_gather=p2p_gather_tp(plan))
+        bucket_mb=plan.gradient_sync.bucket_mb, scatter_gather=p2p_gather_tp(plan),
+        p2p=plan.schedule.p2p)
 
 
 def compare(quick: bool = False) -> pd.DataFrame:

@@ -26,6 +26,7 @@ from sim.compile import resolve_plan
 from sim.embedding import estimate_terms
 from sim.engine import EngineOptions
 from sim.estimate import Estimator, _layout
+from sim.lower import p2p_gather_tp
 from sim.plan import Plan
 from sim.schedules import SCHEDULES
 from sim.simulate import simulate
@@ -46,8 +47,8 @@ def estimate_s(plan: Plan, overlap_slowdown: float = 0.0) -> tuple[float, float]
         schedule=plan.schedule.name, dp=plan.dp, tp=plan.tp, pp=plan.pp, chunks=plan.chunks,
         micro_batch=plan.micro_batch, microbatches=plan.microbatches, stage_layers=r.stage_layers,
         policy=r.policy, tp_overlap=plan.parallelism.tp_overlap, sync_method=plan.gradient_sync.method,
-        bucket_mb=plan.gradient_sync.bucket_mb, embedding=terms, scatter_gather=plan.schedule.p2p_scatter_gather,
-        sync=plan.gradient_sync)
+        bucket_mb=plan.gradient_sync.bucket_mb, embedding=terms, scatter_gather=p2p_gather_tp(plan),
+        sync=plan.gradient_sync, p2p=plan.schedule.p2p)
     options = EngineOptions(overlap_slowdown=overlap_slowdown)
     return simulate(plan, full=True, resolved=r, options=options).iteration_s, estimate.iteration_s
 

@@ -612,6 +612,16 @@ class LayerCosts:
         return self.tp_comm_bytes_bwd // self.tp_allreduces_bwd if self.tp_allreduces_bwd else 0
 
 
+def grad_accumulation_s(grad_bytes: int, mode: str, device: DeviceSpec, mem_eff: float) -> float:
+    """Seconds of one accumulation pass over ``grad_bytes`` of weight gradients (GRAD_ACCUMULATIONS): 0
+    where it is fused into the weight-gradient GEMM; under autograd read the sum and the new gradient and
+    write the sum at the memory-bound kernels' rate (``mem_eff`` x the device's bandwidth). One rule for
+    the analytic model and for profiled costs (``sim.bundle_costs``: a profile's backward never accumulates)."""
+    if mode == "fused":
+        return 0.0
+    return 3 * grad_bytes / (device.memory_bandwidth_Bps * mem_eff)
+
+
 class AnalyticCostModel:
     def __init__(self, device: DeviceSpec, dtype: str, efficiency: EfficiencyCurve | None = None,
                  attention: str = "flash", kernels: bool = True, optimizer: str = "adam",
@@ -645,11 +655,8 @@ class AnalyticCostModel:
         self.grad_accumulation = grad_accumulation
 
     def grad_accumulate_s(self, grad_bytes: int) -> float:
-        """Seconds of one accumulation pass over ``grad_bytes`` of weight gradients (GRAD_ACCUMULATIONS):
-        read the sum and the new gradient, write the sum, at the memory-bound kernels' rate."""
-        if self.grad_accumulation == "fused":
-            return 0.0
-        return 3 * grad_bytes / (self.device.memory_bandwidth_Bps * self.efficiency.mem_eff)
+        """Seconds of one accumulation pass over ``grad_bytes`` of weight gradients (``grad_accumulation_s``)."""
+        return grad_accumulation_s(grad_bytes, self.grad_accumulation, self.device, self.efficiency.mem_eff)
 
     def _time(self, flops: float, nbytes: float) -> float:
         compute = self.efficiency.compute_time(flops, self.peak)

@@ -9,14 +9,14 @@ embedding and head layers are replicated on TP ranks (``exec`` does not shard th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pandas as pd
 
 from sim.costs import LayerCosts
 from sim.meeting import sd_from_spread
-from sim.workloads import ADDED_CONFIG_FIELDS
+from sim.workloads import ADDED_CONFIG_FIELDS, UNPROFILED_OPTIONS
 from traces.bundle import ProfileBundle, read_bundle
 from traces.errors import ConfigError
 
@@ -28,8 +28,15 @@ _TIMED_PHASES = ("fwd", "bwd", "bwd_input", "bwd_weight", "recompute")
 
 
 class BundleCostModel:
-    def __init__(self, bundle: ProfileBundle, source: str = "bundle") -> None:
+    def __init__(self, bundle: ProfileBundle, source: str = "bundle",
+                 grad_accumulate: Callable[[int], float] | None = None) -> None:
+        """``grad_accumulate``: seconds of the plan's weight-gradient accumulation pass over a layer's
+        gradient bytes (``sim.analytic.grad_accumulation_s``; None: no pass, ``fused``). Priced on top of
+        the measured backward, which never includes it: the profiler times a backward with
+        ``torch.autograd.grad``, which returns fresh gradients and never adds into ``.grad``
+        (exec/profiler.py, ``_LayerProbe.backward``)."""
         self.bundle, self.source = bundle, source
+        self.grad_accumulate = grad_accumulate
         self.layers: pd.DataFrame = bundle.layers.sort_values("layer").reset_index(drop=True)
         self.num_layers = len(self.layers)
         settings = bundle.meta.get("settings", {})
@@ -59,8 +66,8 @@ class BundleCostModel:
                              for layer, rows in by_layer if layer in merged.index}
 
     @classmethod
-    def load(cls, directory: str | Path) -> BundleCostModel:
-        return cls(read_bundle(Path(directory)), source=str(directory))
+    def load(cls, directory: str | Path, grad_accumulate: Callable[[int], float] | None = None) -> BundleCostModel:
+        return cls(read_bundle(Path(directory)), source=str(directory), grad_accumulate=grad_accumulate)
 
     def check_describes(self, workload: str, options: Mapping[str, object], config: Mapping[str, object] | None,
                         num_layers: int | None, dtype: str, device_kind: str) -> None:
@@ -78,7 +85,7 @@ class BundleCostModel:
         recorded = described.get("config")
         if not isinstance(recorded, dict):
             raise ConfigError("profile", f"{self.source} does not record its workload configuration", redo)
-        expected = {k: v for k, v in (config or options).items() if k != "source"}
+        expected = {k: v for k, v in (config or options).items() if k != "source" and k not in UNPROFILED_OPTIONS}
         for key, value in expected.items():
             profiled = recorded.get(key, ADDED_CONFIG_FIELDS.get(key))
             if _plain(profiled) != _plain(value):
@@ -107,13 +114,15 @@ class BundleCostModel:
         sharded = row["kind"] == "block" and tp > 1
         compute_share = 1.0 / tp if sharded else 1.0
         saved_share = (1.0 - _BLOCK_SHARDED_FRACTION + _BLOCK_SHARDED_FRACTION / tp) if sharded else 1.0
+        grad_bytes = int(row["grad_bytes"] * compute_share)
         return LayerCosts(
             fwd_s=row["fwd_s"] * scale * compute_share,
             bwd_input_s=row["bwd_input_s"] * scale * compute_share,
             bwd_weight_s=row["bwd_weight_s"] * scale * compute_share,
             recompute_s=row["recompute_s"] * scale * compute_share,
             param_bytes=int(row["param_bytes"] * compute_share),
-            grad_bytes=int(row["grad_bytes"] * compute_share),
+            grad_bytes=grad_bytes,
+            grad_accumulate_s=self.grad_accumulate(grad_bytes) if self.grad_accumulate is not None else 0.0,
             optimizer_bytes=int(row["optimizer_bytes"] * compute_share),
             saved_bytes=int(row["saved_bytes"] * scale * saved_share),
             output_bytes=int(row["output_bytes"] * scale),

@@ -8,7 +8,9 @@ runtime executes exactly the Program that was simulated. Imports neither torch n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from sim.bundle_costs import BundleCostModel
 from sim.cluster import ClusterSpec, load_cluster
@@ -62,7 +64,8 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
     check_tp(plan.tp, transformer, plan.workload)
     check_size(plan, full=False)
     # A profile measured on this hardware brings its communication fits, whatever computes the costs.
-    bundle_costs = BundleCostModel.load(plan.profile) if plan.profile is not None else None
+    bundle_costs = BundleCostModel.load(plan.profile, _accumulation_pass(transformer, cluster, plan.dtype)) \
+        if plan.profile is not None else None
     if bundle_costs is not None:
         layers = len(transformer_layers(transformer)) if transformer is not None else None
         bundle_costs.check_describes(plan.workload, plan.workload_options, config, layers, plan.dtype,
@@ -103,6 +106,19 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
     comm = ClusterComm(cluster, fits, samples)
     policy = build_memory_policy(plan, stage_layers, costs, comm.capacity_bytes)
     return ResolvedPlan(plan, cluster, costs, comm, stage_layers, policy, transformer)
+
+
+def _accumulation_pass(transformer: TransformerConfig | None, cluster: ClusterSpec,
+                       dtype: str) -> Callable[[int], float] | None:
+    """A profiled plan's weight-gradient accumulation pass, priced as the analytic model prices it (the
+    device's bandwidth at the memory-bound rate of its default curve, ``sim.analytic.default_for``); None
+    where the plan's accumulation is fused (or the workload has no such option)."""
+    if transformer is None or transformer.grad_accumulation == "fused":
+        return None
+    from sim.analytic import default_for, grad_accumulation_s
+
+    mem_eff = default_for(cluster.device, dtype).mem_eff
+    return partial(grad_accumulation_s, mode=transformer.grad_accumulation, device=cluster.device, mem_eff=mem_eff)
 
 
 def _transformer_of(plan: Plan) -> TransformerConfig | None:

@@ -6,7 +6,9 @@ Closed form over the same inputs as the engine, with no event simulation:
   ``LayerCosts``, the TP all-reduces folded in by ``sim.tp_overlap.tp_segments_time`` (the engine's
   own rule for each overlap level) at the cost ``sim.comm.ClusterComm`` gives for the TP group.
   The backward carries (m - 1) / m of the weight-gradient accumulation pass (``grad_accumulate_s``),
-  which the engine charges to every backward but micro-batch 0's: the same total per rank.
+  which the engine charges to every backward but micro-batch 0's: the same total per rank. Under
+  ``p2p: blocking`` with scatter/gather, a forward or backward that needs a message from another rank
+  also carries the receivers' TP all-gather of it (``Estimator._gathered``).
 - **Pipeline**: the schedule's shape comes from its own generator (``sim.schedules.generate_schedule``)
   run on the idealised unit-cost machine (``simulate_unit_costs``: F = I = W = 1; an ordinary
   recompute lengthens the backward and leaves the shape alone, Merak's eager ones are placed); the
@@ -39,7 +41,7 @@ Imports neither torch nor simpy.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -319,13 +321,17 @@ class Estimator:
             return 0.0
 
         def price(collective: str, nbytes: int) -> float:
-            key = (collective, nbytes, tp, sharing)
-            cached = self._tp_ar.get(key)
-            if cached is None:
-                cached = self._tp_ar[key] = self.comm.collective_s(collective, nbytes, tuple(range(tp)), sharing)
-            return cached
+            return self._tp_collective_s(collective, nbytes, tp, sharing)
 
         return tp_comm_s(c, backward, price, with_weight_grads)
+
+    def _tp_collective_s(self, collective: str, nbytes: int, tp: int, sharing: int) -> float:
+        """One collective over a TP group of ``tp`` ranks, ``sharing`` such groups on its links at once."""
+        key = (collective, nbytes, tp, sharing)
+        cached = self._tp_ar.get(key)
+        if cached is None:
+            cached = self._tp_ar[key] = self.comm.collective_s(collective, nbytes, tuple(range(tp)), sharing)
+        return cached
 
     def stage(self, layers: tuple[int, ...], recomputed: tuple[int, ...], micro_batch: int, tp: int, level: int,
               swap: float | tuple[int, ...], tp_sharing: int = 1, one_at_a_time: bool = False,
@@ -558,12 +564,14 @@ class Estimator:
                  microbatches: int, stage_layers: Sequence[tuple[int, ...]], policy: MemoryPolicy,
                  tp_overlap: int, sync_method: str, bucket_mb: float,
                  embedding: EmbeddingTerms | None = None, scatter_gather: bool = False,
-                 sync: GradientSyncConfig | None = None) -> Estimate:
-        """``scatter_gather``: the plan's schedule.p2p_scatter_gather; ``sync``: the plan's own gradient-sync
-        settings (default: the method's defaults with ``bucket_mb``, as the search enumerates them)."""
+                 sync: GradientSyncConfig | None = None, p2p: str = "async") -> Estimate:
+        """``scatter_gather``: whether the plan's pipeline messages travel as 1/tp pieces that the receivers
+        all-gather (``sim.lower.p2p_gather_tp``); ``sync``: the plan's own gradient-sync settings (default:
+        the method's defaults with ``bucket_mb``, as the search enumerates them); ``p2p``: the plan's
+        schedule.p2p (``blocking`` puts the receivers' all-gather on the compute path, ``_gathered``)."""
         tables = embedding.tp_table_layers if embedding is not None else ()
         key = (schedule, dp, tp, pp, chunks, micro_batch, microbatches, tuple(map(tuple, stage_layers)), policy,
-               tp_overlap, scatter_gather, tables)
+               tp_overlap, scatter_gather, tables, _gather_on_path(p2p, scatter_gather, tp, pp))
         pipe = self._pipes.get(key)
         if pipe is None:
             pipe = self._pipes[key] = self._pipeline(self._figures_of(key))
@@ -620,13 +628,13 @@ class Estimator:
                microbatches: int, stage_layers: Sequence[tuple[int, ...]], policy: MemoryPolicy,
                tp_overlap: int, sync_method: str, bucket_mb: float,
                embedding: EmbeddingTerms | None = None, scatter_gather: bool = False,
-               sync: GradientSyncConfig | None = None) -> Screen:
+               sync: GradientSyncConfig | None = None, p2p: str = "async") -> Screen:
         """What ``estimate`` would say about memory (the same peak, exactly) and a lower bound of its
         iteration time (``pipeline_lower_bound``), without the weighted pipeline run and the gradient
         buckets: what the search's branch and bound (``sim.search_bound``) asks of every plan."""
         tables = embedding.tp_table_layers if embedding is not None else ()
         key = (schedule, dp, tp, pp, chunks, micro_batch, microbatches, tuple(map(tuple, stage_layers)), policy,
-               tp_overlap, scatter_gather, tables)
+               tp_overlap, scatter_gather, tables, _gather_on_path(p2p, scatter_gather, tp, pp))
         fig = self._figures_of(key)
         sync = sync or self.sync_config(sync_method, bucket_mb)
         peaks = self._peaks(fig, dp, pp, sync, bucket_mb, embedding)
@@ -648,9 +656,12 @@ class Estimator:
 
     def _rank_figures(self, schedule: str, dp: int, tp: int, pp: int, chunks: int, micro_batch: int,
                       microbatches: int, stage_layers: Sequence[tuple[int, ...]], policy: MemoryPolicy,
-                      tp_overlap: int, scatter_gather: bool = False, tables: tuple[int, ...] = ()) -> dict:
+                      tp_overlap: int, scatter_gather: bool = False, tables: tuple[int, ...] = (),
+                      gather_on_path: bool = False) -> dict:
         """Everything but the weighted pipeline run and the gradient sync: the stages, each rank's
-        time per micro-batch, bytes and held activations, and the lower bound of the iteration."""
+        time per micro-batch, bytes and held activations, and the lower bound of the iteration.
+        ``gather_on_path``: the receivers' scatter/gather all-gather runs between two computes
+        (``_gather_on_path``, ``_gathered``)."""
         info = SCHEDULES[schedule]
         stages_n = pp * chunks
         tp_sharing = concurrent_groups(self.comm.cluster, dp * tp, tuple(range(tp)))
@@ -660,6 +671,9 @@ class Estimator:
                              tables=tables, split_backward=info.split_backward,
                              accumulate_share=(microbatches - 1) / microbatches)
                   for s in range(stages_n)]
+        rank_of, stages_of = _layout(pp, chunks, info.placement)
+        if gather_on_path:
+            stages = self._gathered(stages, rank_of, tp, tp_sharing)
         if info.recompute_is_schedule:
             # Merak's eager recomputes move into bubbles: their placement is the schedule's shape.
             unit = unit_pipeline(schedule, pp, microbatches, chunks,
@@ -668,7 +682,6 @@ class Estimator:
             # An ordinary recompute runs inside the backward: it lengthens B, the shape is unchanged.
             unit = unit_pipeline(schedule, pp, microbatches, chunks, (False,) * stages_n, 0.0)
 
-        rank_of, stages_of = _layout(pp, chunks, info.placement)
         per_rank = [0.0] * pp  # time per micro-batch, communication included
         compute = [0.0] * pp
         recompute_compute = [0.0] * pp
@@ -693,16 +706,24 @@ class Estimator:
         for k in range(pp):  # the received gradient a rank holds at once, as the engine and the runtime do
             static[k] += received_gradient_bytes(stages_of[k], rank_of, stage_layers,
                                                  lambda layer: self.costs.layer_costs(layer, micro_batch, tp))
-        # Scatter/gather: each TP rank sends 1/tp of a message (the receivers' all-gather over NVLink
-        # is left out: the engine runs it on the receive stream, mostly ahead of the consumer).
+        # Scatter/gather: each TP rank sends 1/tp of a message and the receivers all-gather it. Under
+        # p2p: async the engine runs the gather on the receive stream once the pieces arrive, so it
+        # lengthens the hop (what a consumer waiting for the message waits for) and not the compute;
+        # under blocking it runs between two computes, in the stage times (``_gathered``).
         # Blocking sends (p2p: blocking) add no term: a send's transfer overlaps the wait for the
         # next stage's gradient that 1F1B's dependency cycle already has (the engine, on the plans of
-        # tests/test_megatron_2021.py with hops of 3-14% of a step: +0.2-0.7% of the iteration).
+        # tests/test_megatron_2021.py with hops of 3-14% of a step: +0.2-0.7% of the iteration). Not
+        # always: one node per pipeline rank over HDR InfiniBand, gpt2-small at hidden 2048, tp 2, pp 4,
+        # 8 micro-batches, whole tensors, the engine's blocking iteration is 1.7% (1F1B) and 6.0%
+        # (interleaved, 2 chunks) above its async one, which this estimate misses (session 14, issue 9g).
         wire = (lambda nbytes: nbytes // tp) if scatter_gather and tp > 1 else (lambda nbytes: nbytes)
         m = microbatches
         hop_s = [self.p2p_hop_s(wire(st.output_bytes), dp, tp) if pp > 1 else 0.0 for st in stages]
         # the cores a send keeps busy while it moves, as the engine prices a SEND (sim.host_cpu)
         hop_cores = [cores_taken(phases_cpu_s(self.comm, (("p2p", wire(st.output_bytes)),), 2), hop)
+                     for st, hop in zip(stages, hop_s, strict=True)]
+        if scatter_gather and tp > 1 and pp > 1 and not gather_on_path:
+            hop_s = [hop + self._gather_s(st.output_bytes, tp, tp_sharing)
                      for st, hop in zip(stages, hop_s, strict=True)]
 
         held = []
@@ -745,6 +766,30 @@ class Estimator:
                 "micro_batch": micro_batch,
                 "sync_layers": [tuple(tuple(stage_layers[s]) for s in stages_of[k]) for k in range(pp)],
                 "stages_of": stages_of}
+
+    def _gather_s(self, nbytes: int, tp: int, tp_sharing: int) -> float:
+        """A receiver's all-gather of a scatter/gather message of ``nbytes``, as the engine prices it: its
+        1/tp pieces (``nbytes // tp``, ``sim.lower``) gathered whole over the TP group."""
+        return self._tp_collective_s("all_gather", nbytes // tp * tp, tp, tp_sharing)
+
+    def _gathered(self, stages: list[StageTimes], rank_of: Sequence[int], tp: int,
+                  tp_sharing: int) -> list[StageTimes]:
+        """The stages with a blocking exchange's scatter/gather on their compute path, as the engine runs it
+        (``Program.gather_after_exchange``, ``sim.engine.exchange_waits``; Megatron-LM v2.5's
+        ``_communicate`` gathers after its transfers and a synchronize, before the next compute is
+        launched): each receive from another rank all-gathers the whole message over the TP group after the
+        compute before it, and the compute that needs it waits for it. A stage's forward receives the
+        activation of the stage below; its backward (I when split; the recompute before it, which the
+        gradient's receive precedes, runs on the same path) the gradient of its own output."""
+        last = len(stages) - 1
+        out = []
+        for s, st in enumerate(stages):
+            remote_in = s > 0 and rank_of[s - 1] != rank_of[s]
+            remote_out = s < last and rank_of[s + 1] != rank_of[s]
+            into = self._gather_s(stages[s - 1].output_bytes, tp, tp_sharing) if remote_in else 0.0
+            back = self._gather_s(st.output_bytes, tp, tp_sharing) if remote_out else 0.0
+            out.append(replace(st, fwd_s=st.fwd_s + into, bwd_s=st.bwd_s + back, bwd_input_s=st.bwd_input_s + back))
+        return out
 
     def _beside(self, fig: dict, buckets: Buckets = (), steps: tuple[float, ...] = ()) -> Beside:
         """What slows the pipeline's compute and its transfers while both run on a rank, as the engine
@@ -923,6 +968,13 @@ class Estimator:
             at_step = step_peak_bytes(self.costs, model_state[k], grads[k], sync, self.dtype, state, dp)
             peaks.append(max(pipeline, at_step) - (embedding.static_bytes_saved if mine else 0))
         return tuple(peaks)
+
+
+def _gather_on_path(p2p: str, scatter_gather: bool, tp: int, pp: int) -> bool:
+    """Whether a plan's receives all-gather between two computes (``Estimator._gathered``): blocking
+    exchanges of scatter/gather pieces between pipeline ranks. Every other plan prices both modes alike
+    (a blocking send's transfer falls inside the wait 1F1B's dependency cycle already has)."""
+    return p2p == "blocking" and scatter_gather and tp > 1 and pp > 1
 
 
 @lru_cache(maxsize=1024)

@@ -86,8 +86,10 @@ class SearchSpace:
     bucket_mbs: tuple[float, ...] = (25.0, 100.0)
     swap: tuple[float | None, ...] = (None,)  # swap fractions to try (None: no swap)
     # schedule.p2p modes to try on pipelined plans; ("async", "blocking") also tries Megatron-LM 2021's
-    # blocking exchanges. The estimate prices both alike (blocking sends fall inside 1F1B's waits,
-    # sim.estimate); the engine tells them apart when it simulates the best.
+    # blocking exchanges. The estimate prices both alike here: the search's plans send whole tensors (no
+    # scatter/gather, whose all-gather the estimate puts on a blocking plan's compute path) and it leaves
+    # a blocking send's transfer out (docs/accuracy.md section 17); the engine tells them apart when it
+    # simulates the best.
     p2p: tuple[str, ...] = ("async",)
 
 

@@ -244,6 +244,12 @@ ATTENTION_IMPLEMENTATIONS = ("flash", "unfused")
 # (megatron/model/distributed.py), torch DDP, and DeepSpeed's engine without ZeRO.
 GRAD_ACCUMULATIONS = ("fused", "autograd")
 
+# Configuration fields that change no time a profile measures, so a bundle describes a plan whatever their
+# value (sim.bundle_costs.check_describes does not compare them): how the training loop adds a backward's
+# weight gradients into the earlier micro-batches' is priced on top of the profile (sim.analytic.
+# grad_accumulation_s), whose backward never accumulates (exec/profiler.py times torch.autograd.grad).
+UNPROFILED_OPTIONS = ("grad_accumulation",)
+
 # Configuration fields added after bundles were first written, with the value every bundle written
 # before them ran: a bundle that does not record such a field describes a plan that has that value.
 ADDED_CONFIG_FIELDS: dict[str, object] = {"attention": "flash",  # torch SDPA, before the option existed
