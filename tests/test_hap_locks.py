@@ -29,17 +29,8 @@ HOLD = ("import sys; from traces.outdir import OutputLock; OutputLock(sys.argv[1
 TRY = ("import sys; from traces.outdir import OutputLock; from traces.errors import ParatwinError\n"
        "try:\n    OutputLock(sys.argv[1]).acquire()\nexcept ParatwinError as error:\n    print(error)\n"
        "else:\n    print('acquired')")
-# Three processes load MUTAG into one empty cache at the same moment, forked from one that imported
-# the loader once (three imports of torch_geometric would take longer than the rest of this file).
-LOAD = """
-import multiprocessing, sys
-import torch_geometric.datasets
-from exec.hap.data import load_tu
-
-def load(go):
-    go.wait()
-    assert len(load_tu("MUTAG", data_root=sys.argv[2], cache_dir=sys.argv[1])) == 188
-
+# Starts three processes running load(go) at the same moment (go: an Event), prints their exit codes.
+FORKED = """
 fork = multiprocessing.get_context("fork")
 go = fork.Event()
 loaders = [fork.Process(target=load, args=(go,)) for _ in range(3)]
@@ -50,8 +41,17 @@ for loader in loaders:
     loader.join()
 print("exit codes", *(loader.exitcode for loader in loaders))
 """
+# Three processes load MUTAG into one empty cache at the same moment, forked from one that imported
+# the loader once (three imports of torch_geometric would take longer than the rest of this file).
+LOAD = """
+import multiprocessing, sys
+import torch_geometric.datasets
+from exec.hap.data import load_tu
 
-
+def load(go):
+    go.wait()
+    assert len(load_tu("MUTAG", data_root=sys.argv[2], cache_dir=sys.argv[1])) == 188
+""" + FORKED
 # Three processes load a TU set that no data root holds, at the same moment, from a fake download
 # source: a local zip served by a stand-in for urlopen that logs each download and lingers, so that
 # without a lock all three would be downloading at once (MUTAG's files, renamed: no network).
@@ -71,17 +71,7 @@ urllib.request.urlopen = fake_urlopen
 def load(go):
     go.wait()
     assert len(load_tu("PROTEINS", cache_dir=sys.argv[3])) == 188
-
-fork = multiprocessing.get_context("fork")
-go = fork.Event()
-loaders = [fork.Process(target=load, args=(go,)) for _ in range(3)]
-for loader in loaders:
-    loader.start()
-go.set()
-for loader in loaders:
-    loader.join()
-print("exit codes", *(loader.exitcode for loader in loaders))
-"""
+""" + FORKED
 
 
 def env(tmp: Path) -> dict[str, str]:
