@@ -253,8 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("folders", type=Path, nargs="+")
     args = parser.parse_args(argv)
     if args.command == "orders":
+        if not args.folder.is_dir():  # the plans' folder (netns_validate_plans' DIR): a typo is no new run
+            raise ConfigError("folder", f"{args.folder} is not a folder",
+                              "give the folder that holds the plans (rounds-order.json is written there)")
         drawn = round_orders(args.methods, args.rounds, args.seed)
-        args.folder.mkdir(parents=True, exist_ok=True)
         (args.folder / ORDER_FILE).write_text(json.dumps({"seed": args.seed, "iterations": args.iterations,
                                                           "orders": drawn}, indent=1))
         print("\n".join(" ".join(o) for o in drawn))

@@ -1,7 +1,7 @@
 """Seconds per epoch of every HAP-protocol method, this tree against an older commit, same curves.
 
     nice -n 5 python benchmarks/hap_fit_speed.py [--before fd6347a] [--dataset PROTEINS] \\
-        [--methods hap gcn-mean ...] [--epochs 3] [--repeats 3]
+        [--methods hap gcn-mean ...] [--epochs 3] [--repeats 3] [--fold-epochs docs/results/hap-cap300/folds.csv]
 
 One fit per method (seed 0, fold 0 of the protocol's split, lr 1e-3, ``--epochs`` epochs without
 early stopping, 1 thread), as ``analysis.hap_protocol`` runs it. ``--before`` is checked out with
@@ -12,11 +12,14 @@ repeat, so a load change on a shared machine hits both alike. Prints per method 
 CPU ratio, and whether the fit's per-epoch
 training loss, validation accuracy and loss and the test accuracy are identical (bit for bit) in the
 two. Wall-clock numbers depend on the machine and its load: say which when quoting them.
+``--fold-epochs`` adds the estimate for one (seed, fold) of every method: each method's median CPU
+s/epoch times its mean ``epochs_run`` over that folds.csv's rows of the dataset.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import statistics
@@ -65,6 +68,31 @@ def run_child(tree: Path, args: argparse.Namespace) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def mean_epochs(folds_csv: Path, dataset: str) -> dict[str, float]:
+    """Mean ``epochs_run`` per variant over the rows of ``dataset`` in a protocol's folds.csv."""
+    runs: dict[str, list[int]] = {}
+    with open(folds_csv, newline="") as handle:
+        for row in csv.DictReader(handle):
+            if row["dataset"] == dataset:
+                runs.setdefault(row["variant"], []).append(int(row["epochs_run"]))
+    if not runs:
+        raise SystemExit(f"error: --fold-epochs: no {dataset} rows in {folds_csv} (fix: give one that has some)")
+    return {variant: sum(epochs) / len(epochs) for variant, epochs in runs.items()}
+
+
+def print_fold_estimate(cpu: dict[str, dict[str, float]], epochs: dict[str, float]) -> None:
+    """CPU seconds of one (seed, fold) of every method, before and after (``--fold-epochs``);
+    ``cpu[side][method]``: the median CPU s/epoch."""
+    missing = sorted(set(cpu["after"]) - set(epochs))
+    if missing:
+        print(f"(no fold estimate: no rows for {', '.join(missing)} in the folds.csv)")
+        return
+    before, after = (sum(cpu[side][method] * epochs[method] for method in cpu[side]) for side in ("before", "after"))
+    print(f"one (seed, fold), mean epochs_run per method from --fold-epochs: CPU s before {before:.0f}, "
+          f"after {after:.0f} ({after / before:.2f}); x 30 (3 seeds x 10 folds): {30 * before / 3600:.1f} "
+          f"-> {30 * after / 3600:.1f} core-hours")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", default="fd6347a", help="git ref of the code to compare against")
@@ -72,6 +100,7 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=list(ALL_METHODS))
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--fold-epochs", type=Path, help="a folds.csv: estimate one (seed, fold) from its epochs_run")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -93,6 +122,7 @@ def main() -> None:
           "| same curve and test accuracy |")
     print("|---|---|---|---|---|---|---|")
     totals = {(side, kind): 0.0 for side in ("before", "after") for kind in ("cpu", "s")}
+    cpu_medians: dict[str, dict[str, float]] = {"before": {}, "after": {}}
     for method in args.methods:
         cells, medians = {}, {}
         for side in ("before", "after"):
@@ -105,11 +135,15 @@ def main() -> None:
                    and run[method]["test"] == runs["before"][0][method]["test"]
                    for side in ("before", "after") for run in runs[side])
         ratio = medians["after", "cpu"] / medians["before", "cpu"]
+        for side in ("before", "after"):
+            cpu_medians[side][method] = medians[side, "cpu"]
         print(f"| {method} | {cells['before', 'cpu']} | {cells['after', 'cpu']} | {ratio:.2f} | "
               f"{cells['before', 's']} | {cells['after', 's']} | {'yes' if same else 'NO'} |")
     print(f"| all | {totals['before', 'cpu']:.2f} | {totals['after', 'cpu']:.2f} | "
           f"{totals['after', 'cpu'] / totals['before', 'cpu']:.2f} | {totals['before', 's']:.2f} | "
           f"{totals['after', 's']:.2f} | |")
+    if args.fold_epochs:
+        print_fold_estimate(cpu_medians, mean_epochs(args.fold_epochs, args.dataset))
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,7 @@
 """The HAP runner under concurrent use, with real processes: one command per output folder (a second
 is refused in one line naming the holder, and loses nothing), the lock is reentrant within a process,
-concurrent first loads of a TU data set build its cache once, a finished cache loads read-only, and
-the CLI prints a ConfigError as one line on stderr with exit status 2."""
+concurrent first loads of a TU data set build its cache once and download it once, a finished cache
+loads read-only, and the CLI prints a ConfigError as one line on stderr with exit status 2."""
 
 from __future__ import annotations
 
@@ -9,13 +9,15 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from analysis.hap_protocol import DatasetPlan, Protocol, run_protocol
-from exec.hap.data import BUILT_MARKER, load_tu
+from exec.hap.data import BUILT_MARKER, TU_URL, load_tu
 from traces.outdir import LOCK_NAME, OutputLock
+from traces.paths import DATA_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 TU = REPO / "exec" / "data" / "TU"  # MUTAG ships in the package: no network, no $PARATWIN_DATA
@@ -27,17 +29,8 @@ HOLD = ("import sys; from traces.outdir import OutputLock; OutputLock(sys.argv[1
 TRY = ("import sys; from traces.outdir import OutputLock; from traces.errors import ParatwinError\n"
        "try:\n    OutputLock(sys.argv[1]).acquire()\nexcept ParatwinError as error:\n    print(error)\n"
        "else:\n    print('acquired')")
-# Three processes load MUTAG into one empty cache at the same moment, forked from one that imported
-# the loader once (three imports of torch_geometric would take longer than the rest of this file).
-LOAD = """
-import multiprocessing, sys
-import torch_geometric.datasets
-from exec.hap.data import load_tu
-
-def load(go):
-    go.wait()
-    assert len(load_tu("MUTAG", data_root=sys.argv[2], cache_dir=sys.argv[1])) == 188
-
+# Starts three processes running load(go) at the same moment (go: an Event), prints their exit codes.
+FORKED = """
 fork = multiprocessing.get_context("fork")
 go = fork.Event()
 loaders = [fork.Process(target=load, args=(go,)) for _ in range(3)]
@@ -48,6 +41,37 @@ for loader in loaders:
     loader.join()
 print("exit codes", *(loader.exitcode for loader in loaders))
 """
+# Three processes load MUTAG into one empty cache at the same moment, forked from one that imported
+# the loader once (three imports of torch_geometric would take longer than the rest of this file).
+LOAD = """
+import multiprocessing, sys
+import torch_geometric.datasets
+from exec.hap.data import load_tu
+
+def load(go):
+    go.wait()
+    assert len(load_tu("MUTAG", data_root=sys.argv[2], cache_dir=sys.argv[1])) == 188
+""" + FORKED
+# Three processes load a TU set that no data root holds, at the same moment, from a fake download
+# source: a local zip served by a stand-in for urlopen that logs each download and lingers, so that
+# without a lock all three would be downloading at once (MUTAG's files, renamed: no network).
+DOWNLOAD = """
+import io, multiprocessing, sys, time, urllib.request
+import torch_geometric.datasets
+from exec.hap.data import load_tu
+
+def fake_urlopen(url, timeout):
+    with open(sys.argv[2], "a") as log:
+        log.write(url + "\\n")
+    time.sleep(1.0)
+    return io.BytesIO(open(sys.argv[1], "rb").read())
+
+urllib.request.urlopen = fake_urlopen
+
+def load(go):
+    go.wait()
+    assert len(load_tu("PROTEINS", cache_dir=sys.argv[3])) == 188
+""" + FORKED
 
 
 def env(tmp: Path) -> dict[str, str]:
@@ -130,6 +154,24 @@ def test_concurrent_first_loads_of_a_data_set_build_its_cache_once_and_all_succe
     assert (copy / BUILT_MARKER).is_file() and (copy / "processed" / "data.pt").is_file()
     assert sorted(p.name for p in (copy / "raw").iterdir()) == sorted(p.name for p in (TU / "MUTAG" / "raw").iterdir())
     assert len(load_tu("MUTAG", data_root=TU, cache_dir=cache)) == 188
+
+
+def test_concurrent_first_loads_of_a_missing_data_set_download_it_once(tmp_path: Path) -> None:
+    archive = tmp_path / "PROTEINS.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        for path in sorted((TU / "MUTAG" / "raw").iterdir()):
+            zipped.write(path, f"PROTEINS/{path.name.replace('MUTAG', 'PROTEINS')}")
+    log = tmp_path / "downloads.log"
+    xdg = tmp_path / "xdg"  # the download cache: $XDG_CACHE_HOME/paratwin/TU
+    child_env = {key: value for key, value in env(tmp_path).items() if key != DATA_ENV}
+    done = subprocess.run([sys.executable, "-c", DOWNLOAD, str(archive), str(log), str(tmp_path / "cache")],
+                          capture_output=True, text=True, cwd=REPO, env={**child_env, "XDG_CACHE_HOME": str(xdg)},
+                          timeout=WAIT_S)
+    assert done.stdout.strip() == "exit codes 0 0 0", done.stdout + done.stderr[-3000:]
+    assert log.read_text().splitlines() == [f"{TU_URL}/PROTEINS.zip"]
+    raw = xdg / "paratwin" / "TU" / "PROTEINS" / "raw"
+    shipped = (TU / "MUTAG" / "raw").glob("MUTAG_*.txt")  # the data files (download_tu keeps those)
+    assert sorted(p.name for p in raw.iterdir()) == sorted(p.name.replace("MUTAG", "PROTEINS") for p in shipped)
 
 
 def test_a_finished_cache_loads_read_only(tmp_path: Path) -> None:

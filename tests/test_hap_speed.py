@@ -15,6 +15,7 @@ from torch_geometric.data import Batch
 from torch_geometric.utils import to_dense_adj
 
 from analysis.hap_protocol import DatasetPlan, Protocol, run_protocol
+from exec.hap import baselines
 from exec.hap import train as train_module
 from exec.hap.batching import FlatGraphs
 from exec.hap.data import dense_batch, graph_labels, load_tu
@@ -69,20 +70,43 @@ def test_edge_hop_distances_equal_the_dense_ones(mutag, hops: int) -> None:
                            dense)
 
 
+def _short_fit(dataset, method: str) -> tuple:
+    """A 3-epoch MUTAG fit: its curve, best (accuracy, loss), best epoch and final parameters."""
+    labels = graph_labels(dataset)
+    index = torch.randperm(len(labels), generator=torch.Generator().manual_seed(1))
+    train, val = index[:120], index[120:150]
+    model, best, best_epoch, curve = train_model(method, dataset, train, val, TrainConfig(epochs=3, clusters=(9, 3)),
+                                                 seed=5)
+    return curve, best, best_epoch, [p.detach().clone() for p in model.parameters()]
+
+
+def assert_same_fit(first: tuple, second: tuple) -> None:
+    assert first[:3] == second[:3]
+    assert all(torch.equal(a, b) for a, b in zip(first[3], second[3], strict=True))
+
+
 @pytest.mark.parametrize("method", ["hap", "gcn-mean", "diffpool"])
 def test_short_fit_is_the_same_with_either_loader(mutag, monkeypatch: pytest.MonkeyPatch, method: str) -> None:
     """Dropout draws from the global RNG, so this also checks that the loader's draws are kept."""
-    labels = graph_labels(mutag)
-    index = torch.randperm(len(labels), generator=torch.Generator().manual_seed(1))
-    train, val = index[:120], index[120:150]
-    config = TrainConfig(epochs=3, clusters=(9, 3))
-    curves = {}
+    fits = []
     for mode in ("pyg", "flat"):
         monkeypatch.setattr(train_module, "BATCHING", mode)
-        model, best, best_epoch, curve = train_model(method, mutag, train, val, config, seed=5)
-        curves[mode] = (curve, best, best_epoch, [p.detach().clone() for p in model.parameters()])
-    assert curves["pyg"][:3] == curves["flat"][:3]
-    assert all(torch.equal(a, b) for a, b in zip(curves["pyg"][3], curves["flat"][3], strict=True))
+        fits.append(_short_fit(mutag, method))
+    assert_same_fit(*fits)
+
+
+@pytest.mark.parametrize("method", ["hap", "gcn-mean", "sort", "mem", "asap"])
+def test_short_fit_is_the_same_with_foreach_adam_and_shared_gcn_norm(
+    mutag, monkeypatch: pytest.MonkeyPatch, method: str
+) -> None:
+    """Adam's foreach form and GCN edges normalised once per batch (docs/hap.md, "Speed") against
+    torch's per-parameter Adam and GCNConv normalising in every layer: the same fit, bit for bit."""
+    fits = []
+    for fast in (False, True):
+        monkeypatch.setattr(train_module, "ADAM_FOREACH", fast)
+        monkeypatch.setattr(baselines, "SHARED_GCN_NORM", fast)
+        fits.append(_short_fit(mutag, method))
+    assert_same_fit(*fits)
 
 
 # Float rounding differs between CPUs and builds (SIMD width, MKL's code path): the same code on another

@@ -104,6 +104,7 @@ def write_run(run: Path, times: list[float]) -> None:
 
 def test_a_shaped_network_folder_records_its_orders_times_and_paired_ranking(tmp_path: Path, capsys) -> None:
     folder = tmp_path / "1gbit"
+    folder.mkdir()  # the plans' folder, as netns_validate_plans passes it
     methods = ["dense", "ps"]
     main(["orders", str(folder), *methods, "--rounds", "6", "--seed", "5", "--iterations", "3"])
     printed = capsys.readouterr().out.split("\n")[:6]

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
     ["-m", "analysis.validation_suite", "--plans", "{missing}/plan.json"],
     [str(ROOT / "scripts" / "suite_ranking.py"), "--out", "{tmp}/ranking", "{missing}"],
     [str(ROOT / "scripts" / "suite_repredict.py"), "{missing}"],
-], ids=["validation_suite", "suite_ranking", "suite_repredict"])
+    ["-m", "analysis.rounds", "orders", "{missing}", "a", "b", "--rounds", "2", "--iterations", "3"],
+], ids=["validation_suite", "suite_ranking", "suite_repredict", "rounds_orders"])
 def test_bad_input_is_one_line_with_status_2(command: list[str], tmp_path: Path) -> None:
     args = [a.format(missing=tmp_path / "missing", tmp=tmp_path) for a in command]
     done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -24,3 +25,4 @@ def test_bad_input_is_one_line_with_status_2(command: list[str], tmp_path: Path)
     assert done.returncode == 2, done.stderr
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
     assert str(tmp_path / "missing") in lines[0]
+    assert not done.stdout.strip(), done.stdout  # nothing else: no orders drawn for a folder that is not there

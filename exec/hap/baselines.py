@@ -42,10 +42,44 @@ def _classifier(in_dim: int, hidden: int, num_classes: int, dropout: float) -> n
     )
 
 
-def _gcn_stack(in_features: int, hidden: int, layers: int = 3) -> nn.ModuleList:
+# GCN stacks whose layers all see the input graph (gcn-mean, gcn-max, sort, mem) normalise its edges
+# once per batch (``gcn_edges``) instead of once per layer: GCNConv's own ``gcn_norm`` is then skipped,
+# and its propagation gets the same edges and weights, so every number is unchanged (docs/hap.md,
+# "Speed"). False: every layer normalises, as GCNConv does by default (the tests' reference).
+SHARED_GCN_NORM = True
+
+
+def _gcn_stack(in_features: int, hidden: int, layers: int = 3, shared_norm: bool = False) -> nn.ModuleList:
+    """``layers`` GCNConv layers; ``shared_norm``: they take edges normalised by ``gcn_edges``."""
     from torch_geometric.nn import GCNConv
 
-    return nn.ModuleList([GCNConv(in_features if i == 0 else hidden, hidden) for i in range(layers)])
+    normalize = not (shared_norm and SHARED_GCN_NORM)
+    return nn.ModuleList(
+        [GCNConv(in_features if i == 0 else hidden, hidden, normalize=normalize) for i in range(layers)]
+    )
+
+
+def gcn_edges(batch, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The batch's edges with self-loops and GCN weights D^-1/2 (A + I) D^-1/2, as GCNConv computes them.
+
+    Kept on the batch object: a training batch is convolved by three layers, an evaluation batch
+    (built once per fit, ``exec/hap/batching.py``) every epoch.
+    """
+    from torch_geometric.nn.conv.gcn_conv import gcn_norm
+
+    cached = batch.__dict__.get("_paratwin_gcn_edges")
+    if cached is None or cached[1].dtype != dtype:
+        cached = gcn_norm(batch.edge_index, None, batch.x.size(0), False, True, "source_to_target", dtype)
+        batch._paratwin_gcn_edges = cached
+    return cached
+
+
+def run_gcn_stack(convs: nn.ModuleList, x: Tensor, batch) -> Tensor:
+    """``x`` through the layers of ``_gcn_stack`` on the batch's graph, ReLU after each."""
+    edge_index, weight = (batch.edge_index, None) if convs[0].normalize else gcn_edges(batch, x.dtype)
+    for conv in convs:
+        x = conv(x, edge_index, weight).relu()
+    return x
 
 
 class GCNGlobalPool(nn.Module):
@@ -53,14 +87,12 @@ class GCNGlobalPool(nn.Module):
         super().__init__()
         from torch_geometric.nn import global_max_pool, global_mean_pool
 
-        self.convs = _gcn_stack(in_features, hidden)
+        self.convs = _gcn_stack(in_features, hidden, shared_norm=True)
         self.pool = {"mean": global_mean_pool, "max": global_max_pool}[pool]
         self.classifier = _classifier(hidden, hidden, num_classes, dropout)
 
     def forward(self, batch) -> tuple[Tensor, Tensor]:
-        x = batch.x
-        for conv in self.convs:
-            x = conv(x, batch.edge_index).relu()
+        x = run_gcn_stack(self.convs, batch.x, batch)
         logits = self.classifier(self.pool(x, batch.batch))
         return logits, logits.new_zeros(())
 
@@ -114,14 +146,12 @@ class SortPoolNet(nn.Module):
         super().__init__()
         from torch_geometric.nn.aggr import SortAggregation
 
-        self.convs = _gcn_stack(in_features, hidden)
+        self.convs = _gcn_stack(in_features, hidden, shared_norm=True)
         self.sort = SortAggregation(k)
         self.classifier = _classifier(k * hidden, hidden, num_classes, dropout)
 
     def forward(self, batch) -> tuple[Tensor, Tensor]:
-        x = batch.x
-        for conv in self.convs:
-            x = conv(x, batch.edge_index).relu()
+        x = run_gcn_stack(self.convs, batch.x, batch)
         logits = self.classifier(self.sort(x, batch.batch, dim_size=batch.num_graphs))
         return logits, logits.new_zeros(())
 
@@ -133,7 +163,7 @@ class MemPoolNet(nn.Module):
         super().__init__()
         from torch_geometric.nn import MemPooling
 
-        self.convs = _gcn_stack(in_features, hidden)
+        self.convs = _gcn_stack(in_features, hidden, shared_norm=True)
         self.mem1 = MemPooling(hidden, hidden, heads=4, num_clusters=clusters)
         self.mem2 = MemPooling(hidden, hidden, heads=4, num_clusters=1)
         self.classifier = _classifier(hidden, hidden, num_classes, dropout)
@@ -141,9 +171,7 @@ class MemPoolNet(nn.Module):
     def forward(self, batch) -> tuple[Tensor, Tensor]:
         from torch_geometric.nn import MemPooling
 
-        x = batch.x
-        for conv in self.convs:
-            x = conv(x, batch.edge_index).relu()
+        x = run_gcn_stack(self.convs, batch.x, batch)
         x, s1 = self.mem1(x, batch.batch)
         x, s2 = self.mem2(torch.nn.functional.leaky_relu(x))
         logits = self.classifier(x.squeeze(1))

@@ -5,7 +5,8 @@ epoch. torch_geometric's ``DataLoader`` builds each batch by slicing one ``Data`
 of the ``InMemoryDataset`` and merging them again (``Batch.from_data_list``): on PROTEINS that
 bookkeeping was about a quarter of a GCN+mean epoch (cProfile, docs/hap.md "Speed"). Here a batch is
 cut from the flat tensors the dataset already holds (``dataset._data`` and its ``slices``) with one
-index per attribute, and the evaluation batches, which never change, are built once per fit.
+index per attribute (an attribute with one row per graph, the label, is indexed by the graph ids
+directly), and the evaluation batches, which never change, are built once per fit.
 
 The batches are the library's, tensor for tensor (same keys, values, dtypes, graph order;
 ``tests/test_hap_speed.py`` compares them), and ``GraphLoader`` makes the one draw on torch's
@@ -48,6 +49,9 @@ class FlatGraphs:
         self.keys = list(slices)
         self.tensors = {key: data[key] for key in self.keys}
         self.slices = dict(slices)
+        # attributes with one row per graph (the label y): a batch's rows are its graph ids
+        self.per_graph = {key for key, ptr in self.slices.items()
+                          if key != "edge_index" and torch.equal(ptr, torch.arange(len(ptr)))}
 
     def batch(self, ids: Sequence[int] | Tensor):
         """The ``torch_geometric.data.Batch`` of graphs ``ids`` (ids into the whole dataset)."""
@@ -57,6 +61,9 @@ class FlatGraphs:
         nodes, node_counts = _ranges(self.slices["x"], ids)
         values = {}
         for key in self.keys:
+            if key in self.per_graph:
+                values[key] = self.tensors[key][ids]
+                continue
             rows, counts = (nodes, node_counts) if key == "x" else _ranges(self.slices[key], ids)
             if key == "edge_index":
                 offset = torch.cumsum(node_counts, 0) - node_counts

@@ -3,7 +3,8 @@
 MUTAG and PTC_MR ship in the package (``exec/data/TU/``, see ``exec/data/SOURCES.md``). The larger
 ones are read from ``$PARATWIN_DATA/TU/<NAME>/raw/`` where a copy exists, or downloaded on first use
 from the TU collection's site (the URL torch_geometric's ``TUDataset`` downloads from) into the cache
-``~/.cache/paratwin/TU/`` (``traces.paths``). Offline, one line names the variable and the URL.
+``~/.cache/paratwin/TU/`` (``traces.paths``), under the lock ``~/.cache/paratwin/TU/.<NAME>.lock`` (two
+first loads download once). Offline, one line names the variable and the URL.
 
 torch_geometric's ``TUDataset`` writes ``processed/`` next to ``raw/``, and the data folders are
 read-only (the package's, a user's copy), so the raw text files are first copied into a scratch cache
@@ -24,6 +25,8 @@ import tempfile
 import urllib.error
 import urllib.request
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -49,28 +52,53 @@ def find_tu_root(name: str) -> Path | None:
 
 
 def download_tu(name: str) -> Path:
-    """Download ``<TU_URL>/<name>.zip`` into ``cache_root()/TU/<name>/raw/``; return ``cache_root()/TU``."""
-    url = f"{TU_URL}/{name}.zip"
-    try:
-        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
-            archive = zipfile.ZipFile(io.BytesIO(response.read()))
-    except (urllib.error.URLError, OSError, zipfile.BadZipFile) as exc:
-        raise offline_error(f"TU dataset {name}", url, exc) from None
+    """Download ``<TU_URL>/<name>.zip`` into ``cache_root()/TU/<name>/raw/``; return ``cache_root()/TU``.
+
+    One process at a time (``_exclusive``): two first loads on one machine would otherwise both
+    download and replace each other's ``raw/`` while the other reads it; the later one waits and then
+    finds the files there.
+    """
     root = cache_root() / "TU"
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=root))  # moved into place only when complete
-    for member in archive.namelist():
-        file_name = Path(member).name
-        if file_name.startswith(f"{name}_") and file_name.endswith(".txt"):
-            (staging / file_name).write_bytes(archive.read(member))
-    if not (staging / f"{name}_A.txt").is_file():
-        shutil.rmtree(staging, ignore_errors=True)
-        raise ConfigError("data", f"{url} holds no {name}_A.txt", f"put a copy under ${DATA_ENV}/TU/{name}/raw/")
-    target = root / name / "raw"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
+    with _exclusive(root, name, "XDG_CACHE_HOME", "set XDG_CACHE_HOME to a writable folder, or put a copy "
+                    f"under ${DATA_ENV}/TU/{name}/raw/"):
+        if _has_raw(root, name):  # another process downloaded it while this one waited
+            return root
+        url = f"{TU_URL}/{name}.zip"
+        try:
+            with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
+                archive = zipfile.ZipFile(io.BytesIO(response.read()))
+        except (urllib.error.URLError, OSError, zipfile.BadZipFile) as exc:
+            raise offline_error(f"TU dataset {name}", url, exc) from None
+        staging = Path(tempfile.mkdtemp(dir=root))  # moved into place only when complete
+        for member in archive.namelist():
+            file_name = Path(member).name
+            if file_name.startswith(f"{name}_") and file_name.endswith(".txt"):
+                (staging / file_name).write_bytes(archive.read(member))
+        if not (staging / f"{name}_A.txt").is_file():
+            shutil.rmtree(staging, ignore_errors=True)
+            raise ConfigError("data", f"{url} holds no {name}_A.txt", f"put a copy under ${DATA_ENV}/TU/{name}/raw/")
+        target = root / name / "raw"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
     return root
+
+
+@contextmanager
+def _exclusive(folder: Path, name: str, field: str, fix: str) -> Iterator[None]:
+    """Hold ``<folder>/.<name>.lock`` (created with ``folder``) exclusively: one writer of ``name`` there.
+
+    Blocking; the lock goes with the file's descriptor, so a killed holder releases it. ``field`` and
+    ``fix`` name the setting to change when the folder cannot be written.
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = (folder / f".{name}.lock").open("a")
+    except OSError as exc:
+        raise ConfigError(field, f"cannot write TU dataset {name} in {folder} ({exc.strerror})", fix) from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # dropped when the file is closed
+        yield
 
 
 def default_cache_dir() -> Path:
@@ -132,14 +160,7 @@ def _build(raw: Path, cache: Path, name: str) -> None:
     """
     from torch_geometric.datasets import TUDataset
 
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        lock = (cache / f".{name}.lock").open("a")
-    except OSError as exc:
-        raise ConfigError("cache_dir", f"cannot build TU dataset {name} in {cache} ({exc.strerror})",
-                          "pass a writable cache_dir, or build it there once with write access") from None
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # blocking; dropped when the file is closed
+    with _exclusive(cache, name, "cache_dir", "pass a writable cache_dir, or build it there once with write access"):
         copy = cache / name
         if _built(raw, copy):  # another process built it while this one waited
             return

@@ -99,6 +99,11 @@ class SizeBucketedBatches:
 # the same batches and global-RNG draws, faster); "pyg" is torch_geometric's DataLoader, kept as the
 # reference the equality test and benchmarks/hap_fit_speed.py compare against.
 BATCHING = "flat"
+# Adam's update over all parameters at once (torch's "foreach" form) instead of a Python loop over
+# them, which is torch's CPU default. On CPU each foreach op runs the single-tensor form's op on each
+# tensor in turn (same ops, same order, same scalars), so the parameters are the same bit for bit;
+# it saves the loop's per-parameter dispatch (docs/hap.md, "Speed"). False: the loop (the tests' reference).
+ADAM_FOREACH = True
 
 
 def graph_loader(dataset, index: Tensor, batch_size: int, shuffle: bool, seed: int):
@@ -164,7 +169,8 @@ def train_model(
         method, dataset.num_features, dataset.num_classes, config.hidden, config.clusters, config.dropout,
         hap=dict(config.hap),
     )
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
+                                 foreach=ADAM_FOREACH)
     train = graph_loader(dataset, train_idx, config.batch_size, True, seed)
     val = graph_loader(dataset, val_idx, config.batch_size, False, seed)
     best = (-1.0, float("inf"))
