@@ -572,9 +572,10 @@ class Estimator:
         tables = embedding.tp_table_layers if embedding is not None else ()
         key = (schedule, dp, tp, pp, chunks, micro_batch, microbatches, tuple(map(tuple, stage_layers)), policy,
                tp_overlap, scatter_gather, tables, _gather_on_path(p2p, scatter_gather, tp, pp))
-        pipe = self._pipes.get(key)
-        if pipe is None:
-            pipe = self._pipes[key] = self._pipeline(self._figures_of(key))
+        blocking = p2p == "blocking" and pp > 1
+        pipe = self._pipes.get((*key, blocking))
+        if pipe is None:  # the stages are the same under both p2p modes; the weighted run is not
+            pipe = self._pipes[(*key, blocking)] = self._pipeline({**self._figures_of(key), "blocking": blocking})
         sync = sync or self.sync_config(sync_method, bucket_mb)
         if pp > 1 and self._beside(pipe).slows:
             # Compute beside a rank's transfers is slowed, and on a shared host the transfers beside
@@ -806,7 +807,7 @@ class Estimator:
         timing = self._timed_pipeline(fig["schedule"], pp, fig["microbatches"], chunks, fig["stages"],
                                       fig["per_rank"], fig["hop_s"],
                                       [fig["delta_s"][fig["rank_of"][s]] / chunks for s in range(pp * chunks)],
-                                      fig["flags"], beside)
+                                      fig["flags"], beside, fig["blocking"])
         steps = beside.steps if beside is not None and beside.steps and timing.step_s else ()
         steady = fig["steady"]
         return {**fig, "bubble": max(0.0, timing.bare - steady),
@@ -820,11 +821,13 @@ class Estimator:
 
     def _timed_pipeline(self, schedule: str, pp: int, microbatches: int, chunks: int, stages: Sequence[StageTimes],
                         per_rank: Sequence[float], hop_s: Sequence[float],
-                        delta_s: Sequence[float], flags: tuple[bool, ...], beside: Beside | None) -> PipelineTime:
+                        delta_s: Sequence[float], flags: tuple[bool, ...], beside: Beside | None,
+                        blocking: bool) -> PipelineTime:
         """``sim.estimate_pipeline.pipeline_time`` with this estimator's cache of weighted runs; a
-        rank's compute and its sends and gradient buckets slowed while both run (``beside``)."""
+        rank's compute and its sends and gradient buckets slowed while both run (``beside``); the
+        compute after a send waiting for it (``blocking``)."""
         return pipeline_time(schedule, pp, microbatches, chunks, stages, per_rank, hop_s, delta_s, flags, self._runs,
-                             beside)
+                             beside, blocking)
 
     def _prefetched(self, e: EmbeddingTerms, dense_step_s: float, buckets: Sequence[tuple[float, float]],
                     per_microbatch_s: float, m: int, world_size: int) -> tuple[float, float]:
