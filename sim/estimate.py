@@ -8,7 +8,8 @@ Closed form over the same inputs as the engine, with no event simulation:
   The backward carries (m - 1) / m of the weight-gradient accumulation pass (``grad_accumulate_s``),
   which the engine charges to every backward but micro-batch 0's: the same total per rank. Under
   ``p2p: blocking`` with scatter/gather, a forward or backward that needs a message from another rank
-  also carries the receivers' TP all-gather of it (``Estimator._gathered``).
+  also carries the receivers' TP all-gather of it (``Estimator._gathered``); a blocking send's own
+  transfer is on its sender's path in the pipeline's weighted run.
 - **Pipeline**: the schedule's shape comes from its own generator (``sim.schedules.generate_schedule``)
   run on the idealised unit-cost machine (``simulate_unit_costs``: F = I = W = 1; an ordinary
   recompute lengthens the backward and leaves the shape alone, Merak's eager ones are placed); the
@@ -568,7 +569,9 @@ class Estimator:
         """``scatter_gather``: whether the plan's pipeline messages travel as 1/tp pieces that the receivers
         all-gather (``sim.lower.p2p_gather_tp``); ``sync``: the plan's own gradient-sync settings (default:
         the method's defaults with ``bucket_mb``, as the search enumerates them); ``p2p``: the plan's
-        schedule.p2p (``blocking`` puts the receivers' all-gather on the compute path, ``_gathered``)."""
+        schedule.p2p (``blocking``: the compute after a send waits for its transfer,
+        ``sim.estimate_pipeline.weighted_run``, and a scatter/gather's all-gather is on the compute
+        path, ``_gathered``)."""
         tables = embedding.tp_table_layers if embedding is not None else ()
         key = (schedule, dp, tp, pp, chunks, micro_batch, microbatches, tuple(map(tuple, stage_layers)), policy,
                tp_overlap, scatter_gather, tables, _gather_on_path(p2p, scatter_gather, tp, pp))
@@ -711,12 +714,11 @@ class Estimator:
         # p2p: async the engine runs the gather on the receive stream once the pieces arrive, so it
         # lengthens the hop (what a consumer waiting for the message waits for) and not the compute;
         # under blocking it runs between two computes, in the stage times (``_gathered``).
-        # Blocking sends (p2p: blocking) add no term: a send's transfer overlaps the wait for the
-        # next stage's gradient that 1F1B's dependency cycle already has (the engine, on the plans of
-        # tests/test_megatron_2021.py with hops of 3-14% of a step: +0.2-0.7% of the iteration). Not
-        # always: one node per pipeline rank over HDR InfiniBand, gpt2-small at hidden 2048, tp 2, pp 4,
-        # 8 micro-batches, whole tensors, the engine's blocking iteration is 1.7% (1F1B) and 6.0%
-        # (interleaved, 2 chunks) above its async one, which this estimate misses (session 14, issue 9g).
+        # A blocking send (p2p: blocking) is the same hop, priced in the weighted run: the compute after
+        # it waits for it (``weighted_run(blocking=True)``). Often it falls inside a wait the schedule's
+        # dependencies already have, not always: across nodes (HDR InfiniBand, gpt2-small at hidden 2048,
+        # tp 2, pp 4, 8 micro-batches) it adds 1.7% (1F1B) and 6.0% (interleaved) to the engine's
+        # iteration, and the estimate's move equals the engine's (tests/test_estimate_grid.py).
         wire = (lambda nbytes: nbytes // tp) if scatter_gather and tp > 1 else (lambda nbytes: nbytes)
         m = microbatches
         hop_s = [self.p2p_hop_s(wire(st.output_bytes), dp, tp) if pp > 1 else 0.0 for st in stages]
@@ -975,8 +977,8 @@ class Estimator:
 
 def _gather_on_path(p2p: str, scatter_gather: bool, tp: int, pp: int) -> bool:
     """Whether a plan's receives all-gather between two computes (``Estimator._gathered``): blocking
-    exchanges of scatter/gather pieces between pipeline ranks. Every other plan prices both modes alike
-    (a blocking send's transfer falls inside the wait 1F1B's dependency cycle already has)."""
+    exchanges of scatter/gather pieces between pipeline ranks. (A blocking send's own transfer is the
+    weighted run's, ``sim.estimate_pipeline.weighted_run``, for every blocking plan.)"""
     return p2p == "blocking" and scatter_gather and tp > 1 and pp > 1
 
 

@@ -139,7 +139,7 @@ def test_a_blocking_exchange_gather_moves_the_estimate_as_it_moves_the_engine(sh
     engine's, and its move from async to blocking is the engine's whole move (the gather rule's and the
     blocking sends', ``weighted_run(blocking=True)``), to float rounding (rel 1e-6): on these plans the
     weighted pipeline run and the engine take the same durations through the same dependencies (measured
-    equal to 1e-9 of the move; a plan whose sends contend would not be exact)."""
+    equal to 1e-13 of the move; a plan whose sends contend would not be exact)."""
     from analysis.estimate_grid import WORKLOADS, _cluster
     from sim.plan import Plan
 
@@ -175,7 +175,7 @@ def test_a_blocking_send_moves_the_estimate_as_it_moves_the_engine(shape) -> Non
     (``sim.lower.blocking_p2p_pass``), so a rank's cycle holds its sends and, across nodes, the iteration
     grows (engine, these plans: +0.13%, +0.57%, +1.7%, +6.0%, +3.7%). The estimate puts each send on the
     edge from its sender to the sender's next action (``weighted_run(blocking=True)``): its move from
-    async to blocking is the engine's to float rounding (rel 1e-6; measured within 1e-12 of the move:
+    async to blocking is the engine's to float rounding (rel 1e-6; measured within 1e-13 of the move:
     the same durations through the same dependencies; sends that contend or a rendezvous, which neither
     models, would part them), so it is within the grid's tolerance across nodes too (before: the move
     was 0, the interleaved IB plan 5.7% under the engine)."""
