@@ -124,6 +124,21 @@ def _engine_s(plan, gather_rule: bool = True) -> float:
     return Engine(program, r.costs, r.comm, r.policy, plan.micro_batch, plan.parallelism.tp_overlap).run()
 
 
+def _head_plan(shape: tuple, p2p: str, scatter_gather: bool = False):
+    """gpt2-small at the grid's "head" width, micro-batch 4, full recompute, in ``shape``: (schedule, chunks,
+    pp, tp, dp, micro-batches, network)."""
+    from analysis.estimate_grid import WORKLOADS, _cluster
+    from sim.plan import Plan
+
+    schedule, chunks, pp, tp, dp, m, network = shape
+    return Plan.from_dict({
+        "workload": "gpt2-small", "workload_options": WORKLOADS["head"], "dtype": "fp16",
+        "cluster": _cluster(network, tp * dp * pp, pp), "parallelism": {"tp": tp, "dp": dp, "pp": pp, "chunks": chunks},
+        "schedule": {"name": schedule, "micro_batch": 4, "microbatches": m, "p2p": p2p,
+                     "p2p_scatter_gather": scatter_gather},
+        "memory": {"policy": "full"}})
+
+
 # (schedule, chunks, pp, tp, dp, micro-batches, network): plain 1F1B and interleaved, inside one node (NVLink
 # sends) and one node per pipeline rank (HDR InfiniBand), tp 2 and 4.
 BLOCKING_PLANS = [("1f1b", 1, 2, 2, 2, 8, "node"), ("interleaved-1f1b", 2, 2, 4, 1, 4, "node"),
@@ -140,18 +155,8 @@ def test_a_blocking_exchange_gather_moves_the_estimate_as_it_moves_the_engine(sh
     blocking sends', ``weighted_run(blocking=True)``), to float rounding (rel 1e-6): on these plans the
     weighted pipeline run and the engine take the same durations through the same dependencies (measured
     equal to 1e-13 of the move; a plan whose sends contend would not be exact)."""
-    from analysis.estimate_grid import WORKLOADS, _cluster
-    from sim.plan import Plan
-
-    schedule, chunks, pp, tp, dp, m, network = shape
-
-    def plan(p2p: str) -> Plan:
-        return Plan.from_dict({
-            "workload": "gpt2-small", "workload_options": WORKLOADS["head"], "dtype": "fp16",
-            "cluster": _cluster(network, tp * dp * pp, pp),
-            "parallelism": {"tp": tp, "dp": dp, "pp": pp, "chunks": chunks},
-            "schedule": {"name": schedule, "micro_batch": 4, "microbatches": m, "p2p": p2p, "p2p_scatter_gather": True},
-            "memory": {"policy": "full"}})
+    def plan(p2p: str):
+        return _head_plan(shape, p2p, scatter_gather=True)
 
     engine_async, engine_blocking = _engine_s(plan("async")), _engine_s(plan("blocking"))
     gather_move = engine_blocking - _engine_s(plan("blocking"), gather_rule=False)
@@ -179,21 +184,8 @@ def test_a_blocking_send_moves_the_estimate_as_it_moves_the_engine(shape) -> Non
     the same durations through the same dependencies; sends that contend or a rendezvous, which neither
     models, would part them), so it is within the grid's tolerance across nodes too (before: the move
     was 0, the interleaved IB plan 5.7% under the engine)."""
-    from analysis.estimate_grid import WORKLOADS, _cluster
-    from sim.plan import Plan
-
-    schedule, chunks, pp, tp, dp, m, network = shape
-
-    def plan(p2p: str) -> Plan:
-        return Plan.from_dict({
-            "workload": "gpt2-small", "workload_options": WORKLOADS["head"], "dtype": "fp16",
-            "cluster": _cluster(network, tp * dp * pp, pp),
-            "parallelism": {"tp": tp, "dp": dp, "pp": pp, "chunks": chunks},
-            "schedule": {"name": schedule, "micro_batch": 4, "microbatches": m, "p2p": p2p},
-            "memory": {"policy": "full"}})
-
-    engine = {p2p: _engine_s(plan(p2p)) for p2p in ("async", "blocking")}
-    fast = {p2p: estimate_plan(plan(p2p)).iteration_s for p2p in ("async", "blocking")}
+    engine = {p2p: _engine_s(_head_plan(shape, p2p)) for p2p in ("async", "blocking")}
+    fast = {p2p: estimate_plan(_head_plan(shape, p2p)).iteration_s for p2p in ("async", "blocking")}
     assert engine["blocking"] > engine["async"]
     assert fast["blocking"] - fast["async"] == pytest.approx(engine["blocking"] - engine["async"], rel=1e-6)
     assert abs(fast["blocking"] / engine["blocking"] - 1) <= TOLERANCE
