@@ -8,7 +8,8 @@ Closed form over the same inputs as the engine, with no event simulation:
   The backward carries (m - 1) / m of the weight-gradient accumulation pass (``grad_accumulate_s``),
   which the engine charges to every backward but micro-batch 0's: the same total per rank. Under
   ``p2p: blocking`` with scatter/gather, a forward or backward that needs a message from another rank
-  also carries the receivers' TP all-gather of it (``Estimator._gathered``).
+  also carries the receivers' TP all-gather of it (``Estimator._gathered``); a blocking send's own
+  transfer is on its sender's path in the pipeline's weighted run.
 - **Pipeline**: the schedule's shape comes from its own generator (``sim.schedules.generate_schedule``)
   run on the idealised unit-cost machine (``simulate_unit_costs``: F = I = W = 1; an ordinary
   recompute lengthens the backward and leaves the shape alone, Merak's eager ones are placed); the
@@ -568,13 +569,16 @@ class Estimator:
         """``scatter_gather``: whether the plan's pipeline messages travel as 1/tp pieces that the receivers
         all-gather (``sim.lower.p2p_gather_tp``); ``sync``: the plan's own gradient-sync settings (default:
         the method's defaults with ``bucket_mb``, as the search enumerates them); ``p2p``: the plan's
-        schedule.p2p (``blocking`` puts the receivers' all-gather on the compute path, ``_gathered``)."""
+        schedule.p2p (``blocking``: the compute after a send waits for its transfer,
+        ``sim.estimate_pipeline.weighted_run``, and a scatter/gather's all-gather is on the compute
+        path, ``_gathered``)."""
         tables = embedding.tp_table_layers if embedding is not None else ()
         key = (schedule, dp, tp, pp, chunks, micro_batch, microbatches, tuple(map(tuple, stage_layers)), policy,
                tp_overlap, scatter_gather, tables, _gather_on_path(p2p, scatter_gather, tp, pp))
-        pipe = self._pipes.get(key)
-        if pipe is None:
-            pipe = self._pipes[key] = self._pipeline(self._figures_of(key))
+        blocking = p2p == "blocking" and pp > 1
+        pipe = self._pipes.get((*key, blocking))
+        if pipe is None:  # the stages are the same under both p2p modes; the weighted run is not
+            pipe = self._pipes[(*key, blocking)] = self._pipeline({**self._figures_of(key), "blocking": blocking})
         sync = sync or self.sync_config(sync_method, bucket_mb)
         if pp > 1 and self._beside(pipe).slows:
             # Compute beside a rank's transfers is slowed, and on a shared host the transfers beside
@@ -710,12 +714,11 @@ class Estimator:
         # p2p: async the engine runs the gather on the receive stream once the pieces arrive, so it
         # lengthens the hop (what a consumer waiting for the message waits for) and not the compute;
         # under blocking it runs between two computes, in the stage times (``_gathered``).
-        # Blocking sends (p2p: blocking) add no term: a send's transfer overlaps the wait for the
-        # next stage's gradient that 1F1B's dependency cycle already has (the engine, on the plans of
-        # tests/test_megatron_2021.py with hops of 3-14% of a step: +0.2-0.7% of the iteration). Not
-        # always: one node per pipeline rank over HDR InfiniBand, gpt2-small at hidden 2048, tp 2, pp 4,
-        # 8 micro-batches, whole tensors, the engine's blocking iteration is 1.7% (1F1B) and 6.0%
-        # (interleaved, 2 chunks) above its async one, which this estimate misses (session 14, issue 9g).
+        # A blocking send (p2p: blocking) is the same hop, priced in the weighted run: the compute after
+        # it waits for it (``weighted_run(blocking=True)``). Often it falls inside a wait the schedule's
+        # dependencies already have, not always: across nodes (HDR InfiniBand, gpt2-small at hidden 2048,
+        # tp 2, pp 4, 8 micro-batches) it adds 1.7% (1F1B) and 6.0% (interleaved) to the engine's
+        # iteration, and the estimate's move equals the engine's (tests/test_estimate_grid.py).
         wire = (lambda nbytes: nbytes // tp) if scatter_gather and tp > 1 else (lambda nbytes: nbytes)
         m = microbatches
         hop_s = [self.p2p_hop_s(wire(st.output_bytes), dp, tp) if pp > 1 else 0.0 for st in stages]
@@ -806,7 +809,7 @@ class Estimator:
         timing = self._timed_pipeline(fig["schedule"], pp, fig["microbatches"], chunks, fig["stages"],
                                       fig["per_rank"], fig["hop_s"],
                                       [fig["delta_s"][fig["rank_of"][s]] / chunks for s in range(pp * chunks)],
-                                      fig["flags"], beside)
+                                      fig["flags"], beside, fig["blocking"])
         steps = beside.steps if beside is not None and beside.steps and timing.step_s else ()
         steady = fig["steady"]
         return {**fig, "bubble": max(0.0, timing.bare - steady),
@@ -820,11 +823,13 @@ class Estimator:
 
     def _timed_pipeline(self, schedule: str, pp: int, microbatches: int, chunks: int, stages: Sequence[StageTimes],
                         per_rank: Sequence[float], hop_s: Sequence[float],
-                        delta_s: Sequence[float], flags: tuple[bool, ...], beside: Beside | None) -> PipelineTime:
+                        delta_s: Sequence[float], flags: tuple[bool, ...], beside: Beside | None,
+                        blocking: bool) -> PipelineTime:
         """``sim.estimate_pipeline.pipeline_time`` with this estimator's cache of weighted runs; a
-        rank's compute and its sends and gradient buckets slowed while both run (``beside``)."""
+        rank's compute and its sends and gradient buckets slowed while both run (``beside``); the
+        compute after a send waiting for it (``blocking``)."""
         return pipeline_time(schedule, pp, microbatches, chunks, stages, per_rank, hop_s, delta_s, flags, self._runs,
-                             beside)
+                             beside, blocking)
 
     def _prefetched(self, e: EmbeddingTerms, dense_step_s: float, buckets: Sequence[tuple[float, float]],
                     per_microbatch_s: float, m: int, world_size: int) -> tuple[float, float]:
@@ -972,8 +977,8 @@ class Estimator:
 
 def _gather_on_path(p2p: str, scatter_gather: bool, tp: int, pp: int) -> bool:
     """Whether a plan's receives all-gather between two computes (``Estimator._gathered``): blocking
-    exchanges of scatter/gather pieces between pipeline ranks. Every other plan prices both modes alike
-    (a blocking send's transfer falls inside the wait 1F1B's dependency cycle already has)."""
+    exchanges of scatter/gather pieces between pipeline ranks. (A blocking send's own transfer is the
+    weighted run's, ``sim.estimate_pipeline.weighted_run``, for every blocking plan.)"""
     return p2p == "blocking" and scatter_gather and tp > 1 and pp > 1
 
 

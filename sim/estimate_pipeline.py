@@ -64,6 +64,8 @@ class ActionGraph:
     # backward action (B, I or W) of each stage: per rank and per stage, that action's index.
     rank_last: tuple[int, ...]
     stage_last_backward: tuple[tuple[int, int], ...]
+    # per action, the stage boundary its output crosses to another rank (-1: none): the send it issues
+    sends: tuple[int, ...] = ()
 
 
 @lru_cache(maxsize=1024)
@@ -98,9 +100,15 @@ def action_graph(name: str, pp: int, microbatches: int, chunks: int, flags: tupl
         last_of_rank[rank] = i
     backward_last = {stages[i]: i for i in range(len(ops)) if ops[i] in (Op.BACKWARD, Op.BACKWARD_INPUT,
                                                                           Op.BACKWARD_WEIGHT)}
+    sends = [-1] * len(ops)
+    for edges in needs:
+        for d, hop in edges:
+            if hop >= 0:
+                sends[d] = hop
     return ActionGraph(tuple(ranks), tuple(stages), tuple(ops), tuple(previous), tuple(needs),
                        tuple(kind_index), tuple(kind), pp, microbatches,
-                       tuple(last_of_rank.get(rank, -1) for rank in range(pp)), tuple(sorted(backward_last.items())))
+                       tuple(last_of_rank.get(rank, -1) for rank in range(pp)), tuple(sorted(backward_last.items())),
+                       tuple(sends))
 
 
 @dataclass(frozen=True)
@@ -118,23 +126,32 @@ class WeightedRun:
 
 
 def weighted_run(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s: Sequence[float],
-                 beside: Beside | None = None) -> WeightedRun:
+                 beside: Beside | None = None, blocking: bool = False) -> WeightedRun:
     """The longest path through ``graph`` with ``seconds(stage, op)`` per action and ``hop_s[s]`` on an
     edge between stages s and s + 1 that crosses ranks (both directions: the activation forward, its
     gradient back); the same pass also gives the path without hops. ``beside``: what slows a
-    rank's compute and its transfers while both run, where anything does (``_sends_beside``)."""
+    rank's compute and its transfers while both run, where anything does (``_sends_beside``).
+
+    ``blocking`` (``schedule.p2p: blocking``): the engine's rule (``sim.lower.blocking_p2p_pass``),
+    the compute after a send waits for the transfer, so the send's hop also lies on the edge from its
+    sender to the sender's next action, and a rank's end is its last send's end where that is later
+    (the optimizer step, a compute, waits for it). The receiver's edge is unchanged: one transfer,
+    counted once on each path it lies on."""
     if beside is not None and beside.slows:
-        return _sends_beside(graph, seconds, hop_s, beside)
+        return _sends_beside(graph, seconds, hop_s, beside, blocking)
     durations = [seconds(stage, op) for stage, op in graph.kinds]
     n = len(graph.op)
     end = [0.0] * n
     bare = [0.0] * n
     previous, needs, kind = graph.previous, graph.needs, graph.kind
+    sends = graph.sends if blocking else (-1,) * n
     # The plan search runs this for every distinct pipeline it estimates: a plain loop, locals only.
     for i in range(n):
         before = previous[i]
         if before >= 0:
             start, start_bare = end[before], bare[before]
+            if sends[before] >= 0:
+                start += hop_s[sends[before]]
         else:
             start = start_bare = 0.0
         for d, hop in needs[i]:
@@ -148,8 +165,24 @@ def weighted_run(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s:
         end[i] = start + seconds_i
         bare[i] = start_bare + seconds_i
     return WeightedRun(max(end, default=0.0), max(bare, default=0.0),
-                       tuple(end[i] if i >= 0 else 0.0 for i in graph.rank_last),
+                       tuple(end[i] + (hop_s[sends[i]] if sends[i] >= 0 else 0.0) if i >= 0 else 0.0
+                             for i in graph.rank_last),
                        {stage: end[i] for stage, i in graph.stage_last_backward})
+
+
+def blocking_sends_s(pp: int, chunks: int, placement: str, hop_s: Sequence[float]) -> list[float]:
+    """Per pipeline rank, the seconds of the sends its compute waits for in one micro-batch under
+    ``p2p: blocking``: each of its stages' forward sends over the boundary above it and backward over
+    the one below, where that boundary crosses ranks (what ``weighted_run(blocking=True)`` adds to
+    the rank's own cycle, so to its steady-state period)."""
+    rank_of = stage_ranks(pp, chunks, placement)
+    out = [0.0] * pp
+    for s, k in enumerate(rank_of):
+        if s + 1 < len(rank_of) and rank_of[s + 1] != k:
+            out[k] += hop_s[s]
+        if s > 0 and rank_of[s - 1] != k:
+            out[k] += hop_s[s - 1]
+    return out
 
 
 def stage_ranks(pp: int, chunks: int, placement: str) -> tuple[int, ...]:
@@ -235,7 +268,7 @@ SEND_STREAM, COLLECTIVE_STREAM = 0, 1
 
 
 def _sends_beside(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s: Sequence[float],
-                  beside: Beside) -> WeightedRun:
+                  beside: Beside, blocking: bool = False) -> WeightedRun:
     """``weighted_run`` with each rank's compute and its transfers slowed while both run
     (``Beside``). A send starts when the action whose output it carries ends, or when the rank's
     previous send ends (one send stream), and its receiver waits for its end; a gradient bucket
@@ -247,14 +280,12 @@ def _sends_beside(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s
     send is known once its end is, or once its rank has no action left; when every action left
     waits for a send still moving, the one that would end first if its rank computed no more
     (``RankTransfers.ends_alone``) ends then: each action left starts after some such end, so its
-    sender computes nothing more before it."""
+    sender computes nothing more before it. ``blocking``: a rank's next action (and its optimizer
+    step) waits for its last send, which moves beside no compute of its rank, so ``ends_alone`` is
+    its end."""
     durations = [seconds(stage, op) for stage, op in graph.kinds]
     n = len(graph.op)
-    sends = [-1] * n  # the hop each action's output crosses to another rank (-1: none)
-    for i in range(n):
-        for d, hop in graph.needs[i]:
-            if hop >= 0:
-                sends[d] = hop
+    sends = graph.sends  # the hop each action's output crosses to another rank (-1: none)
     stage_of_last = {i: stage for stage, i in graph.stage_last_backward}
     waiting = [list(rank_buckets) for rank_buckets in beside.buckets] or [[] for _ in range(graph.pp)]
     done_stages: set[int] = set()
@@ -290,6 +321,8 @@ def _sends_beside(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s
                     start = max(start, sent[d].end if hop >= 0 else end[d])  # type: ignore[union-attr,type-var]
                     start_bare = max(start_bare, bare[d])
                 me = timed[rank]
+                if blocking and before >= 0 and sends[before] >= 0:
+                    start = max(start, me.ends_alone(sent[before]))  # type: ignore[arg-type]
                 me.idle(start)
                 end[i] = me.compute(durations[graph.kind[i]])
                 bare[i] = start_bare + durations[graph.kind[i]]
@@ -309,7 +342,8 @@ def _sends_beside(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s
                 if position[rank] == len(rank_actions[rank]) and beside.steps and beside.steps[rank] > 0.0:
                     # its optimizer step, beside the sends still moving (they carry what others wait for)
                     buckets_left = me.queues[COLLECTIVE_STREAM]
-                    me.idle(me.ends_alone(buckets_left[-1]) if buckets_left else me.now)
+                    me.idle(max(me.ends_alone(buckets_left[-1]) if buckets_left else me.now,
+                                me.ends_alone(sent[i]) if blocking and sends[i] >= 0 else me.now))  # type: ignore[arg-type]
                     began = me.now
                     step_s[rank] = me.compute(beside.steps[rank]) - began
         if left and not progressed:  # every action left waits for a send still moving
@@ -318,7 +352,8 @@ def _sends_beside(graph: ActionGraph, seconds: Callable[[int, Op], float], hop_s
             first = min(unknown, key=lambda m: timed[unknown[m]].ends_alone(m))
             first.end = timed[unknown.pop(first)].ends_alone(first)
     return WeightedRun(max(end, default=0.0), max(bare, default=0.0),
-                       tuple(end[i] if i >= 0 else 0.0 for i in graph.rank_last),
+                       tuple(timed[graph.rank[i]].ends_alone(sent[i]) if blocking and i >= 0 and sends[i] >= 0  # type: ignore[arg-type]
+                             else end[i] if i >= 0 else 0.0 for i in graph.rank_last),
                        {stage: end[i] for stage, i in graph.stage_last_backward}, tuple(step_s),
                        tuple(max((timed[rank].ends_alone(m) for m in moved[rank]), default=0.0)
                              for rank in range(graph.pp)))
@@ -358,7 +393,7 @@ def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages
                   per_rank: Sequence[float], hop_s: Sequence[float], delta_s: Sequence[float] | None = None,
                   flags: tuple[bool, ...] | None = None,
                   runs: MutableMapping[tuple, WeightedRun] | None = None,
-                  beside: Beside | None = None) -> PipelineTime:
+                  beside: Beside | None = None, blocking: bool = False) -> PipelineTime:
     """The schedule's graph weighted with the stages' seconds: the makespan with the hops and without
     them ("bare"), each rank's last compute end and each stage's last backward end.
 
@@ -370,7 +405,9 @@ def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages
     ``flags``: per stage, whether it recomputes (read only by a schedule whose recompute is its
     shape, Merak's). ``runs``: a cache of weighted runs by their inputs. ``beside``: what slows a
     rank's compute and its sends and gradient buckets while both run (``Beside``; where anything
-    does, the graph is run at the plan's micro-batch count, not capped)."""
+    does, the graph is run at the plan's micro-batch count, not capped). ``blocking``: the compute
+    after a send waits for it (``schedule.p2p: blocking``, ``weighted_run``), so a rank's own cycle
+    per micro-batch is its compute and its sends (``blocking_sends_s``)."""
     info = SCHEDULES[schedule]
     n_stages = len(stages)
     delta_s = delta_s if delta_s is not None else (0.0,) * n_stages
@@ -403,23 +440,25 @@ def pipeline_time(schedule: str, pp: int, microbatches: int, chunks: int, stages
     # Plans that differ only where the pipeline cannot see it (a TP overlap level at tp 1, a memory
     # policy with the same recompute) share a run.
     weights = (tuple((st.fwd_s, st.bwd_s, st.recompute_s, st.bwd_input_s, st.bwd_weight_s) for st in stages),
-               tuple(delta_s), tuple(hop_s), beside if slows else None)
+               tuple(delta_s), tuple(hop_s), beside if slows else None, blocking)
 
     def run(count: int) -> WeightedRun:
         key = ((schedule, pp, count, chunks, flags), *weights)
         done = runs.get(key) if runs is not None else None
         if done is None:
-            done = weighted_run(action_graph(schedule, pp, count, chunks, flags), seconds, hop_s, beside)
+            done = weighted_run(action_graph(schedule, pp, count, chunks, flags), seconds, hop_s, beside, blocking)
             if runs is not None:
                 runs[key] = done
         return done
 
     full = run(capped)
+    cycle = [own + sends for own, sends in zip(per_rank, blocking_sends_s(pp, chunks, info.placement, hop_s),
+                                                strict=True)] if blocking else per_rank
     if capped < microbatches and not _compute_bound(schedule, pp, microbatches, chunks, capped, full.makespan,
-                                                     max(per_rank), run):
+                                                     max(cycle), run):
         # A cycle through the hops is longer per micro-batch than the slowest rank's compute: its
         # period need not divide the capped count, so only the plan's own count is exact.
         capped, full = microbatches, run(microbatches)
-    extend = (microbatches - capped) * max(per_rank)
+    extend = (microbatches - capped) * max(cycle)
     return PipelineTime(full.makespan + extend, full.bare + extend, tuple(end + extend for end in full.rank_end),
                         {s: t + extend for s, t in full.stage_grads_ready.items()}, full.step_s, full.synced)

@@ -86,10 +86,10 @@ class SearchSpace:
     bucket_mbs: tuple[float, ...] = (25.0, 100.0)
     swap: tuple[float | None, ...] = (None,)  # swap fractions to try (None: no swap)
     # schedule.p2p modes to try on pipelined plans; ("async", "blocking") also tries Megatron-LM 2021's
-    # blocking exchanges. The estimate prices both alike here: the search's plans send whole tensors (no
-    # scatter/gather, whose all-gather the estimate puts on a blocking plan's compute path) and it leaves
-    # a blocking send's transfer out (docs/accuracy.md section 17); the engine tells them apart when it
-    # simulates the best.
+    # blocking exchanges. The estimate prices each as the engine runs it: under blocking the compute after
+    # a send waits for its transfer (``sim.estimate_pipeline.weighted_run``), so across nodes a blocking
+    # plan ranks below its async twin by what the engine adds (docs/accuracy.md section 17); the search's
+    # plans send whole tensors (no scatter/gather, whose all-gather a blocking plan would also wait for).
     p2p: tuple[str, ...] = ("async",)
 
 
@@ -488,19 +488,22 @@ class _Enumerator:
                                     self.estimator.screen(**asked).lower_bound_s, limit):
                                 out.pruned[BOUNDED] += k
                                 continue
+                        # one estimate per p2p mode: a blocking send's transfer is on its sender's path
+                        # (``sim.estimate_pipeline.weighted_run``); the memory, so ``fits``, is the same
                         try:  # e.g. row sparsity not measured for this many windows
-                            estimate = self.estimator.estimate(**asked)
+                            estimates = [(i, p2p, self.estimator.estimate(**asked, p2p=p2p))
+                                         for i, p2p in enumerate(g.p2ps) if only is None or here + i in only]
                         except ConfigError as exc:
                             out.pruned[exc.field] += k
                             continue
-                        if not estimate.fits:
+                        if not estimates[0][2].fits:
                             out.pruned[DOES_NOT_FIT] += k
                             continue
                         out.survivors.extend(Ranked(
                             Candidate(dp, tp, pp, chunks, partition, level, schedule, g.micro_batch, g.microbatches,
                                       _freeze(memory), _freeze(sync), _freeze(embedding), p2p), estimate,
                             order=(*g.order, here + i))
-                            for i, p2p in enumerate(g.p2ps) if only is None or here + i in only)
+                            for i, p2p, estimate in estimates)
         return out
 
     def refine(self, ranked: list[Ranked], shapes: int) -> _ShapePlans:
@@ -539,7 +542,7 @@ class _Enumerator:
                     schedule=c.schedule, dp=c.dp, tp=c.tp, pp=c.pp, chunks=c.chunks, micro_batch=c.micro_batch,
                     microbatches=c.microbatches, stage_layers=split, policy=policy, tp_overlap=c.tp_overlap,
                     sync_method=dict(c.gradient_sync)["method"], bucket_mb=dict(c.gradient_sync).get("bucket_mb", 25.0),
-                    embedding=None if isinstance(terms, str) else terms)
+                    embedding=None if isinstance(terms, str) else terms, p2p=c.p2p)
                 if not estimate.fits:
                     out.pruned[DOES_NOT_FIT] += 1
                     continue

@@ -71,3 +71,20 @@ def test_only_a_communication_bound_steady_state_is_run_at_the_plans_count(hop_s
     assert time.makespan == pytest.approx(whole.makespan, rel=1e-12)
     if not runs_full:  # fill through three stages, the last rank busy throughout, drain through three
         assert time.makespan == pytest.approx(3 * (1.0 + hop_s) + 64 * 6.0 + 3 * (2.0 + hop_s), rel=1e-12)
+
+
+def test_a_blocking_pipeline_keeps_its_capped_run_where_a_ranks_compute_and_sends_set_the_period() -> None:
+    """Under ``p2p: blocking`` a rank's own cycle per micro-batch is its compute and the sends it waits
+    for (``blocking_sends_s``): the last rank's 6 and its gradient's send h, its neighbours' 3 + 2 h. With
+    h 0.5 the last rank's 6.5 sets the period (a round trip from rank r, as above, takes less), so the
+    capped run is extended by 6.5 per micro-batch and equals the whole blocking graph; extended by the
+    compute alone (6) it would not, and the run went to the plan's 64."""
+    stages = [StageTime(1.0, 2.0, 0.0, 1.0, 1.0)] * 3 + [StageTime(2.0, 4.0, 0.0, 2.0, 2.0)]
+    runs: dict = {}
+    time = pipeline_time("1f1b", 4, 64, 1, stages, [3.0, 3.0, 3.0, 6.0], [0.5] * 3, runs=runs, blocking=True)
+    assert sorted(key[0][2] for key in runs) == [8, 12]
+    whole = weighted_run(action_graph("1f1b", 4, 64, 1, (False,) * 4),
+                         lambda stage, op: stages[stage].fwd_s if op is Op.FORWARD else stages[stage].bwd_s,
+                         [0.5] * 3, blocking=True)
+    assert time.makespan == pytest.approx(whole.makespan, rel=1e-12)
+    assert whole.makespan > pipeline_time("1f1b", 4, 64, 1, stages, [3.0, 3.0, 3.0, 6.0], [0.5] * 3).makespan

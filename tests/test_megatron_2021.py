@@ -118,9 +118,11 @@ def test_flat_copies_price_six_bytes_per_gradient_byte_around_the_all_reduce() -
     assert runs[True].iteration_s - runs[False].iteration_s == pytest.approx(extra, rel=1e-6)
 
 
-def test_the_estimate_leaves_blocking_out_as_the_engine_finds_it_small() -> None:
+def test_the_estimate_prices_blocking_sends_as_the_engine_does_where_they_are_small() -> None:
     """With transfers short beside a step (8 MiB over one HDR NIC: 0.3 ms, a step 6 ms), blocking
-    sends wait inside the waits 1F1B already has: the engine adds under 1%, the estimate nothing; the
+    sends mostly wait inside the waits 1F1B already has: the engine adds under 1% (0.63%), and so does
+    the estimate, whose weighted run makes the compute after a send wait for it
+    (``sim.estimate_pipeline.weighted_run``; before session 14's issue-9b it added nothing); the
     estimate prices scatter/gather's smaller hops."""
     from sim.estimate import Estimator
 
@@ -133,13 +135,12 @@ def test_the_estimate_leaves_blocking_out_as_the_engine_finds_it_small() -> None
         estimate = Estimator(r.costs, r.comm, p.dtype).estimate(
             schedule=p.schedule.name, dp=p.dp, tp=p.tp, pp=p.pp, chunks=p.chunks, micro_batch=p.micro_batch,
             microbatches=p.microbatches, stage_layers=r.stage_layers, policy=r.policy, tp_overlap=0,
-            sync_method="allreduce", bucket_mb=25, scatter_gather=sg)
+            sync_method="allreduce", bucket_mb=25, scatter_gather=sg, p2p=mode)
         runs[(mode, sg)] = simulate(p, costs=costs).iteration_s, estimate
     engine_async, engine_blocking = runs[("async", False)][0], runs[("blocking", False)][0]
     assert 0 < engine_blocking - engine_async < 0.01 * engine_async
-    # (the estimate leaves the hops inside 1F1B's steady state out, async or not: 8-9% low here)
-    for key, (engine, estimate) in runs.items():
-        assert estimate.iteration_s == pytest.approx(engine, rel=0.1), key
+    for key, (engine, estimate) in runs.items():  # the same durations through the same dependencies
+        assert estimate.iteration_s == pytest.approx(engine, rel=1e-9), key
     assert runs[("blocking", True)][1].p2p_s < runs[("blocking", False)][1].p2p_s
 
 
