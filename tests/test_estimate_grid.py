@@ -140,9 +140,13 @@ def _head_plan(shape: tuple, p2p: str, scatter_gather: bool = False):
 
 
 # (schedule, chunks, pp, tp, dp, micro-batches, network): plain 1F1B and interleaved, inside one node (NVLink
-# sends) and one node per pipeline rank (HDR InfiniBand), tp 2 and 4.
+# sends) and one node per pipeline rank (HDR InfiniBand), tp 2 and 4; DualPipeV and ZB-V (V placement: a
+# rank's two chunks receive from both neighbours, and the middle boundary, stages pp - 1 and pp, is inside
+# one rank, which gathers nothing there; on the pp 2 plan that boundary is on the critical path).
 BLOCKING_PLANS = [("1f1b", 1, 2, 2, 2, 8, "node"), ("interleaved-1f1b", 2, 2, 4, 1, 4, "node"),
-                  ("1f1b", 1, 4, 2, 1, 8, "ib"), ("interleaved-1f1b", 2, 4, 2, 1, 8, "ib")]
+                  ("1f1b", 1, 4, 2, 1, 8, "ib"), ("interleaved-1f1b", 2, 4, 2, 1, 8, "ib"),
+                  ("dualpipev", 2, 2, 2, 2, 4, "ib"), ("dualpipev", 2, 4, 2, 1, 8, "ib"),
+                  ("zb-v", 2, 4, 2, 1, 8, "ib")]
 
 
 @pytest.mark.parametrize("shape", BLOCKING_PLANS, ids=lambda s: "-".join(map(str, s)))
@@ -154,7 +158,13 @@ def test_a_blocking_exchange_gather_moves_the_estimate_as_it_moves_the_engine(sh
     engine's, and its move from async to blocking is the engine's whole move (the gather rule's and the
     blocking sends', ``weighted_run(blocking=True)``), to float rounding (rel 1e-6): on these plans the
     weighted pipeline run and the engine take the same durations through the same dependencies (measured
-    equal to 1e-13 of the move; a plan whose sends contend would not be exact)."""
+    equal to 1e-13 of the move; a plan whose sends contend would not be exact). Exact because the lowering
+    puts each receive right before its consumer (``sim.lower.p2p_pass``, every schedule), so the engine's
+    gather waits for the compute before the consumer and the sends since, as the weighted run's stage time
+    plus blocking edge do. Only the whole move is compared: the parts are not the same counterfactual in
+    the two models (the engine's gather rule alone already holds the sends a receive follows, the
+    estimate's does not), which is what left DualPipeV's gather part 17% apart (pp 2 on IB, 0.227 against
+    0.272 ms) before the sends were priced (docs/accuracy.md section 17)."""
     def plan(p2p: str):
         return _head_plan(shape, p2p, scatter_gather=True)
 
@@ -165,6 +175,28 @@ def test_a_blocking_exchange_gather_moves_the_estimate_as_it_moves_the_engine(sh
     assert 0 < gather_move < engine_blocking - engine_async  # both rules move the engine
     assert fast_blocking - fast_async == pytest.approx(engine_blocking - engine_async, rel=1e-6)
     assert abs(fast_blocking / engine_blocking - 1) <= TOLERANCE
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+def test_each_receive_comes_right_before_its_consumer(schedule: str) -> None:
+    """What makes ``Estimator._gathered`` the engine's gather rule on every schedule: a blocking exchange's
+    all-gather waits for the compute before the receive and the sends since (``sim.engine.exchange_waits``),
+    and the estimate puts it at the start of the stage's forward or backward. The two agree only where the
+    compute after each receive is the one that consumes it (``sim.lower.p2p_pass``), which V placements,
+    receiving from both neighbours, must keep too."""
+    from sim.compile import compile_plan
+    from sim.program import Stream
+
+    chunks = SCHEDULES[schedule].min_chunks
+    program = compile_plan(_head_plan((schedule, chunks, 4, 2, 1, 8, "ib"), "blocking", scatter_gather=True)).program
+    receives = 0
+    for rank in program.ranks.values():
+        for at, ins in enumerate(rank.instructions):
+            if ins.stream is Stream.P2P_RECV:
+                receives += 1
+                consumer = next(c for c in rank.instructions[at + 1:] if c.stream is Stream.COMPUTE)
+                assert ins.index in consumer.deps, (ins.label, consumer.label)
+    assert receives >= 2 * 3 * 8  # pp 4: at least 3 boundaries between ranks, both ways, 8 micro-batches
 
 
 # Whole tensors (what the search's blocking plans send), one node and one node per pipeline rank over HDR
