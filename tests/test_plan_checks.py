@@ -196,6 +196,14 @@ def test_workload_options_are_checked(bundle_dir: Path, options: dict, fragments
     one_line(error, *fragments)
 
 
+@pytest.mark.parametrize("value", ["blocked", "Blocking", True])
+def test_a_misspelt_p2p_names_the_values_in_its_fix(value: object) -> None:
+    """schedule.p2p takes one of fixed words: the fix says which, not only what was written."""
+    with pytest.raises(ConfigError) as error:
+        Plan.from_dict({"workload": "gpt-tiny", "parallelism": {"pp": 2}, "schedule": {"p2p": value}})
+    one_line(error, "schedule.p2p", f"(fix: write 'async' or 'blocking', not {value!r})")
+
+
 def test_lstm_options_are_checked() -> None:
     with pytest.raises(ConfigError) as error:
         simulate(Plan(workload="lstm-tiny", cluster="local-cpu-2", parallelism={"dp": 2},
