@@ -5,6 +5,7 @@ candidate (Parquet)."""
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -98,11 +99,12 @@ def ranked_frame(result: SearchResult) -> pd.DataFrame:
     rows = []
     for i, ranked in enumerate(result.ranked, 1):
         c, e, s = ranked.candidate, ranked.estimate, ranked.simulated
+        # Every setting of the candidate, read from its fields: a setting left out (p2p was) makes a plan's
+        # twins identical rows, and a row no longer says which plan it is.
+        settings = {f.name: json.dumps(dict(v)) if isinstance(v := getattr(c, f.name), tuple) else v
+                    for f in fields(c)}
         rows.append({
-            "rank": i, "dp": c.dp, "tp": c.tp, "pp": c.pp, "chunks": c.chunks, "partition": c.partition,
-            "tp_overlap": c.tp_overlap, "schedule": c.schedule, "micro_batch": c.micro_batch,
-            "microbatches": c.microbatches, "memory": json.dumps(dict(c.memory)),
-            "gradient_sync": json.dumps(dict(c.gradient_sync)), "embedding": json.dumps(dict(c.embedding)),
+            "rank": i, **settings,
             "estimate_s": e.iteration_s, "estimate_compute_s": e.compute_s, "estimate_recompute_s": e.recompute_s,
             "estimate_bubble_s": e.bubble_s, "estimate_tp_comm_s": e.tp_comm_s, "estimate_p2p_s": e.p2p_s,
             "estimate_dp_comm_s": e.dp_comm_s, "estimate_optimizer_s": e.optimizer_s,

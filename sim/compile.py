@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 from sim.bundle_costs import BundleCostModel
 from sim.cluster import ClusterSpec, load_cluster
@@ -33,6 +34,7 @@ from sim.workloads import (
     transformer_layers,
     workload_config,
 )
+from traces.bundle import MANIFEST_NAME
 from traces.errors import ConfigError
 
 
@@ -64,6 +66,8 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
     check_tp(plan.tp, transformer, plan.workload)
     check_size(plan, full=False)
     # A profile measured on this hardware brings its communication fits, whatever computes the costs.
+    if plan.profile is not None:
+        _check_profile_folder(plan)
     bundle_costs = BundleCostModel.load(plan.profile, _accumulation_pass(transformer, cluster, plan.dtype)) \
         if plan.profile is not None else None
     if bundle_costs is not None:
@@ -106,6 +110,20 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
     comm = ClusterComm(cluster, fits, samples)
     policy = build_memory_policy(plan, stage_layers, costs, comm.capacity_bytes)
     return ResolvedPlan(plan, cluster, costs, comm, stage_layers, policy, transformer)
+
+
+def _check_profile_folder(plan: Plan) -> None:
+    """Refuse a ``profile:`` that names no bundle folder as an error on the plan's field, with the command
+    that writes one. A bundle that is there but unreadable stays a ``BundleError`` naming its file."""
+    folder = Path(plan.profile)
+    if (folder / MANIFEST_NAME).is_file():
+        return
+    where = "" if folder.is_absolute() else f" (a relative path is read from the current directory, {Path.cwd()})"
+    found = "no such folder" if not folder.exists() else \
+        "a file, not a bundle folder" if not folder.is_dir() else f"a folder without {MANIFEST_NAME}, not a bundle"
+    raise ConfigError("profile", f"{plan.profile!r}: {found}{where}",
+                      f"point profile: (or --profile) at the folder written by paratwin profile --workload "
+                      f"{plan.workload} --micro-batch {plan.micro_batch} --out DIR")
 
 
 def _accumulation_pass(transformer: TransformerConfig | None, cluster: ClusterSpec,

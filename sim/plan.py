@@ -190,6 +190,8 @@ class Plan(BaseModel):
                 fix = "remove it (known fields: " + ", ".join(_known_fields(data, first["loc"])) + ")"
             elif "registered:" in problem:
                 fix = "choose a registered one (paratwin options lists them)"
+            elif "expected" in first.get("ctx", {}):  # one of fixed values (schedule.p2p): name them in the fix
+                fix = f"write {first['ctx']['expected']}, not {short_repr(first.get('input'))}"
             else:
                 fix = f"got {short_repr(first.get('input'))}"
             raise ConfigError(f"{source}: {where}", problem, fix) from None

@@ -18,6 +18,18 @@ def paratwin(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
+def test_simulate_with_a_missing_profile_is_one_line(tmp_path: Path) -> None:
+    """`paratwin simulate --profile DIR` where DIR is not there: exit 2, the field and the fix, no traceback."""
+    plan = Path(__file__).resolve().parents[1] / "examples" / "plans" / "gpt-tiny-pp2-1f1b.yaml"
+    done = paratwin("simulate", str(plan), "--profile", str(tmp_path / "nope"),
+                    "--out", str(tmp_path / "out"))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"error: profile: '{tmp_path / 'nope'}': no such folder" in done.stdout
+    assert "paratwin profile --workload gpt-tiny" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_profile_writes_bundle_and_op_timeline(tmp_path: Path) -> None:
     out = tmp_path / "bundle"
     done = paratwin("profile", "--workload", "gpt-tiny", "--micro-batch", "2", "--repeats", "2", "--warmup", "1",

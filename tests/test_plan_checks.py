@@ -117,6 +117,21 @@ def test_a_bundle_written_before_a_config_field_existed_describes_its_old_value(
     one_line(error, "workload.config.attention", "attention='flash'", "'unfused'")
 
 
+@pytest.mark.parametrize("where", ["missing", "empty folder", "a file"])
+def test_a_profile_that_names_no_bundle_is_refused_on_its_field(tmp_path: Path, where: str) -> None:
+    """A profiled plan whose bundle is not there (moved, misspelt, a plan file passed by mistake) names
+    the plan's ``profile`` field and the command that writes a bundle, not only the path."""
+    target = tmp_path / "bundle"
+    if where == "empty folder":
+        target.mkdir()
+    elif where == "a file":
+        target.write_text("name: t\n")
+    with pytest.raises(ConfigError) as error:
+        simulate(tiny_plan(target, workload_options={"grad_accumulation": "autograd"}))
+    assert error.value.field == "profile"
+    one_line(error, str(target), "paratwin profile --workload gpt-tiny --micro-batch 1 --out DIR")
+
+
 def test_bundle_with_a_layer_row_missing_is_refused(bundle_copy: Path) -> None:
     rewrite_layers(bundle_copy, lambda t: t[t["layer"] != 2].reset_index(drop=True))
     with pytest.raises(BundleError) as error:
@@ -179,6 +194,14 @@ def test_workload_options_are_checked(bundle_dir: Path, options: dict, fragments
     with pytest.raises(ConfigError) as error:
         simulate(tiny_plan(bundle_dir, workload_options=options))
     one_line(error, *fragments)
+
+
+@pytest.mark.parametrize("value", ["blocked", "Blocking", True])
+def test_a_misspelt_p2p_names_the_values_in_its_fix(value: object) -> None:
+    """schedule.p2p takes one of fixed words: the fix says which, not only what was written."""
+    with pytest.raises(ConfigError) as error:
+        Plan.from_dict({"workload": "gpt-tiny", "parallelism": {"pp": 2}, "schedule": {"p2p": value}})
+    one_line(error, "schedule.p2p", f"(fix: write 'async' or 'blocking', not {value!r})")
 
 
 def test_lstm_options_are_checked() -> None:

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from analysis.search_report import ranked_frame
 from sim.compile import compile_plan, resolve_plan
 from sim.estimate import spearman
 from sim.memory import MEMORY_POLICIES, NoRecompute, register_memory_policy
@@ -238,6 +239,10 @@ def test_blocking_p2p_is_searched_when_asked_on_pipelined_plans_only(result) -> 
     assert min(moves) >= 0 and sum(move > 0 for move in moves) > len(moves) / 2
     plan = asked.plan_of(blocking[0].candidate)
     assert plan.schedule.p2p == "blocking" and "p2p=blocking" in blocking[0].candidate.describe()
+    # ranked.parquet says which mode each row is: no two rows with the same settings
+    frame = ranked_frame(asked)
+    assert list(frame["p2p"]) == [r.candidate.p2p for r in asked.ranked]
+    assert not frame.loc[:, "dp":"p2p"].duplicated().any()
     compile_plan(plan)
 
 
