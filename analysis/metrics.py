@@ -37,7 +37,13 @@ def spearman_text(predicted: Sequence[float] | np.ndarray, reported: Sequence[fl
     detail = f"{rows} rows"
     if MIN_SPEARMAN_ROWS <= rows <= SMALL_TABLE_ROWS:
         detail += f", {math.factorial(rows)} orders"
-    return f"Spearman {'–' if math.isnan(rho) else f'{rho:.3f}'} ({detail})"
+    return f"Spearman {rho_text(rho)} ({detail})"
+
+
+def rho_text(rho: float) -> str:
+    """A rank correlation as printed: three decimals, or "–" where it is undefined (fewer than two rows,
+    or one side tied throughout), never "nan"."""
+    return "–" if math.isnan(rho) else f"{rho:.3f}"
 
 
 def _paired(predicted: Sequence[float] | np.ndarray,

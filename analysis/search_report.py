@@ -13,8 +13,9 @@ import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from analysis.metrics import rho_text
 from analysis.report import console, gib, plain
-from sim.search import Ranked, SearchResult, SearchSpace, search
+from sim.search import Agreement, Ranked, SearchResult, SearchSpace, search
 from traces.atomic import atomic_path, atomic_write_text
 
 
@@ -65,16 +66,22 @@ def print_search(result: SearchResult, top: int) -> None:
     best = result.best
     if best is not None:
         print_breakdown(best)
-    agreement = result.agreement
-    if agreement is not None:
-        plain(f"estimate vs engine: Spearman {agreement.spearman_sample:.3f} on a random sample of "
-              f"{agreement.sample_size} plans (median |error| {agreement.time_error_median:.1%} in time, "
-              f"{agreement.memory_error_median:.1%} in peak memory); Spearman {agreement.spearman_top:.3f} within "
-              f"the estimate's best {result.top_k}")
-        plain(f"engine's verdict on the estimate's pick: rank {agreement.estimate_best_engine_rank} of the "
-              f"best {result.top_k}, {agreement.estimate_best_slowdown:+.1%} against the engine's best (estimate rank "
-              f"{agreement.engine_best_estimate_rank}); {agreement.top10_overlap} of the estimate's top 10 are in "
-              "the engine's top 10")
+    if result.agreement is not None:
+        for line in agreement_lines(result.agreement, result.top_k):
+            plain(line)
+
+
+def agreement_lines(agreement: Agreement, top_k: int) -> list[str]:
+    """How the estimate's order agreed with the engine's, as printed after a search (a rank correlation where
+    the estimates or the engine's times tie throughout is "–", not "nan")."""
+    return [f"estimate vs engine: Spearman {rho_text(agreement.spearman_sample)} on a random sample of "
+            f"{agreement.sample_size} plans (median |error| {agreement.time_error_median:.1%} in time, "
+            f"{agreement.memory_error_median:.1%} in peak memory); Spearman {rho_text(agreement.spearman_top)} "
+            f"within the estimate's best {top_k}",
+            f"engine's verdict on the estimate's pick: rank {agreement.estimate_best_engine_rank} of the "
+            f"best {top_k}, {agreement.estimate_best_slowdown:+.1%} against the engine's best (estimate rank "
+            f"{agreement.engine_best_estimate_rank}); {agreement.top10_overlap} of the estimate's top 10 are in "
+            "the engine's top 10"]
 
 
 def print_breakdown(best: Ranked) -> None:

@@ -7,6 +7,8 @@ import math
 import pytest
 
 from analysis.metrics import spearman, spearman_text
+from analysis.search_report import agreement_lines
+from sim.search import Agreement
 from traces.errors import ConfigError
 
 
@@ -29,3 +31,15 @@ def test_fewer_than_three_rows_or_a_constant_side_has_no_rank_correlation() -> N
 def test_unpaired_values_are_refused() -> None:
     with pytest.raises(ConfigError, match="predicted"):
         spearman_text([1.0, 2.0, 3.0], [1.0, 2.0])
+
+
+def test_a_search_whose_estimates_tie_prints_no_nan() -> None:
+    """The search's agreement lines (analysis.search_report): where the best plans' estimates all tie, the
+    rank correlation is undefined and reads "–" (a CPU search printed "Spearman nan")."""
+    tied = Agreement(sample_size=5, spearman_sample=float("nan"), spearman_top=0.5, estimate_best_engine_rank=1,
+                     engine_best_estimate_rank=1, estimate_best_slowdown=0.0, top10_overlap=5,
+                     memory_error_median=0.01, time_error_median=0.02)
+    lines = agreement_lines(tied, top_k=5)
+    assert "nan" not in " ".join(lines)
+    assert lines[0].startswith("estimate vs engine: Spearman – on a random sample of 5 plans")
+    assert "Spearman 0.500 within the estimate's best 5" in lines[0]
