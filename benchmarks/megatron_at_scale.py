@@ -1,7 +1,7 @@
-"""Public at-scale checks: Megatron-LM's Table 1 (Narayanan et al., SC'21) and MT-NLG 530B's throughput
-runs (Smith et al. 2022, section 2.4) against the simulator.
+"""Public at-scale checks: Megatron-LM's Table 1 (Narayanan et al., SC'21), MT-NLG 530B's throughput
+runs (Smith et al. 2022, section 2.4) and GPT-NeoX-20B's training run (Black et al. 2022) against the simulator.
 
-    python benchmarks/megatron_at_scale.py [--table sc21|mtnlg] [--assumed] [--schedule interleaved-1f1b|1f1b]
+    python benchmarks/megatron_at_scale.py [--table sc21|mtnlg|neox] [--assumed] [--schedule interleaved-1f1b|1f1b]
                                            [--micro-batch N] [--as-simulated] [--zero1]
                                            [--decompose OUT.csv] [--json OUT.json]
                                            [--host-launch-us 37] [--eff-max 0.8] [--attn-mem-eff 0.6]
@@ -10,7 +10,10 @@ runs (Smith et al. 2022, section 2.4) against the simulator.
 ``--table mtnlg``: the 530B model (105 layers, hidden 20,480) at tp 8 / pp 35 with batch 1,920 on 280,
 350 and 420 DGX A100 nodes of the same Selene, bf16, Megatron-DeepSpeed's plain 1F1B pipeline and
 one data-parallel all-reduce after the flush; the settings the paper leaves open are the data file's
-declared assumptions (``sim/data/mtnlg_530b.md``). The rows below describe Table 1 (``--table sc21``,
+declared assumptions (``sim/data/mtnlg_530b.md``). ``--table neox``: GPT-NeoX-20B at tp 2 / pp 4 / dp 12 on
+96 A100-40GB (4 HDR adapters per node), fp16, micro-batch 4, DeepSpeed's plain 1F1B and ZeRO stage 1,
+no dropout; its 117 TFLOP/s are GPT-NeoX's own FLOP count (no recomputation: ``paper_flops``), so the
+predicted TFLOP/s use that count too (``sim/data/neox_20b.md``). The rows below describe Table 1 (``--table sc21``,
 the default); both tables share every function here: a row's columns say what differs.
 
 Ten GPT models, 1.7B to 1T parameters, on 32 to 3,072 A100-80GB GPUs of Selene (8 per node,
@@ -59,10 +62,25 @@ TABLE = Path(__file__).resolve().parent.parent / "sim" / "data" / "megatron_sc21
 RUN_SCRIPT = TABLE.with_name("megatron_sc21_run_table_1.csv")
 # MT-NLG 530B, Smith et al. 2022 section 2.4, with its declared assumptions in the same rows.
 MTNLG = TABLE.with_name("mtnlg_530b.csv")
-TABLES = {"sc21": TABLE, "mtnlg": MTNLG}
+# GPT-NeoX-20B's training run, Black et al. 2022, at tp 2 / pp 4 / dp 12 (sim/data/neox_20b.md).
+NEOX = TABLE.with_name("neox_20b.csv")
+TABLES = {"sc21": TABLE, "mtnlg": MTNLG, "neox": NEOX}
 # Sequence and (padded) vocabulary of every SC'21 row; a row's own ``vocab`` column overrides the latter.
 SEQ, VOCAB = 2048, 51200
 GPUS_PER_NODE = 8
+# The clusters the tables ran on, by a row's ``cluster`` column (default: Selene).
+CLUSTERS: dict[str, dict[str, Any]] = {
+    "selene": {"device": "A100-80GB", "intra_node_link": "nvlink3", "inter_node_link": "ib-hdr",
+               "nics_per_node": 8,
+               "source": "Selene DGX A100 nodes, 8 x 200 Gbit/s HDR HCAs (Narayanan et al. SC'21, section 5; "
+                         "MT-NLG: the same nodes, Smith et al. 2022 section 2.3)"},
+    # Black et al. 2022 section 2.3: twelve Supermicro AS-4124GO-NART servers with 8 A100-SXM4-40GB each,
+    # "one of four ConnectX-6 HCAs" per GPU, HDR (MQM8700 switches); sim/data/neox_20b.md.
+    "neox-coreweave": {"device": "A100-40GB", "intra_node_link": "nvlink3", "inter_node_link": "ib-hdr",
+                       "nics_per_node": 4,
+                       "source": "GPT-NeoX-20B's cluster: 8 x A100-SXM4-40GB per node, 4 x ConnectX-6 HDR "
+                                 "HCAs per node (Black et al. 2022, section 2.3)"},
+}
 # The 1T row lowers ~460k instructions (64 pipeline ranks x 2 virtual stages x 512 micro-batches x 7)
 # but sim.compile's up-front estimate counts 10 per micro-batch (655k) against its 500k guard; main()
 # raises the guard for this script's own run only (importing the module changes nothing).
@@ -99,15 +117,46 @@ def row_vocab(row: dict[str, Any]) -> int:
     return int(row["vocab"]) if _stated(row, "vocab") else VOCAB
 
 
+def row_dropout(row: dict[str, Any]) -> float:
+    """The row's dropout: its ``dropout`` column (GPT-NeoX-20B: 0), else Megatron's default 0.1."""
+    return float(row["dropout"]) if _stated(row, "dropout") else MEGATRON_DROPOUT
+
+
+def row_cluster(row: dict[str, Any], nics_per_node: int | None) -> dict[str, Any]:
+    """The row's cluster (``CLUSTERS`` by its ``cluster`` column, else Selene) for ``row["gpus"]``;
+    ``nics_per_node``: adapters per node instead of the cluster's own."""
+    name = str(row["cluster"]) if _stated(row, "cluster") else "selene"
+    if name not in CLUSTERS:
+        raise ValueError(f"{row.get('name', row['params_b'])}: cluster {name!r} is not one of {', '.join(CLUSTERS)}; "
+                         "add it to CLUSTERS with a source for every figure")
+    spec = dict(CLUSTERS[name])
+    if nics_per_node is not None:
+        spec["nics_per_node"] = nics_per_node
+    return {"name": name, "nodes": int(row["gpus"]) // GPUS_PER_NODE, "devices_per_node": GPUS_PER_NODE, **spec}
+
+
 def row_dtype(row: dict[str, Any]) -> str:
     """The row's training precision: its ``dtype`` column (MT-NLG: bf16), else SC'21's fp16."""
     return str(row["dtype"]) if _stated(row, "dtype") else "fp16"
 
 
+# How a table's TFLOP/s were counted, by a row's ``flops`` column (default ``eq3``).
+FLOP_CONVENTIONS = ("eq3", "neox-2022")
+
+
 def paper_flops(row: dict[str, Any]) -> float:
-    """FLOPs of one iteration as the paper counts them (with recomputation): appendix eq. (3)."""
+    """FLOPs of one iteration as the row's source counts them. ``eq3`` (SC'21, MT-NLG): Narayanan et
+    al.'s appendix eq. (3), recomputation counted. ``neox-2022``: GPT-NeoX's logger at the 20B release
+    (megatron/logging.py get_flops at c560814b), B s (6 P + 60 s h l) with P the row's parameter count,
+    recomputation not counted (sim/data/neox_20b.md)."""
     B, s, L, h, V = row["global_batch"], SEQ, row["layers"], row["hidden"], row_vocab(row)
-    return 96.0 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    convention = str(row["flops"]) if _stated(row, "flops") else "eq3"
+    if convention == "eq3":
+        return 96.0 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    if convention == "neox-2022":
+        return B * s * (6.0 * row["params_b"] * 1e9 + 60.0 * s * h * L)
+    raise ValueError(f"{row.get('name', row['params_b'])}: flops {convention!r} is not a known FLOP convention; "
+                     f"use one of {', '.join(FLOP_CONVENTIONS)}")
 
 
 def _stated(row: dict[str, Any], key: str) -> bool:
@@ -144,11 +193,14 @@ def gradient_sync_for(row: dict[str, Any], megatron_2021: bool, zero1: bool = Fa
     Megatron-LM v2.5's one fp16 all-reduce after the pipeline flush (fp16 gradients:
     --accumulate-allreduce-grads-in-fp32 is off by default and in examples/pretrain_gpt3_175B.sh), through a
     flat copy (megatron/model/distributed.py, allreduce_gradients without contiguous buffers).
+    ``deepspeed-zero1``: as ``zero1``, the row's own configuration (GPT-NeoX-20B's ZeRO stage 1).
     ``torch``: torch DDP's defaults, 25 MiB buckets in the gradients' own dtype launched as the last
     micro-batch's backward fills them (megatron/schedules.py, forward_backward_no_pipelining: every
     other micro-batch under model.no_sync())."""
-    if zero1:  # reduce-scatters a contiguous buffer: no flat copies (sim/gradient_sync_distopt.py)
-        dtype = {"reduce_dtype": "param"} if row.get("ddp") in ("torch", "deepspeed") else {}
+    if zero1 or row.get("ddp") == "deepspeed-zero1":
+        # reduce-scatters a contiguous buffer: no flat copies (sim/gradient_sync_distopt.py).
+        # ``deepspeed-zero1`` (GPT-NeoX-20B): DeepSpeed's ZeRO stage 1 in the gradients' own dtype.
+        dtype = {"reduce_dtype": "param"} if row.get("ddp") in ("torch", "deepspeed", "deepspeed-zero1") else {}
         return {"method": "distopt", "bucket_mb": 1e6, **dtype}
     if row.get("ddp") == "torch":
         return {"method": "allreduce", "bucket_mb": 25.0, "reduce_dtype": "param"}
@@ -177,13 +229,14 @@ ASYNC_P2P = {"p2p": "async", "p2p_scatter_gather": False}
 
 
 def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batch: int | None = None,
-             megatron_2021: bool = True, nics_per_node: int = 8, zero1: bool = False) -> Plan:
+             megatron_2021: bool = True, nics_per_node: int | None = None, zero1: bool = False) -> Plan:
     """The row's plan; ``micro_batch``: the row's own (the run script's) unless given, else 1;
     ``megatron_2021``: with what Megatron-LM v2.5 ran (blocking p2p with scatter/gather, per-layer
     recompute inside the backward, the row's data-parallel implementation), else with the simulator's
-    defaults for those choices. ``nics_per_node``: HDR adapters per node (Selene's 8; vTrain's
-    configurations state 800 Gbit/s per node, 4). The row's own ``name``, ``vocab`` and ``dtype`` columns
-    where it has them (MT-NLG); ``zero1``: ``gradient_sync_for``'s distributed optimizer."""
+    defaults for those choices. ``nics_per_node``: HDR adapters per node instead of the row's cluster's
+    (Selene's 8; vTrain's configurations state 800 Gbit/s per node, 4). The row's own ``name``, ``vocab``,
+    ``dtype``, ``dropout`` and ``cluster`` columns where it has them (MT-NLG, GPT-NeoX-20B); ``zero1``:
+    ``gradient_sync_for``'s distributed optimizer."""
     tp, pp, gpus = int(row["tp"]), int(row["pp"]), int(row["gpus"])
     dp = gpus // (tp * pp)
     if micro_batch is None:
@@ -196,16 +249,12 @@ def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batc
     name = schedule if pp > 1 else "1f1b"
     if name == "interleaved-1f1b" and chunks < 2:
         name = "1f1b"
-    cluster = {"name": "selene", "nodes": gpus // GPUS_PER_NODE, "devices_per_node": GPUS_PER_NODE,
-               "device": "A100-80GB", "intra_node_link": "nvlink3", "inter_node_link": "ib-hdr",
-               "nics_per_node": nics_per_node,
-               "source": "Selene DGX A100 nodes, 8 x 200 Gbit/s HDR HCAs (Narayanan et al. SC'21, section 5; "
-               "MT-NLG: the same nodes, Smith et al. 2022 section 2.3)"}
+    cluster = row_cluster(row, nics_per_node)
     return Plan.from_dict(dict(
         name=str(row["name"]) if _stated(row, "name") else f"megatron-sc21-{row['params_b']}b", workload="gpt2-medium",
         workload_options={"hidden": int(row["hidden"]), "heads": int(row["heads"]),
                           "num_layers": int(row["layers"]), "seq": SEQ, "vocab": row_vocab(row),
-                          "dropout": MEGATRON_DROPOUT, "tied_embedding": MEGATRON_TIED_EMBEDDING},
+                          "dropout": row_dropout(row), "tied_embedding": MEGATRON_TIED_EMBEDDING},
         cluster=cluster, dtype=row_dtype(row),
         parallelism={"tp": tp, "pp": pp, "dp": dp, "chunks": chunks if name == "interleaved-1f1b" else 1,
                      "partition": megatron_virtual_partition(int(row["layers"]),
@@ -345,7 +394,8 @@ def main() -> None:
     sim.compile.MAX_INSTRUCTIONS = max(sim.compile.MAX_INSTRUCTIONS, INSTRUCTION_LIMIT)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", default="sc21", choices=sorted(TABLES),
-                        help="sc21: Narayanan et al. SC'21 Table 1; mtnlg: MT-NLG 530B, Smith et al. 2022 section 2.4")
+                        help="sc21: Narayanan et al. SC'21 Table 1; mtnlg: MT-NLG 530B, Smith et al. 2022 section 2.4; "
+                             "neox: GPT-NeoX-20B, Black et al. 2022 (tp 2)")
     parser.add_argument("--zero1", action="store_true",
                         help="every row's data parallelism as the simulator's distributed optimizer (ZeRO stage 1: "
                              "reduce-scatter, 1/dp of the step, all-gather) instead of the row's all-reduce")
@@ -404,9 +454,9 @@ def main() -> None:
               f"{r['wall_s']:>6.1f}" + _time_column(r), flush=True)
     s = summarise(results)
     print(f"MAPE {s['mape']:.1%}  median |err| {s['median_abs_error']:.1%}  max |err| {s['max_abs_error']:.1%}  "
-          f"mean err {s['mean_signed_error']:+.1%}  {s['spearman_text']}  (* = over 80 GiB in the ledger)")
+          f"mean err {s['mean_signed_error']:+.1%}  {s['spearman_text']}  (* = over the GPU's memory in the ledger)")
     print(f"Peak memory {min(r['peak_GiB'] for r in results):.1f}-{max(r['peak_GiB'] for r in results):.1f} GiB; "
-          f"{sum(not r['oom'] for r in results)} of {len(results)} rows fit in 80 GiB")
+          f"{sum(not r['oom'] for r in results)} of {len(results)} rows fit in their GPUs' memory")
     trend = scaling_trend(results) if args.table == "mtnlg" else []
     if trend:
         print("Per-GPU throughput relative to the first row (reported / predicted): "
