@@ -52,6 +52,10 @@ MEGATRON_VOCAB = 51200
 MEGATRON_DTYPE = "fp16"
 MEGATRON_DEVICE = "A100-80GB"
 MEGATRON_CLUSTER = "dgx-a100-8"
+# A run on more than one node: 8-GPU A100 nodes joined by the network of vTrain's multi-node
+# configurations, the a100-64 preset (4 x HDR 200 Gbit/s per node; its source is in sim/cluster.py).
+MEGATRON_MULTI_NODE_CLUSTER = "a100-64"
+MEGATRON_GPUS_PER_NODE = 8
 # Megatron-LM as the vTrain data and Narayanan et al. (SC'21) ran it: unfused attention with the fused
 # scale-mask-softmax kernel (megatron/model/transformer.py CoreAttention, 2021-2023; FlashAttention
 # came to Megatron-LM as --use-flash-attn in 2023). See sim.analytic.ATTENTION_IMPLEMENTATIONS.
@@ -65,6 +69,40 @@ MEGATRON_DROPOUT = 0.1
 # module.py l.41; 23.04 --untie-embeddings-and-output-weights store_true, arguments.py l.558). The plans
 # of Megatron runs (SC'21, Korthikanti 2022, vTrain) set it: their lowering all-reduces the tied gradient.
 MEGATRON_TIED_EMBEDDING = True
+
+
+def megatron_cluster(gpus: int, nvlink_efficiency: float = 1.0) -> dict[str, Any]:
+    """The cluster a Megatron row of ``gpus`` GPUs ran on, as a ``load_cluster`` mapping: the one home of
+    that choice (``analysis.calibrate.row_to_plan``, ``SimulatorPredictor``, ``quick_predict``).
+
+    Up to 8 GPUs: one DGX A100 node with the row's GPU count (the vTrain single-node data). Above 8: nodes
+    of 8 over the a100-64 preset's network, ``gpus / 8`` of them. Ranks are placed node-major, and the
+    plan's rank order is Megatron-LM's (tensor-parallel ranks innermost, then data-parallel, then
+    pipeline; ``sim.program.Program.rank_of``), so a tensor-parallel group of up to 8 that divides 8 stays
+    inside a node, as Megatron places it. ``nvlink_efficiency`` overrides the catalog's NVLink efficiency.
+    """
+    if isinstance(gpus, bool) or int(gpus) != gpus or gpus < 1:
+        raise ConfigError("gpus", f"must be a positive integer, got {gpus!r}", "give the run's GPU count")
+    gpus = int(gpus)
+    if gpus <= MEGATRON_GPUS_PER_NODE:
+        cluster: dict[str, Any] = {"preset": MEGATRON_CLUSTER, "devices_per_node": gpus}
+    else:
+        nodes, rest = divmod(gpus, MEGATRON_GPUS_PER_NODE)
+        if rest:
+            raise ConfigError("gpus", f"{gpus} GPUs is not a whole number of {MEGATRON_GPUS_PER_NODE}-GPU A100 nodes",
+                              f"use 1-{MEGATRON_GPUS_PER_NODE} GPUs (one node) or a multiple of "
+                              f"{MEGATRON_GPUS_PER_NODE} (e.g. {(nodes + 1) * MEGATRON_GPUS_PER_NODE})")
+        cluster = {"preset": MEGATRON_MULTI_NODE_CLUSTER, "name": f"a100-{nodes}x{MEGATRON_GPUS_PER_NODE}",
+                   "nodes": nodes, "devices_per_node": MEGATRON_GPUS_PER_NODE}
+    if nvlink_efficiency != 1.0:
+        cluster["overrides"] = {"intra_node_link": {"efficiency": float(nvlink_efficiency)}}
+    return cluster
+
+
+@lru_cache(maxsize=64)
+def megatron_cluster_spec(gpus: int, nvlink_efficiency: float = 1.0) -> ClusterSpec:
+    """``megatron_cluster`` loaded (cached: a fit asks for the same few clusters thousands of times)."""
+    return load_cluster(megatron_cluster(gpus, nvlink_efficiency))
 
 
 def load_megatron_a100(path: str | Path = MEGATRON_A100_CSV) -> pd.DataFrame:
@@ -150,7 +188,7 @@ def quick_predict(row: Mapping[str, Any], model: AnalyticCostModel,
     blocks at hidden 1,024) on the last stage it overpriced the vTrain pp 4 rows (docs/accuracy.md,
     section 9).
     """
-    cluster = cluster or load_cluster(MEGATRON_CLUSTER)
+    cluster = cluster or megatron_cluster_spec(int(row["gpus"]))
     tp, dp, pp, b = int(row["tp"]), int(row["dp"]), int(row["pp"]), int(row["micro_batch"])
     m = int(row["global_batch"]) // (dp * b)
     if m < 1:
@@ -199,8 +237,8 @@ Predictor = Callable[[Mapping[str, Any], EfficiencyCurve], float]
 
 
 def megatron_predictor(cluster: ClusterSpec | None = None) -> Predictor:
-    """``predict(row, curve)`` for ``fit_efficiency``: quick_predict on the assumed A100 setup."""
-    cluster = cluster or load_cluster(MEGATRON_CLUSTER)
+    """``predict(row, curve)`` for ``fit_efficiency``: quick_predict on the assumed A100 setup
+    (``cluster``, or each row's own, ``megatron_cluster_spec``)."""
     device = get_device(MEGATRON_DEVICE)
     models: dict[EfficiencyCurve, AnalyticCostModel] = {}
 
