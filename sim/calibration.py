@@ -105,20 +105,35 @@ def megatron_cluster_spec(gpus: int, nvlink_efficiency: float = 1.0) -> ClusterS
     return load_cluster(megatron_cluster(gpus, nvlink_efficiency))
 
 
-def load_megatron_a100(path: str | Path = MEGATRON_A100_CSV) -> pd.DataFrame:
-    """The vTrain single-node Megatron table with short column names and ``iter_time_s`` added."""
+MEGATRON_TIME_COLUMN = "iteration time (ms)"
+
+
+def read_megatron_csv(path: str | Path) -> pd.DataFrame:
+    """A table in the vTrain column format with short column names, row by row as written (nothing
+    checked but the columns). The iteration-time column is optional: without it (a run to predict,
+    not a measurement) ``iter_time_ms`` and ``iter_time_s`` are empty (NaN)."""
     path = Path(path)
     if not path.is_file():
-        raise BundleError(path, "validation CSV not found")
+        raise BundleError(path, "Megatron runs CSV not found")
     df = pd.read_csv(path)
-    missing = [c for c in _COLUMNS if c not in df.columns]
+    missing = [c for c in _COLUMNS if c not in df.columns and c != MEGATRON_TIME_COLUMN]
     if missing:
-        raise BundleError(path, f"missing column(s) {missing}")
+        raise BundleError(path, f"missing column(s) {missing}; the header must name {list(_COLUMNS)} "
+                          f"({MEGATRON_TIME_COLUMN!r} optional)")
+    if MEGATRON_TIME_COLUMN not in df.columns:
+        df[MEGATRON_TIME_COLUMN] = float("nan")
     df = df.rename(columns=_COLUMNS)[list(_COLUMNS.values())]
     df["iter_time_s"] = df["iter_time_ms"] / 1e3
+    return df
+
+
+def load_megatron_a100(path: str | Path = MEGATRON_A100_CSV) -> pd.DataFrame:
+    """The vTrain single-node Megatron table with short column names and ``iter_time_s`` added; every row
+    must have tp x dp x pp GPUs (``read_megatron_csv`` reads a table without that check)."""
+    df = read_megatron_csv(path)
     bad = df[df["gpus"] != df["tp"] * df["dp"] * df["pp"]]
     if len(bad):
-        raise BundleError(path, f"{len(bad)} rows where GPUs != tp * dp * pp (first: row {bad.index[0]})")
+        raise BundleError(Path(path), f"{len(bad)} rows where GPUs != tp * dp * pp (first: row {bad.index[0]})")
     return df
 
 
