@@ -101,7 +101,8 @@ def summary_lines(result: RunPredictions) -> list[str]:
     if m is None:
         lines.append("no row has both a measured time and a prediction: no error to report")
     else:
-        lines.append(f"{m['rows']} rows with a measured time: MAPE {m['mape']:.1%}, median |error| "
+        rows = f"{m['rows']} row{'s' if m['rows'] != 1 else ''}"
+        lines.append(f"{rows} with a measured time: MAPE {m['mape']:.1%}, median |error| "
                      f"{m['median_abs_error']:.1%}, max |error| {m['max_abs_error']:.1%}, mean signed error "
                      f"{m['mean_signed_error']:+.1%} (positive: predicted too slow), "
                      f"Spearman {rho_text(m['spearman'])}")

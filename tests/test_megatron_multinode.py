@@ -105,7 +105,7 @@ def test_predict_runs_end_to_end(tmp_path: Path) -> None:
     assert table.loc[0, "signed error"] == pytest.approx(single * 1e3 / 219.732754 - 1, rel=1e-9)
     assert pd.isna(table.loc[1, "signed error"]) and table.loc[1, "predicted time (ms)"] > 1000
     assert table.loc[2, "skipped"].startswith("gpus:") and table.loc[3, "skipped"].startswith("global_batch:")
-    assert "1 rows with a measured time: MAPE" in result.output
+    assert "1 row with a measured time: MAPE" in result.output
 
 
 def test_predict_runs_without_the_time_column(tmp_path: Path) -> None:
