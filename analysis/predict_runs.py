@@ -45,6 +45,9 @@ def row_problem(row: Mapping[str, Any]) -> ConfigError | None:
         value = row[column]
         if not _positive_whole(value):
             return ConfigError(column, f"{value!r} is not a positive integer", f"give {column} as a whole number")
+    if not pd.isna(row["iter_time_ms"]) and row["iter_time_ms"] <= 0:
+        return ConfigError("iteration time (ms)", f"{row['iter_time_ms']!r} is not a positive time",
+                           "give the measured milliseconds, or leave the cell empty")
     if int(row["hidden"]) % int(row["heads"]):
         return ConfigError("heads", f"{int(row['heads'])} heads do not divide hidden {int(row['hidden'])}",
                            "use a head count that divides the hidden size")

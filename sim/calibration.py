@@ -122,6 +122,14 @@ def read_megatron_csv(path: str | Path) -> pd.DataFrame:
                           f"({MEGATRON_TIME_COLUMN!r} optional)")
     if MEGATRON_TIME_COLUMN not in df.columns:
         df[MEGATRON_TIME_COLUMN] = float("nan")
+    times = pd.to_numeric(df[MEGATRON_TIME_COLUMN], errors="coerce")
+    not_numbers = times.isna() & df[MEGATRON_TIME_COLUMN].notna()
+    if not_numbers.any():
+        first = int(not_numbers.to_numpy().argmax())
+        value = df[MEGATRON_TIME_COLUMN].iloc[first]
+        raise BundleError(path, f"{MEGATRON_TIME_COLUMN!r} of row {first} (CSV line {first + 2}) is {value!r}, "
+                          "not a number (fix: milliseconds, or leave it empty)")
+    df[MEGATRON_TIME_COLUMN] = times
     df = df.rename(columns=_COLUMNS)[list(_COLUMNS.values())]
     df["iter_time_s"] = df["iter_time_ms"] / 1e3
     return df

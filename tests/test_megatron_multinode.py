@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -123,3 +125,23 @@ def _simulate_default():
     from sim.hardware import get_device
 
     return CurveCalibration(default_for(get_device("A100-80GB"), "fp16"))
+
+
+def test_a_time_that_is_not_a_number_is_one_clear_error(tmp_path: Path) -> None:
+    csv = tmp_path / "runs.csv"
+    csv.write_text(HEADER + ",iteration time (ms)\n8,32,4,1024,16,24,1024,2,2,2,219.7\n"
+                   "8,32,4,1024,16,24,1024,2,2,2,n/a?\n")
+    done = subprocess.run([sys.executable, "-m", "analysis.cli", "predict-runs", str(csv), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "'iteration time (ms)' of row 1 (CSV line 3) is 'n/a?', not a number" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_measured_time_that_is_not_positive_skips_its_row() -> None:
+    from analysis.predict_runs import row_problem
+
+    row = {**ROW_64, "iter_time_ms": -5.0}
+    problem = row_problem(row)
+    assert problem is not None and problem.field == "iteration time (ms)"
+    assert row_problem({**row, "iter_time_ms": float("nan")}) is None
