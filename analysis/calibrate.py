@@ -52,10 +52,11 @@ from sim.calibration import (
     ModelShape,
     depth_splits,
     load_megatron_a100,
+    megatron_cluster,
+    megatron_cluster_spec,
     megatron_predictor,
     model_splits,
 )
-from sim.cluster import ClusterSpec, load_cluster
 from sim.compile import compile_plan
 from sim.engine import Engine, EngineOptions
 from sim.hardware import get_device
@@ -118,11 +119,9 @@ def microbatches_of(row: Mapping[str, Any]) -> int:
 
 
 def cluster_of(row: Mapping[str, Any], nvlink_efficiency: float = 1.0) -> dict[str, Any]:
-    """One DGX A100 node with the row's GPU count; the NVLink efficiency overrides the catalog's 1.0."""
-    cluster: dict[str, Any] = {"preset": MEGATRON_CLUSTER, "devices_per_node": int(row["gpus"])}
-    if nvlink_efficiency != 1.0:
-        cluster["overrides"] = {"intra_node_link": {"efficiency": float(nvlink_efficiency)}}
-    return cluster
+    """The row's cluster (``sim.calibration.megatron_cluster``: one DGX A100 node up to 8 GPUs, 8-GPU nodes
+    over 4 x HDR above); the NVLink efficiency overrides the catalog's 1.0."""
+    return megatron_cluster(row["gpus"], nvlink_efficiency)
 
 
 def megatron_partition(num_blocks: int, pp: int) -> list[list[int]]:
@@ -194,7 +193,6 @@ class SimulatorPredictor:
         self.seen: set[int] = set()
         self.calls = 0
         self._layers: dict[tuple[int, int, int, int], list[LayerSpec]] = {}
-        self._clusters: dict[tuple[int, float], ClusterSpec] = {}
         self._options = EngineOptions(layer_rows=False)  # per-layer rows cost time; nothing here reads them
 
     def __call__(self, row: Mapping[str, Any], calibration: CurveCalibration | EfficiencyCurve) -> float:
@@ -203,7 +201,7 @@ class SimulatorPredictor:
         self.seen.add(int(row["row_id"]))
         self.calls += 1
         plan = row_to_plan(row, calibration.nvlink_efficiency)
-        cluster = self._cluster(plan, int(row["gpus"]), calibration.nvlink_efficiency)
+        cluster = megatron_cluster_spec(int(row["gpus"]), calibration.nvlink_efficiency)
         costs = AnalyticCosts(self._layer_specs(plan), cluster.device, plan.dtype, cluster, calibration.curve,
                               attention=MEGATRON_ATTENTION)
         if not self.engine_only:
@@ -219,14 +217,6 @@ class SimulatorPredictor:
         if key not in self._layers:
             self._layers[key] = transformer_layers(transformer_config(plan.workload, **o))
         return self._layers[key]
-
-    def _cluster(self, plan: Plan, gpus: int, nvlink_efficiency: float) -> ClusterSpec:
-        key = (gpus, nvlink_efficiency)
-        if key not in self._clusters:
-            if len(self._clusters) > 64:  # the optimiser moves on; keep the cache small
-                self._clusters.clear()
-            self._clusters[key] = load_cluster(plan.cluster)
-        return self._clusters[key]
 
 
 def quick_predictor() -> Callable[[Mapping[str, Any], CurveCalibration | EfficiencyCurve], float]:

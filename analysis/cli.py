@@ -252,6 +252,23 @@ def calibrate(
         plain(f"wrote {save_calibration_data(summary)}")
 
 
+@app.command("predict-runs")
+def predict_runs_command(
+    runs: Annotated[Path, typer.Argument(help="CSV of Megatron-LM GPT runs in the vTrain column format "
+                                               "(sim/data/a100_single_node_megatron.csv; iteration time optional)")],
+    out: Annotated[Path, typer.Option(help="directory for predictions.csv")] = Path("runs/predict-runs"),
+    prior: Annotated[bool, typer.Option(help="the physical prior without the host launch path (the calibration's "
+                                             "starting point) instead of simulate's A100 default")] = False,
+) -> None:
+    """Predict Megatron-LM runs on A100 (1F1B, full recompute; 8-GPU nodes over 4 x HDR above 8 GPUs)."""
+    from analysis.predict_runs import predict_runs, summary_lines, write_predictions
+
+    result = predict_runs(runs, prior=prior)
+    for line in summary_lines(result):
+        plain(line)
+    plain(f"wrote {write_predictions(result, out)}")
+
+
 @app.command()
 def hap(
     datasets: Annotated[list[str], typer.Option("--dataset", help="TU dataset (repeatable): MUTAG, PROTEINS, ...")],

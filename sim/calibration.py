@@ -52,6 +52,10 @@ MEGATRON_VOCAB = 51200
 MEGATRON_DTYPE = "fp16"
 MEGATRON_DEVICE = "A100-80GB"
 MEGATRON_CLUSTER = "dgx-a100-8"
+# A run on more than one node: 8-GPU A100 nodes joined by the network of vTrain's multi-node
+# configurations, the a100-64 preset (4 x HDR 200 Gbit/s per node; its source is in sim/cluster.py).
+MEGATRON_MULTI_NODE_CLUSTER = "a100-64"
+MEGATRON_GPUS_PER_NODE = 8
 # Megatron-LM as the vTrain data and Narayanan et al. (SC'21) ran it: unfused attention with the fused
 # scale-mask-softmax kernel (megatron/model/transformer.py CoreAttention, 2021-2023; FlashAttention
 # came to Megatron-LM as --use-flash-attn in 2023). See sim.analytic.ATTENTION_IMPLEMENTATIONS.
@@ -67,20 +71,77 @@ MEGATRON_DROPOUT = 0.1
 MEGATRON_TIED_EMBEDDING = True
 
 
-def load_megatron_a100(path: str | Path = MEGATRON_A100_CSV) -> pd.DataFrame:
-    """The vTrain single-node Megatron table with short column names and ``iter_time_s`` added."""
+def megatron_cluster(gpus: int, nvlink_efficiency: float = 1.0) -> dict[str, Any]:
+    """The cluster a Megatron row of ``gpus`` GPUs ran on, as a ``load_cluster`` mapping: the one home of
+    that choice (``analysis.calibrate.row_to_plan``, ``SimulatorPredictor``, ``quick_predict``).
+
+    Up to 8 GPUs: one DGX A100 node with the row's GPU count (the vTrain single-node data). Above 8: nodes
+    of 8 over the a100-64 preset's network, ``gpus / 8`` of them. Ranks are placed node-major, and the
+    plan's rank order is Megatron-LM's (tensor-parallel ranks innermost, then data-parallel, then
+    pipeline; ``sim.program.Program.rank_of``), so a tensor-parallel group of up to 8 that divides 8 stays
+    inside a node, as Megatron places it. ``nvlink_efficiency`` overrides the catalog's NVLink efficiency.
+    """
+    if isinstance(gpus, bool) or int(gpus) != gpus or gpus < 1:
+        raise ConfigError("gpus", f"must be a positive integer, got {gpus!r}", "give the run's GPU count")
+    gpus = int(gpus)
+    if gpus <= MEGATRON_GPUS_PER_NODE:
+        cluster: dict[str, Any] = {"preset": MEGATRON_CLUSTER, "devices_per_node": gpus}
+    else:
+        nodes, rest = divmod(gpus, MEGATRON_GPUS_PER_NODE)
+        if rest:
+            raise ConfigError("gpus", f"{gpus} GPUs is not a whole number of {MEGATRON_GPUS_PER_NODE}-GPU A100 nodes",
+                              f"use 1-{MEGATRON_GPUS_PER_NODE} GPUs (one node) or a multiple of "
+                              f"{MEGATRON_GPUS_PER_NODE} (e.g. {(nodes + 1) * MEGATRON_GPUS_PER_NODE})")
+        cluster = {"preset": MEGATRON_MULTI_NODE_CLUSTER, "name": f"a100-{nodes}x{MEGATRON_GPUS_PER_NODE}",
+                   "nodes": nodes, "devices_per_node": MEGATRON_GPUS_PER_NODE}
+    if nvlink_efficiency != 1.0:
+        cluster["overrides"] = {"intra_node_link": {"efficiency": float(nvlink_efficiency)}}
+    return cluster
+
+
+@lru_cache(maxsize=64)
+def megatron_cluster_spec(gpus: int, nvlink_efficiency: float = 1.0) -> ClusterSpec:
+    """``megatron_cluster`` loaded (cached: a fit asks for the same few clusters thousands of times)."""
+    return load_cluster(megatron_cluster(gpus, nvlink_efficiency))
+
+
+MEGATRON_TIME_COLUMN = "iteration time (ms)"
+
+
+def read_megatron_csv(path: str | Path) -> pd.DataFrame:
+    """A table in the vTrain column format with short column names, row by row as written (nothing
+    checked but the columns). The iteration-time column is optional: without it (a run to predict,
+    not a measurement) ``iter_time_ms`` and ``iter_time_s`` are empty (NaN)."""
     path = Path(path)
     if not path.is_file():
-        raise BundleError(path, "validation CSV not found")
+        raise BundleError(path, "Megatron runs CSV not found")
     df = pd.read_csv(path)
-    missing = [c for c in _COLUMNS if c not in df.columns]
+    missing = [c for c in _COLUMNS if c not in df.columns and c != MEGATRON_TIME_COLUMN]
     if missing:
-        raise BundleError(path, f"missing column(s) {missing}")
+        raise BundleError(path, f"missing column(s) {missing}; the header must name {list(_COLUMNS)} "
+                          f"({MEGATRON_TIME_COLUMN!r} optional)")
+    if MEGATRON_TIME_COLUMN not in df.columns:
+        df[MEGATRON_TIME_COLUMN] = float("nan")
+    times = pd.to_numeric(df[MEGATRON_TIME_COLUMN], errors="coerce")
+    not_numbers = times.isna() & df[MEGATRON_TIME_COLUMN].notna()
+    if not_numbers.any():
+        first = int(not_numbers.to_numpy().argmax())
+        value = df[MEGATRON_TIME_COLUMN].iloc[first]
+        raise BundleError(path, f"{MEGATRON_TIME_COLUMN!r} of row {first} (CSV line {first + 2}) is {value!r}, "
+                          "not a number (fix: milliseconds, or leave it empty)")
+    df[MEGATRON_TIME_COLUMN] = times
     df = df.rename(columns=_COLUMNS)[list(_COLUMNS.values())]
     df["iter_time_s"] = df["iter_time_ms"] / 1e3
+    return df
+
+
+def load_megatron_a100(path: str | Path = MEGATRON_A100_CSV) -> pd.DataFrame:
+    """The vTrain single-node Megatron table with short column names and ``iter_time_s`` added; every row
+    must have tp x dp x pp GPUs (``read_megatron_csv`` reads a table without that check)."""
+    df = read_megatron_csv(path)
     bad = df[df["gpus"] != df["tp"] * df["dp"] * df["pp"]]
     if len(bad):
-        raise BundleError(path, f"{len(bad)} rows where GPUs != tp * dp * pp (first: row {bad.index[0]})")
+        raise BundleError(Path(path), f"{len(bad)} rows where GPUs != tp * dp * pp (first: row {bad.index[0]})")
     return df
 
 
@@ -150,7 +211,7 @@ def quick_predict(row: Mapping[str, Any], model: AnalyticCostModel,
     blocks at hidden 1,024) on the last stage it overpriced the vTrain pp 4 rows (docs/accuracy.md,
     section 9).
     """
-    cluster = cluster or load_cluster(MEGATRON_CLUSTER)
+    cluster = cluster or megatron_cluster_spec(int(row["gpus"]))
     tp, dp, pp, b = int(row["tp"]), int(row["dp"]), int(row["pp"]), int(row["micro_batch"])
     m = int(row["global_batch"]) // (dp * b)
     if m < 1:
@@ -199,8 +260,8 @@ Predictor = Callable[[Mapping[str, Any], EfficiencyCurve], float]
 
 
 def megatron_predictor(cluster: ClusterSpec | None = None) -> Predictor:
-    """``predict(row, curve)`` for ``fit_efficiency``: quick_predict on the assumed A100 setup."""
-    cluster = cluster or load_cluster(MEGATRON_CLUSTER)
+    """``predict(row, curve)`` for ``fit_efficiency``: quick_predict on the assumed A100 setup
+    (``cluster``, or each row's own, ``megatron_cluster_spec``)."""
     device = get_device(MEGATRON_DEVICE)
     models: dict[EfficiencyCurve, AnalyticCostModel] = {}
 
