@@ -59,7 +59,7 @@ class Run:
 # A100-40GB, 12 nodes with 4 HDR adapters (sim/data/neox_20b.md on branch issue-9p); slot times from its
 # section: 34.77 s / 35 predicted, 43.85 s / 35 implied by 117 TFLOP/s. DeeperSpeed eb7f5cff:
 # is_grad_partitioned = False (pipe/engine.py l. 122), the mask is sent (has_attention_mask for
-# 'GPT2ModelPipe', l. 185; cast to half, l. 948), the output is re-gathered in _exec_recv_grads (l. 1080)
+# 'GPT2ModelPipe', l. 185; cast to half, l. 948), the output is re-gathered in _exec_recv_grads (l. 1085)
 # where the simulator gathers the received gradient instead: no extra gather.
 NEOX = Run("GPT-NeoX-20B", "A100-40GB", "fp16", 6144, 64, 44, 2048, 4, 2, 4, 12, 0.0, 4,
            predicted_slot_s=34.77 / 35, gap_slot_s=(43.85 - 34.77) / 35, grads_partitioned=False,
