@@ -5,7 +5,7 @@ candidate (Parquet)."""
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,8 @@ from rich.table import Table
 
 from analysis.metrics import rho_text
 from analysis.report import console, gib, plain
-from sim.search import Agreement, Ranked, SearchResult, SearchSpace, search
+from sim.cluster import load_cluster
+from sim.search import Agreement, Candidate, Ranked, SearchResult, SearchSpace, search
 from traces.atomic import atomic_path, atomic_write_text
 
 
@@ -102,16 +103,29 @@ def print_breakdown(best: Ranked) -> None:
     plain("(engine: the busiest pipeline rank's compute stream; its bubble is what is left of the iteration)")
 
 
+def candidate_settings(candidate: Candidate) -> dict[str, Any]:
+    """Every setting of the candidate, read from its fields (a section's settings as JSON text): a setting
+    left out (p2p was) makes a plan's twins identical rows, and a row no longer says which plan it is."""
+    return {f.name: json.dumps(dict(v)) if isinstance(v := getattr(candidate, f.name), tuple) else v
+            for f in fields(candidate)}
+
+
+def search_record(result: SearchResult) -> dict[str, Any]:
+    """Every input that changes the search's result, as ``summary.json`` keeps it: the whole space (workload
+    and its options, cluster, batch, dtype, profile, limits, the p2p modes and gradient syncs searched;
+    ``SearchSpace.from_record`` reads it back) and how the search ran (``SearchResult.settings``)."""
+    space = {**asdict(result.space), "global_batch": result.global_batch}  # the default worked out
+    # the cluster as it was read (a YAML file may change after the search)
+    cluster = load_cluster(result.space.cluster).model_dump(mode="json")
+    return {"space": space, **result.settings, "world_size": result.world_size, "cluster": cluster}
+
+
 def ranked_frame(result: SearchResult) -> pd.DataFrame:
     rows = []
     for i, ranked in enumerate(result.ranked, 1):
         c, e, s = ranked.candidate, ranked.estimate, ranked.simulated
-        # Every setting of the candidate, read from its fields: a setting left out (p2p was) makes a plan's
-        # twins identical rows, and a row no longer says which plan it is.
-        settings = {f.name: json.dumps(dict(v)) if isinstance(v := getattr(c, f.name), tuple) else v
-                    for f in fields(c)}
         rows.append({
-            "rank": i, **settings,
+            "rank": i, **candidate_settings(c),
             "estimate_s": e.iteration_s, "estimate_compute_s": e.compute_s, "estimate_recompute_s": e.recompute_s,
             "estimate_bubble_s": e.bubble_s, "estimate_tp_comm_s": e.tp_comm_s, "estimate_p2p_s": e.p2p_s,
             "estimate_dp_comm_s": e.dp_comm_s, "estimate_optimizer_s": e.optimizer_s,
@@ -145,6 +159,8 @@ def write_search(result: SearchResult, out: Path) -> dict[str, Path]:
         "agreement": result.agreement.__dict__ if result.agreement else None,
         "best_engine_s": best.simulated.iteration_s if best and best.simulated else None,
         "best": best.candidate.describe() if best else None,
+        "best_settings": candidate_settings(best.candidate) if best else None,  # its p2p included
+        "search": search_record(result),
     }
     paths["summary"] = atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str))
     if best is not None:
