@@ -18,10 +18,14 @@ from analysis.report import console, gib, plain
 from sim.cluster import load_cluster
 from sim.search import Agreement, Candidate, Ranked, SearchResult, SearchSpace, search
 from traces.atomic import atomic_path, atomic_write_text
+from traces.errors import ConfigError
 
 
 def run_search(space: SearchSpace, top: int, simulate_top: int, sample: int, out: Path,
                workers: int | None = None, bound: bool | None = None) -> SearchResult:
+    if out.exists() and not out.is_dir():  # refused before the search, not after it (a traceback lost it)
+        raise ConfigError("--out", f"{out} is a file, not a folder", "name a folder for best.yaml, ranked.parquet "
+                          "and summary.json (a new one is created)")
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
         tasks: dict[str, Any] = {}

@@ -669,6 +669,10 @@ def estimate_phase(space: SearchSpace, top_k: int = 50, workers: int | None = No
     ``search``), then build the optimising memory policies for the best shapes."""
     cluster = load_cluster(space.cluster)
     world = cluster.world_size
+    if space.global_batch is not None and (isinstance(space.global_batch, bool) or not isinstance(
+            space.global_batch, int) or space.global_batch < 1):  # 0 was read as "not given": 2 x the devices
+        raise ConfigError("global_batch", f"must be a positive integer, got {space.global_batch!r}",
+                          f"give the samples per iteration, or leave it out for 2 x the devices ({2 * world})")
     global_batch = space.global_batch or 2 * world
     max_tp = space.max_tp or cluster.devices_per_node
     name = f"search-{space.workload}-{cluster.name}"

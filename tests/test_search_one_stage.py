@@ -114,3 +114,21 @@ def test_the_summary_records_the_whole_search_and_its_best_plan_simulates_to_it(
 def test_a_space_record_with_an_unknown_field_is_refused() -> None:
     with pytest.raises(ConfigError, match="search.space: unknown field.*max_pp"):
         SearchSpace.from_record({"workload": "gpt2-small", "cluster": "dgx-a100-8", "max_pp": 4})
+
+
+@pytest.mark.parametrize("batch", [0, -4])
+def test_a_global_batch_below_one_is_refused(batch: int) -> None:
+    """0 was taken for "not given" and searched 2 x the devices without a word."""
+    with pytest.raises(ConfigError, match=r"global_batch: must be a positive integer, got .*2 x the devices \(4\)"):
+        search(replace(SPACE, global_batch=batch), top_k=1, sample=0)
+
+
+def test_an_output_folder_that_is_a_file_is_refused_before_the_search(tmp_path) -> None:
+    from analysis.search_report import run_search
+
+    taken = tmp_path / "runs"
+    taken.write_text("kept")
+    # an unknown cluster would fail the search itself: the folder is checked first (it failed after the search)
+    with pytest.raises(ConfigError, match="--out: .* is a file, not a folder"):
+        run_search(replace(SPACE, cluster="no-such-cluster"), top=1, simulate_top=1, sample=0, out=taken)
+    assert taken.read_text() == "kept"
