@@ -11,7 +11,7 @@ from rich.table import Table
 
 from analysis.report import console, plain, print_layers, print_sim, run_cli, size
 from traces.errors import ConfigError
-from traces.outdir import fresh_run_folder, safe_name
+from traces.outdir import fresh_run_folder, refuse_file_as_folder, safe_name
 
 app = typer.Typer(
     name="paratwin",
@@ -141,9 +141,10 @@ def simulate(
     loaded = Plan.load(plan)
     if profile is not None:
         loaded = loaded.replace(profile=str(profile))
+    target = out or Path("runs") / f"sim-{safe_name(loaded.name)}"
+    refuse_file_as_folder(target)  # before simulating, not after
     result = run_simulation(loaded, full=full)
     print_sim(result)
-    target = out or Path("runs") / f"sim-{safe_name(loaded.name)}"
     paths = result.write(target)  # under the folder's lock: one writer at a time
     plain(f"instruction table: {paths['table']}\ntimeline (open in https://ui.perfetto.dev): "
           f"{paths['trace']}\nsummary: {paths['summary']}")

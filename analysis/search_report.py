@@ -16,16 +16,15 @@ from rich.table import Table
 from analysis.metrics import rho_text
 from analysis.report import console, gib, plain
 from sim.cluster import load_cluster
-from sim.search import Agreement, Candidate, Ranked, SearchResult, SearchSpace, search
+from sim.search import DOES_NOT_FIT, Agreement, Candidate, Ranked, SearchResult, SearchSpace, search
 from traces.atomic import atomic_path, atomic_write_text
-from traces.errors import ConfigError
+from traces.errors import NoPlanFits
+from traces.outdir import refuse_file_as_folder
 
 
 def run_search(space: SearchSpace, top: int, simulate_top: int, sample: int, out: Path,
                workers: int | None = None, bound: bool | None = None) -> SearchResult:
-    if out.exists() and not out.is_dir():  # refused before the search, not after it (a traceback lost it)
-        raise ConfigError("--out", f"{out} is a file, not a folder", "name a folder for best.yaml, ranked.parquet "
-                          "and summary.json (a new one is created)")
+    refuse_file_as_folder(out)  # before the search, not after it
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
         tasks: dict[str, Any] = {}
@@ -39,7 +38,19 @@ def run_search(space: SearchSpace, top: int, simulate_top: int, sample: int, out
         result = search(space, top_k=simulate_top, sample=sample, progress=progress, workers=workers, bound=bound)
     print_search(result, top)
     write_search(result, out)
+    if result.best is None:  # the outputs are written; exit 3, as simulate does for a plan that does not fit
+        raise no_plan_fits(result)
     return result
+
+
+def no_plan_fits(result: SearchResult) -> NoPlanFits:
+    """Why a search found no plan, in one line: how many plans the estimate found too large, how many the
+    engine ran over capacity."""
+    over = sum(1 for r in result.simulated if r.simulated is not None and r.simulated.oom)
+    return NoPlanFits(
+        f"no plan fits in memory: of {result.considered:,} plans considered, {result.pruned[DOES_NOT_FIT]:,} do not "
+        f"fit by the estimate and {over} of {len(result.simulated)} simulated exceed a device's memory (fix: more "
+        "devices or devices with more memory, a smaller global batch, or a smaller model)")
 
 
 def print_search(result: SearchResult, top: int) -> None:
@@ -172,6 +183,6 @@ def write_search(result: SearchResult, out: Path) -> dict[str, Path]:
         plain(f"best plan: {paths['best']} ({best.simulated.iteration_s * 1e3:,.1f} ms, peak "
               f"{gib(max(best.simulated.peak_bytes))}); check it with paratwin simulate {paths['best']}")
     else:
-        plain("no simulated plan fits in memory")
+        plain("no plan fits in memory: no best.yaml written")
     plain(f"ranked plans: {paths['ranked']}\nsummary: {paths['summary']}")
     return paths

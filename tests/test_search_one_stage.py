@@ -6,7 +6,10 @@ every input of the search, so that its best.yaml simulates to the recorded time 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -17,7 +20,9 @@ from sim.plan import Plan
 from sim.schedules import SCHEDULES
 from sim.search import SAME_ONE_STAGE, SearchSpace, one_stage_schedule, search
 from sim.simulate import simulate
-from traces.errors import ConfigError
+from traces.errors import ConfigError, NoPlanFits
+
+REPO = Path(__file__).resolve().parent.parent
 
 # Two A100s: the shapes dp 2 and tp 2 have one stage, pp 2 two. The distributed optimizer all-gathers the
 # parameters after its step (what the engine's breakdown left in the bubble before).
@@ -132,3 +137,29 @@ def test_an_output_folder_that_is_a_file_is_refused_before_the_search(tmp_path) 
     with pytest.raises(ConfigError, match="--out: .* is a file, not a folder"):
         run_search(replace(SPACE, cluster="no-such-cluster"), top=1, simulate_top=1, sample=0, out=taken)
     assert taken.read_text() == "kept"
+
+
+def test_a_search_where_no_plan_fits_writes_its_outputs_and_says_why(tmp_path) -> None:
+    """It printed "no simulated plan fits in memory" and exited 0, when nothing had been simulated."""
+    from analysis.search_report import run_search
+
+    tight = SearchSpace("gpt-175b", "dgx-a100-8", global_batch=8, max_micro_batch=1, fractions=(), tp_overlaps=(0,),
+                        bucket_mbs=(25.0,), max_chunks=2)
+    with pytest.raises(NoPlanFits, match=r"no plan fits in memory: of [\d,]+ plans considered, [\d,]+ do not fit by "
+                                         r"the estimate and 0 of 0 simulated") as error:
+        run_search(tight, top=3, simulate_top=3, sample=0, out=tmp_path / "out")
+    assert error.value.exit_code == 3
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["best"] is None and summary["pruned"]["does not fit in memory (estimate)"] > 0
+    assert not (tmp_path / "out" / "best.yaml").exists()
+
+
+def test_simulate_refuses_an_output_file_before_simulating(tmp_path) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("kept")
+    done = subprocess.run([sys.executable, "-m", "analysis.cli", "simulate",
+                           str(REPO / "examples" / "plans" / "gpt-8.3b-a100-64-merak.yaml"), "--out", str(taken)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 2, done.stderr
+    assert f"error: --out: {taken} is a file, not a folder" in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr and taken.read_text() == "kept"
