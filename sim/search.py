@@ -738,6 +738,9 @@ def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
     exhaustive search, with fewer plans estimated (``ranked`` holds those; the rest are counted under
     ``BOUNDED``) and the random sample drawn from every plan, then estimated. Default: on when
     ``top_k`` > 0 and the space has at least ``MIN_BOUNDED_PLANS`` plans past the structural checks."""
+    for name, value in (("top_k", top_k), ("sample", sample)):
+        if value < 0:  # a negative top_k sliced all but the last plans for the engine
+            raise ConfigError(name, f"must be 0 or more, got {value}", "give how many plans to simulate")
     started = time.perf_counter()
     phase = estimate_phase(space, top_k, workers, bound, progress)
     considered, pruned, survivors, skipped = phase.considered, phase.pruned, phase.survivors, phase.skipped

@@ -163,3 +163,18 @@ def test_simulate_refuses_an_output_file_before_simulating(tmp_path) -> None:
     assert done.returncode == 2, done.stderr
     assert f"error: --out: {taken} is a file, not a folder" in done.stderr + done.stdout
     assert "Traceback" not in done.stderr and taken.read_text() == "kept"
+
+
+@pytest.mark.parametrize(("option", "value"), [("--simulate-top", "-3"), ("--sample", "-2"), ("--top", "-1"),
+                                               ("--workers", "0"), ("--global-batch", "0")])
+def test_search_refuses_a_count_below_its_least_before_searching(option: str, value: str) -> None:
+    """--simulate-top -3 simulated all but the last 3 plans; the others were taken as 0 or the default."""
+    done = subprocess.run([sys.executable, "-m", "analysis.cli", "search", "--workload", "gpt2-small", "--cluster",
+                           "dgx-a100-8", option, value], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 2 and f"Invalid value for '{option}'" in done.stderr, done.stderr + done.stdout
+
+
+@pytest.mark.parametrize("asked", [{"top_k": -1}, {"sample": -1}])
+def test_search_in_python_refuses_a_negative_count(asked: dict) -> None:
+    with pytest.raises(ConfigError, match=f"{next(iter(asked))}: must be 0 or more"):
+        search(SPACE, **{"top_k": 1, "sample": 0, **asked})
