@@ -11,7 +11,7 @@ from rich.table import Table
 
 from analysis.report import console, plain, print_layers, print_sim, run_cli, size
 from traces.errors import ConfigError
-from traces.outdir import fresh_run_folder, safe_name
+from traces.outdir import fresh_run_folder, refuse_file_as_folder, safe_name
 
 app = typer.Typer(
     name="paratwin",
@@ -141,9 +141,10 @@ def simulate(
     loaded = Plan.load(plan)
     if profile is not None:
         loaded = loaded.replace(profile=str(profile))
+    target = out or Path("runs") / f"sim-{safe_name(loaded.name)}"
+    refuse_file_as_folder(target)  # before simulating, not after
     result = run_simulation(loaded, full=full)
     print_sim(result)
-    target = out or Path("runs") / f"sim-{safe_name(loaded.name)}"
     paths = result.write(target)  # under the folder's lock: one writer at a time
     plain(f"instruction table: {paths['table']}\ntimeline (open in https://ui.perfetto.dev): "
           f"{paths['trace']}\nsummary: {paths['summary']}")
@@ -405,15 +406,15 @@ def figures(
 def search(
     workload: Annotated[str, typer.Option(help="workload preset, e.g. gpt-8.3b (see `paratwin workloads`)")],
     cluster: Annotated[str, typer.Option(help="cluster preset or YAML file, e.g. a100-64")],
-    global_batch: Annotated[int | None, typer.Option(help="samples per iteration; default 2 x the devices")] = None,
-    top: Annotated[int, typer.Option(help="rows of the ranked table")] = 10,
-    simulate_top: Annotated[int, typer.Option(help="best plans by estimate to simulate with the engine")] = 50,
-    sample: Annotated[int, typer.Option(help="random plans simulated to measure estimate/engine agreement")] = 30,
+    global_batch: Annotated[int | None, typer.Option(min=1, help="samples per iteration; default 2 x devices")] = None,
+    top: Annotated[int, typer.Option(min=0, help="rows of the ranked table")] = 10,
+    simulate_top: Annotated[int, typer.Option(min=0, help="best plans by estimate to simulate with the engine")] = 50,
+    sample: Annotated[int, typer.Option(min=0, help="random plans simulated to measure estimate/engine match")] = 30,
     out: Annotated[Path | None, typer.Option(help="directory for best.yaml, ranked.parquet, summary.json")] = None,
     dtype: Annotated[str, typer.Option(help="fp32, fp16 or bf16")] = "fp16",
     profile: Annotated[Path | None, typer.Option(help="trace bundle measured on this hardware (CPU clusters)")] = None,
     workload_option: Annotated[list[str] | None, typer.Option(help="KEY=VALUE workload option, repeatable")] = None,
-    workers: Annotated[int | None, typer.Option(help="processes simulating plans; default one per core")] = None,
+    workers: Annotated[int | None, typer.Option(min=1, help="processes simulating plans; default one per core")] = None,
     lossy_gradient_sync: Annotated[bool, typer.Option(help="also search gradient-sync methods that change the "
                                                       "gradients (fp16, top-k, S2, PowerSGD)")] = False,
     gradient_sync: Annotated[list[str] | None, typer.Option(help="search only this gradient-sync method, "

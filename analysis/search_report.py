@@ -5,7 +5,7 @@ candidate (Parquet)."""
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +15,16 @@ from rich.table import Table
 
 from analysis.metrics import rho_text
 from analysis.report import console, gib, plain
-from sim.search import Agreement, Ranked, SearchResult, SearchSpace, search
+from sim.cluster import load_cluster
+from sim.search import DOES_NOT_FIT, Agreement, Candidate, Ranked, SearchResult, SearchSpace, search
 from traces.atomic import atomic_path, atomic_write_text
+from traces.errors import NoPlanFits
+from traces.outdir import refuse_file_as_folder
 
 
 def run_search(space: SearchSpace, top: int, simulate_top: int, sample: int, out: Path,
                workers: int | None = None, bound: bool | None = None) -> SearchResult:
+    refuse_file_as_folder(out)  # before the search, not after it
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
         tasks: dict[str, Any] = {}
@@ -34,7 +38,19 @@ def run_search(space: SearchSpace, top: int, simulate_top: int, sample: int, out
         result = search(space, top_k=simulate_top, sample=sample, progress=progress, workers=workers, bound=bound)
     print_search(result, top)
     write_search(result, out)
+    if result.best is None:  # the outputs are written; exit 3, as simulate does for a plan that does not fit
+        raise no_plan_fits(result)
     return result
+
+
+def no_plan_fits(result: SearchResult) -> NoPlanFits:
+    """Why a search found no plan, in one line: how many plans the estimate found too large, how many the
+    engine ran over capacity."""
+    over = sum(1 for r in result.simulated if r.simulated is not None and r.simulated.oom)
+    return NoPlanFits(
+        f"no plan fits in memory: of {result.considered:,} plans considered, {result.pruned[DOES_NOT_FIT]:,} do not "
+        f"fit by the estimate and {over} of {len(result.simulated)} simulated exceed a device's memory (fix: more "
+        "devices or devices with more memory, a smaller global batch, or a smaller model)")
 
 
 def print_search(result: SearchResult, top: int) -> None:
@@ -102,16 +118,29 @@ def print_breakdown(best: Ranked) -> None:
     plain("(engine: the busiest pipeline rank's compute stream; its bubble is what is left of the iteration)")
 
 
+def candidate_settings(candidate: Candidate) -> dict[str, Any]:
+    """Every setting of the candidate, read from its fields (a section's settings as JSON text): a setting
+    left out (p2p was) makes a plan's twins identical rows, and a row no longer says which plan it is."""
+    return {f.name: json.dumps(dict(v)) if isinstance(v := getattr(candidate, f.name), tuple) else v
+            for f in fields(candidate)}
+
+
+def search_record(result: SearchResult) -> dict[str, Any]:
+    """Every input that changes the search's result, as ``summary.json`` keeps it: the whole space (workload
+    and its options, cluster, batch, dtype, profile, limits, the p2p modes and gradient syncs searched;
+    ``SearchSpace.from_record`` reads it back) and how the search ran (``SearchResult.settings``)."""
+    space = {**asdict(result.space), "global_batch": result.global_batch}  # the default worked out
+    # the cluster as it was read (a YAML file may change after the search)
+    cluster = load_cluster(result.space.cluster).model_dump(mode="json")
+    return {"space": space, **result.settings, "world_size": result.world_size, "cluster": cluster}
+
+
 def ranked_frame(result: SearchResult) -> pd.DataFrame:
     rows = []
     for i, ranked in enumerate(result.ranked, 1):
         c, e, s = ranked.candidate, ranked.estimate, ranked.simulated
-        # Every setting of the candidate, read from its fields: a setting left out (p2p was) makes a plan's
-        # twins identical rows, and a row no longer says which plan it is.
-        settings = {f.name: json.dumps(dict(v)) if isinstance(v := getattr(c, f.name), tuple) else v
-                    for f in fields(c)}
         rows.append({
-            "rank": i, **settings,
+            "rank": i, **candidate_settings(c),
             "estimate_s": e.iteration_s, "estimate_compute_s": e.compute_s, "estimate_recompute_s": e.recompute_s,
             "estimate_bubble_s": e.bubble_s, "estimate_tp_comm_s": e.tp_comm_s, "estimate_p2p_s": e.p2p_s,
             "estimate_dp_comm_s": e.dp_comm_s, "estimate_optimizer_s": e.optimizer_s,
@@ -145,6 +174,8 @@ def write_search(result: SearchResult, out: Path) -> dict[str, Path]:
         "agreement": result.agreement.__dict__ if result.agreement else None,
         "best_engine_s": best.simulated.iteration_s if best and best.simulated else None,
         "best": best.candidate.describe() if best else None,
+        "best_settings": candidate_settings(best.candidate) if best else None,  # its p2p included
+        "search": search_record(result),
     }
     paths["summary"] = atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str))
     if best is not None:
@@ -152,6 +183,6 @@ def write_search(result: SearchResult, out: Path) -> dict[str, Path]:
         plain(f"best plan: {paths['best']} ({best.simulated.iteration_s * 1e3:,.1f} ms, peak "
               f"{gib(max(best.simulated.peak_bytes))}); check it with paratwin simulate {paths['best']}")
     else:
-        plain("no simulated plan fits in memory")
+        plain("no plan fits in memory: no best.yaml written")
     plain(f"ranked plans: {paths['ranked']}\nsummary: {paths['summary']}")
     return paths

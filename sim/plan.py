@@ -192,6 +192,8 @@ class Plan(BaseModel):
                 fix = "choose a registered one (paratwin options lists them)"
             elif "expected" in first.get("ctx", {}):  # one of fixed values (schedule.p2p): name them in the fix
                 fix = f"write {first['ctx']['expected']}, not {short_repr(first.get('input'))}"
+            elif first["type"] in ("bool_parsing", "bool_type"):  # a switch (schedule.p2p_scatter_gather)
+                fix = f"write true or false, not {short_repr(first.get('input'))}"
             else:
                 fix = f"got {short_repr(first.get('input'))}"
             raise ConfigError(f"{source}: {where}", problem, fix) from None

@@ -33,6 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 from sim.cluster import load_cluster
@@ -59,6 +60,20 @@ DOES_NOT_FIT = "does not fit in memory (estimate)"
 SAME_SPLIT = "parallelism.partition (same stages as an earlier partition)"
 SAME_PLAN = "memory.policy (an optimising policy that chose what an enumerated one does)"
 REFUSED = "memory.policy (the policy refuses this plan: MemoryPolicy.problem)"
+# A one-stage plan (pp 1) has no pipeline: every schedule runs each micro-batch's forward and backward on
+# the one rank, so the search enumerates one schedule per chunk count (the chunks still split the layers
+# into virtual stages: a stage's gradient buckets start after its last backward, and a per-stage memory
+# policy sees each): 1F1B for one chunk (the order holding the fewest micro-batches' activations; GPipe
+# holds them all) and interleaved 1F1B for more (the one schedule that allows every count). Measured
+# (session 15, issue-9w; tests/test_search_one_stage.py): on the analytic A100 model every other schedule's
+# one-stage plan simulates to the kept one's time with a peak no lower. On a profiled CPU (gpt-tiny,
+# local-cpu-2, dp 2, one bucket) ZB-V x2 was 4.4 ms (0.17%) faster in the engine than the rest, 2,541.8
+# against 2,546.1 ms, from one term: the replicas' wait at the gradient all-reduce (sim.meeting) sums the
+# profile's spreads of its second chunk's separately timed input and weight halves, not the whole
+# backward's; the estimate prices it as the rest. A difference in a noise model, not in the schedule.
+ONE_STAGE_SCHEDULES = {1: "1f1b"}  # chunks -> the schedule a one-stage plan is enumerated with
+ONE_STAGE_CHUNKED = "interleaved-1f1b"  # for any other chunk count
+SAME_ONE_STAGE = "schedule.name (one stage: the same plan as 1f1b, or interleaved-1f1b with as many chunks)"
 
 Progress = Callable[[str, int, int | None], None]  # (phase, done, total or None)
 
@@ -91,6 +106,16 @@ class SearchSpace:
     # plan ranks below its async twin by what the engine adds (docs/accuracy.md section 17); the search's
     # plans send whole tensors (no scatter/gather, whose all-gather a blocking plan would also wait for).
     p2p: tuple[str, ...] = ("async",)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> SearchSpace:
+        """The space that ``summary.json`` of ``paratwin search`` records under ``search.space`` (its JSON
+        lists back to tuples), to rerun a search as it ran."""
+        unknown = sorted(set(record) - {f.name for f in dataclass_fields(cls)})
+        if unknown:
+            raise ConfigError("search.space", f"unknown field(s) {', '.join(unknown)}",
+                              "pass a record written by paratwin search (summary.json's search.space)")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in record.items()})
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +180,7 @@ class Simulated:
     recompute_s: float
     bubble_s: float
     exposed_comm_s: float  # after its last backward, before its optimizer step
-    optimizer_s: float
+    optimizer_s: float  # the step and what follows it on the rank (the distributed optimizer's all-gather)
     wall_s: float
 
 
@@ -196,6 +221,8 @@ class SearchResult:
     base: dict[str, Any]  # the plan fields every candidate shares
     top_k: int = 0  # how many of the estimate's best were simulated
     estimated_top: list[Ranked] = field(default_factory=list)  # those, in estimate order
+    # how the search ran beyond its space: top_k and sample asked for, the sample's seed, branch and bound
+    settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def simulated(self) -> list[Ranked]:
@@ -212,6 +239,11 @@ class SearchResult:
 
 # ---------------------------------------------------------------------------------------------
 # Enumeration
+
+
+def one_stage_schedule(chunks: int) -> str:
+    """The schedule a one-stage plan with ``chunks`` virtual stages is enumerated with (``ONE_STAGE_SCHEDULES``)."""
+    return ONE_STAGE_SCHEDULES.get(chunks, ONE_STAGE_CHUNKED)
 
 
 def _divisors(n: int) -> list[int]:
@@ -409,6 +441,8 @@ class _Enumerator:
                 leaves = len(memories) * len(overlaps) * len(methods) * len(embeddings) * len(p2ps)
                 out.considered += leaves * len(partitions)
                 reason = tp_reason or _shape_problem(schedule, pp, m, chunks, self.layers)
+                if not reason and pp == 1 and schedule != one_stage_schedule(chunks):
+                    reason = SAME_ONE_STAGE
                 if reason:
                     out.pruned[reason] += leaves * len(partitions)
                     continue
@@ -635,6 +669,10 @@ def estimate_phase(space: SearchSpace, top_k: int = 50, workers: int | None = No
     ``search``), then build the optimising memory policies for the best shapes."""
     cluster = load_cluster(space.cluster)
     world = cluster.world_size
+    if space.global_batch is not None and (isinstance(space.global_batch, bool) or not isinstance(
+            space.global_batch, int) or space.global_batch < 1):  # 0 was read as "not given": 2 x the devices
+        raise ConfigError("global_batch", f"must be a positive integer, got {space.global_batch!r}",
+                          f"give the samples per iteration, or leave it out for 2 x the devices ({2 * world})")
     global_batch = space.global_batch or 2 * world
     max_tp = space.max_tp or cluster.devices_per_node
     name = f"search-{space.workload}-{cluster.name}"
@@ -700,6 +738,9 @@ def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
     exhaustive search, with fewer plans estimated (``ranked`` holds those; the rest are counted under
     ``BOUNDED``) and the random sample drawn from every plan, then estimated. Default: on when
     ``top_k`` > 0 and the space has at least ``MIN_BOUNDED_PLANS`` plans past the structural checks."""
+    for name, value in (("top_k", top_k), ("sample", sample)):
+        if value < 0:  # a negative top_k sliced all but the last plans for the engine
+            raise ConfigError(name, f"must be 0 or more, got {value}", "give how many plans to simulate")
     started = time.perf_counter()
     phase = estimate_phase(space, top_k, workers, bound, progress)
     considered, pruned, survivors, skipped = phase.considered, phase.pruned, phase.survivors, phase.skipped
@@ -739,7 +780,8 @@ def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
     timings = {"estimate_s": estimated_at - started, "engine_top_s": top_done_at - estimated_at,
                "engine_sample_s": simulated_at - top_done_at, "total_s": simulated_at - started}
     return SearchResult(space, world, global_batch, considered, pruned, ranked, sampled, agreement, skipped,
-                        timings, base, len(top), top)
+                        timings, base, len(top), top,
+                        {"top_k": top_k, "sample": sample, "seed": seed, "bounded": phase.bounded})
 
 
 def _estimate_order(r: Ranked) -> tuple[float, tuple[int, ...]]:
@@ -912,9 +954,13 @@ def _simulate(candidate: Candidate, base: dict[str, Any], costs: Any, name: str)
 
     compute = total("FWD", "BWD", "BWD_I", "BWD_W")
     recompute = total("RECOMPUTE")
-    optimizer = total("OPTIMIZER_STEP")
     own = rows[rows["rank"] == busiest]
     opt_rows = own[own["kind"] == "OPTIMIZER_STEP"]
+    # The step and what the rank still does after it (the distributed optimizer's parameter all-gather),
+    # as the estimate's optimizer_s counts it (``Estimator._finish``): not a pipeline bubble.
+    after_step = (table[(table["parent"] == -1) & (table["rank"] == busiest)]["end_s"].max()
+                  - opt_rows["end_s"].max()) if len(opt_rows) else 0.0
+    optimizer = total("OPTIMIZER_STEP") + max(0.0, float(after_step))
     last_work = own[own["kind"] != "OPTIMIZER_STEP"]["end_s"].max()
     exposed = float(opt_rows["start_s"].min() - last_work) if len(opt_rows) and len(own) else 0.0
     exposed = max(0.0, exposed)

@@ -204,6 +204,14 @@ def test_a_misspelt_p2p_names_the_values_in_its_fix(value: object) -> None:
     one_line(error, "schedule.p2p", f"(fix: write 'async' or 'blocking', not {value!r})")
 
 
+@pytest.mark.parametrize("value", ["maybe", 3, [True]])
+def test_a_switch_that_is_not_a_boolean_names_true_and_false_in_its_fix(value: object) -> None:
+    """schedule.p2p_scatter_gather is true or false: the fix says so (it said only "got 'maybe'")."""
+    with pytest.raises(ConfigError) as error:
+        Plan.from_dict({"workload": "gpt-tiny", "parallelism": {"pp": 2}, "schedule": {"p2p_scatter_gather": value}})
+    one_line(error, "schedule.p2p_scatter_gather", f"(fix: write true or false, not {value!r})")
+
+
 def test_lstm_options_are_checked() -> None:
     with pytest.raises(ConfigError) as error:
         simulate(Plan(workload="lstm-tiny", cluster="local-cpu-2", parallelism={"dp": 2},

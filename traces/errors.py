@@ -32,6 +32,13 @@ class ConfigError(ParatwinError):
         return (type(self), (self.field, self.problem, self.fix))
 
 
+class NoPlanFits(ParatwinError):
+    """A search none of whose plans fits in memory. Its outputs (ranked.parquet, summary.json) are still
+    written; the CLI then exits with ``exit_code``, as ``simulate`` does for a plan that does not fit."""
+
+    exit_code = 3
+
+
 class PlanDoesNotFit(ParatwinError):
     """A simulated plan that exceeds a device's memory. The simulation still completes and writes
     its outputs (marked as OOM); the CLI then exits with ``exit_code`` instead of 0."""

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from traces.atomic import atomic_write_text
-from traces.errors import ParatwinError
+from traces.errors import ConfigError, ParatwinError
 
 LOCK_NAME = ".paratwin.lock"
 MARKER_NAME = ".paratwin-run.json"
@@ -47,6 +47,14 @@ RUN_FILES = ("trace.json",)
 
 class OutputError(ParatwinError):
     """An output folder that cannot be written as asked (in use, or holding other outputs)."""
+
+
+def refuse_file_as_folder(path: Path, option: str = "--out") -> None:
+    """An output folder that is an existing file, refused before any work is done (it was a FileExistsError
+    after a whole search or simulation, which lost their results)."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(option, f"{path} is a file, not a folder",
+                          "name a folder for the outputs (a new one is created)")
 
 
 def safe_name(name: str) -> str:
