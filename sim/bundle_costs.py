@@ -134,6 +134,7 @@ class BundleCostModel:
             selective_recompute_s=row["selective_recompute_s"] * scale * compute_share
             if row["selective_recompute_s"] >= 0 else -1.0,
             shared_input_bytes=int(self._shared_input(layer) * scale * saved_share),
+            unsaved_input_bytes=int(self._unsaved_input(layer) * scale),
             **{f"{phase}_sd_s": sd_from_spread(row[f"{phase}_s"] * scale * compute_share,
                                                row.get(f"{phase}_spread", 0.0))
                for phase in _TIMED_PHASES},
@@ -147,6 +148,15 @@ class BundleCostModel:
         if layer == 0 or "saved_input_bytes" not in self._rows[layer]:
             return 0
         return int(min(self._rows[layer]["saved_input_bytes"], self._rows[layer - 1]["saved_output_bytes"]))
+
+    def _unsaved_input(self, layer: int) -> int:
+        """The layer's input when it saves none of it (a pooling that keeps only shapes, a head whose
+        linear saves the pooled tensor): the previous layer's output, which a checkpointed re-run of
+        this layer holds beside its saved tensors (sim.costs.LayerCosts.unsaved_input_bytes, as
+        exec.structure measures it). 0 for the first layer and in bundles without saved_input_bytes."""
+        if layer == 0 or "saved_input_bytes" not in self._rows[layer] or self._rows[layer]["saved_input_bytes"] > 0:
+            return 0
+        return int(self._rows[layer - 1]["output_bytes"])
 
     def optimizer_step_s(self, param_bytes: int) -> float:
         return self.optimizer_s_per_byte * param_bytes

@@ -729,9 +729,13 @@ class Estimator:
             hop_s = [hop + self._gather_s(st.output_bytes, tp, tp_sharing)
                      for st, hop in zip(stages, hop_s, strict=True)]
 
+        # The peak states keep only those no other covers (``_peak_states``), right while a recomputed
+        # set adds bytes. Where a re-run holds less than its checkpointed forward kept (a recomputed
+        # layer that saves none of its input after a kept layer: docs/memory.md), the micro-batch's
+        # most is its forward, so the set counts as adding nothing: never under the ledger's peak.
         held = []
         for k in range(pp):
-            held.append(max((sum(n * stages[s].kept_bytes + x * stages[s].recompute_extra_bytes
+            held.append(max((sum(n * stages[s].kept_bytes + x * max(stages[s].recompute_extra_bytes, 0)
                                  for s, (n, x) in zip(stages_of[k], state, strict=True))
                              for state in unit.states[k]), default=0))
         delta_s = [0.0] * pp  # DELTA's re-runs per micro-batch, in the rank's backwards
