@@ -386,7 +386,9 @@ def test_a_layer_that_never_agrees_with_its_identical_siblings_is_flagged_and_gi
     policy = Steadiness(retries=1)
     bundle = profile_workload(wl, micro_batch=2, warmup=1, repeats=5, with_ops=False, steady=policy)
     layers = bundle.layers
-    assert layers.loc[0, "unsteady"] and layers.loc[0, "attempts"] == 1 + policy.retries
+    # Re-measured `retries` times against its siblings; on a loaded machine its first measurement may
+    # also have been retried for its own spread (_measure_steady), up to `retries` more.
+    assert layers.loc[0, "unsteady"] and 1 + policy.retries <= layers.loc[0, "attempts"] <= 1 + 2 * policy.retries
     siblings = layers.loc[1:3, "fwd_s"]
     assert 0.5 < layers.loc[0, "fwd_s"] / siblings.median() < 2, layers["fwd_s"].tolist()
     why = [f["why"] for f in bundle.meta["settings"]["unsteady_layers"] if f["layer"] == 0]
