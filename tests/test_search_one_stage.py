@@ -1,6 +1,8 @@
 """What ``paratwin search`` writes and how it treats a one-stage plan (session 15, issue-9w): a plan with
 one pipeline stage is enumerated once (as 1F1B; every schedule's one-stage plan simulates to its time),
-its time breakdown agrees field by field between the estimate and the engine, and summary.json records
+its time breakdown agrees field by field between the estimate and the engine (session 15, issue-9z: TP with
+recompute, and a tied embedding's pipeline too; each kind defined once, docs/search.md), a search that
+simulates none of its best reports no best plan, and summary.json records
 every input of the search, so that its best.yaml simulates to the recorded time and the space reads back."""
 
 from __future__ import annotations
