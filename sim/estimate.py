@@ -222,7 +222,7 @@ class Estimate:
     iteration_s: float
     compute_s: float  # bottleneck rank: forward + backward, without TP communication, all micro-batches
     recompute_s: float  # its forward re-runs, with their own TP communication (as the engine's RECOMPUTE)
-    bubble_s: float
+    bubble_s: float  # the schedule's idle time, a sharded embedding's exposed lookups included
     tp_comm_s: float  # the forward's and backward's exposed TP communication on the bottleneck rank
     p2p_s: float
     dp_comm_s: float  # exposed gradient-sync time (the tied embedding's all-reduce included)
@@ -920,7 +920,9 @@ class Estimator:
             iteration_s=iteration,
             compute_s=pipe["compute"],
             recompute_s=pipe["recompute"],
-            bubble_s=pipe["bubble"],
+            # a sharded embedding's exposed lookups (before the forwards) are waits of the compute stream, as
+            # the engine's breakdown counts them: bubble (docs/search.md)
+            bubble_s=pipe["bubble"] + lookups,
             tp_comm_s=max(0.0, pipe["tp_exposed"]),
             p2p_s=pipe["hops"],
             dp_comm_s=dp_exposed,
