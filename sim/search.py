@@ -229,11 +229,16 @@ class SearchResult:
         return [r for r in self.ranked if r.simulated is not None]
 
     @property
+    def estimate_only(self) -> bool:
+        """Asked to simulate none of the estimate's best (``top_k`` 0; not a search where no plan survived)."""
+        return self.settings.get("top_k", self.top_k) == 0
+
+    @property
     def best(self) -> Ranked | None:
         """The engine's fastest fitting plan of those simulated. None where the search simulated none of the
         estimate's best (``top_k`` 0): its random sample is drawn for the agreement figures only, and its
         fastest plan is no choice of the search (docs/search.md)."""
-        if self.top_k == 0:
+        if self.estimate_only:
             return None
         fitting = [r for r in self.simulated if not r.simulated.oom]  # type: ignore[union-attr]
         return fitting[0] if fitting else None
