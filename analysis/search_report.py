@@ -38,7 +38,8 @@ def run_search(space: SearchSpace, top: int, simulate_top: int, sample: int, out
         result = search(space, top_k=simulate_top, sample=sample, progress=progress, workers=workers, bound=bound)
     print_search(result, top)
     write_search(result, out)
-    if result.best is None:  # the outputs are written; exit 3, as simulate does for a plan that does not fit
+    # the outputs are written; exit 3, as simulate does for a plan that does not fit
+    if result.best is None and not result.estimate_only:
         raise no_plan_fits(result)
     return result
 
@@ -70,7 +71,8 @@ def print_search(result: SearchResult, top: int) -> None:
         plain(f"not enumerated: {choice}: {why}")
 
     table = Table("#", "plan", "engine ms", "estimate ms", "samples/s", "MFU", "peak GiB per stage",
-                  title=f"best {min(top, len(result.simulated))} of {len(result.simulated)} simulated (engine order)")
+                  title=f"best {min(top, len(result.simulated))} of {len(result.simulated)} simulated (engine order)"
+                  + (": a random sample, not the search's choice" if result.estimate_only else ""))
     for i, ranked in enumerate(result.simulated[:top], 1):
         sim = ranked.simulated
         assert sim is not None
@@ -182,6 +184,9 @@ def write_search(result: SearchResult, out: Path) -> dict[str, Path]:
         assert best.simulated is not None
         plain(f"best plan: {paths['best']} ({best.simulated.iteration_s * 1e3:,.1f} ms, peak "
               f"{gib(max(best.simulated.peak_bytes))}); check it with paratwin simulate {paths['best']}")
+    elif result.estimate_only:
+        plain("no best plan: --simulate-top 0 simulated none of the estimate's best (the random sample is for the "
+              "agreement figures only); no best.yaml written")
     else:
         plain("no plan fits in memory: no best.yaml written")
     plain(f"ranked plans: {paths['ranked']}\nsummary: {paths['summary']}")

@@ -221,11 +221,11 @@ class BucketPrice:
 class Estimate:
     iteration_s: float
     compute_s: float  # bottleneck rank: forward + backward, without TP communication, all micro-batches
-    recompute_s: float
-    bubble_s: float
-    tp_comm_s: float  # exposed TP all-reduce time on the bottleneck rank
+    recompute_s: float  # its forward re-runs, with their own TP communication (as the engine's RECOMPUTE)
+    bubble_s: float  # the schedule's idle time, a sharded embedding's exposed lookups included
+    tp_comm_s: float  # the forward's and backward's exposed TP communication on the bottleneck rank
     p2p_s: float
-    dp_comm_s: float  # exposed gradient-sync time
+    dp_comm_s: float  # exposed gradient-sync time (the tied embedding's all-reduce included)
     optimizer_s: float
     peak_bytes: tuple[int, ...]  # per pipeline rank
     capacity_bytes: int
@@ -689,6 +689,8 @@ class Estimator:
         per_rank = [0.0] * pp  # time per micro-batch, communication included
         compute = [0.0] * pp
         recompute_compute = [0.0] * pp
+        # the re-runs with their own TP communication: what the engine's RECOMPUTE instructions last
+        recompute_timed = [0.0] * pp
         bwd = [0.0] * pp
         grads = [0] * pp
         params = [0] * pp
@@ -702,6 +704,7 @@ class Estimator:
             per_rank[k] += st.fwd_s + st.bwd_s + st.recompute_s
             compute[k] += st.compute_s
             recompute_compute[k] += st.recompute_compute_s
+            recompute_timed[k] += st.recompute_s
             bwd[k] += st.bwd_s
             grads[k] += st.grad_bytes
             params[k] += st.param_bytes
@@ -749,6 +752,7 @@ class Estimator:
                                                                       cost, policy.delta)):
                 per_rank[k] += extra_s
                 recompute_compute[k] += extra_s
+                recompute_timed[k] += extra_s
                 delta_s[k] = extra_s
                 held[k] = activations
         bottleneck = max(range(pp), key=per_rank.__getitem__)
@@ -768,8 +772,10 @@ class Estimator:
                 "bound": pipeline_lower_bound(steady, heads, compute, m, optimizer),
                 "bound_terms": (steady, heads, compute, m), "level_free_terms": (raw_steady, raw_heads),
                 "level_free_bound": pipeline_lower_bound(raw_steady, raw_heads, compute, m, optimizer),
-                "tp_exposed": (per_rank[bottleneck] - compute[bottleneck] - recompute_compute[bottleneck]) * m,
-                "m": m, "compute": compute[bottleneck] * m, "recompute": recompute_compute[bottleneck] * m,
+                # the breakdown's kinds as the engine's (docs/search.md): a recompute's TP all-reduces are
+                # recompute, the forward's and backward's exposed ones TP communication
+                "tp_exposed": (per_rank[bottleneck] - compute[bottleneck] - recompute_timed[bottleneck]) * m,
+                "m": m, "compute": compute[bottleneck] * m, "recompute": recompute_timed[bottleneck] * m,
                 "micro_batch": micro_batch,
                 "sync_layers": [tuple(tuple(stage_layers[s]) for s in stages_of[k]) for k in range(pp)],
                 "stages_of": stages_of}
@@ -891,8 +897,13 @@ class Estimator:
             opt = self._step_s(pipe, k, dp, tp, sync, embedding) + pipe["step_extra"][k]
             if share < 1.0:
                 opt += self.param_gather_s(sync, pipe["sync_layers"][k], removed, dp, tp, pipe["micro_batch"])
-            if k in tied:  # the tied embedding's all-reduce, after the buckets, before the step
-                opt += tied[k]
+            # The tied embedding's all-reduce runs after the buckets, before the step: a gradient sync, as the
+            # engine's breakdown counts it (docs/search.md). Beside a prefetching embedding's rows it stays in
+            # the step that the prefetch overlaps (``_prefetched``), as before.
+            if embedding is not None and mine and embedding.prefetch:
+                opt += tied.get(k, 0.0)
+            else:
+                exposed += tied.get(k, 0.0)
             if mine:
                 exposed += embedding.last_grads_s
                 if embedding.prefetch:
@@ -909,7 +920,9 @@ class Estimator:
             iteration_s=iteration,
             compute_s=pipe["compute"],
             recompute_s=pipe["recompute"],
-            bubble_s=pipe["bubble"],
+            # a sharded embedding's exposed lookups (before the forwards) are waits of the compute stream, as
+            # the engine's breakdown counts them: bubble (docs/search.md)
+            bubble_s=pipe["bubble"] + lookups,
             tp_comm_s=max(0.0, pipe["tp_exposed"]),
             p2p_s=pipe["hops"],
             dp_comm_s=dp_exposed,

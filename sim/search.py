@@ -229,7 +229,17 @@ class SearchResult:
         return [r for r in self.ranked if r.simulated is not None]
 
     @property
+    def estimate_only(self) -> bool:
+        """Asked to simulate none of the estimate's best (``top_k`` 0; not a search where no plan survived)."""
+        return self.settings.get("top_k", self.top_k) == 0
+
+    @property
     def best(self) -> Ranked | None:
+        """The engine's fastest fitting plan of those simulated. None where the search simulated none of the
+        estimate's best (``top_k`` 0): its random sample is drawn for the agreement figures only, and its
+        fastest plan is no choice of the search (docs/search.md)."""
+        if self.estimate_only:
+            return None
         fitting = [r for r in self.simulated if not r.simulated.oom]  # type: ignore[union-attr]
         return fitting[0] if fitting else None
 
@@ -888,7 +898,7 @@ def _simulate_all(candidates: list[Candidate], base: dict[str, Any], probe_plan:
         for i, candidate in enumerate(candidates):
             if progress:
                 progress("engine", i, total)
-            yield _simulate(candidate, base, costs, f"{name}-{i}")
+            yield simulate_candidate(candidate, base, costs, f"{name}-{i}")
     else:
         from concurrent.futures import ProcessPoolExecutor
 
@@ -927,10 +937,11 @@ def _worker_shape(shape: tuple[int, int, int], index: int = 0) -> _ShapePlans:
 
 
 def _worker_simulate(candidate: Candidate, base: dict[str, Any], name: str) -> Simulated:
-    return _simulate(candidate, base, _worker_costs, name)
+    return simulate_candidate(candidate, base, _worker_costs, name)
 
 
-def _simulate(candidate: Candidate, base: dict[str, Any], costs: Any, name: str) -> Simulated:
+def simulate_candidate(candidate: Candidate, base: dict[str, Any], costs: Any, name: str) -> Simulated:
+    """The engine's figures for one candidate, its breakdown's kinds as docs/search.md defines them."""
     from sim.engine import EngineOptions
     from sim.simulate import simulate
 

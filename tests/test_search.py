@@ -43,8 +43,8 @@ def test_pruning_is_counted_by_reason_and_nothing_pruned_is_simulated(result, mo
     simulated = []
     import sim.search as search_module
 
-    real = search_module._simulate
-    monkeypatch.setattr(search_module, "_simulate",
+    real = search_module.simulate_candidate
+    monkeypatch.setattr(search_module, "simulate_candidate",
                         lambda candidate, *args: simulated.append(candidate) or real(candidate, *args))
     again = search(SPACE, top_k=5, sample=5, seed=2, workers=1)  # in this process, where the spy is
     assert simulated and again.pruned == result.pruned
