@@ -733,9 +733,11 @@ class Estimator:
                      for st, hop in zip(stages, hop_s, strict=True)]
 
         # The peak states keep only those no other covers (``_peak_states``), right while a recomputed
-        # set adds bytes. Where a re-run holds less than its checkpointed forward kept (a recomputed
-        # layer that saves none of its input after a kept layer: docs/memory.md), the micro-batch's
-        # most is its forward, so the set counts as adding nothing: never under the ledger's peak.
+        # set adds bytes. Where a re-run held less than its checkpointed forward kept, the micro-batch's
+        # most would be its forward, so the set counts as adding nothing: never under the ledger's
+        # peak. No registered workload's costs reach it since the forward and the re-run count a
+        # checkpoint the previous layer saves by one rule (sim.memory.input_saved_by_previous;
+        # docs/memory.md); kept for costs whose layer saves less than its input (none known).
         held = []
         for k in range(pp):
             held.append(max((sum(n * stages[s].kept_bytes + x * max(stages[s].recompute_extra_bytes, 0)

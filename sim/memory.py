@@ -149,7 +149,7 @@ def resident_bytes(layers: Sequence[int], away: Collection[int], dropped: Collec
     total = kept_saved_bytes(layers, on, cost)
     for position, layer in enumerate(layers):
         if layer in rec:
-            shared = cost(layer).shared_input_bytes if position > 0 and layers[position - 1] in on else 0
+            shared = input_saved_by_previous(layer, cost) if position > 0 and layers[position - 1] in on else 0
             total += checkpoint_bytes(layer, cost) - shared
     if layers and layers[0] in gone:  # the stage input stays (movable_bytes leaves it out too)
         total += min(checkpoint_bytes(layers[0], cost), cost(layers[0]).saved_bytes)
@@ -166,14 +166,27 @@ def held_bytes(layers: Sequence[int], recomputed: Collection[int], cost: Callabl
     for position, layer in enumerate(layers):
         c = cost(layer)
         total += c.saved_bytes
-        # A recomputed layer that does not save its input keeps it as its checkpoint all the same; it
-        # is a storage of its own unless the previous layer, kept, saves it as its output (assumed
-        # so: the input a layer does not save is not known to be saved by the previous one).
-        if layer in fresh and (position == 0 or layers[position - 1] in fresh):
-            total += min(c.unsaved_input_bytes, checkpoint_bytes(layer, cost))
+        if layer in fresh:  # its checkpoint: the input it does not save, held beside its re-run
+            total += unsaved_checkpoint_bytes(layer, cost)
         if position > 0 and layers[position - 1] not in fresh:
-            total -= c.shared_input_bytes
+            total -= input_saved_by_previous(layer, cost) if layer in fresh else c.shared_input_bytes
     return total
+
+
+def unsaved_checkpoint_bytes(layer: int, cost: Callable[[int], LayerCosts]) -> int:
+    """The part of a recomputed layer's checkpointed input that its own saved bytes do not count
+    (``LayerCosts.unsaved_input_bytes``): the whole input of a layer that does not save it."""
+    return min(cost(layer).unsaved_input_bytes, checkpoint_bytes(layer, cost))
+
+
+def input_saved_by_previous(layer: int, cost: Callable[[int], LayerCosts]) -> int:
+    """Bytes of a recomputed layer's checkpointed input that the previous layer, kept, saves as its
+    output, so one storage: the part both save (``shared_input_bytes``) and, for a layer that does
+    not save its input, all of it. The latter is assumed for every such layer (the costs do not say
+    whether the previous layer saves its output); torch agrees on the one there is: resnet-tiny's
+    pool + head after a block ending in a ReLU, which saves its output (docs/memory.md). One rule
+    for the forward (``resident_bytes``) and for the re-run (``held_bytes``)."""
+    return cost(layer).shared_input_bytes + unsaved_checkpoint_bytes(layer, cost)
 
 
 def movable_bytes(layers: Sequence[int], chosen: Collection[int], cost: Callable[[int], LayerCosts]) -> int:

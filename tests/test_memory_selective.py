@@ -158,6 +158,29 @@ def test_selective_run_equals_one_process_and_ledger(workload: str, pp: int, pol
             f"rank {rank}: runtime {measured[str(rank)]} B, ledger {ledger.activation_peak} B"
 
 
+@pytest.mark.slow
+def test_recomputed_head_after_a_kept_layer_run_equals_ledger() -> None:
+    """resnet-tiny pp 2 (GPipe, four micro-batches of two, fp32), the last stage (3, 4) recomputing
+    only the head (pool + linear + loss, which saves none of its input) after a kept layer 3: the
+    head's checkpoint is layer 3's saved ReLU output, one storage, so the forward holds layer 3's
+    saves alone (sim.memory.input_saved_by_previous). Every rank's runtime activation peak equals
+    the ledger's (rank 1: 1,987,684 B; the ledger counted the checkpoint twice, 2,248,704 B).
+    The policy is test-only, so the run is a script of its own (tests/recompute_after_kept_run.py)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(root / "tests" / "recompute_after_kept_run.py")], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["stage_layers"][-1] == [3, 4] and result["recompute_layers"] == [[], [4]]
+    assert result["runtime"] == result["ledger"]
+
+
 def test_sac_gradients_equal_plain_backward() -> None:
     """One GPT block: torch's SAC under our policy gives the same input and weight gradients as
     the plain layer (fp32, equal to the bit on CPU), and keeps fewer bytes."""

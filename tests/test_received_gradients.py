@@ -11,7 +11,7 @@ DELTA and the MILP release. No timing is compared: the analytic costs only order
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 
 import pytest
@@ -21,6 +21,7 @@ from sim.costs import CostModel
 from sim.delta import Step
 from sim.delta_lowering import _STEP_OF, _replay
 from sim.estimate import Estimator
+from sim.memory import forward_bytes, held_bytes
 from sim.memory_optimal import layer_choice_model
 from sim.plan import Plan
 from sim.schedules import stage_to_rank
@@ -97,14 +98,16 @@ def test_estimate_peak_is_the_ledger_peak(workload: str, pp: int, policy: str) -
     assert estimate_peaks(plan, costs) == engine_peaks(plan, costs)
 
 
-def test_estimate_peak_where_a_recompute_holds_less_than_its_forward() -> None:
+def test_estimate_peak_where_only_the_head_is_recomputed_after_a_kept_layer() -> None:
     """resnet-tiny pp 2, the last stage (3, 4) recomputing only the head (pool + linear + loss,
-    which saves none of its input) after a kept layer 3: the ledger holds the head's checkpoint at
-    the forward and only its saved bytes once re-run (sim.memory.forward_bytes 1,134,592 B,
-    held_bytes 1,005,776), so the recompute shrinks the micro-batch. The estimate's peak states
-    assume it never does; counting the set as adding nothing, its peak is the ledger's (it was
-    128,816 B under). The built-in policies recompute a prefix of a stage or all of it; the per-layer
-    planners (the MILP, DELTA) may choose any subset."""
+    which saves none of its input) after a kept layer 3. The head's checkpoint is layer 3's saved
+    ReLU output, one storage (sim.memory.input_saved_by_previous): the forward holds layer 3's saves
+    alone and the re-run adds the head's saved bytes, as torch holds
+    (test_memory_selective.test_recomputed_head_after_a_kept_layer_run_equals_ledger). The ledger
+    counted the checkpoint twice (1,134,592 B at the forward, more than the 1,005,776 B once re-run),
+    and the estimate, whose peak states assume a re-run never holds less, was 128,816 B under it.
+    The built-in policies recompute a prefix of a stage or all of it; the per-layer planners (the
+    MILP, DELTA) may choose any subset."""
     from dataclasses import replace
 
     from sim.engine import Engine
@@ -112,6 +115,10 @@ def test_estimate_peak_where_a_recompute_holds_less_than_its_forward() -> None:
     plan, costs = plan_of("resnet-tiny", 2, {"policy": "full"})
     resolved = resolve_plan(plan, costs)
     assert resolved.stage_layers[-1] == (3, 4)
+    layer_costs = partial(resolved.costs.layer_costs, micro_batch=MICRO_BATCH, tp=1)
+    assert layer_costs(4).unsaved_input_bytes > 0
+    assert forward_bytes((3, 4), (4,), layer_costs) == layer_costs(3).saved_bytes
+    assert held_bytes((3, 4), (4,), layer_costs) == layer_costs(3).saved_bytes + layer_costs(4).saved_bytes
     policy = replace(resolved.policy, recompute_layers=((), (4,)))
     resolved = replace(resolved, policy=policy)
     engine = Engine(compile_plan(plan, resolved=resolved).program, resolved.costs, resolved.comm, policy, MICRO_BATCH)

@@ -1,0 +1,64 @@
+"""Run resnet-tiny on 2 gloo ranks with only the head recomputed on the last stage (3, 4), after a
+kept layer 3, and print each rank's runtime activation peak and the engine ledger's (JSON).
+
+Run as a script (``tests/test_memory_selective.py`` does, in a subprocess): the policy below is
+test-only, and the runtime's ranks re-import the main script, so it registers there too. No
+built-in policy recomputes a layer after a kept one (they recompute a prefix of a stage or all
+of it); the per-layer planners (the MILP, DELTA) may."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from sim.costs import CostModel
+from sim.memory import MEMORY_POLICIES, MemoryConfig, MemoryPolicy, register_memory_policy
+from sim.plan import Plan
+
+NAME = "test-head-after-kept"
+
+
+class HeadAfterKept(MemoryConfig):
+    """Test only: the last stage recomputes its last layer alone, the others keep everything."""
+
+    policy: Literal["test-head-after-kept"] = "test-head-after-kept"
+
+
+def build(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostModel, capacity_bytes: int) -> MemoryPolicy:
+    last = len(stage_layers) - 1
+    return MemoryPolicy(tuple((layers[-1],) if s == last else () for s, layers in enumerate(stage_layers)),
+                        (0.0,) * plan.num_stages)
+
+
+if NAME not in MEMORY_POLICIES:
+    register_memory_policy(NAME, HeadAfterKept, build)
+
+
+def main(out_dir: Path) -> dict[str, object]:
+    from exec.contract import compile_for_run
+    from exec.launcher import run_plan
+    from sim.engine import Engine
+    from tests.test_runtime import plan_of
+    from traces.runrecord import read_run_record
+
+    plan = plan_of(workload="resnet-tiny", pp=2, schedule="gpipe", microbatches=4, micro_batch=2)
+    plan = plan.model_copy(update={"name": "head-after-kept",
+                                   "memory": Plan.from_dict({"workload": "resnet-tiny",
+                                                             "memory": {"policy": NAME}}).memory})
+    run = compile_for_run(plan)
+    engine = Engine(run.program, run.resolved.costs, run.resolved.comm, run.resolved.policy, plan.micro_batch)
+    engine.run()
+    run_plan(plan, iterations=1, warmup=1, out_dir=out_dir / plan.name, timeout_s=120)
+    measured = read_run_record(out_dir / plan.name / "record").summary["activation_peak"]
+    return {"stage_layers": [list(s) for s in run.resolved.stage_layers],
+            "recompute_layers": [list(s) for s in run.resolved.policy.recompute_layers],
+            "runtime": {str(k): measured[str(k)] for k in sorted(engine.ledgers)},
+            "ledger": {str(k): engine.ledgers[k].activation_peak for k in sorted(engine.ledgers)}}
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory() as folder:
+        print(json.dumps(main(Path(folder))))
