@@ -362,10 +362,9 @@ def _gradient_worker(rank: int, store: str, out: str, embedding: dict) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("embedding", [{"schedule": "sequential", "shard": "rows"}, PS], ids=["embrace", "ps"])
 def test_each_owner_assembles_the_dense_mean_gradient_of_its_rows(tmp_path: Path, embedding: dict) -> None:
-    import torch.multiprocessing as mp
+    from tests.forked import start_ranks
 
-    mp.start_processes(_gradient_worker, args=(str(tmp_path / "store"), str(tmp_path), embedding), nprocs=2,
-                       start_method="spawn")
+    start_ranks(_gradient_worker, (str(tmp_path / "store"), str(tmp_path), embedding), 2)
     shards = [torch.load(tmp_path / f"grad{r}.pt") for r in (0, 1)]
     # The dense reference: one process, the whole model, both replicas' micro-batches, the mean.
     p = plan()
