@@ -152,6 +152,12 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+# What the forkserver imports once, so that a rank forked from it imports nothing heavy itself.
+# torch._dynamo too: building a layer on the meta device (exec.structure, in every rank before its
+# first instruction) imports it lazily, 2-4 s per rank per launch (10 of the 13 s a gpt-tiny pp2
+# run took on a loaded 2-core machine). tests/test_forkserver_preload.py checks the list.
+FORKSERVER_PRELOAD = ("exec.rank", "torch._dynamo")
+
 def run_plan(plan: Plan | str | Path, nproc: int | None = None, backend: str | None = None,
              iterations: int = 5, warmup: int = 1, out_dir: Path | None = None, timeout_s: float = 300, *,
              save_params: bool = False, threads: int = 1, force: bool = False) -> RunResult:
@@ -197,7 +203,7 @@ def _launch(plan: Plan, out_dir: Path, options: RunOptions, timeout_s: float) ->
     rendezvous.mkdir()
     init = f"file://{rendezvous.resolve()}/store"
     context = tmp.get_context("forkserver")
-    context.set_forkserver_preload(["exec.rank"])
+    context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     environment = dict(os.environ)
     processes = [context.Process(target=_spawned, name=f"paratwin-rank{r}", daemon=False,
                                  args=(r, world, plan.model_dump(), str(out_dir), options, init, environment,

@@ -87,13 +87,12 @@ def _worker_in_existing_group(rank: int, init: str, out: str) -> None:
 
 @pytest.mark.slow
 def test_commbench_inside_an_existing_process_group(tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
-
     from exec.commbench import _free_port
+    from tests.forked import start_ranks
 
     out = tmp_path / "samples.pkl"
     init = f"tcp://127.0.0.1:{_free_port()}"
-    mp.start_processes(_worker_in_existing_group, args=(init, str(out)), nprocs=2, start_method="spawn")
+    start_ranks(_worker_in_existing_group, (init, str(out)), 2)
     samples = pd.read_pickle(out)
     assert list(samples["primitive"]) == ["all_reduce", "all_reduce"]
     assert list(samples["bytes"]) == [1024, 1024 * 1024] and (samples["median_s"] > 0).all()

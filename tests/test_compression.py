@@ -275,9 +275,9 @@ def test_two_ranks_reduce_to_the_mean(tmp_path: Path) -> None:
     mean (union, padding and index packing across ranks), S2 with a wide sketch and five hash rows
     the exact mean almost everywhere (its hashes agree across ranks), and every method leaves both
     replicas with the same gradient."""
-    import torch.multiprocessing as mp
+    from tests.forked import start_ranks
 
-    mp.spawn(_two_rank_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    start_ranks(_two_rank_worker, (str(tmp_path / "store"), str(tmp_path)), 2)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     for method in ranks[0]:
         mean = [(a + b) / 2 for a, b in zip(ranks[0][method]["local"], ranks[1][method]["local"], strict=True)]

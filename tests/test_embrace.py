@@ -266,6 +266,21 @@ EMBRACE = {"method": "embrace"}
 PS = {"method": "ps"}  # the parameter-server baseline (sim.embedding_ps): always by rows, no schedule
 
 
+def train(run: Plan, out: Path, ranks: list[int]) -> tuple[dict[int, dict[str, torch.Tensor]], object]:
+    """Three Adam steps of ``run``: the parameters of ``ranks`` afterwards, and the instruction table."""
+    result = run_plan(run, iterations=STEPS - 1, warmup=1, out_dir=out, save_params=True)
+    assert len(result.losses) == STEPS
+    return {r: torch.load(out / "params" / f"rank{r}.pt") for r in ranks}, read_run_record(out / "record").instructions
+
+
+@pytest.fixture(scope="module")
+def dense_runs() -> dict:
+    """Dense data-parallel runs (parameters, instruction table) by their plan: the cases of one layout
+    share theirs. The plan fixes the seeds, batches and Adam steps, so a second run of it computes
+    the same parameters; no case changes them (they are only compared)."""
+    return {}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("workload, options, embedding, layout", [
     ("lstm-tiny", {}, {**EMBRACE, "shard": "rows", "schedule": "2d"}, {}),
@@ -279,7 +294,7 @@ PS = {"method": "ps"}  # the parameter-server baseline (sim.embedding_ps): alway
 ], ids=["lstm-rows-2d", "transformer-wikitext-columns-sequential", "pp2-zbh1-rows-2d", "ps-transformer-wikitext",
         "ps-pp2-zbh1", "tp2-columns-2d", "tp2-rows-sequential", "ps-tp2"])
 def test_sharded_training_ends_where_dense_data_parallel_training_does(
-        tmp_path: Path, workload: str, options: dict, embedding: dict, layout: dict) -> None:
+        tmp_path: Path, dense_runs: dict, workload: str, options: dict, embedding: dict, layout: dict) -> None:
     base = {**BASE, "workload": workload, "workload_options": options, **layout}
     stats = tmp_path / "rows.json"
     if options.get("data") == "wikitext-2":
@@ -294,11 +309,12 @@ def test_sharded_training_ends_where_dense_data_parallel_training_does(
     tp = base["parallelism"].get("tp", 1)
     holders = [[d * tp + t for d in range(2)] for t in range(tp)]  # TP rank t's replicas of stage 0 (pp 0)
     for name, section in (("dense", {"method": "dense"}), ("embrace", {**embedding, **extra})):
-        out = tmp_path / name
-        result = run_plan(plan(base, **section), iterations=STEPS - 1, warmup=1, out_dir=out, save_params=True)
-        params[name] = {r: torch.load(out / "params" / f"rank{r}.pt") for ranks in holders for r in ranks}
-        tables[name] = read_run_record(out / "record").instructions
-        assert len(result.losses) == STEPS
+        run = plan(base, **section)
+        runs = dense_runs if name == "dense" else {}
+        identity = json.dumps(run.model_dump(mode="json"), sort_keys=True)
+        if identity not in runs:
+            runs[identity] = train(run, tmp_path / name, [r for ranks in holders for r in ranks])
+        params[name], tables[name] = runs[identity]
     key = "0.tok.weight" if workload.startswith("gpt") else "0.weight"
     dense, sharded = params["dense"], params["embrace"]
     # Each TP rank's column slice, assembled from its replicas' shards, side by side.
@@ -346,10 +362,9 @@ def _gradient_worker(rank: int, store: str, out: str, embedding: dict) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("embedding", [{"schedule": "sequential", "shard": "rows"}, PS], ids=["embrace", "ps"])
 def test_each_owner_assembles_the_dense_mean_gradient_of_its_rows(tmp_path: Path, embedding: dict) -> None:
-    import torch.multiprocessing as mp
+    from tests.forked import start_ranks
 
-    mp.start_processes(_gradient_worker, args=(str(tmp_path / "store"), str(tmp_path), embedding), nprocs=2,
-                       start_method="spawn")
+    start_ranks(_gradient_worker, (str(tmp_path / "store"), str(tmp_path), embedding), 2)
     shards = [torch.load(tmp_path / f"grad{r}.pt") for r in (0, 1)]
     # The dense reference: one process, the whole model, both replicas' micro-batches, the mean.
     p = plan()

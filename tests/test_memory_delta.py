@@ -93,15 +93,6 @@ def test_delta_refuses_merak_schedules_and_fixed_swaps() -> None:
 # Real runs: gloo ranks execute the decisions; parameters equal one process's.
 
 
-@pytest.fixture(scope="module")
-def gpt_tiny_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from exec.profiler import profile_workload
-    from traces.bundle import write_bundle
-
-    bundle = profile_workload("gpt-tiny", micro_batch=1, warmup=1, repeats=3, with_ops=False, device="cpu")
-    return write_bundle(bundle, tmp_path_factory.mktemp("profile") / "gpt-tiny")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("schedule", "director"), [("gpipe", "cost"), ("gpipe", "recompute"), ("zb-h1", "recompute")])
 def test_pp2_delta_run_equals_one_process(schedule: str, director: str, gpt_tiny_profile: Path,

@@ -175,17 +175,6 @@ def test_engine_stays_within_the_budget_and_beats_stage_aware(budget_gb: float) 
 # A real run: gloo ranks, the policy's Program, the same parameters as one process.
 
 
-@pytest.fixture(scope="module")
-def gpt_tiny_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Measured costs make a swap cost less than a forward (structural costs have zero times, where
-    the policy never swaps)."""
-    from exec.profiler import profile_workload
-    from traces.bundle import write_bundle
-
-    bundle = profile_workload("gpt-tiny", micro_batch=1, warmup=1, repeats=3, with_ops=False, device="cpu")
-    return write_bundle(bundle, tmp_path_factory.mktemp("profile") / "gpt-tiny")
-
-
 def mixing_budget(model: LayerChoiceModel, stage_layers: list[tuple[int, ...]]) -> int | None:
     """The loosest capacity (of 400 between the frugal and the keep-everything peaks) at which the
     policy recomputes layers that are not a prefix of their stage and swaps others."""

@@ -88,17 +88,16 @@ def test_refusals() -> None:
         compile_plan(swapping)
 
 
-def test_old_profile_without_selective_columns_is_refused(tmp_path: Path) -> None:
+def test_old_profile_without_selective_columns_is_refused(gpt_tiny_profile: Path, tmp_path: Path) -> None:
     """The profiler measures what each layer keeps under selective checkpointing; a bundle taken
     before it did reads as unknown (-1) and the policy asks for a new profile instead of pricing it
     as no policy."""
-    from exec.profiler import profile_workload
     from exec.structure import StructuralCosts
     from exec.workloads import get_workload
     from tests.test_runtime import plan_of
-    from traces.bundle import write_bundle
+    from traces.bundle import read_bundle, write_bundle
 
-    bundle = profile_workload("gpt-tiny", micro_batch=1, warmup=0, repeats=1, with_ops=False, device="cpu")
+    bundle = read_bundle(gpt_tiny_profile)  # the session's fresh profile (micro-batch 1), read into memory
     # A fresh profile measures both (the bytes exactly as the structural model does).
     structural = StructuralCosts(get_workload("gpt-tiny"), 1)
     assert list(bundle.layers["selective_saved_bytes"]) == [

@@ -31,17 +31,10 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted([*(REPO / "examples" / "plans").glob("*.yaml"), *(REPO / "examples" / "validation").glob("*.yaml")])
 
 
-@pytest.fixture(scope="module")
-def bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from exec.profiler import profile_workload
-
-    bundle = profile_workload("gpt-tiny", micro_batch=1, warmup=1, repeats=3, with_ops=False, device="cpu")
-    return write_bundle(bundle, tmp_path_factory.mktemp("bundle") / "gpt-tiny")
-
-
 @pytest.fixture
-def bundle_copy(bundle_dir: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(bundle_dir, tmp_path / "copy"))
+def bundle_copy(gpt_tiny_profile: Path, tmp_path: Path) -> Path:
+    """A copy of the session's gpt-tiny profile, for a test that changes it."""
+    return Path(shutil.copytree(gpt_tiny_profile, tmp_path / "copy"))
 
 
 def tiny_plan(profile: Path | None, **fields: object) -> Plan:
@@ -82,8 +75,8 @@ def rewrite_layers(bundle: Path, change) -> None:
 # --- a bundle used for a plan it does not describe ---------------------------------------------------
 
 
-def test_the_matching_plan_simulates(bundle_dir: Path) -> None:
-    assert simulate(tiny_plan(bundle_dir)).iteration_s > 0
+def test_the_matching_plan_simulates(gpt_tiny_profile: Path) -> None:
+    assert simulate(tiny_plan(gpt_tiny_profile)).iteration_s > 0
 
 
 @pytest.mark.parametrize(
@@ -97,9 +90,9 @@ def test_the_matching_plan_simulates(bundle_dir: Path) -> None:
         ({"cluster": {"preset": "dgx-a100-8"}, "dp": 4}, ("profile: device", "gpu")),
     ],
 )
-def test_bundle_of_another_plan_is_refused(bundle_dir: Path, fields: dict, fragments: tuple[str, ...]) -> None:
+def test_bundle_of_another_plan_is_refused(gpt_tiny_profile: Path, fields: dict, fragments: tuple[str, ...]) -> None:
     with pytest.raises(ConfigError) as error:
-        simulate(tiny_plan(bundle_dir, **fields))
+        simulate(tiny_plan(gpt_tiny_profile, **fields))
     one_line(error, *fragments)
 
 
@@ -190,9 +183,9 @@ def test_non_utf8_plan_is_one_line(tmp_path: Path) -> None:
         ({"layers": 4}, ("workload_options", "unknown option(s) ['layers']", "num_layers", "seq")),
     ],
 )
-def test_workload_options_are_checked(bundle_dir: Path, options: dict, fragments: tuple[str, ...]) -> None:
+def test_workload_options_are_checked(gpt_tiny_profile: Path, options: dict, fragments: tuple[str, ...]) -> None:
     with pytest.raises(ConfigError) as error:
-        simulate(tiny_plan(bundle_dir, workload_options=options))
+        simulate(tiny_plan(gpt_tiny_profile, workload_options=options))
     one_line(error, *fragments)
 
 
@@ -277,14 +270,14 @@ def test_plan_that_does_not_fit_exits_3_and_keeps_its_outputs(tmp_path: Path) ->
     assert summary["oom"] is True and (out / "instructions.parquet").is_file()
 
 
-def test_a_plan_that_fits_has_no_does_not_fit(bundle_dir: Path) -> None:
-    assert simulate(tiny_plan(bundle_dir)).does_not_fit() is None
+def test_a_plan_that_fits_has_no_does_not_fit(gpt_tiny_profile: Path) -> None:
+    assert simulate(tiny_plan(gpt_tiny_profile)).does_not_fit() is None
 
 
-def test_ranks_on_one_host_share_its_memory(bundle_dir: Path) -> None:
+def test_ranks_on_one_host_share_its_memory(gpt_tiny_profile: Path) -> None:
     cluster = load_cluster("local-cpu-2")
     assert cluster.memory_per_rank_bytes == int(cluster.device.memory_bytes) // 2
-    result = simulate(tiny_plan(bundle_dir))
+    result = simulate(tiny_plan(gpt_tiny_profile))
     assert {m.capacity_bytes for m in result.memory.values()} == {cluster.memory_per_rank_bytes}
     assert load_cluster("dgx-a100-8").memory_per_rank_bytes == int(load_cluster("dgx-a100-8").device.memory_bytes)
 

@@ -183,13 +183,13 @@ def _record_torch_run(rank: int, pp: int, port: int, out_dir: str) -> None:
 def test_1f1b_and_gpipe_equal_torch_executed_order(tmp_path):
     """Real 3-rank gloo run of torch's Schedule1F1B / ScheduleGPipe, recording the order in which
     each stage's forward_one_chunk / backward_one_chunk are called."""
-    import torch.multiprocessing as mp
+    from tests.forked import start_ranks
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     pp = 3
-    mp.spawn(_record_torch_run, args=(pp, port, str(tmp_path)), nprocs=pp)
+    start_ranks(_record_torch_run, (pp, port, str(tmp_path)), pp)
     logs = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(pp)]
     for name, cls_name in (("1f1b", "Schedule1F1B"), ("gpipe", "ScheduleGPipe")):
         for n in (pp, pp + 2):

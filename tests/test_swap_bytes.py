@@ -59,15 +59,6 @@ def test_swap_all_moves_the_lowered_bytes(workload: str, tmp_path: Path) -> None
     assert check_swap_bytes(plan, tmp_path) == 2 * 2 * 4 * 2  # ranks x (out, in) x micro-batches x iterations
 
 
-@pytest.fixture(scope="module")
-def gpt_tiny_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from exec.profiler import profile_workload
-    from traces.bundle import write_bundle
-
-    bundle = profile_workload("gpt-tiny", micro_batch=1, warmup=1, repeats=3, with_ops=False, device="cpu")
-    return write_bundle(bundle, tmp_path_factory.mktemp("profile") / "gpt-tiny")
-
-
 @pytest.mark.slow
 def test_delta_swaps_move_the_lowered_bytes(gpt_tiny_profile: Path, tmp_path: Path) -> None:
     """DELTA (director cost: on a CPU a copy is cheaper than a recompute) under a budget halfway
