@@ -48,6 +48,7 @@ from typing import Any
 
 from sim.comm import ClusterComm, concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts, sequence_parallel_grads_s, tp_comm_s
+from sim.critical_rank import critical_rank
 from sim.embedding import EmbeddingTerms, table_tp_costs
 from sim.estimate_pipeline import Beside, Buckets, PipelineTime, StageTime, pipeline_time, steady_count
 from sim.gradient_sync import GRADIENT_SYNC, GradientSyncConfig, bucket_buffer_bytes, phases_s
@@ -219,14 +220,17 @@ class BucketPrice:
 
 @dataclass(slots=True)
 class Estimate:
+    """The iteration and its breakdown: the critical rank's (``sim.critical_rank``), as the engine's; its
+    kinds add up to the iteration (docs/search.md)."""
+
     iteration_s: float
-    compute_s: float  # bottleneck rank: forward + backward, without TP communication, all micro-batches
+    compute_s: float  # forward + backward, without TP communication, all micro-batches
     recompute_s: float  # its forward re-runs, with their own TP communication (as the engine's RECOMPUTE)
-    bubble_s: float  # the schedule's idle time, a sharded embedding's exposed lookups included
-    tp_comm_s: float  # the forward's and backward's exposed TP communication on the bottleneck rank
-    p2p_s: float
+    bubble_s: float  # the rest of the iteration but p2p_s: idle, a sharded embedding's exposed lookups included
+    tp_comm_s: float  # the forward's and backward's exposed TP communication
+    p2p_s: float  # the pipeline's hops, as far as they lengthen the iteration beyond the rank's work
     dp_comm_s: float  # exposed gradient-sync time (the tied embedding's all-reduce included)
-    optimizer_s: float
+    optimizer_s: float  # the step and what follows it (the distributed optimizer's all-gather)
     peak_bytes: tuple[int, ...]  # per pipeline rank
     capacity_bytes: int
 
@@ -775,9 +779,10 @@ class Estimator:
                 "bound_terms": (steady, heads, compute, m), "level_free_terms": (raw_steady, raw_heads),
                 "level_free_bound": pipeline_lower_bound(raw_steady, raw_heads, compute, m, optimizer),
                 # the breakdown's kinds as the engine's (docs/search.md): a recompute's TP all-reduces are
-                # recompute, the forward's and backward's exposed ones TP communication
-                "tp_exposed": (per_rank[bottleneck] - compute[bottleneck] - recompute_timed[bottleneck]) * m,
-                "m": m, "compute": compute[bottleneck] * m, "recompute": recompute_timed[bottleneck] * m,
+                # recompute, the forward's and backward's exposed ones TP communication; per pipeline rank, as
+                # the breakdown is the critical rank's (sim.critical_rank, chosen in ``_finish``)
+                "tp_exposed": [(p - c - r) * m for p, c, r in zip(per_rank, compute, recompute_timed, strict=True)],
+                "m": m, "compute": [c * m for c in compute], "recompute": [r * m for r in recompute_timed],
                 "micro_batch": micro_batch,
                 "sync_layers": [tuple(tuple(stage_layers[s]) for s in stages_of[k]) for k in range(pp)],
                 "stages_of": stages_of}
@@ -876,10 +881,10 @@ class Estimator:
         tied = self._tied(pipe, dp, tp, pp, sync)
         # Rank k finishes its last backward about k stage-backwards before rank 0; its gradient sync
         # overlaps that backward and its optimizer step follows.
-        tail = 0.0
-        dp_exposed = 0.0
-        opt_bottleneck = 0.0
         lookups = 0.0
+        finish: dict[int, float] = {}  # each rank's finish, past the makespan of the pipeline's run
+        synced: list[float] = []  # each rank's exposed gradient sync
+        stepped: list[float] = []  # each rank's optimizer step and what follows it
         for k in range(pp):
             mine = embedding is not None and k == embedding.rank
             removed = embedding.removed_by_layer if mine else ()
@@ -914,21 +919,28 @@ class Estimator:
                     exposed += extra
                 else:
                     lookups = embedding.lookups_s
-            earlier = pipe["earlier"][k]
-            if exposed + opt - earlier > tail:
-                tail, dp_exposed, opt_bottleneck = exposed + opt - earlier, exposed, opt
-        iteration = pipe["steady"] + pipe["bubble"] + pipe["hops"] + tail + lookups
+            finish[k] = exposed + opt - pipe["earlier"][k]
+            synced.append(exposed)
+            stepped.append(opt)
+        pipeline = pipe["steady"] + pipe["bubble"] + pipe["hops"] + lookups
+        iteration = pipeline + max(0.0, *finish.values())
+        # The breakdown is the critical rank's (sim.critical_rank), as the engine's: what its compute,
+        # recompute, gradient sync and step leave of the iteration is its bubble, the hops and a sharded
+        # embedding's exposed lookups (waits of the compute stream before the forwards) included.
+        c = critical_rank({k: pipeline + f for k, f in finish.items()})
+        tp_exposed = max(0.0, pipe["tp_exposed"][c])
+        worked = pipe["compute"][c] + tp_exposed + pipe["recompute"][c] + synced[c] + stepped[c]
+        rest = max(0.0, iteration - worked)
+        hops = min(pipe["hops"], rest)  # the hops' delay to the iteration, as far as the critical rank waits
         return Estimate(
             iteration_s=iteration,
-            compute_s=pipe["compute"],
-            recompute_s=pipe["recompute"],
-            # a sharded embedding's exposed lookups (before the forwards) are waits of the compute stream, as
-            # the engine's breakdown counts them: bubble (docs/search.md)
-            bubble_s=pipe["bubble"] + lookups,
-            tp_comm_s=max(0.0, pipe["tp_exposed"]),
-            p2p_s=pipe["hops"],
-            dp_comm_s=dp_exposed,
-            optimizer_s=opt_bottleneck,
+            compute_s=pipe["compute"][c],
+            recompute_s=pipe["recompute"][c],
+            bubble_s=rest - hops,
+            tp_comm_s=tp_exposed,
+            p2p_s=hops,
+            dp_comm_s=synced[c],
+            optimizer_s=stepped[c],
             peak_bytes=self._peaks(pipe, dp, pp, sync, bucket_mb, embedding),
             capacity_bytes=self.comm.capacity_bytes,
         )

@@ -45,6 +45,7 @@ from sim.compile import (
     instructions_upper_bound,
     resolve_plan,
 )
+from sim.critical_rank import critical_rank
 from sim.embedding import EMBEDDING_METHODS, EmbeddingTerms, embedding_tables, estimate_terms
 from sim.estimate import Estimate, Estimator, _layout, spearman
 from sim.gradient_sync import GRADIENT_SYNC
@@ -176,7 +177,7 @@ class Simulated:
     peak_bytes: tuple[int, ...]  # per pipeline rank
     capacity_bytes: int
     oom: bool
-    compute_s: float  # the busiest pipeline rank: forward + backward (TP communication inside)
+    compute_s: float  # the critical rank's (sim.critical_rank): forward + backward (TP communication inside)
     recompute_s: float
     bubble_s: float
     exposed_comm_s: float  # after its last backward, before its optimizer step
@@ -954,22 +955,23 @@ def simulate_candidate(candidate: Candidate, base: dict[str, Any], costs: Any, n
     for rank, memory in result.memory.items():
         peaks[pipeline_rank[rank]] = max(peaks[pipeline_rank[rank]], memory.peak_bytes)
     capacity = min(m.capacity_bytes for m in result.memory.values())
-    # the breakdown of the busiest rank
+    # the breakdown of the critical rank, the one whose finish sets the iteration (sim.critical_rank), as the
+    # estimate's; its finish is the end of the last thing it does, on any stream
+    top = table[table["parent"] == -1]
+    critical = critical_rank(top.groupby("rank")["end_s"].max().to_dict())
     durations = (rows["end_s"] - rows["start_s"]).groupby([rows["rank"], rows["kind"]]).sum()
-    busiest = max(result.memory, key=lambda r: durations.get(r, default=0).sum()
-                  if r in durations.index.get_level_values(0) else 0.0)
-    mine = durations.loc[busiest] if busiest in durations.index.get_level_values(0) else None
+    mine = durations.loc[critical] if critical in durations.index.get_level_values(0) else None
 
     def total(*kinds: str) -> float:
         return float(sum(mine.get(k, 0.0) for k in kinds)) if mine is not None else 0.0
 
     compute = total("FWD", "BWD", "BWD_I", "BWD_W")
     recompute = total("RECOMPUTE")
-    own = rows[rows["rank"] == busiest]
+    own = rows[rows["rank"] == critical]
     opt_rows = own[own["kind"] == "OPTIMIZER_STEP"]
     # The step and what the rank still does after it (the distributed optimizer's parameter all-gather),
     # as the estimate's optimizer_s counts it (``Estimator._finish``): not a pipeline bubble.
-    after_step = (table[(table["parent"] == -1) & (table["rank"] == busiest)]["end_s"].max()
+    after_step = (top[top["rank"] == critical]["end_s"].max()
                   - opt_rows["end_s"].max()) if len(opt_rows) else 0.0
     optimizer = total("OPTIMIZER_STEP") + max(0.0, float(after_step))
     last_work = own[own["kind"] != "OPTIMIZER_STEP"]["end_s"].max()
