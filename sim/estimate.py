@@ -950,9 +950,13 @@ class Estimator:
         """Pipeline rank ``k``'s optimizer step as the engine runs its OPTIMIZER_STEP: over its own
         shard of the tables only (under 2D in a step of their own), over 1/dp of the rest under the
         distributed optimizer, sequence parallelism's TP sum of the gradients first."""
-        mine = embedding is not None and k == embedding.rank
-        own = pipe["params"][k] - (embedding.step_bytes_saved + embedding.table_step_bytes if mine else 0)
-        return (self.costs.optimizer_step_s(round(optimizer_share(sync, dp) * own))
+        share = optimizer_share(sync, dp)
+        if embedding is not None and k == embedding.rank:  # 1/dp of the dense parameters, its own shard whole
+            dense = pipe["params"][k] - embedding.step_bytes_saved - embedding.shard_bytes
+            own = round(share * dense) + (0 if embedding.table_step_bytes else embedding.shard_bytes)
+        else:
+            own = round(share * pipe["params"][k])
+        return (self.costs.optimizer_step_s(own)
                 + self._sequence_parallel_grads_s(pipe["sync_layers"][k], dp, tp, pipe["micro_batch"], sync))
 
     def _sequence_parallel_grads_s(self, rank_layers: Sequence[tuple[int, ...]], dp: int, tp: int,

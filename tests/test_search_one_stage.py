@@ -129,12 +129,12 @@ def test_a_pipeline_breakdown_is_the_critical_ranks_in_both(result) -> None:
 
 def test_a_sharded_embeddings_lookups_are_bubble_in_both(result) -> None:
     """The lookups' exposed all-to-all, before the forwards, was in no field of the estimate (only in its
-    iteration) and in the engine's bubble. Compared on the sharded plans the estimate prices exactly (a
-    parameter server with a plain all-reduce); EmbRace's and distopt's are not exact (docs/search.md)."""
+    iteration) and in the engine's bubble. Compared on the sharded plans the estimate prices exactly: a
+    parameter server in 1F1B, with a plain all-reduce and (since issue-9v, when the engine's step stopped
+    taking all the dense parameters under the distributed optimizer: 1.825 against 3.001 ms) with distopt."""
     exact = [r for r in result.ranked if r.candidate.pp == 1 and r.candidate.schedule == "1f1b"
-             and dict(r.candidate.embedding)["method"] == "ps"
-             and dict(r.candidate.gradient_sync)["method"] == "allreduce"]
-    assert exact
+             and dict(r.candidate.embedding)["method"] == "ps"]
+    assert {dict(r.candidate.gradient_sync)["method"] for r in exact} == {"allreduce", "distopt"}
     for r in exact:
         figures = breakdown(r)
         assert figures["bubble"][1] > 0, r.candidate.describe()  # the lookups' wait, with no pipeline bubble
