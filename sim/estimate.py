@@ -525,30 +525,43 @@ class Estimator:
         return cached
 
     @staticmethod
-    def _dp_exposed(buckets: Sequence[BucketPrice], slacks: Sequence[float]) -> float:
-        """Gradient sync left after a rank's last compute. ``slacks``: per local stage, seconds from
-        its last backward to the rank's last compute. A bucket is ready when the last backward of
-        the stages it holds ends (the engine's granularity); the collective stream takes them in
-        the order they become ready."""
-        free = None
-        ready = [(-min(slacks[i] for i in b.stages), b.seconds) for b in buckets]
-        for at, seconds in sorted(ready, key=lambda r: r[0]):
-            free = (at if free is None else max(free, at)) + seconds
-        return max(0.0, free or 0.0)
-
-    @staticmethod
-    def _dp_after(buckets: Sequence[BucketPrice], slacks: Sequence[float]) -> list[tuple[float, float]]:
-        """The buckets that move after a rank's last compute, in ``_dp_exposed``'s order, as (seconds
-        after the last compute, cores they keep busy)."""
-        free = None
-        after = []
+    def _bucket_queue(buckets: Sequence[BucketPrice], slacks: Sequence[float],
+                      ahead: tuple[int, float] | None = None) -> list[tuple[float, float, float]]:
+        """A rank's gradient buckets on its collective stream as (start, end, cores), in seconds from its
+        last compute. ``slacks``: per local stage, seconds from its last backward to the rank's last
+        compute. A bucket is ready when the last backward of the stages it holds ends (the engine's
+        granularity); the stream takes them in the order they become ready. ``ahead``: (local stage,
+        seconds) of a sharded embedding's gradient exchange after that stage's last backward, which
+        lowering puts before every bucket (``sim.embedding_ps._lower``, ``sim.embedding_embrace._lower``):
+        the engine's stream runs in program order, so no bucket starts before it ends. Until session 16
+        (issue-9v) it was added after the buckets, as if they could pass it: the same where the tables'
+        stage is the rank's last (1F1B), too little where another stage's buckets could have overlapped
+        its backward (interleaved, pp 1: 0.84 ms on gpt2-small dp2, two A100s)."""
+        free = -slacks[ahead[0]] + ahead[1] if ahead is not None else None
+        queue = []
         ready = [(-min(slacks[i] for i in b.stages), b.seconds, b.cores) for b in buckets]
         for at, seconds, cores in sorted(ready, key=lambda r: r[0]):
             start = at if free is None else max(free, at)
             free = start + seconds
-            if free > 0.0:
-                after.append((free - max(start, 0.0), cores))
-        return after
+            queue.append((start, free, cores))
+        return queue
+
+    @classmethod
+    def _dp_exposed(cls, buckets: Sequence[BucketPrice], slacks: Sequence[float],
+                    ahead: tuple[int, float] | None = None) -> float:
+        """Gradient sync left after a rank's last compute (``_bucket_queue``), ``ahead`` included."""
+        ends = [end for _, end, _ in cls._bucket_queue(buckets, slacks, ahead)]
+        if ahead is not None:
+            ends.append(-slacks[ahead[0]] + ahead[1])
+        return max([0.0, *ends])
+
+    @classmethod
+    def _dp_after(cls, buckets: Sequence[BucketPrice], slacks: Sequence[float],
+                  ahead: tuple[int, float] | None = None) -> list[tuple[float, float]]:
+        """The buckets that move after a rank's last compute, in ``_bucket_queue``'s order, as (seconds
+        after the last compute, cores they keep busy)."""
+        return [(end - max(start, 0.0), cores) for start, end, cores in cls._bucket_queue(buckets, slacks, ahead)
+                if end > 0.0]
 
     def p2p_hop_s(self, nbytes: int, dp: int, tp: int) -> float:
         if self.comm.cluster.world_size < 2:
@@ -889,9 +902,13 @@ class Estimator:
             mine = embedding is not None and k == embedding.rank
             removed = embedding.removed_by_layer if mine else ()
             buckets = self.rank_buckets(sync, pipe["sync_layers"][k], removed, dp, tp, pipe["micro_batch"], pipe["m"])
-            # the run's own where it timed the buckets beside the compute (as slowed as the engine's)
-            exposed = max(0.0, pipe["synced"][k] - pipe["rank_end"][k]) if pipe["synced"] and buckets \
-                else self._dp_exposed(buckets, pipe["sync_slack"][k])
+            # a sharded embedding's gradient exchange after its stage's last backward, ahead of the buckets
+            ahead = (embedding.index, embedding.last_grads_s) if mine else None
+            # the run's own where it timed the buckets beside the compute (as slowed as the engine's), the
+            # embedding's exchange then added after them
+            beside = bool(pipe["synced"] and buckets)
+            exposed = max(0.0, pipe["synced"][k] - pipe["rank_end"][k]) if beside \
+                else self._dp_exposed(buckets, pipe["sync_slack"][k], ahead)
             if dp > 1 and buckets:
                 # the last bucket waits for the replicas' latest arrival (sim.meeting), once per stretch
                 # of compute between meetings (sequential EmbRace: each micro-batch's; else the iteration's)
@@ -912,9 +929,10 @@ class Estimator:
             else:
                 exposed += tied.get(k, 0.0)
             if mine:
-                exposed += embedding.last_grads_s
+                if beside:
+                    exposed += embedding.last_grads_s
                 if embedding.prefetch:
-                    extra, opt = self._prefetched(embedding, opt, self._dp_after(buckets, pipe["sync_slack"][k]),
+                    extra, opt = self._prefetched(embedding, opt, self._dp_after(buckets, pipe["sync_slack"][k], ahead),
                                                   pipe["per_rank"][k], pipe["m"], dp * tp * pp)
                     exposed += extra
                 else:
