@@ -205,6 +205,7 @@ register_embedding_method("dense", DenseEmbedding, sharded=False)
 COUNTS_PHASE = "counts"
 COUNT_BYTES = 8
 SYNCHRONOUS_PHASES = frozenset({"ids"})
+LOOKUP_PHASES = frozenset({"ids", "rows"})  # the lookups; "grads" and "push" carry gradients
 INDEXED_PHASES = frozenset({"push"})  # (indices, values): two all-to-alls
 
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from sim.comm import ClusterComm, concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts, sequence_parallel_grads_s, tp_comm_s
@@ -216,6 +216,15 @@ class BucketPrice:
     stages: tuple[int, ...]
     seconds: float
     cores: float = 0.0  # that a rank's transfer keeps busy while it moves data (sim.host_cpu)
+
+
+class Prefetched(NamedTuple):
+    """EmbRace 2D's end of an iteration on the tables' rank (``Estimator._prefetched``)."""
+
+    before_s: float  # added to the buckets' time before the dense step's lookups (the table step beyond them)
+    table_s: float  # the tables' own step, beside the buckets
+    lookups_s: float  # the prefetched lookups the dense step waits for (its synchronous ids): bubble
+    dense_s: float  # the dense step, or the last rows exchange beside it if longer
 
 
 @dataclass(slots=True)
@@ -864,15 +873,14 @@ class Estimator:
                              beside, blocking)
 
     def _prefetched(self, e: EmbeddingTerms, dense_step_s: float, buckets: Sequence[tuple[float, float]],
-                    per_microbatch_s: float, m: int, world_size: int) -> tuple[float, float]:
+                    per_microbatch_s: float, m: int, world_size: int) -> Prefetched:
         """EmbRace 2D after the last gradient exchange (``sim.embedding_embrace._finish``): the tables'
         own step runs beside the buckets (``buckets``: seconds and cores of those after the last
         compute) and the synchronous ids wait for both; the dense step waits for the ids and runs
         beside the last rows exchange. Compute beside a transfer and the transfer are both slowed
         as the engine slows them (``sim.host_cpu.overlap_stretch``: the shared slowdown on a host
         whose cores the ranks share, ``overlap_slowdown`` on any), also each micro-batch's gradient
-        exchange beside the next micro-batch's forward. Returns (seconds added before the dense
-        step's lookups, the lookups and the dense step)."""
+        exchange beside the next micro-batch's forward."""
         ranks, cores = host_share(self.comm, world_size, self.comm.cluster.devices_per_node)
         beside = e.lookups_s - e.blocking_s  # the last rows exchange
         table_s = self.costs.optimizer_step_s(e.table_step_bytes)
@@ -881,12 +889,14 @@ class Estimator:
             return overlap_stretch(ranks, cores, comm_cores, self.overlap_slowdown)
 
         if cores is None and self.overlap_slowdown == 0.0:  # nothing is stretched (every GPU cluster)
-            return max(0.0, table_s - sum(s for s, _ in buckets)), e.blocking_s + max(dense_step_s, beside)
+            return Prefetched(max(0.0, table_s - sum(s for s, _ in buckets)), table_s, e.blocking_s,
+                              max(dense_step_s, beside))
         table_end, buckets_end = overlap(table_s, [(s, k(u)) for s, u in buckets])
         extra = max(0.0, table_end, buckets_end) - sum(s for s, _ in buckets)
         dense_end, rows_end = overlap(dense_step_s, [(beside, k(e.rows_cores))])
         forward, _ = overlap(per_microbatch_s, [(e.last_grads_s, k(e.grads_cores))])
-        return extra + (m - 1) * (forward - per_microbatch_s), e.blocking_s + max(dense_end, rows_end)
+        return Prefetched(extra + (m - 1) * (forward - per_microbatch_s), table_end, e.blocking_s,
+                          max(dense_end, rows_end))
 
     def _finish(self, pipe: dict, dp: int, tp: int, pp: int, sync: GradientSyncConfig, bucket_mb: float,
                 embedding: EmbeddingTerms | None = None) -> Estimate:
@@ -901,6 +911,7 @@ class Estimator:
         for k in range(pp):
             mine = embedding is not None and k == embedding.rank
             removed = embedding.removed_by_layer if mine else ()
+            waits = 0.0  # what the rank's compute waits for between its syncs and its step that is neither
             buckets = self.rank_buckets(sync, pipe["sync_layers"][k], removed, dp, tp, pipe["micro_batch"], pipe["m"])
             # a sharded embedding's gradient exchange after its stage's last backward, ahead of the buckets
             ahead = (embedding.index, embedding.last_grads_s) if mine else None
@@ -932,12 +943,16 @@ class Estimator:
                 if beside:
                     exposed += embedding.last_grads_s
                 if embedding.prefetch:
-                    extra, opt = self._prefetched(embedding, opt, self._dp_after(buckets, pipe["sync_slack"][k], ahead),
-                                                  pipe["per_rank"][k], pipe["m"], dp * tp * pp)
-                    exposed += extra
+                    end = self._prefetched(embedding, opt, self._dp_after(buckets, pipe["sync_slack"][k], ahead),
+                                           pipe["per_rank"][k], pipe["m"], dp * tp * pp)
+                    # the buckets' wait beyond the tables' step beside them is gradient sync, both steps the
+                    # optimizer's, the lookups the dense step waits for bubble (sim.engine_breakdown)
+                    exposed += end.before_s - end.table_s
+                    opt = end.table_s + end.dense_s
+                    waits = end.lookups_s
                 else:
                     lookups = embedding.lookups_s
-            finish[k] = exposed + opt - pipe["earlier"][k]
+            finish[k] = exposed + waits + opt - pipe["earlier"][k]
             synced.append(exposed)
             stepped.append(opt)
         pipeline = pipe["steady"] + pipe["bubble"] + pipe["hops"] + lookups
