@@ -933,18 +933,17 @@ class Estimator:
             if share < 1.0:
                 opt += self.param_gather_s(sync, pipe["sync_layers"][k], removed, dp, tp, pipe["micro_batch"])
             # The tied embedding's all-reduce runs after the buckets, before the step: a gradient sync, as the
-            # engine's breakdown counts it (docs/search.md). Beside a prefetching embedding's rows it stays in
-            # the step that the prefetch overlaps (``_prefetched``), as before.
-            if embedding is not None and mine and embedding.prefetch:
-                opt += tied.get(k, 0.0)
-            else:
-                exposed += tied.get(k, 0.0)
+            # engine's breakdown counts it (docs/search.md); before a prefetching embedding's lookups too, so
+            # its tables' step runs beside it as beside the buckets (until issue-9v it was in the dense step).
+            exposed += tied.get(k, 0.0)
             if mine:
                 if beside:
                     exposed += embedding.last_grads_s
                 if embedding.prefetch:
-                    end = self._prefetched(embedding, opt, self._dp_after(buckets, pipe["sync_slack"][k], ahead),
-                                           pipe["per_rank"][k], pipe["m"], dp * tp * pp)
+                    # the tied all-reduce after the buckets (the cores it keeps busy on a CPU host not counted)
+                    after = self._dp_after(buckets, pipe["sync_slack"][k], ahead)
+                    after += [(tied[k], 0.0)] if k in tied else []
+                    end = self._prefetched(embedding, opt, after, pipe["per_rank"][k], pipe["m"], dp * tp * pp)
                     # the buckets' wait beyond the tables' step beside them is gradient sync, both steps the
                     # optimizer's, the lookups the dense step waits for bubble (sim.engine_breakdown)
                     exposed += end.before_s - end.table_s
