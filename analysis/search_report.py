@@ -117,7 +117,8 @@ def print_breakdown(best: Ranked) -> None:
     table.add_row("optimizer step", f"{sim.optimizer_s * 1e3:,.1f}", f"{est.optimizer_s * 1e3:,.1f}")
     table.add_row("iteration", f"{sim.iteration_s * 1e3:,.1f}", f"{est.iteration_s * 1e3:,.1f}")
     console.print(table)
-    plain("(engine: the busiest pipeline rank's compute stream; its bubble is what is left of the iteration)")
+    plain("(each the critical rank's, the one whose finish sets the iteration (docs/search.md); its bubble is "
+          "what is left of the iteration)")
 
 
 def candidate_settings(candidate: Candidate) -> dict[str, Any]:

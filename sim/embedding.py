@@ -78,6 +78,9 @@ class EmbeddingTerms:
     blocking_s: float = 0.0
     # Parameter bytes of the other ranks' shards: the rank's optimizer steps leave them out.
     step_bytes_saved: int = 0
+    # Parameter bytes of the rank's own shard: stepped whole, as no replica holds it (the distributed
+    # optimizer's 1/dp share is of the dense parameters only: sim.embedding_embrace.step_bytes).
+    shard_bytes: int = 0
     # 2D: the tables take their own step over the rank's shard (these bytes) once their gradients
     # have arrived, beside the buckets; the lookups wait for it (0: the shard steps in the rank's one step).
     table_step_bytes: int = 0
@@ -202,6 +205,7 @@ register_embedding_method("dense", DenseEmbedding, sharded=False)
 COUNTS_PHASE = "counts"
 COUNT_BYTES = 8
 SYNCHRONOUS_PHASES = frozenset({"ids"})
+LOOKUP_PHASES = frozenset({"ids", "rows"})  # the lookups; "grads" and "push" carry gradients
 INDEXED_PHASES = frozenset({"push"})  # (indices, values): two all-to-alls
 
 

@@ -252,7 +252,7 @@ def sharded_terms(plan: Plan, stage_layers: list[tuple[int, ...]], costs: Any, r
                           lookups_s=lookups_s, last_grads_s=last_grads_s, prefetch=prefetch,
                           static_bytes_saved=round((full - shard) / layer.param_bytes * static),
                           tp_table_layers=tuple(sorted({t.layer for t in tables})), meetings=meetings,
-                          blocking_s=blocking_s, step_bytes_saved=full - shard,
+                          blocking_s=blocking_s, step_bytes_saved=full - shard, shard_bytes=shard,
                           table_step_bytes=shard if table_step else 0, grads_cores=grads_cores,
                           rows_cores=rows_cores)
 
@@ -355,12 +355,17 @@ def exclude_tables(draft: Any, tables: list[Table], imbalance: float) -> None:
 
 def step_bytes(draft: Any, stages: tuple[int, ...], tables: list[Table]) -> tuple[int, int]:
     """(dense parameter bytes, own shard bytes) an optimizer step of this rank updates; records the
-    other ranks' shards as parameter bytes this rank does not hold."""
+    other ranks' shards as parameter bytes this rank does not hold. Under the distributed optimizer
+    the rank steps its 1/dp share of the dense parameters (``Program.optimizer_share``; the runtime's
+    ``exec.distributed_optimizer`` owns a chunk of each bucket) and its own shard whole (no replica
+    holds it). Until session 16 (issue-9v) the dense bytes here were all of them, and the engine, which
+    takes an instruction's bytes as given, stepped a sharded embedding's rank over dp x its share."""
     plan = draft.plan
     shard_bytes = sum(_shard_bytes(plan, table, draft.coords.dp) for table in tables)
     full_bytes = sum(table_bytes(plan, t) for t in tables)
     dense_bytes = sum(draft.cost(layer).param_bytes for s in stages for layer in draft.program.stage_layers[s]) \
         - full_bytes
+    dense_bytes = round(dense_bytes * draft.program.optimizer_share)
     for table in tables:
         draft.program.unheld_param_bytes[table.layer] = full_bytes - shard_bytes
     return dense_bytes, shard_bytes

@@ -44,10 +44,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from sim.comm import ClusterComm, concurrent_groups, concurrent_senders
 from sim.costs import CostModel, LayerCosts, sequence_parallel_grads_s, tp_comm_s
+from sim.critical_rank import critical_rank
 from sim.embedding import EmbeddingTerms, table_tp_costs
 from sim.estimate_pipeline import Beside, Buckets, PipelineTime, StageTime, pipeline_time, steady_count
 from sim.gradient_sync import GRADIENT_SYNC, GradientSyncConfig, bucket_buffer_bytes, phases_s
@@ -217,16 +218,28 @@ class BucketPrice:
     cores: float = 0.0  # that a rank's transfer keeps busy while it moves data (sim.host_cpu)
 
 
+class Prefetched(NamedTuple):
+    """EmbRace 2D's end of an iteration on the tables' rank (``Estimator._prefetched``)."""
+
+    before_s: float  # added to the buckets' time before the dense step's lookups (the table step beyond them)
+    table_s: float  # the tables' own step, beside the buckets
+    lookups_s: float  # the prefetched lookups the dense step waits for (its synchronous ids): bubble
+    dense_s: float  # the dense step, or the last rows exchange beside it if longer
+
+
 @dataclass(slots=True)
 class Estimate:
+    """The iteration and its breakdown: the critical rank's (``sim.critical_rank``), as the engine's; its
+    kinds add up to the iteration (docs/search.md)."""
+
     iteration_s: float
-    compute_s: float  # bottleneck rank: forward + backward, without TP communication, all micro-batches
+    compute_s: float  # forward + backward, without TP communication, all micro-batches
     recompute_s: float  # its forward re-runs, with their own TP communication (as the engine's RECOMPUTE)
-    bubble_s: float  # the schedule's idle time, a sharded embedding's exposed lookups included
-    tp_comm_s: float  # the forward's and backward's exposed TP communication on the bottleneck rank
-    p2p_s: float
+    bubble_s: float  # the rest of the iteration but p2p_s: idle, a sharded embedding's exposed lookups included
+    tp_comm_s: float  # the forward's and backward's exposed TP communication
+    p2p_s: float  # the pipeline's hops, as far as they lengthen the iteration beyond the rank's work
     dp_comm_s: float  # exposed gradient-sync time (the tied embedding's all-reduce included)
-    optimizer_s: float
+    optimizer_s: float  # the step and what follows it (the distributed optimizer's all-gather)
     peak_bytes: tuple[int, ...]  # per pipeline rank
     capacity_bytes: int
 
@@ -521,30 +534,43 @@ class Estimator:
         return cached
 
     @staticmethod
-    def _dp_exposed(buckets: Sequence[BucketPrice], slacks: Sequence[float]) -> float:
-        """Gradient sync left after a rank's last compute. ``slacks``: per local stage, seconds from
-        its last backward to the rank's last compute. A bucket is ready when the last backward of
-        the stages it holds ends (the engine's granularity); the collective stream takes them in
-        the order they become ready."""
-        free = None
-        ready = [(-min(slacks[i] for i in b.stages), b.seconds) for b in buckets]
-        for at, seconds in sorted(ready, key=lambda r: r[0]):
-            free = (at if free is None else max(free, at)) + seconds
-        return max(0.0, free or 0.0)
-
-    @staticmethod
-    def _dp_after(buckets: Sequence[BucketPrice], slacks: Sequence[float]) -> list[tuple[float, float]]:
-        """The buckets that move after a rank's last compute, in ``_dp_exposed``'s order, as (seconds
-        after the last compute, cores they keep busy)."""
-        free = None
-        after = []
+    def _bucket_queue(buckets: Sequence[BucketPrice], slacks: Sequence[float],
+                      ahead: tuple[int, float] | None = None) -> list[tuple[float, float, float]]:
+        """A rank's gradient buckets on its collective stream as (start, end, cores), in seconds from its
+        last compute. ``slacks``: per local stage, seconds from its last backward to the rank's last
+        compute. A bucket is ready when the last backward of the stages it holds ends (the engine's
+        granularity); the stream takes them in the order they become ready. ``ahead``: (local stage,
+        seconds) of a sharded embedding's gradient exchange after that stage's last backward, which
+        lowering puts before every bucket (``sim.embedding_ps._lower``, ``sim.embedding_embrace._lower``):
+        the engine's stream runs in program order, so no bucket starts before it ends. Until session 16
+        (issue-9v) it was added after the buckets, as if they could pass it: the same where the tables'
+        stage is the rank's last (1F1B), too little where another stage's buckets could have overlapped
+        its backward (interleaved, pp 1: 0.84 ms on gpt2-small dp2, two A100s)."""
+        free = -slacks[ahead[0]] + ahead[1] if ahead is not None else None
+        queue = []
         ready = [(-min(slacks[i] for i in b.stages), b.seconds, b.cores) for b in buckets]
         for at, seconds, cores in sorted(ready, key=lambda r: r[0]):
             start = at if free is None else max(free, at)
             free = start + seconds
-            if free > 0.0:
-                after.append((free - max(start, 0.0), cores))
-        return after
+            queue.append((start, free, cores))
+        return queue
+
+    @classmethod
+    def _dp_exposed(cls, buckets: Sequence[BucketPrice], slacks: Sequence[float],
+                    ahead: tuple[int, float] | None = None) -> float:
+        """Gradient sync left after a rank's last compute (``_bucket_queue``), ``ahead`` included."""
+        ends = [end for _, end, _ in cls._bucket_queue(buckets, slacks, ahead)]
+        if ahead is not None:
+            ends.append(-slacks[ahead[0]] + ahead[1])
+        return max([0.0, *ends])
+
+    @classmethod
+    def _dp_after(cls, buckets: Sequence[BucketPrice], slacks: Sequence[float],
+                  ahead: tuple[int, float] | None = None) -> list[tuple[float, float]]:
+        """The buckets that move after a rank's last compute, in ``_bucket_queue``'s order, as (seconds
+        after the last compute, cores they keep busy)."""
+        return [(end - max(start, 0.0), cores) for start, end, cores in cls._bucket_queue(buckets, slacks, ahead)
+                if end > 0.0]
 
     def p2p_hop_s(self, nbytes: int, dp: int, tp: int) -> float:
         if self.comm.cluster.world_size < 2:
@@ -775,9 +801,10 @@ class Estimator:
                 "bound_terms": (steady, heads, compute, m), "level_free_terms": (raw_steady, raw_heads),
                 "level_free_bound": pipeline_lower_bound(raw_steady, raw_heads, compute, m, optimizer),
                 # the breakdown's kinds as the engine's (docs/search.md): a recompute's TP all-reduces are
-                # recompute, the forward's and backward's exposed ones TP communication
-                "tp_exposed": (per_rank[bottleneck] - compute[bottleneck] - recompute_timed[bottleneck]) * m,
-                "m": m, "compute": compute[bottleneck] * m, "recompute": recompute_timed[bottleneck] * m,
+                # recompute, the forward's and backward's exposed ones TP communication; per pipeline rank, as
+                # the breakdown is the critical rank's (sim.critical_rank, chosen in ``_finish``)
+                "tp_exposed": [(p - c - r) * m for p, c, r in zip(per_rank, compute, recompute_timed, strict=True)],
+                "m": m, "compute": [c * m for c in compute], "recompute": [r * m for r in recompute_timed],
                 "micro_batch": micro_batch,
                 "sync_layers": [tuple(tuple(stage_layers[s]) for s in stages_of[k]) for k in range(pp)],
                 "stages_of": stages_of}
@@ -846,15 +873,14 @@ class Estimator:
                              beside, blocking)
 
     def _prefetched(self, e: EmbeddingTerms, dense_step_s: float, buckets: Sequence[tuple[float, float]],
-                    per_microbatch_s: float, m: int, world_size: int) -> tuple[float, float]:
+                    per_microbatch_s: float, m: int, world_size: int) -> Prefetched:
         """EmbRace 2D after the last gradient exchange (``sim.embedding_embrace._finish``): the tables'
         own step runs beside the buckets (``buckets``: seconds and cores of those after the last
         compute) and the synchronous ids wait for both; the dense step waits for the ids and runs
         beside the last rows exchange. Compute beside a transfer and the transfer are both slowed
         as the engine slows them (``sim.host_cpu.overlap_stretch``: the shared slowdown on a host
         whose cores the ranks share, ``overlap_slowdown`` on any), also each micro-batch's gradient
-        exchange beside the next micro-batch's forward. Returns (seconds added before the dense
-        step's lookups, the lookups and the dense step)."""
+        exchange beside the next micro-batch's forward."""
         ranks, cores = host_share(self.comm, world_size, self.comm.cluster.devices_per_node)
         beside = e.lookups_s - e.blocking_s  # the last rows exchange
         table_s = self.costs.optimizer_step_s(e.table_step_bytes)
@@ -863,12 +889,14 @@ class Estimator:
             return overlap_stretch(ranks, cores, comm_cores, self.overlap_slowdown)
 
         if cores is None and self.overlap_slowdown == 0.0:  # nothing is stretched (every GPU cluster)
-            return max(0.0, table_s - sum(s for s, _ in buckets)), e.blocking_s + max(dense_step_s, beside)
+            return Prefetched(max(0.0, table_s - sum(s for s, _ in buckets)), table_s, e.blocking_s,
+                              max(dense_step_s, beside))
         table_end, buckets_end = overlap(table_s, [(s, k(u)) for s, u in buckets])
         extra = max(0.0, table_end, buckets_end) - sum(s for s, _ in buckets)
         dense_end, rows_end = overlap(dense_step_s, [(beside, k(e.rows_cores))])
         forward, _ = overlap(per_microbatch_s, [(e.last_grads_s, k(e.grads_cores))])
-        return extra + (m - 1) * (forward - per_microbatch_s), e.blocking_s + max(dense_end, rows_end)
+        return Prefetched(extra + (m - 1) * (forward - per_microbatch_s), table_end, e.blocking_s,
+                          max(dense_end, rows_end))
 
     def _finish(self, pipe: dict, dp: int, tp: int, pp: int, sync: GradientSyncConfig, bucket_mb: float,
                 embedding: EmbeddingTerms | None = None) -> Estimate:
@@ -876,17 +904,22 @@ class Estimator:
         tied = self._tied(pipe, dp, tp, pp, sync)
         # Rank k finishes its last backward about k stage-backwards before rank 0; its gradient sync
         # overlaps that backward and its optimizer step follows.
-        tail = 0.0
-        dp_exposed = 0.0
-        opt_bottleneck = 0.0
         lookups = 0.0
+        finish: dict[int, float] = {}  # each rank's finish, past the makespan of the pipeline's run
+        synced: list[float] = []  # each rank's exposed gradient sync
+        stepped: list[float] = []  # each rank's optimizer step and what follows it
         for k in range(pp):
             mine = embedding is not None and k == embedding.rank
             removed = embedding.removed_by_layer if mine else ()
+            waits = 0.0  # what the rank's compute waits for between its syncs and its step that is neither
             buckets = self.rank_buckets(sync, pipe["sync_layers"][k], removed, dp, tp, pipe["micro_batch"], pipe["m"])
-            # the run's own where it timed the buckets beside the compute (as slowed as the engine's)
-            exposed = max(0.0, pipe["synced"][k] - pipe["rank_end"][k]) if pipe["synced"] and buckets \
-                else self._dp_exposed(buckets, pipe["sync_slack"][k])
+            # a sharded embedding's gradient exchange after its stage's last backward, ahead of the buckets
+            ahead = (embedding.index, embedding.last_grads_s) if mine else None
+            # the run's own where it timed the buckets beside the compute (as slowed as the engine's), the
+            # embedding's exchange then added after them
+            beside = bool(pipe["synced"] and buckets)
+            exposed = max(0.0, pipe["synced"][k] - pipe["rank_end"][k]) if beside \
+                else self._dp_exposed(buckets, pipe["sync_slack"][k], ahead)
             if dp > 1 and buckets:
                 # the last bucket waits for the replicas' latest arrival (sim.meeting), once per stretch
                 # of compute between meetings (sequential EmbRace: each micro-batch's; else the iteration's)
@@ -900,35 +933,46 @@ class Estimator:
             if share < 1.0:
                 opt += self.param_gather_s(sync, pipe["sync_layers"][k], removed, dp, tp, pipe["micro_batch"])
             # The tied embedding's all-reduce runs after the buckets, before the step: a gradient sync, as the
-            # engine's breakdown counts it (docs/search.md). Beside a prefetching embedding's rows it stays in
-            # the step that the prefetch overlaps (``_prefetched``), as before.
-            if embedding is not None and mine and embedding.prefetch:
-                opt += tied.get(k, 0.0)
-            else:
-                exposed += tied.get(k, 0.0)
+            # engine's breakdown counts it (docs/search.md); before a prefetching embedding's lookups too, so
+            # its tables' step runs beside it as beside the buckets (until issue-9v it was in the dense step).
+            exposed += tied.get(k, 0.0)
             if mine:
-                exposed += embedding.last_grads_s
+                if beside:
+                    exposed += embedding.last_grads_s
                 if embedding.prefetch:
-                    extra, opt = self._prefetched(embedding, opt, self._dp_after(buckets, pipe["sync_slack"][k]),
-                                                  pipe["per_rank"][k], pipe["m"], dp * tp * pp)
-                    exposed += extra
+                    # the tied all-reduce after the buckets (the cores it keeps busy on a CPU host not counted)
+                    after = self._dp_after(buckets, pipe["sync_slack"][k], ahead)
+                    after += [(tied[k], 0.0)] if k in tied else []
+                    end = self._prefetched(embedding, opt, after, pipe["per_rank"][k], pipe["m"], dp * tp * pp)
+                    # the buckets' wait beyond the tables' step beside them is gradient sync, both steps the
+                    # optimizer's, the lookups the dense step waits for bubble (sim.engine_breakdown)
+                    exposed += end.before_s - end.table_s
+                    opt = end.table_s + end.dense_s
+                    waits = end.lookups_s
                 else:
                     lookups = embedding.lookups_s
-            earlier = pipe["earlier"][k]
-            if exposed + opt - earlier > tail:
-                tail, dp_exposed, opt_bottleneck = exposed + opt - earlier, exposed, opt
-        iteration = pipe["steady"] + pipe["bubble"] + pipe["hops"] + tail + lookups
+            finish[k] = exposed + waits + opt - pipe["earlier"][k]
+            synced.append(exposed)
+            stepped.append(opt)
+        pipeline = pipe["steady"] + pipe["bubble"] + pipe["hops"] + lookups
+        iteration = pipeline + max(0.0, *finish.values())
+        # The breakdown is the critical rank's (sim.critical_rank), as the engine's: what its compute,
+        # recompute, gradient sync and step leave of the iteration is its bubble, the hops and a sharded
+        # embedding's exposed lookups (waits of the compute stream before the forwards) included.
+        c = critical_rank({k: pipeline + f for k, f in finish.items()})
+        tp_exposed = max(0.0, pipe["tp_exposed"][c])
+        worked = pipe["compute"][c] + tp_exposed + pipe["recompute"][c] + synced[c] + stepped[c]
+        rest = max(0.0, iteration - worked)
+        hops = min(pipe["hops"], rest)  # the hops' delay to the iteration, as far as the critical rank waits
         return Estimate(
             iteration_s=iteration,
-            compute_s=pipe["compute"],
-            recompute_s=pipe["recompute"],
-            # a sharded embedding's exposed lookups (before the forwards) are waits of the compute stream, as
-            # the engine's breakdown counts them: bubble (docs/search.md)
-            bubble_s=pipe["bubble"] + lookups,
-            tp_comm_s=max(0.0, pipe["tp_exposed"]),
-            p2p_s=pipe["hops"],
-            dp_comm_s=dp_exposed,
-            optimizer_s=opt_bottleneck,
+            compute_s=pipe["compute"][c],
+            recompute_s=pipe["recompute"][c],
+            bubble_s=rest - hops,
+            tp_comm_s=tp_exposed,
+            p2p_s=hops,
+            dp_comm_s=synced[c],
+            optimizer_s=stepped[c],
             peak_bytes=self._peaks(pipe, dp, pp, sync, bucket_mb, embedding),
             capacity_bytes=self.comm.capacity_bytes,
         )
@@ -938,9 +982,13 @@ class Estimator:
         """Pipeline rank ``k``'s optimizer step as the engine runs its OPTIMIZER_STEP: over its own
         shard of the tables only (under 2D in a step of their own), over 1/dp of the rest under the
         distributed optimizer, sequence parallelism's TP sum of the gradients first."""
-        mine = embedding is not None and k == embedding.rank
-        own = pipe["params"][k] - (embedding.step_bytes_saved + embedding.table_step_bytes if mine else 0)
-        return (self.costs.optimizer_step_s(round(optimizer_share(sync, dp) * own))
+        share = optimizer_share(sync, dp)
+        if embedding is not None and k == embedding.rank:  # 1/dp of the dense parameters, its own shard whole
+            dense = pipe["params"][k] - embedding.step_bytes_saved - embedding.shard_bytes
+            own = round(share * dense) + (0 if embedding.table_step_bytes else embedding.shard_bytes)
+        else:
+            own = round(share * pipe["params"][k])
+        return (self.costs.optimizer_step_s(own)
                 + self._sequence_parallel_grads_s(pipe["sync_layers"][k], dp, tp, pipe["micro_batch"], sync))
 
     def _sequence_parallel_grads_s(self, rank_layers: Sequence[tuple[int, ...]], dp: int, tp: int,

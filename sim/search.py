@@ -46,6 +46,7 @@ from sim.compile import (
     resolve_plan,
 )
 from sim.embedding import EMBEDDING_METHODS, EmbeddingTerms, embedding_tables, estimate_terms
+from sim.engine_breakdown import engine_breakdown
 from sim.estimate import Estimate, Estimator, _layout, spearman
 from sim.gradient_sync import GRADIENT_SYNC
 from sim.memory import MEMORY_POLICIES
@@ -176,7 +177,7 @@ class Simulated:
     peak_bytes: tuple[int, ...]  # per pipeline rank
     capacity_bytes: int
     oom: bool
-    compute_s: float  # the busiest pipeline rank: forward + backward (TP communication inside)
+    compute_s: float  # the critical rank's (sim.critical_rank): forward + backward (TP communication inside)
     recompute_s: float
     bubble_s: float
     exposed_comm_s: float  # after its last backward, before its optimizer step
@@ -947,37 +948,16 @@ def simulate_candidate(candidate: Candidate, base: dict[str, Any], costs: Any, n
 
     plan = Plan.from_dict({**base, "name": name, **candidate.sections()})
     result = simulate(plan, costs=costs, options=EngineOptions(layer_rows=False))
-    table = result.table
-    rows = table[(table["parent"] == -1) & (table["stream"] == "compute")]
     pipeline_rank = {rank: rank // (plan.tp * plan.dp) for rank in result.memory}
     peaks = [0] * plan.pp
     for rank, memory in result.memory.items():
         peaks[pipeline_rank[rank]] = max(peaks[pipeline_rank[rank]], memory.peak_bytes)
     capacity = min(m.capacity_bytes for m in result.memory.values())
-    # the breakdown of the busiest rank
-    durations = (rows["end_s"] - rows["start_s"]).groupby([rows["rank"], rows["kind"]]).sum()
-    busiest = max(result.memory, key=lambda r: durations.get(r, default=0).sum()
-                  if r in durations.index.get_level_values(0) else 0.0)
-    mine = durations.loc[busiest] if busiest in durations.index.get_level_values(0) else None
-
-    def total(*kinds: str) -> float:
-        return float(sum(mine.get(k, 0.0) for k in kinds)) if mine is not None else 0.0
-
-    compute = total("FWD", "BWD", "BWD_I", "BWD_W")
-    recompute = total("RECOMPUTE")
-    own = rows[rows["rank"] == busiest]
-    opt_rows = own[own["kind"] == "OPTIMIZER_STEP"]
-    # The step and what the rank still does after it (the distributed optimizer's parameter all-gather),
-    # as the estimate's optimizer_s counts it (``Estimator._finish``): not a pipeline bubble.
-    after_step = (table[(table["parent"] == -1) & (table["rank"] == busiest)]["end_s"].max()
-                  - opt_rows["end_s"].max()) if len(opt_rows) else 0.0
-    optimizer = total("OPTIMIZER_STEP") + max(0.0, float(after_step))
-    last_work = own[own["kind"] != "OPTIMIZER_STEP"]["end_s"].max()
-    exposed = float(opt_rows["start_s"].min() - last_work) if len(opt_rows) and len(own) else 0.0
-    exposed = max(0.0, exposed)
-    bubble = max(0.0, result.iteration_s - compute - recompute - optimizer - exposed)
+    # the critical rank's breakdown, as the estimate's (sim.critical_rank)
+    kinds = engine_breakdown(result.table, result.iteration_s)
     return Simulated(result.iteration_s, result.samples_per_s, result.tokens_per_s, result.mfu, tuple(peaks),
-                     capacity, result.oom, compute, recompute, bubble, exposed, optimizer, result.wall_s)
+                     capacity, result.oom, kinds.compute_s, kinds.recompute_s, kinds.bubble_s, kinds.exposed_comm_s,
+                     kinds.optimizer_s, result.wall_s)
 
 
 def _agreement(top: list[Ranked], sampled: list[Ranked]) -> Agreement:
