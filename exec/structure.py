@@ -62,6 +62,7 @@ class LayerFacts:
     selective_saved_bytes: int = -1  # under torch's selective checkpointing (exec.selective); -1 unknown
     shared_input_bytes: int = 0  # its saved input that the previous layer saves too (sim.costs.LayerCosts)
     unsaved_input_bytes: int = 0  # its input when it does not save it (sim.costs.LayerCosts)
+    saved_output_bytes: int = 0  # of its output, what it saves itself (a ReLU's result; sim.costs.LayerCosts)
     tp_comm_bytes: int = 0  # the tensor each TP collective of its forward carries (whole, under sequence parallelism)
     sequence_parallel: bool = False  # its TP collectives are reduce-scatters and all-gathers (sim.costs.LayerCosts)
     attention_core_bytes: int = -1  # what Korthikanti's selective recomputation drops (sim.costs.LayerCosts)
@@ -120,6 +121,7 @@ def measure_layers(workload: Workload, micro_batch: int, dtype: torch.dtype, tp:
         facts.append(LayerFacts(
             attention_core_bytes=_attention_core_bytes(layer, x, param_keys, sum(saved.values())),
             shared_input_bytes=shared, unsaved_input_bytes=unsaved,
+            saved_output_bytes=saved.get(_storage_key(out), 0),
             selective_saved_bytes=_selective_bytes(layer, x, param_keys, loss),
             param_bytes=sum(p.numel() * p.element_size() for p in params),
             saved_bytes=sum(saved.values()),
@@ -218,6 +220,7 @@ class StructuralCosts:
             selective_recompute_s=0.0,
             shared_input_bytes=f.shared_input_bytes,
             unsaved_input_bytes=f.unsaved_input_bytes,
+            saved_output_bytes=f.saved_output_bytes,
         )
 
     def optimizer_step_s(self, param_bytes: int) -> float:
@@ -243,7 +246,8 @@ class StructuralCosts:
 def measured_layer_specs(workload: Workload) -> list[LayerSpec]:
     """Per-sample ``LayerSpec``s of a workload the simulator has no closed form for (a ResNet), from
     one real fp32 measurement (``measure_layers`` at micro-batch 1, FLOPs counted): parameters,
-    forward FLOPs, output, saved, selectively-kept and boundary-shared activation elements. Bytes
+    forward FLOPs, output, saved, selectively-kept and boundary-shared activation elements, and the
+    input a layer does not save and the output it does. Bytes
     do not depend on the device, so ``sim.analytic_costs.AnalyticCosts`` can price these layers on
     any GPU of the catalog by its roofline. Elements are fp32 bytes / 4 (small integer and
     statistics tensors count as elements of the model's dtype, as the transformer closed forms do)."""
@@ -253,5 +257,6 @@ def measured_layer_specs(workload: Workload) -> list[LayerSpec]:
                       output_elems=f.output_bytes // 4, saved_elems=f.saved_bytes // 4,
                       selective_elems=f.selective_saved_bytes // 4 if f.selective_saved_bytes >= 0 else -1,
                       shared_input_elems=f.shared_input_bytes // 4,
-                      unsaved_input_elems=f.unsaved_input_bytes // 4)
+                      unsaved_input_elems=f.unsaved_input_bytes // 4,
+                      saved_output_elems=f.saved_output_bytes // 4)
             for i, f in enumerate(facts)]

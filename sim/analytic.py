@@ -587,6 +587,7 @@ class LayerCosts:
     selective_recompute_s: float = -1.0
     shared_input_bytes: int = 0
     unsaved_input_bytes: int = 0
+    saved_output_bytes: int = -1  # sim.costs.LayerCosts.saved_output_bytes
     tp_bwd_overlap_s: tuple[float, ...] = ()  # sim.costs.LayerCosts.tp_bwd_overlap_s
     tp_bwd_overlap_share: float = 1.0  # sim.costs.LayerCosts.tp_bwd_overlap_share
     tp_sequence_parallel: bool = False  # sim.costs.LayerCosts.tp_sequence_parallel
@@ -767,6 +768,7 @@ class AnalyticCostModel:
             selective_recompute_s=selective_s,
             shared_input_bytes=b * layer.shared_input_elems * act,
             unsaved_input_bytes=b * layer.unsaved_input_elems * act,
+            saved_output_bytes=b * layer.saved_output_elems * act if layer.saved_output_elems >= 0 else -1,
             tp_bwd_overlap_s=overlap,
             tp_bwd_overlap_share=self.tp_backward_overlap if overlap or regather_overlap else 1.0,
             tp_sequence_parallel=sequence_parallel,

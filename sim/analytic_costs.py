@@ -36,7 +36,7 @@ class AnalyticCosts:
             flops_fwd=c.flops_fwd,
             selective_saved_bytes=c.selective_saved_bytes, selective_recompute_s=c.selective_recompute_s,
             shared_input_bytes=c.shared_input_bytes,
-            unsaved_input_bytes=c.unsaved_input_bytes,
+            unsaved_input_bytes=c.unsaved_input_bytes, saved_output_bytes=c.saved_output_bytes,
             tp_bwd_overlap_s=c.tp_bwd_overlap_s, tp_bwd_overlap_share=c.tp_bwd_overlap_share,
             tp_sequence_parallel=c.tp_sequence_parallel,
             tp_bwd_regathers=c.tp_bwd_regathers, tp_bwd_regather_overlap_s=c.tp_bwd_regather_overlap_s,

@@ -135,6 +135,8 @@ class BundleCostModel:
             if row["selective_recompute_s"] >= 0 else -1.0,
             shared_input_bytes=int(self._shared_input(layer) * scale * saved_share),
             unsaved_input_bytes=int(self._unsaved_input(layer) * scale),
+            saved_output_bytes=int(self._rows[layer]["saved_output_bytes"] * scale)
+            if "saved_output_bytes" in self._rows[layer] else -1,
             **{f"{phase}_sd_s": sd_from_spread(row[f"{phase}_s"] * scale * compute_share,
                                                row.get(f"{phase}_spread", 0.0))
                for phase in _TIMED_PHASES},

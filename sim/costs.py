@@ -75,6 +75,10 @@ class LayerCosts:
     # linear saves the pooled tensor): checkpointed, it keeps that input anyway (its checkpoint),
     # so while its re-run's tensors are back the input is held beside them (sim.memory.held_bytes).
     unsaved_input_bytes: int = 0
+    # Bytes of its output this layer saves itself (a ReLU's result; an embedding or a linear saves
+    # none): whether a next layer that does not save its input shares its checkpoint with this layer
+    # (sim.memory.input_saved_by_previous). -1: the model does not know.
+    saved_output_bytes: int = -1
     # Megatron-LM's asynchronous TP all-reduce in the backward (2021-09 on, not v2.5): the compute
     # seconds each backward collective can hide behind (the weight-gradient GEMM of the column-parallel
     # linear whose input gradient it reduces, running meanwhile), one per collective; empty: none.

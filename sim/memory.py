@@ -95,7 +95,7 @@ def selective_view(c: LayerCosts) -> LayerCosts:
     # A layer under SAC keeps its output only when its last operator is a kept one; the layers here
     # end in an add or a ReLU, so no storage is shared across a boundary (tests/test_memory_selective.py).
     return replace(c, saved_bytes=c.selective_saved_bytes, bwd_input_s=c.bwd_input_s + c.selective_recompute_s,
-                   shared_input_bytes=0)
+                   shared_input_bytes=0, saved_output_bytes=0)
 
 
 def attention_core_view(c: LayerCosts) -> LayerCosts:
@@ -181,12 +181,23 @@ def unsaved_checkpoint_bytes(layer: int, cost: Callable[[int], LayerCosts]) -> i
 
 def input_saved_by_previous(layer: int, cost: Callable[[int], LayerCosts]) -> int:
     """Bytes of a recomputed layer's checkpointed input that the previous layer, kept, saves as its
-    output, so one storage: the part both save (``shared_input_bytes``) and, for a layer that does
-    not save its input, all of it. The latter is assumed for every such layer (the costs do not say
-    whether the previous layer saves its output); torch agrees on the one there is: resnet-tiny's
-    pool + head after a block ending in a ReLU, which saves its output (docs/memory.md). One rule
-    for the forward (``resident_bytes``) and for the re-run (``held_bytes``)."""
-    return cost(layer).shared_input_bytes + unsaved_checkpoint_bytes(layer, cost)
+    output, so one storage: the part both save (``shared_input_bytes``) and, of the input this layer
+    does not save (``unsaved_checkpoint_bytes``), what the previous layer saves of its output
+    (``LayerCosts.saved_output_bytes``). resnet-tiny's pool + head follows a block ending in a ReLU,
+    which saves its output: one storage; lstm-tiny's first LSTM follows an embedding, which saves
+    none of it: two (docs/memory.md). One rule for the forward (``resident_bytes``), the re-run
+    (``held_bytes``) and the MILP (``sim.memory_optimal``). Raises ValueError where the layer does not
+    save its input and the costs do not say what the previous layer saves of its output."""
+    shared = cost(layer).shared_input_bytes
+    unsaved = unsaved_checkpoint_bytes(layer, cost)
+    if unsaved == 0:
+        return shared
+    previous = cost(layer - 1).saved_output_bytes
+    if previous < 0:
+        raise ValueError(f"layer {layer} does not save its input ({unsaved} B, LayerCosts.unsaved_input_bytes) and "
+                         f"the cost model does not say whether layer {layer - 1} saves that tensor as its output: "
+                         f"set layer {layer - 1}'s LayerCosts.saved_output_bytes (0 if it saves none of it)")
+    return shared + min(unsaved, previous)
 
 
 def movable_bytes(layers: Sequence[int], chosen: Collection[int], cost: Callable[[int], LayerCosts]) -> int:

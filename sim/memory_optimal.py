@@ -20,7 +20,9 @@ estimate (``sim.estimate``) and the engine's memory ledger use:
   held and ``x`` recomputed sets held per local stage, from ``sim.estimate.unit_pipeline``): the
   static bytes plus, per stage, ``n x kept + x x recomputed-back + min(n, 2) x swapped`` must fit.
   ``kept`` counts a kept layer's saved bytes and a recomputed layer's input (the ledger's
-  ``checkpoint_bytes``); a swapped micro-batch is on the device while its swap-out runs and again
+  ``checkpoint_bytes``), a storage the previous layer, kept, saves too counted once (the ledger's
+  rule: ``sim.memory.input_saved_by_previous``); ``recomputed-back`` adds a re-run layer's saved
+  bytes and the input it does not save, less its checkpoint (``held_bytes - forward_bytes``); a swapped micro-batch is on the device while its swap-out runs and again
   from its prefetch one compute step before the backward, hence ``min(n, 2)`` of them. That holds
   while a swap-out ends within the next forward, so a stage swaps no more than its forward time
   can move (in the warm-up forwards run back to back, and a slower copy would pile them up).
@@ -46,7 +48,15 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from sim.costs import CostModel
-from sim.memory import MemoryConfig, MemoryPolicy, checkpoint_bytes, received_gradient_bytes, register_memory_policy
+from sim.memory import (
+    MemoryConfig,
+    MemoryPolicy,
+    checkpoint_bytes,
+    input_saved_by_previous,
+    received_gradient_bytes,
+    register_memory_policy,
+    unsaved_checkpoint_bytes,
+)
 from sim.schedules import SCHEDULES, merak_recompute
 
 if TYPE_CHECKING:
@@ -92,9 +102,16 @@ class LayerChoiceModel:
     allow_swap: bool = True
     allow_recompute: bool = True
     # per layer: bytes of its saved input that the previous layer of its stage saves too (a ResNet
-    # ReLU output is the next convolution's input): counted once while both keep it, or while the
-    # previous layer keeps it and this one is recomputed (its checkpoint), as sim.memory.forward_bytes
+    # ReLU output is the next convolution's input): counted once while both keep it, as
+    # sim.memory.kept_saved_bytes
     shared: tuple[int, ...] = ()
+    # per layer: bytes of its checkpoint (when recomputed) that the previous layer of its stage, kept,
+    # saves (sim.memory.input_saved_by_previous: ``shared`` and, for a layer that does not save its
+    # input, the previous layer's saved output): counted once, as sim.memory.forward_bytes; empty: 0
+    checkpoint_shared: tuple[int, ...] = ()
+    # per layer: the input a recomputed layer holds beside its re-run's saved tensors, as it does not
+    # save it (sim.memory.unsaved_checkpoint_bytes, as sim.memory.held_bytes counts it); empty: 0
+    unsaved: tuple[int, ...] = ()
     # per rank: bytes held during the optimizer step (sim.model_state.step_peak_bytes), which no choice
     # changes; a rank's peak is the larger of its pipeline's and this
     step: tuple[int, ...] = ()
@@ -129,10 +146,19 @@ class LayerChoiceModel:
 
     def counted_once(self, i: int, choice: Choice) -> int:
         """Bytes layer ``i`` shares with the previous layer of its stage that count once under
-        ``choice``: both keep the storage (the previous kept, this one kept or recomputed)."""
-        if not self.shared or i == 0 or self.stage_of[i - 1] != self.stage_of[i]:
+        ``choice``: the previous one kept, this one kept (``shared``) or recomputed (its checkpoint,
+        ``checkpoint_shared``)."""
+        if i == 0 or self.stage_of[i - 1] != self.stage_of[i] or choice[i - 1] != KEEP:
             return 0
-        return self.shared[i] if choice[i - 1] == KEEP and choice[i] != SWAP else 0
+        if choice[i] == KEEP:
+            return self.shared[i] if self.shared else 0
+        return self.checkpoint_shared[i] if choice[i] == RECOMPUTE and self.checkpoint_shared else 0
+
+    def back_bytes(self, i: int) -> int:
+        """What layer ``i``, recomputed, adds once its re-run is back (before its backward) to what its
+        checkpointed forward keeps: its saved bytes and the input it holds beside them, less that
+        checkpoint (sim.memory.held_bytes - sim.memory.forward_bytes, whatever its neighbours do)."""
+        return self.saved[i] + (self.unsaved[i] if self.unsaved else 0) - self.checkpoint[i]
 
     def kept_bytes(self, choice: Choice) -> dict[int, int]:
         """Per stage: what one forward leaves on the device (swapped layers aside), each storage once."""
@@ -149,7 +175,7 @@ class LayerChoiceModel:
         swapped: dict[int, int] = {}
         for i, c in enumerate(choice):
             s = self.stage_of[i]
-            back[s] = back.get(s, 0) + (self.saved[i] - self.checkpoint[i] if c == RECOMPUTE else 0)
+            back[s] = back.get(s, 0) + (self.back_bytes(i) if c == RECOMPUTE else 0)
             swapped[s] = swapped.get(s, 0) + (self.saved[i] if c == SWAP else 0)
         return [max(self.static[k] + max((sum(n * kept.get(s, 0) + x * back.get(s, 0) + min(n, 2) * swapped.get(s, 0)
                                               for s, (n, x) in zip(self.local_stages[k], state, strict=True))
@@ -194,12 +220,14 @@ class LayerChoiceModel:
         n, pp, stages_n = len(self.layers), len(self.base_s), len(self.forward_s)
         # Variables: r_i (recompute layer i), w_i (swap it), z_s (stage s recomputes anything),
         # e_s (exposed swap-in of stage s), t_k (rank k per micro-batch), T (the slowest rank).
-        # u_i (continuous, <= 1): layer i's input counts once with the previous layer's (``counted_once``)
-        size = 2 * n + 2 * stages_n + pp + 1 + n
+        # u_i, v_i (continuous, <= 1): layer i, kept (u) or recomputed (v), shares its input with the
+        # previous layer, kept (``counted_once``)
+        size = 2 * n + 2 * stages_n + pp + 1 + 2 * n
         r, w, z, e = 0, n, 2 * n, 2 * n + stages_n
         t = 2 * n + 2 * stages_n
         big_t = t + pp
         u = big_t + 1
+        v = u + n
         scale = max([*self.base_s, *self.recompute_s, *self.copy_s, 1e-30])  # times to order 1
         cost = np.zeros(size)
         cost[big_t] = self.microbatches
@@ -217,14 +245,18 @@ class LayerChoiceModel:
             lower.append(lo)
             upper.append(hi)
 
-        shares = [bool(self.shared) and i > 0 and self.stage_of[i - 1] == self.stage_of[i] and self.shared[i] > 0
-                  for i in range(n)]
+        # per layer, what counts once after a kept previous layer: this one kept, this one recomputed
+        kept_share = [self.counted_once(i, (KEEP,) * n) for i in range(n)]
+        recomputed_share = [self.counted_once(i, (KEEP,) * i + (RECOMPUTE,) * (n - i)) for i in range(n)]
         for i in range(n):
             row({r + i: 1.0, w + i: 1.0}, -np.inf, 1.0)
             row({r + i: 1.0, z + self.stage_of[i]: -1.0}, -np.inf, 0.0)
-            if shares[i]:  # u_i <= [previous kept] = 1 - r - w, u_i <= [this one not swapped] = 1 - w
+            if kept_share[i]:  # u_i <= [previous kept] = 1 - r - w, u_i <= [this one kept] = 1 - r - w
                 row({u + i: 1.0, r + i - 1: 1.0, w + i - 1: 1.0}, -np.inf, 1.0)
-                row({u + i: 1.0, w + i: 1.0}, -np.inf, 1.0)
+                row({u + i: 1.0, r + i: 1.0, w + i: 1.0}, -np.inf, 1.0)
+            if recomputed_share[i]:  # v_i <= [previous kept], v_i <= [this one recomputed] = r
+                row({v + i: 1.0, r + i - 1: 1.0, w + i - 1: 1.0}, -np.inf, 1.0)
+                row({v + i: 1.0, r + i: -1.0}, -np.inf, 0.0)
         for s in range(stages_n):
             # e_s >= 2 x swapped - recompute when z_s, e_s >= swapped - forward otherwise (times / scale);
             # ``big`` switches a row off: no right side exceeds it.
@@ -254,10 +286,10 @@ class LayerChoiceModel:
                     held, back = n_of[self.stage_of[i]]
                     saved, ckpt = self.saved[i], self.checkpoint[i]
                     constant += held * saved
-                    coefficients[r + i] = (back - held) * (saved - ckpt) / self.capacity
+                    coefficients[r + i] = (held * (ckpt - saved) + back * self.back_bytes(i)) / self.capacity
                     coefficients[w + i] = (min(held, 2) - held) * saved / self.capacity
-                    if shares[i]:
-                        coefficients[u + i] = -held * self.shared[i] / self.capacity
+                    coefficients[u + i] = -held * kept_share[i] / self.capacity
+                    coefficients[v + i] = -held * recomputed_share[i] / self.capacity
                 row(coefficients, -np.inf, (room - constant) / self.capacity)
         for s, cap in enumerate(self.swap_cap):
             members = [i for i in range(n) if self.stage_of[i] == s]
@@ -270,7 +302,8 @@ class LayerChoiceModel:
         high[z:z + stages_n] = 1.0
         high[r:r + n] = 1.0 if self.allow_recompute else 0.0
         high[w:w + n] = 1.0 if self.allow_swap else 0.0
-        high[u:u + n] = [1.0 if flag else 0.0 for flag in shares]
+        high[u:u + n] = [1.0 if b else 0.0 for b in kept_share]
+        high[v:v + n] = [1.0 if b else 0.0 for b in recomputed_share]
         result = milp(cost, constraints=LinearConstraint(np.array(rows), lower, upper), integrality=integrality,
                       bounds=Bounds(np.zeros(size), high), options={"mip_rel_gap": 1e-9})
         if result.x is None:
@@ -309,7 +342,7 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
     def cost(layer: int):  # noqa: ANN202 - LayerCosts
         return costs.layer_costs(layer, mb, tp)
 
-    layers, stage_of, recompute_s, copy_s, saved, ckpt, shared = [], [], [], [], [], [], []
+    layers, stage_of, recompute_s, copy_s, saved, ckpt, shared, ckpt_shared, unsaved = ([] for _ in range(9))
     base = [0.0] * pp
     static = [0] * pp
     # what the optimizer step holds (sim.model_state.step_peak_bytes), and the optimizer state counted whole
@@ -331,7 +364,10 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
             recompute_s.append(estimator.stage((layer,), (layer,), mb, tp, level, 0.0).recompute_s)
             saved.append(cost(layer).saved_bytes)
             ckpt.append(checkpoint_bytes(layer, cost))
-            shared.append(cost(layer).shared_input_bytes if layer != stage_layers[s][0] else 0)
+            first = layer == stage_layers[s][0]
+            shared.append(0 if first else cost(layer).shared_input_bytes)
+            ckpt_shared.append(0 if first else input_saved_by_previous(layer, cost))
+            unsaved.append(unsaved_checkpoint_bytes(layer, cost))
             copy_s.append(2 * (latency + saved[-1] / bandwidth))
     for k in range(pp):  # the received gradient a rank holds at once, as the engine and the runtime do
         static[k] += received_gradient_bytes(stages_of[k], rank_of, stage_layers, cost)
@@ -349,6 +385,7 @@ def layer_choice_model(plan: Plan, stage_layers: Sequence[Sequence[int]], costs:
         saved=tuple(saved), checkpoint=tuple(ckpt), static=tuple(static), states=unit.states,
         local_stages=stages_of, capacity=capacity, swap_cap=swap_cap,
         allow_swap=config.allow_swap, allow_recompute=config.allow_recompute, shared=tuple(shared),
+        checkpoint_shared=tuple(ckpt_shared), unsaved=tuple(unsaved),
         step=tuple(step_peak_bytes(costs, b, g, plan.gradient_sync, plan.dtype, o, plan.dp)
                    for b, g, o in zip(model_state, grads, state, strict=True)))
 

@@ -115,6 +115,7 @@ class LayerSpec:
     # once by a forward keeping both: sim.costs.LayerCosts.shared_input_bytes).
     shared_input_elems: int = 0
     unsaved_input_elems: int = 0  # its input, when it does not save it (sim.costs.LayerCosts.unsaved_input_bytes)
+    saved_output_elems: int = -1  # of its output, what it saves itself (sim.costs.LayerCosts.saved_output_bytes)
     # Of the replicated part of saved_elems, what a layer at the edge of the sequence-parallel region
     # keeps on the rank's 1/t of the sequence under sequence parallelism (the LM head's final
     # LayerNorm: its input and statistics). A block keeps all of saved_elems split (sim.analytic).

@@ -1,5 +1,9 @@
-"""Run resnet-tiny on 2 gloo ranks with only the head recomputed on the last stage (3, 4), after a
-kept layer 3, and print each rank's runtime activation peak and the engine ledger's (JSON).
+"""Run a workload on 2 gloo ranks (pp 2, GPipe, four micro-batches of two, fp32) recomputing only the
+layers given, each after a kept layer, and print each rank's runtime activation peak and the engine
+ledger's (JSON).
+
+    PYTHONPATH=. python tests/recompute_after_kept_run.py                  # resnet-tiny, the head (4)
+    PYTHONPATH=. python tests/recompute_after_kept_run.py lstm-tiny 1 3    # lstm-tiny, layers 1 and 3
 
 Run as a script (``tests/test_memory_selective.py`` does, in a subprocess): the policy below is
 test-only, and the runtime's ranks re-import the main script, so it registers there too. No
@@ -9,6 +13,7 @@ of it); the per-layer planners (the MILP, DELTA) may."""
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,36 +23,38 @@ from sim.costs import CostModel
 from sim.memory import MEMORY_POLICIES, MemoryConfig, MemoryPolicy, register_memory_policy
 from sim.plan import Plan
 
-NAME = "test-head-after-kept"
+NAME = "test-recompute-layers"
 
 
-class HeadAfterKept(MemoryConfig):
-    """Test only: the last stage recomputes its last layer alone, the others keep everything."""
+class RecomputeLayers(MemoryConfig):
+    """Test only: recompute exactly ``layers`` (global indices), keep every other layer."""
 
-    policy: Literal["test-head-after-kept"] = "test-head-after-kept"
+    policy: Literal["test-recompute-layers"] = "test-recompute-layers"
+    layers: list[int]
 
 
 def build(plan: Plan, stage_layers: Sequence[Sequence[int]], costs: CostModel, capacity_bytes: int) -> MemoryPolicy:
-    last = len(stage_layers) - 1
-    return MemoryPolicy(tuple((layers[-1],) if s == last else () for s, layers in enumerate(stage_layers)),
+    assert isinstance(plan.memory, RecomputeLayers)
+    chosen = set(plan.memory.layers)
+    return MemoryPolicy(tuple(tuple(layer for layer in layers if layer in chosen) for layers in stage_layers),
                         (0.0,) * plan.num_stages)
 
 
 if NAME not in MEMORY_POLICIES:
-    register_memory_policy(NAME, HeadAfterKept, build)
+    register_memory_policy(NAME, RecomputeLayers, build)
 
 
-def main(out_dir: Path) -> dict[str, object]:
+def main(out_dir: Path, workload: str, layers: list[int]) -> dict[str, object]:
     from exec.contract import compile_for_run
     from exec.launcher import run_plan
     from sim.engine import Engine
     from tests.test_runtime import plan_of
     from traces.runrecord import read_run_record
 
-    plan = plan_of(workload="resnet-tiny", pp=2, schedule="gpipe", microbatches=4, micro_batch=2)
-    plan = plan.model_copy(update={"name": "head-after-kept",
-                                   "memory": Plan.from_dict({"workload": "resnet-tiny",
-                                                             "memory": {"policy": NAME}}).memory})
+    plan = plan_of(workload=workload, pp=2, schedule="gpipe", microbatches=4, micro_batch=2)
+    plan = plan.model_copy(update={"name": f"{workload}-recompute-after-kept",
+                                   "memory": Plan.from_dict({"workload": workload, "memory": {
+                                       "policy": NAME, "layers": layers}}).memory})
     run = compile_for_run(plan)
     engine = Engine(run.program, run.resolved.costs, run.resolved.comm, run.resolved.policy, plan.micro_batch)
     engine.run()
@@ -60,5 +67,6 @@ def main(out_dir: Path) -> dict[str, object]:
 
 
 if __name__ == "__main__":
+    arguments = sys.argv[1:] or ["resnet-tiny", "4"]
     with tempfile.TemporaryDirectory() as folder:
-        print(json.dumps(main(Path(folder))))
+        print(json.dumps(main(Path(folder), arguments[0], [int(a) for a in arguments[1:]])))

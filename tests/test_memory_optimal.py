@@ -48,12 +48,22 @@ def random_model(rng: random.Random, layers_per_stage: tuple[int, ...]) -> Layer
 @pytest.mark.parametrize("seed", range(12))
 def test_milp_matches_brute_force_with_shared_storages(seed: int) -> None:
     """Storages two neighbouring layers save (a ResNet ReLU output, the next convolution's input)
-    count once in the MILP's memory rows as in ``peaks`` (the brute force's reference)."""
+    count once in the MILP's memory rows as in ``peaks`` (the brute force's reference); so does a
+    recomputed layer's checkpoint that the previous layer, kept, saves, and a layer that does not
+    save its input holds it beside its re-run (``checkpoint_shared``, ``unsaved``: each layer at
+    random saves its input, or does not and the previous layer saves it, or neither does)."""
     rng = random.Random(100 + seed)
     model = random_model(rng, rng.choice([(3, 3), (2, 4), (4, 2)]))
-    shared = tuple(0 if i == 0 or model.stage_of[i - 1] != model.stage_of[i]
-                   else min(model.checkpoint[i], model.saved[i - 1]) for i in range(len(model.layers)))
-    model = LayerChoiceModel(**{**model.__dict__, "shared": shared})
+    shared, checkpoint_shared, unsaved = [], [], []
+    for i in range(len(model.layers)):
+        first = i == 0 or model.stage_of[i - 1] != model.stage_of[i]
+        kind = rng.choice(["saves its input", "previous saves it", "neither"])
+        both = 0 if first or kind != "saves its input" else min(model.checkpoint[i], model.saved[i - 1])
+        shared.append(both)
+        unsaved.append(0 if kind == "saves its input" else model.checkpoint[i])
+        checkpoint_shared.append(both if kind != "previous saves it" or first else model.checkpoint[i])
+    model = LayerChoiceModel(**{**model.__dict__, "shared": tuple(shared),
+                                "checkpoint_shared": tuple(checkpoint_shared), "unsaved": tuple(unsaved)})
     keep, frugal = (KEEP,) * len(shared), (RECOMPUTE,) * len(shared)
     low, high = max(model.peaks(frugal)), max(model.peaks(keep))
     model = LayerChoiceModel(**{**model.__dict__, "capacity": rng.randrange(low - 50, high + 50)})

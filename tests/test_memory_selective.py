@@ -158,13 +158,20 @@ def test_selective_run_equals_one_process_and_ledger(workload: str, pp: int, pol
 
 
 @pytest.mark.slow
-def test_recomputed_head_after_a_kept_layer_run_equals_ledger() -> None:
-    """resnet-tiny pp 2 (GPipe, four micro-batches of two, fp32), the last stage (3, 4) recomputing
-    only the head (pool + linear + loss, which saves none of its input) after a kept layer 3: the
-    head's checkpoint is layer 3's saved ReLU output, one storage, so the forward holds layer 3's
-    saves alone (sim.memory.input_saved_by_previous). Every rank's runtime activation peak equals
-    the ledger's (rank 1: 1,987,684 B; the ledger counted the checkpoint twice, 2,248,704 B).
-    The policy is test-only, so the run is a script of its own (tests/recompute_after_kept_run.py)."""
+@pytest.mark.parametrize(("workload", "recomputed"), [("resnet-tiny", [[], [4]]), ("rnn-tiny", [[1], []])])
+def test_recomputed_head_after_a_kept_layer_run_equals_ledger(workload: str, recomputed: list[list[int]]) -> None:
+    """pp 2 (GPipe, four micro-batches of two, fp32), one layer that saves none of its input
+    recomputed after a kept layer (sim.memory.input_saved_by_previous):
+
+    - resnet-tiny, the last stage (3, 4) recomputing only the head (pool + linear + loss): its
+      checkpoint is layer 3's saved ReLU output, one storage, so the forward holds layer 3's saves
+      alone (rank 1: 1,987,684 B; the ledger counted the checkpoint twice, 2,248,704 B);
+    - rnn-tiny, the first stage (0, 1) recomputing only the RNN (which saves a batch-first copy of
+      its input, not the input) after the embedding, which saves none of its output: the checkpoint
+      is a storage of its own (rank 0: 9,344 B; the rule took it for the embedding's, 5,248 B).
+
+    Every rank's runtime activation peak equals the ledger's. The policy is test-only, so the run is
+    a script of its own (tests/recompute_after_kept_run.py)."""
     import json
     import os
     import subprocess
@@ -172,11 +179,14 @@ def test_recomputed_head_after_a_kept_layer_run_equals_ledger() -> None:
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, str(root / "tests" / "recompute_after_kept_run.py")], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    layers = [str(layer) for stage in recomputed for layer in stage]
+    done = subprocess.run([sys.executable, str(root / "tests" / "recompute_after_kept_run.py"), workload, *layers],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["stage_layers"][-1] == [3, 4] and result["recompute_layers"] == [[], [4]]
+    assert result["recompute_layers"] == recomputed
+    assert all(stage[0] - 1 in layers for stage, layers in zip(recomputed, result["stage_layers"], strict=True)
+               if stage)  # each after a kept layer of its stage
     assert result["runtime"] == result["ledger"]
 
 
