@@ -186,7 +186,7 @@ def input_saved_by_previous(layer: int, cost: Callable[[int], LayerCosts]) -> in
     (``LayerCosts.saved_output_bytes``). resnet-tiny's pool + head follows a block ending in a ReLU,
     which saves its output: one storage; lstm-tiny's first LSTM follows an embedding, which saves
     none of it: two (docs/memory.md). One rule for the forward (``resident_bytes``), the re-run
-    (``held_bytes``) and the MILP (``sim.memory_optimal``). Raises ValueError where the layer does not
+    (``held_bytes``) and the MILP (``sim.memory_optimal``). Raises ConfigError where the layer does not
     save its input and the costs do not say what the previous layer saves of its output."""
     shared = cost(layer).shared_input_bytes
     unsaved = unsaved_checkpoint_bytes(layer, cost)
@@ -194,9 +194,12 @@ def input_saved_by_previous(layer: int, cost: Callable[[int], LayerCosts]) -> in
         return shared
     previous = cost(layer - 1).saved_output_bytes
     if previous < 0:
-        raise ValueError(f"layer {layer} does not save its input ({unsaved} B, LayerCosts.unsaved_input_bytes) and "
-                         f"the cost model does not say whether layer {layer - 1} saves that tensor as its output: "
-                         f"set layer {layer - 1}'s LayerCosts.saved_output_bytes (0 if it saves none of it)")
+        # A user's error, not a bug: a profile bundle written before session 16 has no saved_output_bytes.
+        raise ConfigError(f"costs: layer {layer - 1}'s LayerCosts.saved_output_bytes",
+                          f"layer {layer} does not save its input ({unsaved} B) and the costs do not say whether "
+                          f"layer {layer - 1} saves that tensor as its output",
+                          "re-profile the workload with this version (its layers table then records "
+                          "saved_output_bytes), or give the cost model the field (0 if the layer saves none of it)")
     return shared + min(unsaved, previous)
 
 

@@ -20,12 +20,13 @@ estimate (``sim.estimate``) and the engine's memory ledger use:
   held and ``x`` recomputed sets held per local stage, from ``sim.estimate.unit_pipeline``): the
   static bytes plus, per stage, ``n x kept + x x recomputed-back + min(n, 2) x swapped`` must fit.
   ``kept`` counts a kept layer's saved bytes and a recomputed layer's input (the ledger's
-  ``checkpoint_bytes``), a storage the previous layer, kept, saves too counted once (the ledger's
-  rule: ``sim.memory.input_saved_by_previous``); ``recomputed-back`` adds a re-run layer's saved
-  bytes and the input it does not save, less its checkpoint (``held_bytes - forward_bytes``); a swapped micro-batch is on the device while its swap-out runs and again
-  from its prefetch one compute step before the backward, hence ``min(n, 2)`` of them. That holds
-  while a swap-out ends within the next forward, so a stage swaps no more than its forward time
-  can move (in the warm-up forwards run back to back, and a slower copy would pile them up).
+  ``checkpoint_bytes``), a storage the previous layer, kept, saves too counted once (the ledger's rule:
+  ``sim.memory.input_saved_by_previous``); ``recomputed-back`` adds a re-run layer's saved bytes and the input
+  it does not save, less its checkpoint (``held_bytes - forward_bytes``); a swapped micro-batch is on the
+  device while its swap-out runs and again from its prefetch one compute step before the backward, hence
+  ``min(n, 2)`` of them. That holds while a swap-out ends within the next forward, so a stage swaps no more
+  than its forward time can move (in the warm-up forwards run back to back, and a slower copy would pile them
+  up).
 - **The optimizer step.** It holds no activations but the model state with the optimizer's own
   copies of the gradients (``sim.model_state.step_peak_bytes``: Megatron's fp16 optimizer copies
   them to fp32), which may exceed the pipeline's peak. No choice changes it, so a rank whose step

@@ -28,6 +28,7 @@ from sim.memory_optimal import KEEP, RECOMPUTE, Choice, LayerChoiceModel, layer_
 from sim.plan import Plan
 from sim.simulate import simulate
 from tests.test_received_gradients import MICRO_BATCH, MICROBATCHES, cluster, resnet_costs
+from traces.errors import ConfigError
 
 # Workloads whose layers' bytes torch measures at this micro-batch (exec.structure: exact bytes,
 # zero times), where a layer that does not save its input follows one that saves none of its output.
@@ -143,5 +144,5 @@ def test_a_cost_model_that_does_not_say_what_the_previous_layer_saves_is_refused
         c = resolved.costs.layer_costs(layer, MICRO_BATCH, 1)
         return replace(c, saved_output_bytes=-1)
 
-    with pytest.raises(ValueError, match="layer 0's LayerCosts.saved_output_bytes"):
+    with pytest.raises(ConfigError, match="layer 0's LayerCosts.saved_output_bytes.*re-profile"):
         forward_bytes((0, 1), (1,), cost)
