@@ -1,9 +1,9 @@
 """Launch a plan's ranks on this machine and watch them: ``run_plan``.
 
-The launcher spawns ``dp x tp x pp`` processes (torch.multiprocessing, forkserver: the server
-imports torch once, so later launches start in a fraction of a second), each running
-``exec.rank.run_rank`` with a file rendezvous in the output directory, NCCL when CUDA is
-available and gloo otherwise (``backend`` overrides it).
+The launcher spawns ``dp x tp x pp`` processes (forked from the process's forkserver,
+``traces.forkserver``: the server imports torch once, so later launches start in a fraction of a
+second), each running ``exec.rank.run_rank`` with a file rendezvous in the output directory, NCCL
+when CUDA is available and gloo otherwise (``backend`` overrides it).
 
 A watchdog polls the ranks every 0.1 s. A rank that exits with an error stops the run at once:
 the others are terminated and ``RunFailed`` names the rank, the iteration and the instruction it
@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-import torch.multiprocessing as tmp
 
 from exec.contract import RunOptions, compile_for_run, pick_backend
 from exec.rank import run_rank, write_error
@@ -44,6 +43,7 @@ from exec.records import read_rank_results, summarise, write_record
 from sim.compile import check_local_run
 from sim.plan import Plan
 from traces.errors import ConfigError, ParatwinError
+from traces.forkserver import forkserver_context
 from traces.outdir import RENDEZVOUS_NAME, OutputLock, claim_run_folder, finish_marker
 from traces.runrecord import read_run_record
 
@@ -152,12 +152,6 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-# What the forkserver imports once, so that a rank forked from it imports nothing heavy itself.
-# torch._dynamo too: building a layer on the meta device (exec.structure, in every rank before its
-# first instruction) imports it lazily, 2-4 s per rank per launch (10 of the 13 s a gpt-tiny pp2
-# run took on a loaded 2-core machine). tests/test_forkserver_preload.py checks the list.
-FORKSERVER_PRELOAD = ("exec.rank", "torch._dynamo")
-
 def run_plan(plan: Plan | str | Path, nproc: int | None = None, backend: str | None = None,
              iterations: int = 5, warmup: int = 1, out_dir: Path | None = None, timeout_s: float = 300, *,
              save_params: bool = False, threads: int = 1, force: bool = False) -> RunResult:
@@ -202,8 +196,7 @@ def _launch(plan: Plan, out_dir: Path, options: RunOptions, timeout_s: float) ->
     shutil.rmtree(rendezvous, ignore_errors=True)
     rendezvous.mkdir()
     init = f"file://{rendezvous.resolve()}/store"
-    context = tmp.get_context("forkserver")
-    context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    context = forkserver_context()
     environment = dict(os.environ)
     processes = [context.Process(target=_spawned, name=f"paratwin-rank{r}", daemon=False,
                                  args=(r, world, plan.model_dump(), str(out_dir), options, init, environment,
