@@ -7,7 +7,8 @@ forkserver first, as a script or notebook that searches and then runs does; then
 (2 gloo ranks, 1 iteration, no warm-up) is launched ``--launches`` times. Before ``traces.forkserver``
 the search's pool started the forkserver without the launcher's preload, and every launch's ranks
 imported torch._dynamo themselves. ``--no-search``: the launches alone (the launcher starts the
-forkserver). Prints the search's wall time and, per launch, its wall time; then the median over the
+forkserver); ``--launches 0``: the search alone. Prints the search's wall time (its first pool starts
+the forkserver, preload included) and, per launch, its wall time; then the median over the
 launches after the first (the first includes the forkserver's start when there is no search) and the
 spread (min-max). To compare with an older checkout, run this file with ``PYTHONPATH=<that checkout>``.
 """
@@ -45,10 +46,13 @@ def main() -> None:
     parser.add_argument("--no-search", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="where the runs go (default: a temporary folder)")
     args = parser.parse_args()
-    if args.launches < 2:
-        parser.error("--launches: need 2 or more (the median is over the launches after the first)")
+    if args.launches == 1 or args.launches < 0 or (args.no_search and args.launches == 0):
+        parser.error("--launches: need 0 (the search alone) or 2 or more (the median is over the launches "
+                     "after the first), and with --no-search 2 or more")
     if not args.no_search:
         print(f"search: {run_search():.2f} s")
+    if args.launches == 0:
+        return
     out = args.out or Path(tempfile.mkdtemp(prefix="paratwin-launch-after-search-"))
     walls = []
     for i in range(args.launches):
