@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.forked import REPO, run_script
+
 # In a fresh interpreter: import the forkserver's preload, then do what every rank does before its
 # first instruction (compile the plan for the run: structural costs build the layers on the meta
 # device), and print the torch modules that imported.
@@ -65,12 +66,8 @@ def test_a_rank_compiling_its_plan_imports_no_torch_module_the_forkserver_did_no
 
 @pytest.mark.slow
 def test_a_launch_after_the_search_started_the_forkserver_forks_its_ranks_with_the_preload(tmp_path: Path) -> None:
-    script, log = tmp_path / "search_then_launch.py", tmp_path / "forked.log"
-    script.write_text(SEARCH_THEN_LAUNCH)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], capture_output=True, text=True,
-                          cwd=REPO, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "PARATWIN_TEST_LOG": str(log)})
-    assert done.returncode == 0, done.stderr[-3000:]
+    log = tmp_path / "forked.log"
+    run_script(SEARCH_THEN_LAUNCH, tmp_path, str(tmp_path / "run"), env={"PARATWIN_TEST_LOG": str(log)})
     forked = [line.rsplit(" ", 1) for line in log.read_text().splitlines()]
     ranks = [i for i, (name, _) in enumerate(forked) if name.startswith("paratwin-rank")]
     assert len(ranks) == 2 and ranks[0] > 0, forked  # the search's workers were forked first
