@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from traces.errors import ConfigError
+from traces.forkserver import forkserver_context
 
 try:
     from concurrent.futures.process import BrokenProcessPool
@@ -59,12 +60,11 @@ class Serial:
 
 class Pool:
     def __init__(self, workers: int) -> None:
-        import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
         # forkserver, not fork: a worker must not inherit the output folder's lock (an orphan of a
         # killed run would hold it), nor this process's threads.
-        self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("forkserver"))
+        self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=forkserver_context())
         self.name = f"{workers} local processes"
 
     def submit(self, fn: Callable, task: Any, task_id: str) -> Any:  # noqa: ARG002 - the interface's

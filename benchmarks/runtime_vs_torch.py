@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as tmp
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -32,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from exec.contract import batch_seed, compile_for_run, make_optimizer  # noqa: E402
 from exec.launcher import run_plan  # noqa: E402
 from sim.plan import Plan  # noqa: E402
+from traces.forkserver import forkserver_context  # noqa: E402
 
 TORCH_SCHEDULES = {
     "gpipe": "ScheduleGPipe",
@@ -107,8 +107,7 @@ def torch_run(plan: Plan, steps: int) -> dict:
     """torch.distributed.pipelining on ``plan``'s stages: per-iteration times per rank and losses."""
     out = tempfile.mkdtemp(prefix="paratwin-torchpp-")
     init = f"file://{out}/store"
-    context = tmp.get_context("forkserver")
-    context.set_forkserver_preload(["exec.runtime"])
+    context = forkserver_context()  # the launcher's preload: run_plan forks from it next
     processes = [context.Process(target=_torch_rank,
                                  args=(r, plan.world_size, plan.model_dump(), steps, init, out))
                  for r in range(plan.world_size)]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from exec.structure import StructuralCosts
+from exec.structure import Measured, StructuralCosts
 from exec.workloads import Workload, get_workload
 from sim.compile import ResolvedPlan, compile_plan
 from sim.memory import MEMORY_POLICIES
@@ -46,19 +46,20 @@ class ExecutablePlan:
     program: Program
 
 
-def compile_for_run(plan: Plan) -> ExecutablePlan:
+def compile_for_run(plan: Plan, measured: Measured | None = None) -> ExecutablePlan:
     """Compile ``plan`` exactly as the simulator does, lowered for every rank.
 
     With ``profile`` set the costs are the profile's (the simulator's own); otherwise the exact
     structural costs, which give the same partition for ``uniform`` and ``parameters`` and exact
-    message and bucket bytes.
+    message and bucket bytes. ``measured``: the structural measurements of an earlier
+    ``compile_for_run`` of this plan (``.structure.measured``), so that they are not taken again.
     """
     if not MEMORY_POLICIES[plan.memory.policy].runtime:
         raise ConfigError("memory.policy", f"the runtime does not run memory policy {plan.memory.policy!r} "
                           "(simulated only: docs/sequence-parallel.md)",
                           "simulate the plan (paratwin simulate), or run it with another policy")
     workload = load_workload(plan)  # refuses what the runtime's modules cannot run (sequence parallelism)
-    structure = StructuralCosts(workload, plan.micro_batch, plan.dtype, plan.tp)
+    structure = StructuralCosts(workload, plan.micro_batch, plan.dtype, plan.tp, measured=measured)
     compiled = compile_plan(plan, costs=None if plan.profile else structure, symmetric=False)
     if plan.workload_options.get("tied_embedding"):
         _check_tied(plan, compiled.program)

@@ -1,9 +1,9 @@
 """Launch a plan's ranks on this machine and watch them: ``run_plan``.
 
-The launcher spawns ``dp x tp x pp`` processes (torch.multiprocessing, forkserver: the server
-imports torch once, so later launches start in a fraction of a second), each running
-``exec.rank.run_rank`` with a file rendezvous in the output directory, NCCL when CUDA is
-available and gloo otherwise (``backend`` overrides it).
+The launcher spawns ``dp x tp x pp`` processes (forked from the process's forkserver,
+``traces.forkserver``: the server imports torch once, so later launches start in a fraction of a
+second), each running ``exec.rank.run_rank`` with a file rendezvous in the output directory, NCCL
+when CUDA is available and gloo otherwise (``backend`` overrides it).
 
 A watchdog polls the ranks every 0.1 s. A rank that exits with an error stops the run at once:
 the others are terminated and ``RunFailed`` names the rank, the iteration and the instruction it
@@ -36,14 +36,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-import torch.multiprocessing as tmp
 
 from exec.contract import RunOptions, compile_for_run, pick_backend
 from exec.rank import run_rank, write_error
 from exec.records import read_rank_results, summarise, write_record
+from exec.structure import Measured
 from sim.compile import check_local_run
 from sim.plan import Plan
 from traces.errors import ConfigError, ParatwinError
+from traces.forkserver import forkserver_context
 from traces.outdir import RENDEZVOUS_NAME, OutputLock, claim_run_folder, finish_marker
 from traces.runrecord import read_run_record
 
@@ -99,7 +100,7 @@ class RunResult:
 
 
 def _spawned(rank: int, world_size: int, plan_data: dict, out_dir: str, options: RunOptions, init: str,
-             environment: dict[str, str], launcher_pid: int) -> None:
+             environment: dict[str, str], launcher_pid: int, measured: Measured) -> None:
     # Runs in the child, forked from the forkserver, whose environment is that of its own start:
     # take the launcher's current one (e.g. NCCL_*, GLOO_* or the fault-injection variable).
     _die_with_parent(launcher_pid)
@@ -111,7 +112,7 @@ def _spawned(rank: int, world_size: int, plan_data: dict, out_dir: str, options:
         write_error(Path(out_dir), rank, exc)
         sys.exit(1)
     try:
-        run_rank(plan, rank, world_size, rank, Path(out_dir), options, init_method=init)
+        run_rank(plan, rank, world_size, rank, Path(out_dir), options, init_method=init, measured=measured)
     except BaseException:  # noqa: BLE001 - run_rank wrote errors/rank<r>.json; the launcher reports
         sys.exit(1)
 
@@ -152,12 +153,6 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-# What the forkserver imports once, so that a rank forked from it imports nothing heavy itself.
-# torch._dynamo too: building a layer on the meta device (exec.structure, in every rank before its
-# first instruction) imports it lazily, 2-4 s per rank per launch (10 of the 13 s a gpt-tiny pp2
-# run took on a loaded 2-core machine). tests/test_forkserver_preload.py checks the list.
-FORKSERVER_PRELOAD = ("exec.rank", "torch._dynamo")
-
 def run_plan(plan: Plan | str | Path, nproc: int | None = None, backend: str | None = None,
              iterations: int = 5, warmup: int = 1, out_dir: Path | None = None, timeout_s: float = 300, *,
              save_params: bool = False, threads: int = 1, force: bool = False) -> RunResult:
@@ -180,34 +175,34 @@ def run_plan(plan: Plan | str | Path, nproc: int | None = None, backend: str | N
         raise ConfigError("iterations", f"need iterations >= 1 and warmup >= 0 (got {iterations}, {warmup})",
                           "e.g. --iterations 5 --warmup 1")
     backend = pick_backend(backend)
-    _check_plan(plan)
+    measured = _check_plan(plan)
     out_dir = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="paratwin-run-"))
     # The process groups time out later than the watchdog, so that a hang is reported as one
     # (naming every rank's instruction) before a blocked rank's own timeout error.
     options = RunOptions(iterations, warmup, backend, 1.5 * float(timeout_s) + 5.0, save_params, threads)
     with OutputLock(out_dir):
         claim_run_folder(out_dir, force)
-        return _launch(plan, out_dir, options, float(timeout_s))
+        return _launch(plan, out_dir, options, float(timeout_s), measured)
 
 
-def _check_plan(plan: Plan) -> None:
-    """Every check a rank makes before its first instruction, here, once (a ``ConfigError``)."""
+def _check_plan(plan: Plan) -> Measured:
+    """Every check a rank makes before its first instruction, here, once (a ``ConfigError``); returns
+    the plan's structural measurements, which the ranks take instead of measuring again."""
     check_local_run(plan)
-    compile_for_run(plan)
+    return compile_for_run(plan).structure.measured
 
 
-def _launch(plan: Plan, out_dir: Path, options: RunOptions, timeout_s: float) -> RunResult:
+def _launch(plan: Plan, out_dir: Path, options: RunOptions, timeout_s: float, measured: Measured) -> RunResult:
     world = plan.world_size
     rendezvous = out_dir / RENDEZVOUS_NAME
     shutil.rmtree(rendezvous, ignore_errors=True)
     rendezvous.mkdir()
     init = f"file://{rendezvous.resolve()}/store"
-    context = tmp.get_context("forkserver")
-    context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    context = forkserver_context()
     environment = dict(os.environ)
     processes = [context.Process(target=_spawned, name=f"paratwin-rank{r}", daemon=False,
                                  args=(r, world, plan.model_dump(), str(out_dir), options, init, environment,
-                                       os.getpid()))
+                                       os.getpid(), measured))
                  for r in range(world)]
     signum = 0
     with _signals_raise():

@@ -28,6 +28,7 @@ from exec.host_memory import keep_freed_memory
 from exec.host_memory import state as host_memory_state
 from exec.interpreter import RankRuntime
 from exec.records import write_record
+from exec.structure import Measured
 from sim.plan import Plan
 from sim.program import Program
 from sim.tied_embedding import TIED_TAG
@@ -73,8 +74,9 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def run_rank(plan: Plan, rank: int, world_size: int, local_rank: int, out_dir: Path, options: RunOptions,
-             init_method: str = "env://") -> None:
-    """Everything one rank does; results go to ``out_dir`` (rank 0 also writes the run record)."""
+             init_method: str = "env://", measured: Measured | None = None) -> None:
+    """Everything one rank does; results go to ``out_dir`` (rank 0 also writes the run record).
+    ``measured``: the plan's structural measurements, taken by the launcher (``compile_for_run``)."""
     out_dir = Path(out_dir)
     for sub in ("ranks", "heartbeat", "errors"):
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -95,7 +97,7 @@ def run_rank(plan: Plan, rank: int, world_size: int, local_rank: int, out_dir: P
         timeout = dt.timedelta(seconds=options.timeout_s)
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
                                 timeout=timeout)
-        run = compile_for_run(plan)
+        run = compile_for_run(plan, measured)
         if run.program.world_size != world_size:
             raise ConfigError("world size", f"the plan needs {run.program.world_size} ranks, "
                               f"{world_size} were launched", "launch dp x tp x pp ranks")

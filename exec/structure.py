@@ -172,19 +172,31 @@ def _selective_bytes(layer: nn.Module, x: torch.Tensor, param_keys: set, loss: o
         return -1
 
 
+# What ``StructuralCosts`` measured, by (micro_batch, tp): ``measured`` gives it to another process.
+Measured = dict[tuple[int, int], list[LayerFacts]]
+
+
 class StructuralCosts:
-    """A ``sim.costs.CostModel`` with exact byte counts and zero times (see module docstring)."""
+    """A ``sim.costs.CostModel`` with exact byte counts and zero times (see module docstring).
+
+    ``measured``: what a ``StructuralCosts`` of the same workload, dtype and ``flops`` measured (its
+    ``measured``), taken instead of measuring again: the launcher measures once and hands it to every
+    rank, where measuring took most of a small model's launch (docs/runtime.md)."""
 
     def __init__(self, workload: Workload, micro_batch: int, dtype: str | torch.dtype = "fp32", tp: int = 1,
-                 flops: bool = False) -> None:
+                 flops: bool = False, measured: Measured | None = None) -> None:
         self.workload = workload
         self.flops = flops
         self.micro_batch = micro_batch
         self.dtype = torch_dtype(dtype) if isinstance(dtype, str) else dtype
         self.tp = tp
         self.num_layers = workload.num_layers
-        self._facts: dict[tuple[int, int], list[LayerFacts]] = {}
+        self._facts: Measured = dict(measured or {})
         self.facts(micro_batch, tp)  # measure now, so a bad workload fails at construction
+
+    @property
+    def measured(self) -> Measured:
+        return dict(self._facts)
 
     def facts(self, micro_batch: int, tp: int) -> list[LayerFacts]:
         key = (micro_batch, tp)

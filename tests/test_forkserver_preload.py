@@ -1,5 +1,6 @@
 """The launcher's forkserver imports what a rank needs, so that each launch's ranks start without
-importing torch modules of their own (docs/runtime.md: later launches start in well under a second)."""
+importing torch modules of their own (docs/runtime.md: later launches start in well under a second),
+whoever starts the forkserver first: Python keeps one per process, with the preload of its first user."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import pytest
+
+from tests.forked import REPO, run_script
+
 # In a fresh interpreter: import the forkserver's preload, then do what every rank does before its
 # first instruction (compile the plan for the run: structural costs build the layers on the meta
 # device), and print the torch modules that imported.
 CHECK = """
 import importlib, sys
-from exec.launcher import FORKSERVER_PRELOAD
+from traces.forkserver import FORKSERVER_PRELOAD
 from sim.plan import Plan
 for name in FORKSERVER_PRELOAD:
     importlib.import_module(name)
@@ -26,9 +30,45 @@ compile_for_run(plan)
 print(sorted(m for m in set(sys.modules) - before if m.startswith("torch")))
 """
 
+# A script (run as a file, so that every process forked from the forkserver imports it as __mp_main__
+# before its target, with the process's name already set): the search starts the forkserver for its
+# worker processes, then a plan is launched. Each forked process logs whether torch._dynamo was
+# already imported when it started, i.e. whether it came with the forkserver's preload.
+SEARCH_THEN_LAUNCH = """
+import multiprocessing, os, sys
+
+if __name__ == "__mp_main__":
+    with open(os.environ["PARATWIN_TEST_LOG"], "a") as log:
+        log.write(f"{multiprocessing.current_process().name} {'torch._dynamo' in sys.modules}\\n")
+
+if __name__ == "__main__":
+    import sim.search
+    from exec.launcher import run_plan
+    from sim.plan import Plan
+    from sim.search import SearchSpace, search
+
+    sim.search.MIN_PARALLEL_COMBINATIONS = 0  # this small space's estimate, in 2 worker processes
+    space = SearchSpace("gpt2-small", "dgx-a100-8", global_batch=16, dtype="fp16", max_micro_batch=1,
+                        fractions=(0.5,), tp_overlaps=(0,), bucket_mbs=(25.0,), max_chunks=1)
+    assert search(space, top_k=0, sample=0, workers=2).ranked
+    plan = Plan.from_dict({"name": "after-search", "workload": "gpt-tiny", "cluster": {"preset": "local-cpu-2"},
+                           "parallelism": {"pp": 2}, "schedule": {"name": "1f1b", "micro_batch": 1, "microbatches": 2}})
+    run_plan(plan, iterations=1, warmup=0, out_dir=sys.argv[1], timeout_s=120)
+"""
+
 
 def test_a_rank_compiling_its_plan_imports_no_torch_module_the_forkserver_did_not() -> None:
     done = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, cwd=REPO, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_a_launch_after_the_search_started_the_forkserver_forks_its_ranks_with_the_preload(tmp_path: Path) -> None:
+    log = tmp_path / "forked.log"
+    run_script(SEARCH_THEN_LAUNCH, tmp_path, str(tmp_path / "run"), env={"PARATWIN_TEST_LOG": str(log)})
+    forked = [line.rsplit(" ", 1) for line in log.read_text().splitlines()]
+    ranks = [i for i, (name, _) in enumerate(forked) if name.startswith("paratwin-rank")]
+    assert len(ranks) == 2 and ranks[0] > 0, forked  # the search's workers were forked first
+    assert all(preloaded == "True" for _, preloaded in forked), forked

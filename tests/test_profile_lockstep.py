@@ -10,7 +10,7 @@ import pandas as pd
 
 from analysis.validation.profiling import profile_plan_workload
 from sim.plan import Plan, migrate_flat
-from tests.forked import forkserver
+from traces.forkserver import forkserver_context
 
 
 def _worker(index: int, barrier: object, votes: object, warmup: int, out: str) -> None:
@@ -28,7 +28,7 @@ def _worker(index: int, barrier: object, votes: object, warmup: int, out: str) -
 
 def test_processes_in_lockstep_run_the_rounds_any_of_them_wants(tmp_path: Path) -> None:
     """One process would warm up once, the other four times: in lockstep both warm up four times."""
-    context = forkserver()
+    context = forkserver_context()
     barrier, votes = context.Barrier(2), context.Array("i", 2)
     outs = [str(tmp_path / f"layers{i}.pkl") for i in range(2)]
     workers = [context.Process(target=_worker, args=(i, barrier, votes, warmup, outs[i]))
