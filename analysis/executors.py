@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from traces.errors import ConfigError
-from traces.forkserver import forkserver_context
+from traces.forkserver import pool_context
 
 try:
     from concurrent.futures.process import BrokenProcessPool
@@ -62,9 +62,9 @@ class Pool:
     def __init__(self, workers: int) -> None:
         from concurrent.futures import ProcessPoolExecutor
 
-        # forkserver, not fork: a worker must not inherit the output folder's lock (an orphan of a
-        # killed run would hold it), nor this process's threads.
-        self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=forkserver_context())
+        # Not fork (traces.forkserver.pool_context): a worker must not inherit the output folder's lock
+        # (an orphan of a killed run would hold it), nor this process's threads.
+        self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=pool_context())
         self.name = f"{workers} local processes"
 
     def submit(self, fn: Callable, task: Any, task_id: str) -> Any:  # noqa: ARG002 - the interface's

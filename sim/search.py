@@ -56,7 +56,7 @@ from sim.schedules import SCHEDULES
 from sim.search_bound import BOUNDED, Cutoff, best_first, beyond
 from sim.workloads import EXEC_ONLY_OPTIONS, WORKLOAD_FAMILIES, transformer_config
 from traces.errors import ConfigError
-from traces.forkserver import forkserver_context
+from traces.forkserver import pool_context
 
 DOES_NOT_FIT = "does not fit in memory (estimate)"
 SAME_SPLIT = "parallelism.partition (same stages as an earlier partition)"
@@ -636,7 +636,7 @@ def _estimate_all(shapes: list[tuple[int, int, int]], here: _Enumerator, probe_p
         return
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(workers, mp_context=forkserver_context(), initializer=_worker_start,
+    with ProcessPoolExecutor(workers, mp_context=pool_context(), initializer=_worker_start,
                              initargs=(probe_plan, here.space, here.base, here.global_batch)) as pool:
         # Largest pipelines first (their unit-cost runs dominate), so no worker is left with the
         # longest at the end; results are taken back in the given order.
@@ -904,7 +904,7 @@ def _simulate_all(candidates: list[Candidate], base: dict[str, Any], probe_plan:
         from concurrent.futures import ProcessPoolExecutor
 
         # forkserver: no fork of a process that may run threads (a progress bar's refresher).
-        with ProcessPoolExecutor(workers, mp_context=forkserver_context(), initializer=_worker_start,
+        with ProcessPoolExecutor(workers, mp_context=pool_context(), initializer=_worker_start,
                                  initargs=(probe_plan,)) as pool:
             futures = [pool.submit(_worker_simulate, candidate, base, f"{name}-{i}")
                        for i, candidate in enumerate(candidates)]

@@ -30,11 +30,11 @@ compile_for_run(plan)
 print(sorted(m for m in set(sys.modules) - before if m.startswith("torch")))
 """
 
-# A script (run as a file, so that every process forked from the forkserver imports it as __mp_main__
-# before its target, with the process's name already set): the search starts the forkserver for its
-# worker processes, then a plan is launched. Each forked process logs whether torch._dynamo was
-# already imported when it started, i.e. whether it came with the forkserver's preload.
-SEARCH_THEN_LAUNCH = """
+# A script (run as a file, so that every worker or rank process imports it as __mp_main__ before its
+# target, with the process's name already set): a search whose estimate runs in 2 worker processes,
+# then a launch, then the search again. Each such process logs its name and whether torch._dynamo was
+# already imported when it started, i.e. whether it came from the forkserver with the preload.
+SEARCH_LAUNCH_SEARCH = """
 import multiprocessing, os, sys
 
 if __name__ == "__mp_main__":
@@ -43,17 +43,24 @@ if __name__ == "__mp_main__":
 
 if __name__ == "__main__":
     import sim.search
-    from exec.launcher import run_plan
     from sim.plan import Plan
     from sim.search import SearchSpace, search
+
+    def log(line):
+        with open(os.environ["PARATWIN_TEST_LOG"], "a") as out:
+            out.write(line + "\\n")
 
     sim.search.MIN_PARALLEL_COMBINATIONS = 0  # this small space's estimate, in 2 worker processes
     space = SearchSpace("gpt2-small", "dgx-a100-8", global_batch=16, dtype="fp16", max_micro_batch=1,
                         fractions=(0.5,), tp_overlaps=(0,), bucket_mbs=(25.0,), max_chunks=1)
     assert search(space, top_k=0, sample=0, workers=2).ranked
+    log(f"search-only torch {'torch' in sys.modules}")
+    from exec.launcher import run_plan
     plan = Plan.from_dict({"name": "after-search", "workload": "gpt-tiny", "cluster": {"preset": "local-cpu-2"},
                            "parallelism": {"pp": 2}, "schedule": {"name": "1f1b", "micro_batch": 1, "microbatches": 2}})
     run_plan(plan, iterations=1, warmup=0, out_dir=sys.argv[1], timeout_s=120)
+    log("launched True")
+    assert search(space, top_k=0, sample=0, workers=2).ranked
 """
 
 
@@ -65,10 +72,22 @@ def test_a_rank_compiling_its_plan_imports_no_torch_module_the_forkserver_did_no
 
 
 @pytest.mark.slow
-def test_a_launch_after_the_search_started_the_forkserver_forks_its_ranks_with_the_preload(tmp_path: Path) -> None:
+def test_a_search_alone_starts_no_forkserver_and_a_launch_after_it_forks_its_ranks_with_the_preload(
+        tmp_path: Path) -> None:
     log = tmp_path / "forked.log"
-    run_script(SEARCH_THEN_LAUNCH, tmp_path, str(tmp_path / "run"), env={"PARATWIN_TEST_LOG": str(log)})
-    forked = [line.rsplit(" ", 1) for line in log.read_text().splitlines()]
-    ranks = [i for i, (name, _) in enumerate(forked) if name.startswith("paratwin-rank")]
-    assert len(ranks) == 2 and ranks[0] > 0, forked  # the search's workers were forked first
-    assert all(preloaded == "True" for _, preloaded in forked), forked
+    run_script(SEARCH_LAUNCH_SEARCH, tmp_path, str(tmp_path / "run"), env={"PARATWIN_TEST_LOG": str(log)})
+    lines = [line.rsplit(" ", 1) for line in log.read_text().splitlines()]
+    names = [name for name, _ in lines]
+    first_search, launch, second_search = (lines[:names.index("search-only torch")],
+                                           lines[names.index("search-only torch") + 1:names.index("launched")],
+                                           lines[names.index("launched") + 1:])
+    # A process that has only searched: its workers were fresh interpreters (no forkserver started, no
+    # torch imported anywhere, the search's own process included).
+    assert first_search and all(name.startswith("SpawnProcess") and preloaded == "False"
+                                for name, preloaded in first_search), lines
+    assert dict(lines)["search-only torch"] == "False", lines
+    # The launch that follows starts the forkserver with the preload; the search after it forks from it.
+    assert sorted(name for name, _ in launch) == ["paratwin-rank0", "paratwin-rank1"], lines
+    assert all(preloaded == "True" for _, preloaded in launch), lines
+    assert second_search and all(name.startswith("ForkServerProcess") and preloaded == "True"
+                                 for name, preloaded in second_search), lines
