@@ -68,7 +68,10 @@ def test_memory_compared_per_rank(report: ValidationReport) -> None:
     # Comparable = the ledger without buckets in flight, the runtime with gradients from the start.
     assert (report.memory["predicted_comparable"] <= report.memory["predicted_peak"]).all()
     assert (report.memory["measured_comparable"] >= report.memory["measured_peak"]).all()
-    assert report.memory["error"].map(math.isfinite).all()
+    # Memory does not depend on the machine's load: like with like, the two sides differ only by the
+    # p2p buffers the runtime counts and the ledger does not (docs/validation.md: a few tenths of a
+    # percent to 2%).
+    assert report.memory["error"].abs().max() <= 0.02, report.memory
 
 
 def test_bundle_carries_measured_comm_fits(report: ValidationReport) -> None:
