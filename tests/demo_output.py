@@ -24,9 +24,11 @@ from traces.runrecord import read_run_record
 VALIDATED = {"demo-searched-best": "searched best", "demo-baseline-dp2": "naive baseline"}
 # What identifies an instruction in both tables (everything but its times and memory samples).
 INSTRUCTION_KEY = ["rank", "index", "kind", "stage", "microbatch", "stream", "bytes", "layer", "name"]
-# Peak memory does not depend on the machine's load. docs/validation.md: the two sides differ only in
-# the p2p buffers the runtime counts and the simulator does not, "a few tenths of a percent to 2%".
-MEMORY_TOLERANCE = 0.02
+# Peak memory does not depend on the machine's load; like with like, the two sides differ only by p2p
+# message buffers, which they count at slightly different moments. docs/validation.md: within 3.4% on
+# every rank of every plan of the validation suite (Merak's pp2 the largest; 0.0% for dp2 and tp2);
+# 5% leaves room for a searched plan outside the suite. The demo's dp2 plans agree to 212 bytes.
+MEMORY_TOLERANCE = 0.05
 # Iteration time does depend on it: the ranks share this machine's two cores with whatever else runs,
 # and the profile is taken minutes before the runs. Measured on the 2-core machine at load average 11
 # (session 16): predicted / measured 0.65 and 1.10. The band is a guard against gross errors (a
