@@ -20,6 +20,7 @@ from sim.plan import Plan, migrate_flat
 from sim.program import Stream
 from sim.schedules import SCHEDULES
 from sim.simulate import simulate
+from tests.schedule_chunks import chunks_in_range
 from traces.errors import ConfigError
 from traces.schema import INSTRUCTION_TABLE
 
@@ -188,8 +189,7 @@ def test_random_plans_simulate_or_are_rejected_clearly(draw: dict) -> None:
     cluster = {"preset": "a100-64", "nodes": world // per_node, "devices_per_node": per_node}
     fields = {k: v for k, v in draw.items() if k not in ("devices_per_node", "chunks_fit_the_schedule")}
     if draw["chunks_fit_the_schedule"]:
-        info = SCHEDULES[draw["schedule"]]
-        fields["chunks"] = min(max(draw["chunks"], info.min_chunks), info.max_chunks or draw["chunks"])
+        fields["chunks"] = chunks_in_range(draw["schedule"], draw["chunks"])
     try:
         plan = Plan.from_dict(migrate_flat({**fields, "cluster": cluster}))
         result = simulate(plan)
