@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from sim.plan import Plan
 from traces.bundle import read_bundle
 
 
@@ -65,16 +64,10 @@ def test_simulate_takes_a_profile_from_the_command_line(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_demo_searches_runs_and_validates(tmp_path: Path) -> None:
+    """The demo end to end, and what its files say (tests/demo_output.py): the simulator's and the
+    runtime's instruction tables agree, the numbers agree from file to file, memory as predicted."""
+    from tests.demo_output import check_demo_output
+
     done = paratwin("demo", "--out", str(tmp_path / "demo"), timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    out = tmp_path / "demo"
-    best = Plan.load(out / "search" / "best.yaml")
-    assert best.world_size == 2
-    report = (out / "report.md").read_text()
-    assert "| demo-searched-best | searched best |" in report and "| demo-baseline-dp2 | naive baseline |" in report
-    assert "Verdict: " in report
-    html = (out / "report.html").read_text()
-    for validated in ("demo-searched-best", "demo-baseline-dp2"):
-        folder = out / "validate" / validated
-        assert (folder / "combined_trace.json").is_file() and (folder / "timeline.png").is_file()
-        assert f"validate/{validated}/combined_trace.json" in html
+    check_demo_output(tmp_path / "demo")

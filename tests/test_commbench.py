@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -70,32 +72,76 @@ def test_a_one_way_primitive_counts_one_side_of_each_pair() -> None:
     assert [_one_way_side("send_recv", r, 3) for r in range(3)] == [(1, 3)] * 3
 
 
+EXISTING_GROUP_SIZES = [1024, 1024 * 1024]
+EXISTING_GROUP_WARMUP, EXISTING_GROUP_REPEATS = 1, 3
+
+
 def _worker_in_existing_group(rank: int, init: str, out: str) -> None:
+    """Run commbench's all_reduce inside this test's own 2-rank group, with ``dist.all_reduce``
+    wrapped so that every float32 buffer commbench reduces is first filled with ``rank + 1`` and then
+    checked to hold the group's sum (1 + 2 = 3): the collective really crossed the caller's group.
+    commbench's own bookkeeping reductions (float64 times and CPU seconds) pass through untouched.
+    Each wrapped call's elements, whether it summed correctly and its own duration go to ``out``."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    real_all_reduce = dist.all_reduce
+    calls: list[dict] = []
+
+    def checked_all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        if tensor.dtype != torch.float32:
+            return real_all_reduce(tensor, op=op, group=group, async_op=async_op)
+        kept = tensor.clone()
+        tensor.fill_(rank + 1.0)
+        start = time.perf_counter()
+        work = real_all_reduce(tensor, op=op, group=group, async_op=async_op)
+        seconds = time.perf_counter() - start
+        calls.append({"elements": tensor.numel(), "summed": bool(torch.all(tensor == 3.0)), "s": seconds})
+        tensor.copy_(kept)
+        return work
+
+    dist.all_reduce = checked_all_reduce
     try:
-        samples, fits = run_commbench(sizes=[1024, 1024 * 1024], primitives=["all_reduce"], repeats=3)
+        samples, _ = run_commbench(sizes=EXISTING_GROUP_SIZES, primitives=["all_reduce"],
+                                   repeats=EXISTING_GROUP_REPEATS, warmup=EXISTING_GROUP_WARMUP)
+        Path(out, f"calls{rank}.json").write_text(json.dumps(calls))
         if rank == 0:
-            samples.to_pickle(out)
+            samples.to_pickle(Path(out, "samples.pkl"))
         assert dist.is_initialized()  # the caller's group is left alone
     finally:
+        dist.all_reduce = real_all_reduce
         dist.destroy_process_group()
 
 
 @pytest.mark.slow
 def test_commbench_inside_an_existing_process_group(tmp_path: Path) -> None:
+    """commbench runs in the caller's group, reduces the bytes its table names across that group, and
+    its times are at least what the collective itself took."""
     from exec.commbench import _free_port
     from tests.forked import start_ranks
 
-    out = tmp_path / "samples.pkl"
     init = f"tcp://127.0.0.1:{_free_port()}"
-    start_ranks(_worker_in_existing_group, (init, str(out)), 2)
-    samples = pd.read_pickle(out)
+    start_ranks(_worker_in_existing_group, (init, str(tmp_path)), 2)
+    samples = pd.read_pickle(tmp_path / "samples.pkl")
     assert list(samples["primitive"]) == ["all_reduce", "all_reduce"]
-    assert list(samples["bytes"]) == [1024, 1024 * 1024] and (samples["median_s"] > 0).all()
+    assert list(samples["bytes"]) == EXISTING_GROUP_SIZES and set(samples["world_size"]) == {2}
+
+    per_size = EXISTING_GROUP_WARMUP + EXISTING_GROUP_REPEATS
+    for rank in range(2):
+        recorded = json.loads((tmp_path / f"calls{rank}.json").read_text())
+        calls = pd.DataFrame(recorded, columns=["elements", "summed", "s"])
+        # every warm-up and timed call of every size, in the sweep's order, on the table's bytes
+        assert list(calls["elements"] * 4) == [size for size in EXISTING_GROUP_SIZES for _ in range(per_size)]
+        assert calls["summed"].all(), calls  # each call summed over both ranks of the caller's group
+        if rank == 0:
+            # A repeat's time is the slowest rank's clock around the call, so every order statistic of
+            # the table is at least the same statistic of rank 0's timed calls (the last `repeats`).
+            for row, (_, timed) in zip(samples.itertuples(), calls.groupby(calls.index // per_size), strict=True):
+                seconds = timed["s"].to_numpy()[EXISTING_GROUP_WARMUP:]
+                assert row.min_s >= seconds.min() and row.median_s >= np.median(seconds), (row, seconds)
+                assert row.max_s >= seconds.max(), (row, seconds)
 
 
 def test_fit_recovers_a_known_line() -> None:

@@ -35,6 +35,7 @@ def test_iteration_time_is_m_plus_p_minus_1_stage_times(schedule: str, pp: int, 
 @pytest.mark.parametrize(("pp", "m"), [(2, 4), (4, 8), (8, 8)])
 def test_1f1b_bubble_fraction(pp: int, m: int) -> None:
     result = run("1f1b", pp, m, f=1.0, i=1.0, w=1.0)
+    assert sorted(result.bubble_fraction) == list(range(pp))  # every pipeline rank, not a subset
     for bubble in result.bubble_fraction.values():
         assert bubble == pytest.approx((pp - 1) / (m + pp - 1))
 
@@ -65,6 +66,7 @@ def test_in_flight_activations(pp: int) -> None:
     m, saved = 8, 1000
     for schedule, expected in (("gpipe", lambda s: m), ("1f1b", lambda s: min(pp - s, m))):
         result = run(schedule, pp, m, saved=saved)
+        assert sorted(result.memory) == list(range(pp))  # every rank, not a subset
         for rank, memory in result.memory.items():
             assert memory.breakdown["activations"] == expected(rank) * saved, (schedule, rank)
 

@@ -48,9 +48,16 @@ def test_the_bundle_keeps_each_processs_medians_and_old_bundles_still_read(tmp_p
         mine = back[back["process"] == p].set_index("layer")
         for column in TIMES:
             assert mine[column].to_numpy() == pytest.approx(stored[column].to_numpy() * factor, rel=1e-12)
-    # a bracketed profile (the mean of two taken one after the other) keeps the processes' mean
-    bracket_profile(read_bundle(tmp_path / "two"), read_bundle(tmp_path / "two"), tmp_path / "bracketed")
-    assert read_bundle(tmp_path / "bracketed").process_layers is not None
+    # a bracketed profile (the mean of two taken one after the other) keeps each process's mean: before
+    # the run the processes were 5% apart (0.95, 1.05), after it 15% (0.85, 1.15)
+    after = read_bundle(two_processes(tmp_path / "after", slower=1.15))
+    bracket_profile(read_bundle(tmp_path / "two"), after, tmp_path / "bracketed")
+    bracketed = read_bundle(tmp_path / "bracketed").process_layers
+    assert bracketed is not None and len(bracketed) == 2 * len(stored)
+    for p, factor in ((0, 0.90), (1, 1.10)):
+        mine = bracketed[bracketed["process"] == p].set_index("layer")
+        for column in TIMES:
+            assert mine[column].to_numpy() == pytest.approx(stored[column].to_numpy() * factor, rel=1e-12), (p, column)
 
 
 def test_each_process_offset_is_its_median_minus_the_merged_one(tmp_path: Path) -> None:

@@ -85,6 +85,7 @@ def test_engine_holds_one_received_gradient_per_rank(workload: str, pp: int) -> 
     plan, costs = plan_of(workload, pp, {"policy": "none"})
     resolved = resolve_plan(plan, costs)
     result = simulate(plan, costs=costs)
+    assert sorted(result.memory) == list(range(pp))  # every rank, not a subset
     for rank, memory in result.memory.items():
         last = resolved.stage_layers[rank][-1]
         one = resolved.costs.layer_costs(last, MICRO_BATCH, 1).output_bytes if rank < pp - 1 else 0

@@ -24,6 +24,7 @@ from sim.schedules import (
     stage_to_rank,
     validate_schedule,
 )
+from tests.schedule_chunks import chunks_in_range
 from traces.errors import ConfigError
 
 
@@ -521,8 +522,13 @@ def test_eager_recompute_does_not_wait_for_the_gradient():
     chunks=st.integers(1, 4),
     flags=st.lists(st.booleans(), min_size=32, max_size=32),
     give_recompute=st.booleans(),
+    chunks_fit_the_schedule=st.sampled_from([True, True, True, False]),
 )
-def test_property_valid_or_config_error(name, pp, m, chunks, flags, give_recompute):
+def test_property_valid_or_config_error(name, pp, m, chunks, flags, give_recompute, chunks_fit_the_schedule):
+    # In three draws of four the chunks fit the schedule: drawn freely, most refusals were for the chunks
+    # and 22 of 150 examples reached the checks below in one counted run (46 in another).
+    if chunks_fit_the_schedule:
+        chunks = chunks_in_range(name, chunks)
     info = SCHEDULES[name]
     recompute = flags[: pp * chunks] if give_recompute and not info.recompute_is_schedule else None
     try:

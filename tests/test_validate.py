@@ -23,6 +23,7 @@ from sim.compile import resolve_plan
 from sim.costs import UniformCosts
 from sim.plan import Plan
 from sim.simulate import simulate
+from tests.demo_output import MEMORY_TOLERANCE
 from traces.bundle import read_bundle
 
 PLAN = {
@@ -68,7 +69,9 @@ def test_memory_compared_per_rank(report: ValidationReport) -> None:
     # Comparable = the ledger without buckets in flight, the runtime with gradients from the start.
     assert (report.memory["predicted_comparable"] <= report.memory["predicted_peak"]).all()
     assert (report.memory["measured_comparable"] >= report.memory["measured_peak"]).all()
-    assert report.memory["error"].map(math.isfinite).all()
+    # Memory does not depend on the machine's load: like with like, the two sides differ only by p2p
+    # buffers (the tolerance's source: tests/demo_output.py). Measured here: -0.51% and -0.58%.
+    assert report.memory["error"].abs().max() <= MEMORY_TOLERANCE, report.memory
 
 
 def test_bundle_carries_measured_comm_fits(report: ValidationReport) -> None:
