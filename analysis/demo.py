@@ -108,11 +108,28 @@ def _order(validated: list[Validated], key: str) -> list[str]:
     return [v.role for v in sorted(validated, key=value)]
 
 
+# Predictions this close are one prediction: the search's engine and the validation's price one plan
+# by the same profile (float rounding apart); two different plans a tie would be a coincidence.
+PREDICTED_TIE_REL = 1e-9
+
+
+def _same_plan(a: Plan, b: Plan) -> bool:
+    return a.replace(name=b.name).model_dump(mode="json") == b.model_dump(mode="json")
+
+
 def _verdict(validated: list[Validated]) -> str:
     predicted, measured = _order(validated, "predicted"), _order(validated, "measured")
     spreads = [v.report.measured["spread"] for v in validated]
     times = sorted(v.report.measured_s for v in validated)
     gap = times[-1] / times[0] - 1
+    predictions = sorted(v.report.predicted_s for v in validated)
+    if predictions[-1] - predictions[0] <= PREDICTED_TIE_REL * predictions[-1]:
+        # No order was predicted, so none can be matched or contradicted (the search may pick the
+        # baseline itself: then the two runs measure this machine's run-to-run spread).
+        same = all(_same_plan(v.plan, validated[0].plan) for v in validated)
+        return (f"{' and '.join(v.role for v in validated)} are {'the same plan, ' if same else ''}predicted "
+                f"equal ({predictions[0] * 1e3:.1f} ms); measured {gap:.1%} apart, "
+                f"{'inside' if gap < max(spreads) else 'outside'} the measured spread ({max(spreads):.1%})")
     if predicted == measured:
         return f"the measured order matches the predicted one ({' < '.join(measured)}; {gap:.1%} apart)"
     if gap < max(spreads):
