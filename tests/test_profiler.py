@@ -389,7 +389,9 @@ def test_a_layer_that_never_agrees_with_its_identical_siblings_is_flagged_and_gi
     # Re-measured `retries` times against its siblings; on a loaded machine its first measurement may
     # also have been retried for its own spread (_measure_steady), up to `retries` more.
     assert layers.loc[0, "unsteady"] and 1 + policy.retries <= layers.loc[0, "attempts"] <= 1 + 2 * policy.retries
-    siblings = layers.loc[1:3, "fwd_s"]
-    assert 0.5 < layers.loc[0, "fwd_s"] / siblings.median() < 2, layers["fwd_s"].tolist()
+    # Its own forward is 10x its siblings' (STEADY_S + 0.036 s); it is given their median as it was when it
+    # settled, which load can move away from their final times (seen in session 16 at load 8: layer 0 got
+    # 5.9 ms, siblings 1-2 measured 22 ms later), so the check is that its own time was replaced.
+    assert layers.loc[0, "fwd_s"] < (STEADY_S + 0.036) / 2, layers["fwd_s"].tolist()
     why = [f["why"] for f in bundle.meta["settings"]["unsteady_layers"] if f["layer"] == 0]
     assert "identical siblings' median" in why[0] and "times are the median of its" in why[0], why
