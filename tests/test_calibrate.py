@@ -62,8 +62,9 @@ def test_rows_become_the_plans_megatron_ran(rows: pd.DataFrame) -> None:
     plan = row_to_plan(rows.iloc[1])
     assert (plan.tp, plan.dp, plan.pp, plan.micro_batch) == (2, 2, 2, 4)
     assert plan.microbatches == 32 // (4 * 2) == 4 and plan.global_batch == 32
-    assert plan.workload_options == {"hidden": 1024, "heads": 16, "num_layers": 24, "seq": 1024,
-                                     "vocab": 51200, "dropout": 0.1}  # Megatron-LM's default dropout
+    # Megatron-LM's (implementation: megatron-lm): unfused attention, dropout 0.1; untied until the re-run.
+    assert plan.workload_options == {"hidden": 1024, "heads": 16, "num_layers": 24, "seq": 1024, "vocab": 51200,
+                                     "attention": "unfused", "dropout": 0.1, "tied_embedding": False}
     assert (plan.dtype, plan.schedule.name, plan.memory.policy) == ("fp16", "1f1b", "full")
     assert plan.parallelism.partition == [[0, 13], [13, 26]]  # embedding + 12 blocks | 12 blocks + head
     cluster = load_cluster(plan.cluster)
