@@ -147,12 +147,9 @@ def row_to_plan(row: Mapping[str, Any], nvlink_efficiency: float = 1.0) -> Plan:
         workload=BASE_PRESET,
         workload_options={"hidden": int(row["hidden"]), "heads": int(row["heads"]),
                           "num_layers": int(row["layers"]), "seq": int(row["seq"]), "vocab": MEGATRON_VOCAB,
-                          "implementation": MEGATRON_LM,
-                          # Untied for now, though Megatron ran it tied: the shipped calibration
-                          # (sim/data/a100_calibration.json: the default curve and its recorded held-out errors)
-                          # was fitted on these plans untied, and tying them moves those records, so it goes
-                          # with the next re-run of the calibration (docs/tied-embedding.md).
-                          "tied_embedding": False},
+                          # Megatron-LM's: unfused attention, dropout 0.1, the word embedding tied to the LM
+                          # head (its gradient all-reduced between the first and last stage, pp > 1).
+                          "implementation": MEGATRON_LM},
         cluster=cluster_of(row, nvlink_efficiency),
         dtype=MEGATRON_DTYPE,
         parallelism={"tp": int(row["tp"]), "dp": int(row["dp"]), "pp": int(row["pp"]),
