@@ -43,10 +43,8 @@ from sim.analytic import CALL_OVERHEAD_S, MEM_EFF, EfficiencyCurve, gpu_attn_mem
 from sim.analytic_costs import AnalyticCosts
 from sim.calibration import (
     MEGATRON_A100_CSV,
-    MEGATRON_ATTENTION,
     MEGATRON_CLUSTER,
     MEGATRON_DEVICE,
-    MEGATRON_DROPOUT,
     MEGATRON_DTYPE,
     MEGATRON_VOCAB,
     ModelShape,
@@ -60,6 +58,7 @@ from sim.calibration import (
 from sim.compile import compile_plan
 from sim.engine import Engine, EngineOptions
 from sim.hardware import get_device
+from sim.implementations import MEGATRON_LM
 from sim.plan import Plan
 from sim.simulate import simulate
 from sim.workloads import LayerSpec, transformer_config, transformer_layers
@@ -148,11 +147,9 @@ def row_to_plan(row: Mapping[str, Any], nvlink_efficiency: float = 1.0) -> Plan:
         workload=BASE_PRESET,
         workload_options={"hidden": int(row["hidden"]), "heads": int(row["heads"]),
                           "num_layers": int(row["layers"]), "seq": int(row["seq"]), "vocab": MEGATRON_VOCAB,
-                          "dropout": MEGATRON_DROPOUT},
-        # Not yet tied_embedding (sim.calibration.MEGATRON_TIED_EMBEDDING), though Megatron ran it: the shipped
-        # calibration (sim/data/a100_calibration.json: the default curve and its recorded held-out errors) was
-        # fitted on these plans untied, and tying them moves those records (one fold's median 11.67 -> 11.62%),
-        # so it goes with the next re-run of the calibration (docs/tied-embedding.md).
+                          # Megatron-LM's: unfused attention, dropout 0.1, the word embedding tied to the LM
+                          # head (its gradient all-reduced between the first and last stage, pp > 1).
+                          "implementation": MEGATRON_LM},
         cluster=cluster_of(row, nvlink_efficiency),
         dtype=MEGATRON_DTYPE,
         parallelism={"tp": int(row["tp"]), "dp": int(row["dp"]), "pp": int(row["pp"]),
@@ -203,7 +200,7 @@ class SimulatorPredictor:
         plan = row_to_plan(row, calibration.nvlink_efficiency)
         cluster = megatron_cluster_spec(int(row["gpus"]), calibration.nvlink_efficiency)
         costs = AnalyticCosts(self._layer_specs(plan), cluster.device, plan.dtype, cluster, calibration.curve,
-                              attention=MEGATRON_ATTENTION)
+                              attention=plan.workload_options["attention"])
         if not self.engine_only:
             return simulate(plan, costs=costs, options=self._options).iteration_s
         compiled = compile_plan(plan, costs)

@@ -22,6 +22,7 @@ from sim.analytic import ACTIVATION_BYTES, GPU_HOST_LAUNCH_S, default_for, host_
 from sim.cluster import load_cluster
 from sim.collectives import collective_time, p2p_time
 from sim.comm import concurrent_senders
+from sim.implementations import MEGATRON_LM, implementation_options
 from sim.workloads import TransformerConfig, transformer_layers
 
 
@@ -119,10 +120,11 @@ def size(run: Run) -> Sizing:
                             "nics_per_node": run.nics_per_node, "source": "docs/accuracy.md, the runs' data notes"})
     device, e = cluster.device, ACTIVATION_BYTES[run.dtype]
     curve = default_for(device, run.dtype)
+    options = {**implementation_options(MEGATRON_LM, "gpt"), "dropout": run.dropout}  # Megatron's model code
     cfg = TransformerConfig(family="gpt", vocab=51200, hidden=run.hidden, heads=run.heads, num_layers=1,
-                            seq=run.seq, dropout=run.dropout, attention="unfused")
+                            seq=run.seq, **options)
     block = next(spec for spec in transformer_layers(cfg) if spec.kind == "block")
-    kt = transformer_layer_times(block, run.micro_batch, run.tp, device, run.dtype, curve, attention="unfused")
+    kt = transformer_layer_times(block, run.micro_batch, run.tp, device, run.dtype, curve, attention=cfg.attention)
     n_f, n_bi, n_bw = host_launches("block", run.tp, dropout=run.dropout > 0)
     launches = 2 * n_f + n_bi + n_bw  # forward, recompute, backward
     c = GPU_HOST_LAUNCH_S

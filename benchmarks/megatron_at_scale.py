@@ -50,10 +50,10 @@ from analysis.iteration_decompose import KINDS, decompose_rank
 from analysis.metrics import spearman, spearman_text
 from sim.analytic import EfficiencyCurve, default_for, uncalibrated_curve
 from sim.analytic_costs import AnalyticCosts
-from sim.calibration import MEGATRON_ATTENTION, MEGATRON_DROPOUT, MEGATRON_TIED_EMBEDDING
 from sim.cluster import load_cluster
 from sim.compile import compile_plan
 from sim.engine import Engine, EngineOptions
+from sim.implementations import MEGATRON_ATTENTION, MEGATRON_LM
 from sim.plan import Plan
 from sim.workloads import GRAD_ACCUMULATIONS, transformer_config, transformer_layers
 
@@ -117,9 +117,10 @@ def row_vocab(row: dict[str, Any]) -> int:
     return int(row["vocab"]) if _stated(row, "vocab") else VOCAB
 
 
-def row_dropout(row: dict[str, Any]) -> float:
-    """The row's dropout: its ``dropout`` column (GPT-NeoX-20B: 0), else Megatron's default 0.1."""
-    return float(row["dropout"]) if _stated(row, "dropout") else MEGATRON_DROPOUT
+def row_dropout(row: dict[str, Any]) -> dict[str, float]:
+    """The row's dropout as a workload option where its ``dropout`` column states one (GPT-NeoX-20B: 0); none
+    otherwise, so the plan has Megatron-LM's default (``implementation: megatron-lm``, 0.1)."""
+    return {"dropout": float(row["dropout"])} if _stated(row, "dropout") else {}
 
 
 def row_cluster(row: dict[str, Any], nics_per_node: int | None) -> dict[str, Any]:
@@ -254,7 +255,7 @@ def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batc
         name=str(row["name"]) if _stated(row, "name") else f"megatron-sc21-{row['params_b']}b", workload="gpt2-medium",
         workload_options={"hidden": int(row["hidden"]), "heads": int(row["heads"]),
                           "num_layers": int(row["layers"]), "seq": SEQ, "vocab": row_vocab(row),
-                          "dropout": row_dropout(row), "tied_embedding": MEGATRON_TIED_EMBEDDING},
+                          "implementation": MEGATRON_LM, **row_dropout(row)},
         cluster=cluster, dtype=row_dtype(row),
         parallelism={"tp": tp, "pp": pp, "dp": dp, "chunks": chunks if name == "interleaved-1f1b" else 1,
                      "partition": megatron_virtual_partition(int(row["layers"]),
@@ -279,20 +280,24 @@ def curve_of(name: str, host_launch_us: float | None = None) -> EfficiencyCurve:
     return curve if host_launch_us is None else replace(curve, host_launch_s=host_launch_us * 1e-6)
 
 
-def run_plan(plan: Plan, curve: EfficiencyCurve, attention: str = MEGATRON_ATTENTION, kernels: bool = True,
+def run_plan(plan: Plan, curve: EfficiencyCurve, attention: str | None = None, kernels: bool = True,
              megatron_2021: bool = True, layer_rows: bool = False,
              tp_backward_overlap: bool | float = False,
              grad_accumulation: str = "fused") -> tuple[Engine, AnalyticCosts, Any, float]:
     """Simulate ``plan`` (symmetric engine) with the kernel model on ``curve``: (engine, costs, the
-    compiled plan, iteration seconds). ``megatron_2021``: the fp16 optimizer's step as Megatron ran it.
+    compiled plan, iteration seconds). ``attention``: instead of the plan's own (its workload option).
+    ``megatron_2021``: the fp16 optimizer's step as Megatron ran it.
     ``tp_backward_overlap``: the backward's TP all-reduces hidden behind weight-gradient GEMMs as
     Megatron-LM did from 2021-09 (``AnalyticCostModel``); v2.5, which Table 1 ran, did not.
     ``grad_accumulation``: how weight gradients accumulate over micro-batches (sim.analytic.GRAD_ACCUMULATIONS:
     ``fused`` into the GEMM as Megatron-LM from 2022, Korthikanti et al.'s code, runs it; ``autograd``, a
     pass of its own per backward after the first, as v2.5 and Megatron-DeepSpeed ran it: simulate_row)."""
+    if attention is not None:  # the plan says what the costs price
+        plan = plan.replace(workload_options={**plan.workload_options, "attention": attention})
     cluster = load_cluster(plan.cluster)
-    layers = transformer_layers(transformer_config(plan.workload, **plan.workload_options))
-    costs = AnalyticCosts(layers, cluster.device, plan.dtype, cluster, curve, attention=attention,
+    config = transformer_config(plan.workload, **plan.workload_options)
+    costs = AnalyticCosts(transformer_layers(config), cluster.device, plan.dtype, cluster, curve,
+                          attention=config.attention,
                           kernels=kernels, optimizer="megatron-fp16" if megatron_2021 else "adam",
                           tp_backward_overlap=tp_backward_overlap, grad_accumulation=grad_accumulation)
     compiled = compile_plan(plan, costs)
@@ -303,7 +308,7 @@ def run_plan(plan: Plan, curve: EfficiencyCurve, attention: str = MEGATRON_ATTEN
 
 
 def simulate_row(row: dict[str, Any], schedule: str, micro_batch: int | None, curve: str | EfficiencyCurve = "default",
-                 attention: str = MEGATRON_ATTENTION, kernels: bool = True,
+                 attention: str | None = None, kernels: bool = True,
                  decompose: bool = False, megatron_2021: bool = True,
                  host_launch_us: float | None = None, zero1: bool = False,
                  grad_accumulation: str | None = None) -> dict[str, Any]:

@@ -35,7 +35,6 @@ import benchmarks.korthikanti_layers as korth  # noqa: E402
 import benchmarks.megatron_at_scale as sc21  # noqa: E402
 import sim.compile  # noqa: E402
 from sim.analytic_costs import AnalyticCosts  # noqa: E402
-from sim.calibration import MEGATRON_ATTENTION  # noqa: E402
 from sim.cluster import load_cluster  # noqa: E402
 from sim.memory import attention_core_view, checkpoint_bytes  # noqa: E402
 from sim.workloads import transformer_config, transformer_layers  # noqa: E402
@@ -72,9 +71,9 @@ def korthikanti_row(row: dict[str, Any]) -> dict[str, Any]:
     for sp in (False, True):
         plan = korth.row_plan(row, "none", sequence_parallel=sp)
         cluster = load_cluster(plan.cluster)
-        layers = transformer_layers(transformer_config(plan.workload, **plan.workload_options))
-        costs = AnalyticCosts(layers, cluster.device, "fp16", cluster, sc21.curve_of("default"),
-                              attention=MEGATRON_ATTENTION)
+        config = transformer_config(plan.workload, **plan.workload_options)
+        costs = AnalyticCosts(transformer_layers(config), cluster.device, "fp16", cluster, sc21.curve_of("default"),
+                              attention=config.attention)
         c = costs.layer_costs(block, b, t)
         for recompute, held in (("none", c.saved_bytes), ("selective", attention_core_view(c).saved_bytes)):
             key = f"{'sp' if sp else 'tp'}_{recompute}"

@@ -29,7 +29,7 @@ from analysis.calibrate import row_to_plan
 from analysis.iteration_decompose import decompose_rank
 from sim.analytic import default_for
 from sim.analytic_costs import AnalyticCosts
-from sim.calibration import MEGATRON_ATTENTION, MEGATRON_CLUSTER, MEGATRON_DEVICE, MEGATRON_DTYPE
+from sim.calibration import MEGATRON_CLUSTER, MEGATRON_DEVICE, MEGATRON_DTYPE
 from sim.cluster import load_cluster
 from sim.compile import compile_plan
 from sim.engine import Engine, EngineOptions
@@ -69,9 +69,9 @@ def simulate_on(row: dict[str, Any], cluster: dict[str, Any] | None) -> tuple[fl
     if cluster is not None:
         plan = plan.model_copy(update={"cluster": cluster})
     spec = load_cluster(plan.cluster)
-    costs = AnalyticCosts(transformer_layers(transformer_config(plan.workload, **plan.workload_options)),
-                          spec.device, plan.dtype, spec, default_for(get_device(MEGATRON_DEVICE), MEGATRON_DTYPE),
-                          attention=MEGATRON_ATTENTION)
+    config = transformer_config(plan.workload, **plan.workload_options)
+    costs = AnalyticCosts(transformer_layers(config), spec.device, plan.dtype, spec,
+                          default_for(get_device(MEGATRON_DEVICE), MEGATRON_DTYPE), attention=config.attention)
     compiled = compile_plan(plan, costs)
     resolved = compiled.resolved
     engine = Engine(compiled.program, resolved.costs, resolved.comm, resolved.policy, plan.micro_batch,

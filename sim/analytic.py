@@ -146,7 +146,7 @@ HOST_LAUNCH_S = 0.0
 GPU_HOST_LAUNCH_S = 40e-6
 
 # Attention implementations (``AnalyticCostModel(attention=...)``, ``sim.workloads.ATTENTION_IMPLEMENTATIONS``;
-# a plan chooses with ``workload_options: {attention: unfused}``):
+# a plan chooses with ``workload_options: {attention: unfused}``, or implementation: megatron-lm):
 # - "unfused": Megatron-LM's CoreAttention as its 2021-2023 code ran it (megatron/model/transformer.py:
 #   baddbmm of Q K^T into a [b x heads/t, s, s] score tensor, FusedScaleMaskSoftmax (the
 #   scaled_upper_triang_masked_softmax CUDA kernel, megatron/model/fused_softmax.py), dropout on

@@ -28,6 +28,7 @@ from sim.cluster import ClusterSpec, load_cluster
 from sim.collectives import collective_time, p2p_time
 from sim.estimate_pipeline import StageTime, pipeline_time
 from sim.hardware import get_device
+from sim.implementations import MEGATRON_LM, implementation_options
 from sim.tied_embedding import tied_embedding_bytes, tied_ranks
 from sim.workloads import TransformerConfig, transformer_layers
 from traces.errors import BundleError, ConfigError
@@ -56,19 +57,7 @@ MEGATRON_CLUSTER = "dgx-a100-8"
 # configurations, the a100-64 preset (4 x HDR 200 Gbit/s per node; its source is in sim/cluster.py).
 MEGATRON_MULTI_NODE_CLUSTER = "a100-64"
 MEGATRON_GPUS_PER_NODE = 8
-# Megatron-LM as the vTrain data and Narayanan et al. (SC'21) ran it: unfused attention with the fused
-# scale-mask-softmax kernel (megatron/model/transformer.py CoreAttention, 2021-2023; FlashAttention
-# came to Megatron-LM as --use-flash-attn in 2023). See sim.analytic.ATTENTION_IMPLEMENTATIONS.
-MEGATRON_ATTENTION = "unfused"
-# Megatron-LM's dropout, --attention-dropout and --hidden-dropout, both 0.1 by default (megatron/arguments.py
-# lines 341-344 at v2.5, 440-443 at 739cb43, 631-634 at 23.04; the GPT example scripts at v2.5 do not
-# change them). Neither the vTrain data nor SC'21 or Korthikanti 2022 state another value, so their runs
-# are taken to have the default (sim.workloads.TransformerConfig.dropout).
-MEGATRON_DROPOUT = 0.1
-# Megatron-LM's GPT ties the word embedding to the LM head (sim.tied_embedding: v2.5 megatron/model/
-# module.py l.41; 23.04 --untie-embeddings-and-output-weights store_true, arguments.py l.558). The plans
-# of Megatron runs (SC'21, Korthikanti 2022, vTrain) set it: their lowering all-reduces the tied gradient.
-MEGATRON_TIED_EMBEDDING = True
+# What Megatron-LM ran (unfused attention, dropout 0.1, a tied head) is sim.implementations' MEGATRON_LM.
 
 
 def megatron_cluster(gpus: int, nvlink_efficiency: float = 1.0) -> dict[str, Any]:
@@ -188,7 +177,7 @@ def depth_splits(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame, pd.DataFrame
 def _layer_costs(model: AnalyticCostModel, hidden: int, heads: int, layers: int, seq: int,
                  micro_batch: int, tp: int) -> tuple[LayerCosts, LayerCosts, LayerCosts]:
     cfg = TransformerConfig("gpt", vocab=MEGATRON_VOCAB, hidden=hidden, heads=heads, num_layers=layers,
-                            seq=seq, dropout=MEGATRON_DROPOUT)
+                            seq=seq, **implementation_options(MEGATRON_LM, "gpt"))
     specs = transformer_layers(cfg)
     embed, block, head = specs[0], specs[1], specs[-1]  # all blocks are identical
     return tuple(model.layer_costs(spec, micro_batch, tp) for spec in (embed, block, head))  # type: ignore
@@ -250,7 +239,7 @@ def quick_predict(row: Mapping[str, Any], model: AnalyticCostModel,
         # last stage after the DP all-reduce and before the step (megatron/training.py lines 371-394 at v2.5
         # e269e20; optimizer.py allreduce_word_embedding_grads, lines 202-228 at 23.04). The bytes and the
         # ranks are sim.tied_embedding's, the rule the lowering and the fast estimate apply to the plans
-        # that set MEGATRON_TIED_EMBEDDING (fp16 here: the gradients are held in their own dtype).
+        # that ask for implementation: megatron-lm (fp16 here: the gradients are held in their own dtype).
         total += collective_time("all_reduce", tied_embedding_bytes(head), list(tied_ranks(tp, dp, pp - 1)), cluster)
     total += model.optimizer_step_s(max(stage_param_bytes))
     return total
@@ -268,7 +257,8 @@ def megatron_predictor(cluster: ClusterSpec | None = None) -> Predictor:
     def predict(row: Mapping[str, Any], curve: EfficiencyCurve) -> float:
         if curve not in models:
             models.clear()  # the optimiser moves on; keep the cache small
-            models[curve] = AnalyticCostModel(device, MEGATRON_DTYPE, curve, attention=MEGATRON_ATTENTION)
+            models[curve] = AnalyticCostModel(device, MEGATRON_DTYPE, curve,
+                                              attention=implementation_options(MEGATRON_LM, "gpt")["attention"])
         return quick_predict(row, models[curve], cluster)
 
     return predict

@@ -23,12 +23,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
 from sim.embedding import EMBEDDING_METHODS, DenseEmbedding, EmbeddingConfig
 from sim.gradient_sync import GRADIENT_SYNC, DenseAllReduce, GradientSyncConfig
+from sim.implementations import expand_implementation
 from sim.memory import MEMORY_POLICIES, MemoryConfig, NoRecompute
 from sim.schedules import SCHEDULES
+from sim.workloads import WORKLOAD_FAMILIES
 from traces.errors import ConfigError
 from traces.limits import check_document, check_file_size, short_repr
 
@@ -107,6 +109,16 @@ class Plan(BaseModel):
     memory: SerializeAsAny[MemoryConfig] = NoRecompute()
     gradient_sync: SerializeAsAny[GradientSyncConfig] = DenseAllReduce()
     embedding: SerializeAsAny[EmbeddingConfig] = DenseEmbedding()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _implementation(cls, data: object) -> object:
+        """``workload_options: {implementation: megatron-lm}`` replaced by the options it stands for, the
+        plan's own explicit options winning (sim.implementations), so every reader of the plan sees them."""
+        if not isinstance(data, dict) or not isinstance(data.get("workload_options"), dict):
+            return data
+        family = WORKLOAD_FAMILIES.get(str(data.get("workload")))
+        return {**data, "workload_options": expand_implementation(data["workload_options"], family)}
 
     @field_validator("memory", mode="before")
     @classmethod

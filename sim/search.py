@@ -49,6 +49,7 @@ from sim.embedding import EMBEDDING_METHODS, EmbeddingTerms, embedding_tables, e
 from sim.engine_breakdown import engine_breakdown
 from sim.estimate import Estimate, Estimator, _layout, spearman
 from sim.gradient_sync import GRADIENT_SYNC
+from sim.implementations import expand_implementation
 from sim.memory import MEMORY_POLICIES
 from sim.partition import balanced_partition, uniform_partition
 from sim.plan import Plan
@@ -108,6 +109,12 @@ class SearchSpace:
     # plan ranks below its async twin by what the engine adds (docs/accuracy.md section 17); the search's
     # plans send whole tensors (no scatter/gather, whose all-gather a blocking plan would also wait for).
     p2p: tuple[str, ...] = ("async",)
+
+    def __post_init__(self) -> None:
+        # workload_options.implementation (sim.implementations) expanded once, as a plan expands it, so
+        # the estimate, the plans built and their simulation all see the options it stands for.
+        object.__setattr__(self, "workload_options",
+                           expand_implementation(self.workload_options, WORKLOAD_FAMILIES.get(self.workload)))
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> SearchSpace:

@@ -14,7 +14,7 @@ per (data-parallel, tensor-parallel) coordinate.
 A workload option (``workload_options: {tied_embedding: true}``), default false: the project's
 runnable GPT has an untied head, and the runtime refuses the option with pp > 1
 (``exec.contract.compile_for_run``). The plans that describe Megatron runs set it
-(``sim.calibration.MEGATRON_TIED_EMBEDDING``). Bytes: the head layer's gradient, the vocabulary
+(``sim.implementations.MEGATRON_TIED_EMBEDDING``). Bytes: the head layer's gradient, the vocabulary
 matrix (its 1/tp slice: Megatron's table is vocabulary-parallel) plus the final layernorm's 2h
 elements (2 / vocabulary of it, counted too), in the dtype the gradients are held in. Not modelled:
 at pp 1 a tied model holds one vocabulary matrix, our GPT two. Imports neither torch nor simpy.

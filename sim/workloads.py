@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TypeVar
 
+from sim.implementations import expand_implementation
 from traces.errors import ConfigError
 from traces.limits import short_repr
 
@@ -48,7 +49,7 @@ class TransformerConfig:
     # 476-502, the bias-dropout-add after the attention projection and after fc2, --hidden-dropout;
     # language_model.py line 299, the embedding dropout, also --hidden-dropout). Megatron's default
     # is 0.1 for both flags (megatron/arguments.py lines 341-344 at v2.5, 440-443 at 739cb43, 631-634
-    # at 23.04): MEGATRON_DROPOUT, which the plans that claim to be Megatron's runs set. 0 (no dropout
+    # at 23.04): sim.implementations.MEGATRON_DROPOUT, which implementation: megatron-lm sets. 0 (no dropout
     # anywhere, as before the option existed) for every preset: runs agree bit for bit with one process.
     dropout: float = 0.0
     # Megatron-LM's sequence parallelism (Korthikanti et al. 2022, section 4.2.2; --sequence-parallel
@@ -293,6 +294,7 @@ def workload_config(name: str, options: Mapping[str, object]) -> dict[str, objec
     family = WORKLOAD_FAMILIES.get(name)
     if family is None:
         raise ConfigError("workload", f"unknown workload {name!r}", f"choose one of {', '.join(workload_names())}")
+    options = expand_implementation(options, family)  # a plan's are expanded already; a search space's not
     kept = {k: v for k, v in options.items() if k not in EXEC_ONLY_OPTIONS.get(family, ())}
     if family in ("gpt", "bert"):
         return asdict(transformer_config(name, **kept))

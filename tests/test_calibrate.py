@@ -62,8 +62,9 @@ def test_rows_become_the_plans_megatron_ran(rows: pd.DataFrame) -> None:
     plan = row_to_plan(rows.iloc[1])
     assert (plan.tp, plan.dp, plan.pp, plan.micro_batch) == (2, 2, 2, 4)
     assert plan.microbatches == 32 // (4 * 2) == 4 and plan.global_batch == 32
-    assert plan.workload_options == {"hidden": 1024, "heads": 16, "num_layers": 24, "seq": 1024,
-                                     "vocab": 51200, "dropout": 0.1}  # Megatron-LM's default dropout
+    # Megatron-LM's (implementation: megatron-lm): unfused attention, dropout 0.1, the embedding tied to the head.
+    assert plan.workload_options == {"hidden": 1024, "heads": 16, "num_layers": 24, "seq": 1024, "vocab": 51200,
+                                     "attention": "unfused", "dropout": 0.1, "tied_embedding": True}
     assert (plan.dtype, plan.schedule.name, plan.memory.policy) == ("fp16", "1f1b", "full")
     assert plan.parallelism.partition == [[0, 13], [13, 26]]  # embedding + 12 blocks | 12 blocks + head
     cluster = load_cluster(plan.cluster)
@@ -250,9 +251,8 @@ def test_reported_held_out_errors_are_what_the_simulator_gives(rows: pd.DataFram
     predictor = SimulatorPredictor()
     for entry in provenance["holdout"]:
         _, held = hold_out_model(rows, tuple(entry["held_out_model"]))
-        fitted = entry["fitted"]
-        calibration = CurveCalibration(EfficiencyCurve(fitted["eff_max"], fitted["flops_half"], fitted["mem_eff"]),
-                                  fitted["nvlink_efficiency"])
+        fitted = entry["fitted"]  # every field of the recorded curve (the attention rate, the host path too)
+        calibration = CurveCalibration(EfficiencyCurve.from_dict(fitted), fitted["nvlink_efficiency"])
         again = error_metrics(held["iter_time_s"], predict_rows(held, predictor, calibration))
         for key in ("median_abs_error", "p90_abs_error", "max_abs_error", "mean_signed_error"):
             assert again[key] == pytest.approx(entry["error"][key], rel=1e-6, abs=1e-9), (entry["held_out_model"],
@@ -264,8 +264,8 @@ def test_the_calibrations_predictor_prices_the_pipeline_as_the_engine_does(rows:
     fast estimate's weighted schedule graph (``sim.estimate_pipeline.pipeline_time``). On vTrain rows
     with pp 2 and 4 at 2 and 4 micro-batches (the LM head on the last stage, where the old (m + pp - 1)
     x slowest-stage rule was 4-54% slower than the engine) it is within 1.5% of the engine; at pp 1 it
-    is the engine's number. What remains is the tail: the closed form adds the tied-embedding
-    all-reduce the engine leaves out, and all-reduces every rank's gradients after the last one ends."""
+    is the engine's number. What remains is the tail: the closed form all-reduces every rank's gradients
+    after the last one ends. Both add the tied embedding's all-reduce (the rows' plans are tied)."""
     from dataclasses import replace
 
     from analysis.calibrate import quick_predictor

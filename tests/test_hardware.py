@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -342,9 +341,9 @@ def test_fit_never_sees_the_held_out_model_and_its_error_there_is_the_reported_o
     reported = {tuple(h["held_out_model"]): h["closed_form_error"]
                 for h in json.loads(CALIBRATION_RECORD.read_text())["provenance"]["holdout"]}
     predict = megatron_predictor()
-    # The record was fitted with unfused attention's softmax/dropout at mem_eff, before the measured A100
-    # attention rate (docs/accuracy.md section 13) became the prior's; it is reproduced as it was made.
-    default = replace(uncalibrated_curve(get_device("A100-80GB"), "fp16"), attn_mem_eff=None)
+    # The record's fits start from the A100 prior, the measured attention rate included (docs/accuracy.md
+    # section 13; analysis.calibrate.default_calibration).
+    default = uncalibrated_curve(get_device("A100-80GB"), "fp16")
     assert sorted(reported) == [shape for shape, _, _ in model_splits(df)]  # every split is reported
     for shape, fit_rows, held in model_splits(df):
         seen: set[tuple[int, ...]] = set()

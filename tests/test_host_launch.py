@@ -14,8 +14,8 @@ from sim.analytic import (
     host_launches,
     transformer_layer_times,
 )
-from sim.calibration import MEGATRON_DROPOUT
 from sim.hardware import get_device
+from sim.implementations import MEGATRON_DROPOUT
 from sim.workloads import transformer_config, transformer_layers
 from traces.errors import ConfigError
 

@@ -25,8 +25,8 @@ import pytest
 import benchmarks.korthikanti_layers as korth
 from benchmarks.megatron_at_scale import curve_of
 from sim.analytic_costs import AnalyticCosts
-from sim.calibration import MEGATRON_ATTENTION
 from sim.cluster import load_cluster
+from sim.implementations import MEGATRON_ATTENTION
 from sim.memory import MEMORY_POLICIES, checkpoint_bytes, forward_bytes
 from sim.workloads import transformer_config, transformer_layers
 

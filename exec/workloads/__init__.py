@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 
+from sim.implementations import expand_implementation
 from sim.workloads import WORKLOAD_FAMILIES, workload_names
 from traces.errors import ConfigError
 
@@ -28,7 +29,8 @@ def get_workload(name: str, **overrides: object) -> Workload:
     if name not in WORKLOAD_FAMILIES:
         raise ConfigError("workload", f"unknown workload {name!r}", f"choose one of {', '.join(workload_names())}")
     module_name, factory = _FACTORIES[WORKLOAD_FAMILIES[name]].split(":")
-    return getattr(importlib.import_module(module_name), factory)(name, **overrides)
+    options = expand_implementation(overrides, WORKLOAD_FAMILIES[name])  # implementation: megatron-lm
+    return getattr(importlib.import_module(module_name), factory)(name, **options)
 
 
 __all__ = ["Batch", "Workload", "get_workload", "run_layers", "workload_names"]
