@@ -22,6 +22,7 @@ device cannot run is measured on the CPU.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +68,24 @@ class LayerFacts:
     sequence_parallel: bool = False  # its TP collectives are reduce-scatters and all-gathers (sim.costs.LayerCosts)
     attention_core_bytes: int = -1  # what Korthikanti's selective recomputation drops (sim.costs.LayerCosts)
     sp_grad_bytes: int = 0  # its parameters tagged sequence_parallel (summed over TP at the step: sim.costs.LayerCosts)
+    # The output's dimensions from the outermost in memory to the innermost (``storage_order``): a
+    # batch-first LSTM's output is a view of a time-major storage, (1, 0, 2). () for the identity.
+    output_order: tuple[int, ...] = ()
+
+
+def storage_order(t: torch.Tensor) -> tuple[int, ...]:
+    """``t``'s dimensions from the largest stride to the smallest (ties, such as size-1
+    dimensions, in their order): ``t.permute(storage_order(t))`` is contiguous for any dense
+    permuted layout, a plain contiguous tensor gives the identity."""
+    return tuple(sorted(range(t.dim()), key=lambda d: -t.stride(d)))
+
+
+def inverse_order(order: Sequence[int]) -> tuple[int, ...]:
+    """The permutation that undoes ``order``: ``t.permute(order).permute(inverse_order(order))`` is ``t``."""
+    inverse = [0] * len(order)
+    for position, dim in enumerate(order):
+        inverse[dim] = position
+    return tuple(inverse)
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, int]:
@@ -128,6 +147,7 @@ def measure_layers(workload: Workload, micro_batch: int, dtype: torch.dtype, tp:
             output_bytes=out.numel() * out.element_size(),
             output_shape=tuple(out.shape),
             output_dtype=out.dtype,
+            output_order=storage_order(out),
             flops_fwd=float(counter.get_total_flops()) if counter else 0.0,
             tp_allreduces=2 if sharded else 0,
             tp_comm_bytes=out.numel() * out.element_size() * sequence_split if sharded else 0,
@@ -241,6 +261,12 @@ class StructuralCosts:
         (its sequence shard under sequence parallelism; the whole tensor otherwise)."""
         f = self.facts(self.micro_batch, self.tp)[layer]
         return f.output_shape, f.output_dtype
+
+    def output_order(self, layer: int) -> tuple[int, ...]:
+        """Layer ``layer``'s output dimensions in memory order, outermost first (``storage_order``),
+        as measured for the configured micro-batch."""
+        f = self.facts(self.micro_batch, self.tp)[layer]
+        return f.output_order or tuple(range(len(f.output_shape)))
 
 
 def measured_layer_specs(workload: Workload) -> list[LayerSpec]:
