@@ -269,20 +269,30 @@ class StructuralCosts:
         return f.output_order or tuple(range(len(f.output_shape)))
 
 
+# Micro-batch at which measured_layer_specs takes which storages a layer shares with its neighbours:
+# at 1 a size-1 batch makes every transpose a view, so a batch-first LSTM/GRU/RNN saves its input
+# as is there and a copy of it from 2 on (torch folds the time-major view to [seq x batch, features]
+# for its input projection, a copy unless the storage is time-major; docs/memory.md).
+LAYOUT_MICRO_BATCH = 2
+
+
 def measured_layer_specs(workload: Workload) -> list[LayerSpec]:
     """Per-sample ``LayerSpec``s of a workload the simulator has no closed form for (a ResNet), from
-    one real fp32 measurement (``measure_layers`` at micro-batch 1, FLOPs counted): parameters,
-    forward FLOPs, output, saved, selectively-kept and boundary-shared activation elements, and the
-    input a layer does not save and the output it does. Bytes
+    real fp32 measurements (``measure_layers`` at micro-batch 1, FLOPs counted): parameters,
+    forward FLOPs, output, saved and selectively-kept activation elements; the storages a layer
+    shares with its neighbours (boundary-shared input, the input it does not save, the output it
+    saves) per sample at ``LAYOUT_MICRO_BATCH``, where layouts are those of any larger batch. Bytes
     do not depend on the device, so ``sim.analytic_costs.AnalyticCosts`` can price these layers on
     any GPU of the catalog by its roofline. Elements are fp32 bytes / 4 (small integer and
     statistics tensors count as elements of the model's dtype, as the transformer closed forms do)."""
     facts = StructuralCosts(workload, 1, "fp32", flops=True).facts(1, 1)
+    layout = StructuralCosts(workload, LAYOUT_MICRO_BATCH, "fp32").facts(LAYOUT_MICRO_BATCH, 1)
+    per_sample = 4 * LAYOUT_MICRO_BATCH
     names = workload.layer_names()
     return [LayerSpec(names[i], workload.layer_kind(i), params=f.param_bytes // 4, flops_fwd=int(f.flops_fwd),
                       output_elems=f.output_bytes // 4, saved_elems=f.saved_bytes // 4,
                       selective_elems=f.selective_saved_bytes // 4 if f.selective_saved_bytes >= 0 else -1,
-                      shared_input_elems=f.shared_input_bytes // 4,
-                      unsaved_input_elems=f.unsaved_input_bytes // 4,
-                      saved_output_elems=f.saved_output_bytes // 4)
-            for i, f in enumerate(facts)]
+                      shared_input_elems=shared.shared_input_bytes // per_sample,
+                      unsaved_input_elems=shared.unsaved_input_bytes // per_sample,
+                      saved_output_elems=shared.saved_output_bytes // per_sample)
+            for i, (f, shared) in enumerate(zip(facts, layout, strict=True))]
