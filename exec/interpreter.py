@@ -346,8 +346,8 @@ class RankRuntime:
         store = self.acts if ins.kind is Kind.SEND_ACT else self.grads
         kind, stage, mb = ins.tag.split(":")
         tensor = store.pop((int(stage), int(mb)))
-        if kind == "act":  # in its storage's order, so the receiver gets that layout (_recv)
-            tensor = tensor.permute(self.structure.output_order(self.stage_layers[int(stage)][-1]))
+        if kind == "act":  # stage's input, in its storage's order, so the receiver gets that layout (_recv)
+            tensor = tensor.permute(self.structure.output_order(self.stage_layers[int(stage)][0] - 1))
         tensor = tensor.contiguous()
         if self._scatter_gather():
             tensor = self._slice(tensor.reshape(-1)).clone()

@@ -6,6 +6,8 @@ previous LSTM made it, and the ledger, from the one-process measurement, equals 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -87,3 +89,12 @@ def test_lstm_stage_after_a_boundary_runs_at_the_ledger(layers: list[int], micro
     assert result["stage_layers"] == [[0, 1], [2, 3]]
     assert result["recompute_layers"] == [[], layers]
     assert result["runtime"] == result["ledger"]
+
+
+@pytest.mark.slow
+def test_lstm_pp2_trains_as_one_process(tmp_path: Path) -> None:
+    """The activation sent in its storage's order and received permuted back is the same tensor:
+    lstm-tiny pp 2 (GPipe, 2 gloo ranks) trains as one process does (losses and parameters)."""
+    from tests.test_runtime import check_against_reference, plan_of
+
+    check_against_reference(plan_of(workload="lstm-tiny", pp=2, schedule="gpipe"), tmp_path)
