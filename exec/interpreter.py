@@ -62,7 +62,7 @@ from exec.main_grad import MainGrads, accumulate_main
 from exec.parallel.sequence import SEQUENCE_RNG_SEED, SequenceParallelRng, allreduce_sequence_parallel_grads
 from exec.parallel.tp import apply_tensor_parallel
 from exec.selective import checkpoint_attention_cores
-from exec.structure import torch_dtype
+from exec.structure import inverse_order, torch_dtype
 from sim.gradient_sync import GRADIENT_SYNC
 from sim.lower import MemoryPolicy
 from sim.program import Instruction, Kind, RankProgram
@@ -345,7 +345,10 @@ class RankRuntime:
     def _send(self, ins: Instruction) -> None:
         store = self.acts if ins.kind is Kind.SEND_ACT else self.grads
         kind, stage, mb = ins.tag.split(":")
-        tensor = store.pop((int(stage), int(mb))).contiguous()
+        tensor = store.pop((int(stage), int(mb)))
+        if kind == "act":  # stage's input, in its storage's order, so the receiver gets that layout (_recv)
+            tensor = tensor.permute(self.structure.output_order(self.stage_layers[int(stage)][0] - 1))
+        tensor = tensor.contiguous()
         if self._scatter_gather():
             tensor = self._slice(tensor.reshape(-1)).clone()
         start = self.clock.mark()
@@ -359,9 +362,13 @@ class RankRuntime:
         # stage s's output has the shape of its last layer's output.
         layer = self.stage_layers[s][0] - 1 if kind == "act" else self.stage_layers[s][-1]
         shape, dtype = self._shape(layer)
-        buffer = torch.empty(shape, dtype=dtype, device=self.device)
+        # An activation arrives in the layout its layer made it (_send), as in one process: a layer
+        # that saves its input as it is handed over (a batch-first LSTM handed the previous LSTM's
+        # time-major output) saves the received tensor, not a copy of it (docs/memory.md).
+        order = self.structure.output_order(layer) if kind == "act" else tuple(range(len(shape)))
+        buffer = torch.empty([shape[d] for d in order], dtype=dtype, device=self.device)
         start = self.clock.mark()
-        (self.acts if kind == "act" else self.grads)[(s, m)] = buffer
+        (self.acts if kind == "act" else self.grads)[(s, m)] = buffer.permute(inverse_order(order))
         if self._scatter_gather():
             flat = buffer.view(-1)
             part = torch.empty_like(self._slice(flat))

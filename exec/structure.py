@@ -22,6 +22,7 @@ device cannot run is measured on the CPU.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +68,24 @@ class LayerFacts:
     sequence_parallel: bool = False  # its TP collectives are reduce-scatters and all-gathers (sim.costs.LayerCosts)
     attention_core_bytes: int = -1  # what Korthikanti's selective recomputation drops (sim.costs.LayerCosts)
     sp_grad_bytes: int = 0  # its parameters tagged sequence_parallel (summed over TP at the step: sim.costs.LayerCosts)
+    # The output's dimensions from the outermost in memory to the innermost (``storage_order``): a
+    # batch-first LSTM's output is a view of a time-major storage, (1, 0, 2). () for the identity.
+    output_order: tuple[int, ...] = ()
+
+
+def storage_order(t: torch.Tensor) -> tuple[int, ...]:
+    """``t``'s dimensions from the largest stride to the smallest (ties, such as size-1
+    dimensions, in their order): ``t.permute(storage_order(t))`` is contiguous for any dense
+    permuted layout, a plain contiguous tensor gives the identity."""
+    return tuple(sorted(range(t.dim()), key=lambda d: -t.stride(d)))
+
+
+def inverse_order(order: Sequence[int]) -> tuple[int, ...]:
+    """The permutation that undoes ``order``: ``t.permute(order).permute(inverse_order(order))`` is ``t``."""
+    inverse = [0] * len(order)
+    for position, dim in enumerate(order):
+        inverse[dim] = position
+    return tuple(inverse)
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, int]:
@@ -128,6 +147,7 @@ def measure_layers(workload: Workload, micro_batch: int, dtype: torch.dtype, tp:
             output_bytes=out.numel() * out.element_size(),
             output_shape=tuple(out.shape),
             output_dtype=out.dtype,
+            output_order=storage_order(out),
             flops_fwd=float(counter.get_total_flops()) if counter else 0.0,
             tp_allreduces=2 if sharded else 0,
             tp_comm_bytes=out.numel() * out.element_size() * sequence_split if sharded else 0,
@@ -254,21 +274,37 @@ class StructuralCosts:
         f = self.facts(self.micro_batch, self.tp)[layer]
         return f.output_shape, f.output_dtype
 
+    def output_order(self, layer: int) -> tuple[int, ...]:
+        """Layer ``layer``'s output dimensions in memory order, outermost first (``storage_order``),
+        as measured for the configured micro-batch."""
+        f = self.facts(self.micro_batch, self.tp)[layer]
+        return f.output_order or tuple(range(len(f.output_shape)))
+
+
+# Micro-batch at which measured_layer_specs takes which storages a layer shares with its neighbours:
+# at 1 a size-1 batch makes every transpose a view, so a batch-first LSTM/GRU/RNN saves its input
+# as is there and a copy of it from 2 on (torch folds the time-major view to [seq x batch, features]
+# for its input projection, a copy unless the storage is time-major; docs/memory.md).
+LAYOUT_MICRO_BATCH = 2
+
 
 def measured_layer_specs(workload: Workload) -> list[LayerSpec]:
     """Per-sample ``LayerSpec``s of a workload the simulator has no closed form for (a ResNet), from
-    one real fp32 measurement (``measure_layers`` at micro-batch 1, FLOPs counted): parameters,
-    forward FLOPs, output, saved, selectively-kept and boundary-shared activation elements, and the
-    input a layer does not save and the output it does. Bytes
+    real fp32 measurements (``measure_layers`` at micro-batch 1, FLOPs counted): parameters,
+    forward FLOPs, output, saved and selectively-kept activation elements; the storages a layer
+    shares with its neighbours (boundary-shared input, the input it does not save, the output it
+    saves) per sample at ``LAYOUT_MICRO_BATCH``, where layouts are those of any larger batch. Bytes
     do not depend on the device, so ``sim.analytic_costs.AnalyticCosts`` can price these layers on
     any GPU of the catalog by its roofline. Elements are fp32 bytes / 4 (small integer and
     statistics tensors count as elements of the model's dtype, as the transformer closed forms do)."""
     facts = StructuralCosts(workload, 1, "fp32", flops=True).facts(1, 1)
+    layout = StructuralCosts(workload, LAYOUT_MICRO_BATCH, "fp32").facts(LAYOUT_MICRO_BATCH, 1)
+    per_sample = 4 * LAYOUT_MICRO_BATCH
     names = workload.layer_names()
     return [LayerSpec(names[i], workload.layer_kind(i), params=f.param_bytes // 4, flops_fwd=int(f.flops_fwd),
                       output_elems=f.output_bytes // 4, saved_elems=f.saved_bytes // 4,
                       selective_elems=f.selective_saved_bytes // 4 if f.selective_saved_bytes >= 0 else -1,
-                      shared_input_elems=f.shared_input_bytes // 4,
-                      unsaved_input_elems=f.unsaved_input_bytes // 4,
-                      saved_output_elems=f.saved_output_bytes // 4)
-            for i, f in enumerate(facts)]
+                      shared_input_elems=shared.shared_input_bytes // per_sample,
+                      unsaved_input_elems=shared.unsaved_input_bytes // per_sample,
+                      saved_output_elems=shared.saved_output_bytes // per_sample)
+            for i, (f, shared) in enumerate(zip(facts, layout, strict=True))]

@@ -4,6 +4,7 @@ ledger's (JSON).
 
     PYTHONPATH=. python tests/recompute_after_kept_run.py                  # resnet-tiny, the head (4)
     PYTHONPATH=. python tests/recompute_after_kept_run.py lstm-tiny 1 3    # lstm-tiny, layers 1 and 3
+    MICRO_BATCH=1 PYTHONPATH=. python tests/recompute_after_kept_run.py lstm-tiny   # nothing, micro-batch 1
 
 Run as a script (``tests/test_memory_selective.py`` does, in a subprocess): the policy below is
 test-only, and the runtime's ranks re-import the main script, so it registers there too. No
@@ -13,6 +14,7 @@ of it); the per-layer planners (the MILP, DELTA) may."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -44,15 +46,15 @@ if NAME not in MEMORY_POLICIES:
     register_memory_policy(NAME, RecomputeLayers, build)
 
 
-def main(out_dir: Path, workload: str, layers: list[int]) -> dict[str, object]:
+def main(out_dir: Path, workload: str, layers: list[int], micro_batch: int = 2) -> dict[str, object]:
     from exec.contract import compile_for_run
     from exec.launcher import run_plan
     from sim.engine import Engine
     from tests.test_runtime import plan_of
     from traces.runrecord import read_run_record
 
-    plan = plan_of(workload=workload, pp=2, schedule="gpipe", microbatches=4, micro_batch=2)
-    plan = plan.model_copy(update={"name": f"{workload}-recompute-after-kept",
+    plan = plan_of(workload=workload, pp=2, schedule="gpipe", microbatches=4, micro_batch=micro_batch)
+    plan = plan.model_copy(update={"name": f"{workload}-recompute-after-kept-{micro_batch}",
                                    "memory": Plan.from_dict({"workload": workload, "memory": {
                                        "policy": NAME, "layers": layers}}).memory})
     run = compile_for_run(plan)
@@ -69,4 +71,5 @@ def main(out_dir: Path, workload: str, layers: list[int]) -> dict[str, object]:
 if __name__ == "__main__":
     arguments = sys.argv[1:] or ["resnet-tiny", "4"]
     with tempfile.TemporaryDirectory() as folder:
-        print(json.dumps(main(Path(folder), arguments[0], [int(a) for a in arguments[1:]])))
+        print(json.dumps(main(Path(folder), arguments[0], [int(a) for a in arguments[1:]],
+                              int(os.environ.get("MICRO_BATCH", "2")))))

@@ -172,18 +172,9 @@ def test_recomputed_head_after_a_kept_layer_run_equals_ledger(workload: str, rec
 
     Every rank's runtime activation peak equals the ledger's. The policy is test-only, so the run is
     a script of its own (tests/recompute_after_kept_run.py)."""
-    import json
-    import os
-    import subprocess
-    import sys
+    from tests.kept_run_subprocess import run_recompute_after_kept
 
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    layers = [str(layer) for stage in recomputed for layer in stage]
-    done = subprocess.run([sys.executable, str(root / "tests" / "recompute_after_kept_run.py"), workload, *layers],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_recompute_after_kept(workload, [layer for stage in recomputed for layer in stage])
     assert result["recompute_layers"] == recomputed
     assert all(stage[0] - 1 in layers for stage, layers in zip(recomputed, result["stage_layers"], strict=True)
                if stage)  # each after a kept layer of its stage
