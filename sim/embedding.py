@@ -193,6 +193,7 @@ register_embedding_method("dense", DenseEmbedding, sharded=False)
 # ---------------------------------------------------------------------------------------------
 # The exchanges of the sharded methods (their ALLTOALL instructions, tagged
 # ``emb:<phase>:<mb>:<offset>:<pp>:<tp>``), as the runtime runs them (exec.embedding).
+EXCHANGE_TAG = "emb:"
 
 # The ids go to their owners synchronously, on the runtime's one thread (exec.embedding.
 # EmbraceExchange._request, which the parameter server reuses): an all-to-all of the per-peer

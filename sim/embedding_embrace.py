@@ -41,6 +41,7 @@ from pydantic import Field
 
 from sim.comm import concurrent_groups
 from sim.embedding import (
+    EXCHANGE_TAG,
     EmbeddingConfig,
     EmbeddingTerms,
     Table,
@@ -337,7 +338,7 @@ def exchange(draft: Any, phase: str, mb: int, offset: int, tables: list[Table], 
 
     c = draft.coords
     return Node(Kind.ALLTOALL, stage, mb, deps=deps, group=_group(draft),
-                tag=f"emb:{phase}:{mb}:{offset}:{c.pp}:{c.tp}", bytes=nbytes,
+                tag=f"{EXCHANGE_TAG}{phase}:{mb}:{offset}:{c.pp}:{c.tp}", bytes=nbytes,
                 layers=tuple(sorted({t.layer for t in tables})), method=draft.plan.embedding.method,
                 phases=exchange_phases(phase, nbytes, draft.plan.dp, index_bytes))
 

@@ -9,9 +9,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from sim.critical_rank import critical_rank
-from sim.embedding import LOOKUP_PHASES, exchange_phase
-
-EMBEDDING_TAG = "emb:"  # a sharded embedding's exchanges (sim.embedding_embrace.exchange)
+from sim.embedding import EXCHANGE_TAG, LOOKUP_PHASES, exchange_phase
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +24,7 @@ class Breakdown:
 
 def _is_lookup(label: str) -> bool:
     tag = label.rsplit(" ", 1)[-1]
-    return tag.startswith(EMBEDDING_TAG) and exchange_phase(tag) in LOOKUP_PHASES
+    return tag.startswith(EXCHANGE_TAG) and exchange_phase(tag) in LOOKUP_PHASES
 
 
 def engine_breakdown(table: pd.DataFrame, iteration_s: float) -> Breakdown:
