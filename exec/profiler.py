@@ -43,13 +43,17 @@ periods; a fixed two-round warm-up let a 50x outlier through as a median. So:
 4. identical layers (same kind, bytes and FLOPs) must cost the same: once every layer is
    measured, a layer whose time differs from the median of its identical siblings by more than
    ``sibling_tolerance`` (relative) is rebuilt and measured again, up to ``retries`` times, until
-   it agrees. This catches a slow period that lasts a whole layer's measurement (steady but wrong);
+   it agrees. This catches a slow period that lasts a whole layer's measurement (steady but wrong).
+   The siblings that count are those agreeing with their group (total time within the tolerance
+   of the median total of every member's best attempt), steady ones first, so one bad layer is no
+   one's reference, whatever order the layers are settled in; a pair that disagrees has no
+   consensus, and each is checked against the other;
 5. of a layer's attempts the profiler keeps a steady one (agreeing with its siblings, when it has
    any) and among those the fastest: contention and one-off costs only ever add time. A layer
    with no such attempt is flagged: column ``unsteady`` and ``meta.settings.unsteady_layers``
-   (layer, name, why), which ``paratwin profile`` prints. Its times are the median of its steady
-   identical siblings when it has two or more (they do the same work and agree with each other),
-   else those of its fastest attempt (steady ones first).
+   (layer, name, why), which ``paratwin profile`` prints. Its times are the median of its
+   identical siblings that agree with their group when there are two or more (they do the same
+   work), else those of its fastest attempt (steady ones first).
 """
 
 from __future__ import annotations
@@ -566,12 +570,14 @@ def _off_siblings(attempt: _Attempt, reference: dict[str, float], policy: Steadi
     """Quantities of ``attempt`` that differ from the siblings' medians: {key: ratio}."""
     if policy.sibling_tolerance is None:
         return {}
-    out = {}
-    for key, ref in reference.items():
-        t = attempt.median(key)
-        if abs(t - ref) > max(policy.sibling_tolerance * ref, policy.floor_s):
-            out[key] = t / ref if ref > 0 else float("inf")
-    return out
+    return {key: attempt.median(key) / ref if ref > 0 else float("inf")
+            for key, ref in reference.items() if not _agrees(attempt.median(key), ref, policy)}
+
+
+def _agrees(t: float, ref: float, policy: Steadiness) -> bool:
+    """``t`` is within the sibling tolerance of ``ref`` (or of the timer's floor); a policy without one
+    compares nothing."""
+    return policy.sibling_tolerance is None or abs(t - ref) <= max(policy.sibling_tolerance * ref, policy.floor_s)
 
 
 def _settle(rows: list[dict[str, object]], attempts: dict[int, list[_Attempt]],
@@ -592,9 +598,25 @@ def _settle(rows: list[dict[str, object]], attempts: dict[int, list[_Attempt]],
         # Only steady siblings are a reference: an unsteady one must not drag the others along.
         return [a for a in (best(j) for j in group if j != index) if not a.unsteady(policy)]
 
+    def medians(chosen: list[_Attempt]) -> dict[str, float]:
+        return {k: statistics.median(a.median(k) for a in chosen) for k in TIME_KEYS}
+
+    def agreeing_siblings(index: int, group: list[int]) -> list[_Attempt]:
+        # Siblings whose best total agrees with the group's median total (every member's best, this
+        # layer's and unsteady ones' included). Without that rule a group of three where one is 10x
+        # slow handed the other two a reference halfway there. Totals, not each quantity: one noisy
+        # quantity must not cost a sibling its place.
+        if policy.sibling_tolerance is None:  # siblings are not compared at all
+            return []
+        middle = statistics.median(best(j).total for j in group)
+        return [best(j) for j in group if j != index and _agrees(best(j).total, middle, policy)]
+
     def reference(index: int, group: list[int]) -> dict[str, float]:
-        others = steady_siblings(index, group)
-        return {k: statistics.median(a.median(k) for a in others) for k in TIME_KEYS} if others else {}
+        agreeing = agreeing_siblings(index, group)
+        # Steady agreeing siblings first; else the agreeing ones however unsteady; with no agreement
+        # at all (a pair that disagrees) each is checked against the other's steady times, as ever.
+        chosen = [a for a in agreeing if not a.unsteady(policy)] or agreeing or steady_siblings(index, group)
+        return medians(chosen) if chosen else {}
 
     notes: dict[int, str] = {}
     for row in rows:
@@ -623,12 +645,13 @@ def _settle(rows: list[dict[str, object]], attempts: dict[int, list[_Attempt]],
                 for k, v in _off_siblings(chosen, ref, policy).items()]
         note = f"{'; '.join(why)} after {len(attempts[index])} attempt(s)" + \
             ("" if budget.allows_retry() else " (retry time budget spent)")
-        siblings = steady_siblings(index, group)
+        siblings = agreeing_siblings(index, group)
         if len(siblings) >= 2:
-            # Identical layers do identical work: when two or more of them agree and this one
-            # never did, their median is the better estimate of its cost (flagged all the same).
+            # Identical layers do identical work: when two or more of them agree with their group
+            # and this one never did, their median is the better estimate of its cost (flagged all
+            # the same), even where load left one of them with a wide spread.
             row["_chosen"] = _Attempt({k: [a.median(k) for a in siblings] for k in TIME_KEYS}, 0, True)
-            note += f"; times are the median of its {len(siblings)} steady identical siblings"
+            note += f"; times are the median of its {len(siblings)} identical siblings that agree with their group"
         notes[index] = note
     return notes
 

@@ -63,7 +63,7 @@ def _compute_faults(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch, 
         monkeypatch.delenv(ENV, raising=False)
     else:
         monkeypatch.setenv(ENV, policy)  # the ranks inherit the environment
-    result = run_plan(Plan.load(PLAN), iterations=ITERATIONS, warmup=2, out_dir=tmp_path / name)
+    result = run_plan(Plan.load(PLAN), iterations=ITERATIONS, warmup=WARMUP, out_dir=tmp_path / name)
     compute = result.table[result.table["kind"].isin(["FWD", "BWD"])]
     assert len(compute) == 2 * ITERATIONS * 2 * 2  # ranks x iterations x micro-batches x (FWD, BWD)
     assert (compute["minor_faults"] >= 0).all()
@@ -72,11 +72,16 @@ def _compute_faults(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch, 
 
 
 ITERATIONS = 6
+# With the policy a rank faults while its heap grows to a new peak, mostly in the first two
+# iterations; under heavy load (5+, session 16) more of the timed ones did (median 2,603 pages
+# against the default's 9,851). Four warm-up iterations leave fewer of those peaks among the timed ones
+# (passed at load 6 in session 17; not a proof that load can never push one through).
+WARMUP = 4
 
 
 @pytest.mark.slow
 def test_a_runs_compute_instructions_fault_far_less_once_warm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The EmbRace 2D plan on 2 gloo ranks, 6 iterations after 2 warm-up ones, with the ranks keeping
+    """The EmbRace 2D plan on 2 gloo ranks, 6 iterations after 4 warm-up ones, with the ranks keeping
     freed memory and with glibc's default (``PARATWIN_HOST_MEMORY=default``): in the typical
     (median) rank-iteration the forwards and backwards fault under a tenth as many pages; some
     iteration faults none; the records say which policy ran.

@@ -395,3 +395,21 @@ def test_a_layer_that_never_agrees_with_its_identical_siblings_is_flagged_and_gi
     assert layers.loc[0, "fwd_s"] < (STEADY_S + 0.036) / 2, layers["fwd_s"].tolist()
     why = [f["why"] for f in bundle.meta["settings"]["unsteady_layers"] if f["layer"] == 0]
     assert "identical siblings' median" in why[0] and "times are the median of its" in why[0], why
+
+
+def test_a_layer_that_never_agrees_is_no_reference_for_its_identical_siblings() -> None:
+    # Layer 2, the last of three identical layers, is 10x slow on every build. Before, layers 0 and 1
+    # each took the median of their two siblings as the reference, which with layer 2 in it was halfway
+    # to 10x: both were flagged and given that median. Now the group's consensus (its median over all
+    # members) decides who is a reference, whatever order the layers are settled in (exec.profiler._settle).
+    wl = SleepyWorkload(4, lambda index: (lambda c: STEADY_S + (0.036 if index == 2 else 0.0)))
+    bundle = profile_workload(wl, micro_batch=2, warmup=1, repeats=5, with_ops=False,
+                              steady=Steadiness(retries=1))
+    layers = bundle.layers
+    why = {f["layer"]: f["why"] for f in bundle.meta["settings"]["unsteady_layers"]}
+    assert "identical siblings' median" in why.get(2, ""), why
+    # Load may flag layers 0 and 1 (their own spread, or a noisy key off a sibling): flagged or not,
+    # their times are their own or the trusted siblings', never pulled towards layer 2's.
+    assert (layers.loc[0:1, "fwd_s"] < (STEADY_S + 0.036) / 3).all(), (why, layers["fwd_s"].tolist())
+    assert "times are the median of its 2 identical siblings" in why[2], why
+    assert layers.loc[2, "fwd_s"] < (STEADY_S + 0.036) / 2, layers["fwd_s"].tolist()

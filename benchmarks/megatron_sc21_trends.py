@@ -1,0 +1,102 @@
+"""Does the simulator rank plans as Megatron-LM's SC'21 study found? Figures 13-15 of Narayanan et al.
+(SC'21, section 5.4) measured one model at every split of 64 A100s between two kinds of parallelism;
+the paper states the winner of each sweep, not a table, so this checks the ranking, not the magnitudes.
+
+    python benchmarks/megatron_sc21_trends.py      # ~5 min on the shared 2-core machine
+
+The configurations are the authors' own run scripts (NVIDIA/Megatron-LM ``examples/sc21/``, read
+2026-12-07: ``run_figure_13.sh`` at 79a3bb6b, ``run_figure_14.sh`` and ``run_figure_15.sh`` at 4f4715db):
+64 GPUs on 8 nodes, micro-batch 1, sequence 2,048 (the scripts' CONFIG.sh, as Table 1), the local
+data-parallel implementation (``DDP=local``), full activation recomputation, plain 1F1B.
+- Figure 13: 162.2B parameters (32 layers, hidden 20,480, 128 heads), tp x pp = 64, pp in {2, ..., 32},
+  global batch 32 and 128. The paper's Takeaway #1: tensor parallelism up to the GPUs of a server (8 on
+  DGX A100), then pipeline parallelism across servers; the sweep peaks at tp 8 / pp 8.
+- Figure 14: 5.9B (32 layers, hidden 3,840, 32 heads), tp 1, pp x dp = 64, pp in {2, ..., 32}, batch 32
+  and 512: throughput falls as pp grows, at both batches (Takeaway #2: model parallelism only as much as
+  the model needs to fit, data parallelism to scale).
+- Figure 15: the same 5.9B model, pp 1, tp x dp = 64, tp in {2, ..., 32}, batch 32, 128 and 512:
+  throughput falls as tp grows (the same takeaway; tp beyond a server crosses InfiniBand).
+Each sweep is simulated as ``benchmarks/megatron_at_scale.py`` simulates Table 1 (Megatron-LM v2.5's
+mechanics, the default cost model, nothing fitted here); printed: predicted TFLOP/s per GPU in the paper's
+FLOP count for every point, then whether each stated trend holds.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+import benchmarks.megatron_at_scale as sc21  # noqa: E402
+import sim.compile  # noqa: E402
+
+GPUS = 64  # 8 DGX A100 nodes (NNODES=8 in every script)
+SPLITS = (2, 4, 8, 16, 32)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    figure: str
+    model: dict[str, float]
+    batches: tuple[int, ...]
+    varied: str  # the degree the figure's x axis varies: "pp" or "tp"
+    fixed: dict[str, int]  # the other degrees; dp or tp/pp follows from GPUS
+    claim: str
+    holds: Callable[[dict[int, float]], bool]  # {varied degree: TFLOP/s} -> the claim holds
+
+
+def falling(tflops: dict[int, float]) -> bool:
+    values = [tflops[k] for k in sorted(tflops)]
+    return all(a > b for a, b in zip(values, values[1:], strict=False))
+
+
+SWEEPS = (
+    Sweep("13", dict(params_b=162.2, layers=32, hidden=20480, heads=128), (32, 128), "pp", {"dp": 1},
+          "peak at tp 8 / pp 8 (Takeaway #1)", lambda t: max(t, key=t.get) == 8),
+    Sweep("14", dict(params_b=5.9, layers=32, hidden=3840, heads=32), (32, 512), "pp", {"tp": 1},
+          "falls as pp grows (Takeaway #2)", falling),
+    Sweep("15", dict(params_b=5.9, layers=32, hidden=3840, heads=32), (32, 128, 512), "tp", {"pp": 1},
+          "falls as tp grows (Takeaways #1-2)", falling),
+)
+
+
+def degrees(sweep: Sweep, split: int) -> dict[str, int]:
+    """tp, pp and dp of one point of ``sweep``."""
+    if sweep.varied == "pp" and "dp" in sweep.fixed:  # tp x pp = GPUS
+        return {"pp": split, "tp": GPUS // split, "dp": 1}
+    if sweep.varied == "pp":  # tp fixed, pp x dp = GPUS
+        return {"pp": split, "tp": sweep.fixed["tp"], "dp": GPUS // (split * sweep.fixed["tp"])}
+    return {"tp": split, "pp": sweep.fixed["pp"], "dp": GPUS // (split * sweep.fixed["pp"])}
+
+
+def simulate_point(sweep: Sweep, batch: int, split: int) -> dict[str, float]:
+    d = degrees(sweep, split)
+    row = {**sweep.model, "tp": d["tp"], "pp": d["pp"], "gpus": GPUS, "global_batch": batch,
+           "micro_batch": 1, "ddp": "local", "tflops_per_gpu": float("nan")}
+    result = sc21.simulate_row(row, "1f1b", 1)
+    return {**d, "iteration_s": result["iteration_s"], "tflops": result["predicted_tflops"], "oom": result["oom"]}
+
+
+def main() -> None:
+    sim.compile.MAX_INSTRUCTIONS = max(sim.compile.MAX_INSTRUCTIONS, sc21.INSTRUCTION_LIMIT)
+    verdicts = []
+    for sweep in SWEEPS:
+        for batch in sweep.batches:
+            tflops = {}
+            for split in SPLITS:
+                point = simulate_point(sweep, batch, split)
+                tflops[split] = point["tflops"]
+                print(f"Figure {sweep.figure} batch {batch:>3}: tp {point['tp']:>2} pp {point['pp']:>2} "
+                      f"dp {point['dp']:>2}  {point['iteration_s']:7.3f} s  {point['tflops']:6.1f} TFLOP/s per GPU"
+                      f"{'  (out of memory)' if point['oom'] else ''}", flush=True)
+            verdicts.append((sweep, batch, sweep.holds(tflops)))
+    print()
+    for sweep, batch, holds in verdicts:
+        print(f"Figure {sweep.figure}, batch {batch}: {sweep.claim}: {'holds' if holds else 'DOES NOT HOLD'}")
+    print(f"{sum(h for *_, h in verdicts)} of {len(verdicts)} stated rankings reproduced")
+
+
+if __name__ == "__main__":
+    main()
