@@ -11,7 +11,7 @@ from rich.table import Table
 
 from analysis.report import console, plain, print_layers, print_sim, run_cli, size
 from traces.errors import ConfigError
-from traces.outdir import fresh_run_folder, refuse_file_as_folder, safe_name
+from traces.outdir import fresh_run_folder, prepare_out_folder, safe_name
 
 app = typer.Typer(
     name="paratwin",
@@ -136,13 +136,14 @@ def simulate(
 ) -> None:
     """Predict iteration time, throughput, bubbles and memory of a plan; write its timeline."""
     from sim.plan import Plan
+    from sim.result import SIM_OUTPUTS
     from sim.simulate import simulate as run_simulation
 
     loaded = Plan.load(plan)
     if profile is not None:
         loaded = loaded.replace(profile=str(profile))
     target = out or Path("runs") / f"sim-{safe_name(loaded.name)}"
-    refuse_file_as_folder(target)  # before simulating, not after
+    prepare_out_folder(target, SIM_OUTPUTS)  # before simulating, not after
     result = run_simulation(loaded, full=full)
     print_sim(result)
     paths = result.write(target)  # under the folder's lock: one writer at a time
@@ -262,8 +263,9 @@ def predict_runs_command(
                                              "starting point) instead of simulate's A100 default")] = False,
 ) -> None:
     """Predict Megatron-LM runs on A100 (1F1B, full recompute; 8-GPU nodes over 4 x HDR above 8 GPUs)."""
-    from analysis.predict_runs import predict_runs, summary_lines, write_predictions
+    from analysis.predict_runs import PREDICTIONS_NAME, predict_runs, summary_lines, write_predictions
 
+    prepare_out_folder(out, (PREDICTIONS_NAME,))  # before predicting, not after
     result = predict_runs(runs, prior=prior)
     for line in summary_lines(result):
         plain(line)

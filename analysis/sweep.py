@@ -74,7 +74,7 @@ import yaml
 from analysis.executors import LOCAL_DASK, BrokenProcessPool, backend, check_workers, one_line, usable_cores
 from traces.atomic import atomic_path, atomic_write_text
 from traces.errors import ConfigError, ParatwinError
-from traces.outdir import OutputLock
+from traces.outdir import OutputLock, prepare_out_folder
 
 STATUSES = ("ok", "does-not-fit", "error", "exception")
 # The plan's shape, as columns of the merged table (read from the plan of each point).
@@ -82,6 +82,10 @@ PLAN_COLUMNS = ["workload", "cluster", "dtype", "dp", "tp", "pp", "chunks", "par
                 "micro_batch", "microbatches", "global_batch", "memory_policy", "gradient_sync"]
 METRIC_COLUMNS = ["iteration_s", "samples_per_s", "tokens_per_s", "model_tflops_per_device", "mfu",
                   "bubble_mean", "bubble_max", "peak_memory_gib", "capacity_gib", "oom"]
+
+
+# What a sweep writes in its folder (a folder of the user's holding one of these is refused).
+SWEEP_OUTPUTS = ("points", "spec.json", "events.jsonl", "results.parquet", "results.csv")
 
 
 class SweepInterrupted(ParatwinError):
@@ -375,6 +379,7 @@ def run_sweep(spec: SweepSpec | dict[str, Any] | str | Path, out_dir: str | Path
     out = Path(out_dir)
     workers = workers or usable_cores()
     check_workers(workers)
+    prepare_out_folder(out, SWEEP_OUTPUTS)
     with OutputLock(out):  # one sweep at a time per folder: two would compute the same points
         return _run_locked(spec, out, workers, scheduler, progress, dask_processes, evaluate, started)
 
