@@ -120,7 +120,6 @@ PREDICTIONS_NAME = "predictions.csv"
 def write_predictions(result: RunPredictions, out_dir: Path) -> Path:
     """``predictions.csv`` in ``out_dir``, written whole (atomically) under the folder's lock; the CLI has
     checked the folder with ``prepare_out_folder`` before predicting."""
-    with OutputLock(out_dir):
-        with atomic_path(out_dir / PREDICTIONS_NAME) as tmp:
-            result.table.to_csv(tmp, index=False)
+    with OutputLock(out_dir), atomic_path(out_dir / PREDICTIONS_NAME) as tmp:
+        result.table.to_csv(tmp, index=False)
     return out_dir / PREDICTIONS_NAME
