@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from analysis.report import console, plain, print_layers, print_sim, run_cli, size
+from traces.atomic import atomic_write_text
 from traces.errors import ConfigError
 from traces.outdir import fresh_run_folder, prepare_out_folder, safe_name
 
@@ -62,9 +63,15 @@ def migrate_plan(
     text = yaml.safe_dump(migrated.model_dump(exclude_defaults=True), sort_keys=False)
     if out is None:
         plain(text.rstrip())
-    else:
-        out.write_text(text)
-        plain(f"wrote {out}")
+        return
+    if out.is_dir():  # a traceback (IsADirectoryError) before
+        raise ConfigError("--out", f"{out} is a folder", "name the file to write the sectioned plan to")
+    try:
+        atomic_write_text(out, text)  # whole or not at all: a plan it replaces is never left half written
+    except OSError as exc:  # a traceback before
+        raise ConfigError("--out", f"cannot write {out} ({exc.strerror})",
+                          "name a file in a place you can write") from None
+    plain(f"wrote {out}")
 
 
 @app.command()
@@ -438,7 +445,12 @@ def search(
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError("--workload-option", f"{item!r} is not KEY=VALUE", "write e.g. --workload-option seq=128")
-        options[key] = yaml.safe_load(value)
+        try:
+            options[key] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:  # a yaml ParserError traceback before
+            raise ConfigError(f"--workload-option {key}", f"{value!r} is not a YAML value "
+                              f"({getattr(exc, 'problem', None) or str(exc).splitlines()[0]})",
+                              f"quote it, or write e.g. --workload-option {key}=128") from None
     space = SearchSpace(workload, cluster, global_batch=global_batch, dtype=dtype, workload_options=options,
                         profile=str(profile) if profile else None, lossy_gradient_sync=lossy_gradient_sync,
                         gradient_syncs=tuple(gradient_sync) if gradient_sync else None,

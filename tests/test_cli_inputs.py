@@ -1,0 +1,45 @@
+"""Awkward command-line input gets one line naming the option and the fix, never a traceback (session 17's
+input audit): a ``--workload-option`` whose value is not YAML, a ``migrate-plan --out`` that is a folder or
+cannot be written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FLAT_PLAN = "name: f\nworkload: gpt-8.3b\ncluster: a100-64\ndp: 2\ntp: 8\npp: 4\nschedule: 1f1b\n"
+
+
+def paratwin(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "analysis.cli", *args], capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+
+
+def refused(done: subprocess.CompletedProcess, line: str) -> None:
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert line in done.stdout, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_workload_option_that_is_not_yaml_is_one_line() -> None:
+    """It was a yaml ParserError traceback."""
+    done = paratwin("search", "--workload", "gpt2-small", "--cluster", "dgx-a100-8", "--workload-option", "hidden=[")
+    refused(done, "error: --workload-option hidden: '[' is not a YAML value (expected the node content, but found "
+                  "'<stream end>') (fix: quote it, or write e.g. --workload-option hidden=128)")
+
+
+def test_migrate_plan_out_that_is_a_folder_or_unwritable_is_one_line(tmp_path: Path) -> None:
+    """Both were tracebacks (IsADirectoryError, NotADirectoryError)."""
+    plan = tmp_path / "flat.yaml"
+    plan.write_text(FLAT_PLAN)
+    refused(paratwin("migrate-plan", str(plan), "--out", str(tmp_path)),
+            f"error: --out: {tmp_path} is a folder (fix: name the file to write the sectioned plan to)")
+    done = paratwin("migrate-plan", str(plan), "--out", str(plan / "x.yaml"))  # under a file
+    refused(done, f"error: --out: cannot write {plan / 'x.yaml'} (")
+    assert done.stdout.rstrip().endswith("(fix: name a file in a place you can write)")
+    assert plan.read_text() == FLAT_PLAN
+    done = paratwin("migrate-plan", str(plan), "--out", str(tmp_path / "new" / "sectioned.yaml"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "parallelism:" in (tmp_path / "new" / "sectioned.yaml").read_text()
