@@ -1,12 +1,17 @@
 """Awkward command-line input gets one line naming the option and the fix, never a traceback (session 17's
 input audit): a ``--workload-option`` whose value is not YAML, a ``migrate-plan --out`` that is a folder or
-cannot be written."""
+cannot be written; a runs CSV (predict-runs) that is empty, not UTF-8, a header only or ragged."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from sim.calibration import read_megatron_csv
+from traces.errors import BundleError
 
 REPO = Path(__file__).resolve().parents[1]
 FLAT_PLAN = "name: f\nworkload: gpt-8.3b\ncluster: a100-64\ndp: 2\ntp: 8\npp: 4\nschedule: 1f1b\n"
@@ -43,3 +48,25 @@ def test_migrate_plan_out_that_is_a_folder_or_unwritable_is_one_line(tmp_path: P
     done = paratwin("migrate-plan", str(plan), "--out", str(tmp_path / "new" / "sectioned.yaml"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "parallelism:" in (tmp_path / "new" / "sectioned.yaml").read_text()
+
+
+HEADER = ("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,tensor parallelism,"
+          "data parallelism,pipeline parallelism,iteration time (ms)\n")
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (b"", "empty file (fix: a header line naming the columns, then one run per line)"),  # EmptyDataError traceback
+    (b"\xff\xfe\x00", "not UTF-8 text (byte 0) (fix: save the CSV as UTF-8)"),  # UnicodeDecodeError traceback
+    (HEADER.encode(), "a header and no runs (fix: one run per line under the header)"),  # predicted 0 of 0, exit 0
+    # 13 fields under 11 names: pandas made the first two an index and read '# GPUs' = 8 (the micro-batch)
+    ((HEADER + "2,16,8,1024,16,24,1024,1,1,2,372.2,7,9\n").encode(),
+     "a row has more fields than the header's 11 (the first data line holds the extra ones)"),
+    ((HEADER + "2,16,8,1024,16,24,1024,1,1,2,372.2\n2,16,8,1024,16,24,1024,1,1,2,372.2,7\n").encode(),
+     "Expected 11 fields in line 3, saw 12 (fix: one value per header column on every line)"),  # ParserError
+])
+def test_a_runs_csv_that_cannot_be_read_as_runs_is_one_line(tmp_path: Path, content: bytes, problem: str) -> None:
+    csv = tmp_path / "runs.csv"
+    csv.write_bytes(content)
+    with pytest.raises(BundleError) as error:
+        read_megatron_csv(csv)
+    assert problem in str(error.value)
