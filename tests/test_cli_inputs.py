@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sim.calibration import read_megatron_csv
-from traces.errors import BundleError
+from traces.errors import BundleError, ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 FLAT_PLAN = "name: f\nworkload: gpt-8.3b\ncluster: a100-64\ndp: 2\ntp: 8\npp: 4\nschedule: 1f1b\n"
@@ -70,3 +70,14 @@ def test_a_runs_csv_that_cannot_be_read_as_runs_is_one_line(tmp_path: Path, cont
     with pytest.raises(BundleError) as error:
         read_megatron_csv(csv)
     assert problem in str(error.value)
+
+
+@pytest.mark.parametrize("timeout", [0, -5, float("nan")])
+def test_a_run_timeout_that_is_not_positive_is_refused_before_starting(tmp_path: Path, timeout: float) -> None:
+    """0 started the ranks and declared the run hung at once; -5 failed inside gloo on every rank."""
+    from exec.launcher import run_plan
+
+    with pytest.raises(ConfigError, match=r"^timeout: must be a positive number of seconds, got .* \(fix: e.g. "
+                                          r"--timeout 300\)"):
+        run_plan(REPO / "examples" / "plans" / "gpt-tiny-pp2-1f1b.yaml", out_dir=tmp_path / "run", timeout_s=timeout)
+    assert not (tmp_path / "run").exists()

@@ -120,3 +120,14 @@ def test_predict_runs_refuses_a_users_folder_and_reuses_its_own(tmp_path: Path) 
         done = paratwin("predict-runs", str(rows), "--out", str(tmp_path / "own"))
         assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "own" / "predictions.csv").read_text().startswith("# GPUs,")
+
+
+@pytest.mark.parametrize("where", ["a-file", "a-file/run"])
+def test_run_refuses_a_file_or_an_unwritable_out_before_starting(tmp_path: Path, where: str) -> None:
+    """Both were FileExistsError / FileNotFoundError tracebacks (from OutputLock's mkdir)."""
+    from exec.launcher import run_plan
+
+    (tmp_path / "a-file").write_text("kept")
+    with pytest.raises(ConfigError, match=r"^--out: .*(is a file, not a folder|cannot write in)"):
+        run_plan(REPO / "examples" / "plans" / "gpt-tiny-pp2-1f1b.yaml", out_dir=tmp_path / where, iterations=1)
+    assert (tmp_path / "a-file").read_text() == "kept"
