@@ -150,7 +150,10 @@ class SweepSpec:
             raise ConfigError(f"{source}: points", "must be a list of plan overrides", "write points: [{...}, ...]")
         if not axes and not extra:
             axes = [("point", [("base", {})])]
-        costs, full = data.get("costs"), bool(data.get("full", False))
+        costs, full = data.get("costs"), data.get("full", False)
+        if not isinstance(full, bool):  # bool('maybe') simulated every rank
+            raise ConfigError(f"{source}: full", f"must be true or false, not {full!r}",
+                              "write full: true to simulate every rank")
         points: list[Point] = []
         if axes:
             for combo in itertools.product(*(values for _, values in axes)):
@@ -377,7 +380,7 @@ def run_sweep(spec: SweepSpec | dict[str, Any] | str | Path, out_dir: str | Path
     if not isinstance(spec, SweepSpec):
         spec = SweepSpec.load(spec) if isinstance(spec, (str, Path)) else SweepSpec.from_dict(spec)
     out = Path(out_dir)
-    workers = workers or usable_cores()
+    workers = usable_cores() if workers is None else workers  # 0 is refused, not read as the default
     check_workers(workers)
     prepare_out_folder(out, SWEEP_OUTPUTS)
     with OutputLock(out):  # one sweep at a time per folder: two would compute the same points
