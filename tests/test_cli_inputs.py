@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from sim.calibration import read_megatron_csv
+from sim.plan import Plan
 from traces.errors import BundleError, ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,3 +82,14 @@ def test_a_run_timeout_that_is_not_positive_is_refused_before_starting(tmp_path:
                                           r"--timeout 300\)"):
         run_plan(REPO / "examples" / "plans" / "gpt-tiny-pp2-1f1b.yaml", out_dir=tmp_path / "run", timeout_s=timeout)
     assert not (tmp_path / "run").exists()
+
+
+def test_simulate_takes_a_plan_or_its_path_and_refuses_other_objects() -> None:
+    """A path or a dict was an AttributeError deep inside ('str' object has no attribute 'cluster')."""
+    from sim.simulate import simulate
+
+    path = REPO / "examples" / "plans" / "gpt-8.3b-a100-64-merak.yaml"
+    assert simulate(str(path)).iteration_s == simulate(Plan.load(path)).iteration_s > 0
+    with pytest.raises(ConfigError, match=r"^plan: simulate takes a Plan or a plan file's path, not a dict "
+                                          r"\(fix: Plan.load\(path\), or Plan.from_dict\(mapping\)\)"):
+        simulate({"workload": "gpt-8.3b"})
