@@ -217,7 +217,7 @@ class Plan(BaseModel):
             return cls(**data)
         except ValidationError as exc:
             first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-")) or "plan"
+            where = ".".join(str(p) for p in first["loc"] if not _is_pydantic_tag(p)) or "plan"
             problem = first["msg"].removeprefix("Value error, ")
             if first["type"] == "extra_forbidden":
                 fix = "remove it (known fields: " + ", ".join(_known_fields(data, first["loc"])) + ")"
@@ -242,6 +242,14 @@ class Plan(BaseModel):
         data = self.model_dump(exclude_defaults=False)
         path.write_text(json.dumps(data, indent=2) if path.suffix == ".json" else yaml.safe_dump(data, sort_keys=False))
         return path
+
+
+def _is_pydantic_tag(part: object) -> bool:
+    """A part of a pydantic error location that names no field: a validator (``function-after[...]``) or
+    the member of a union that failed (``str``, ``literal['uniform',...]``, ``list[list[int]]``); the field
+    read "cluster.str" or "parallelism.partition.literal['uniform','parameters','time']"."""
+    text = str(part)
+    return text.startswith("function-") or "[" in text or text in ("str", "int", "float", "bool")
 
 
 # pydantic's error types for a number out of its range: the bound's key in the error's ctx and its sign.

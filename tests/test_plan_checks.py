@@ -221,6 +221,18 @@ def test_a_count_names_a_whole_number_in_its_fix(section: str, field: str, value
     one_line(error, f"{section}.{field}", fix)
 
 
+@pytest.mark.parametrize(("fields", "where"), [
+    ({"cluster": 64}, "plan: cluster: Input should be a valid string"),  # read "cluster.str"
+    ({"parallelism": {"partition": "balanced"}}, "plan: parallelism.partition: Input should be 'uniform'"),
+])
+def test_a_union_fields_error_names_the_field_not_the_member(fields: dict, where: str) -> None:
+    """A field that takes one of several types named the member that failed after it: "cluster.str",
+    "parallelism.partition.literal['uniform','parameters','time']"."""
+    with pytest.raises(ConfigError) as error:
+        Plan.from_dict({"workload": "gpt-tiny", **fields})
+    one_line(error, where)
+
+
 @pytest.mark.parametrize(("section", "key"), [("memory", "policy"), ("gradient_sync", "method"),
                                               ("embedding", "method")])
 def test_a_section_without_its_choice_says_so(section: str, key: str) -> None:
