@@ -10,8 +10,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from analysis.report import console, plain, print_layers, print_sim, run_cli, size
+from traces.atomic import atomic_write_text
 from traces.errors import ConfigError
-from traces.outdir import fresh_run_folder, refuse_file_as_folder, safe_name
+from traces.outdir import fresh_run_folder, prepare_out_folder, safe_name
 
 app = typer.Typer(
     name="paratwin",
@@ -62,9 +63,15 @@ def migrate_plan(
     text = yaml.safe_dump(migrated.model_dump(exclude_defaults=True), sort_keys=False)
     if out is None:
         plain(text.rstrip())
-    else:
-        out.write_text(text)
-        plain(f"wrote {out}")
+        return
+    if out.is_dir():  # a traceback (IsADirectoryError) before
+        raise ConfigError("--out", f"{out} is a folder", "name the file to write the sectioned plan to")
+    try:
+        atomic_write_text(out, text)  # whole or not at all: a plan it replaces is never left half written
+    except OSError as exc:  # a traceback before
+        raise ConfigError("--out", f"cannot write {out} ({exc.strerror})",
+                          "name a file in a place you can write") from None
+    plain(f"wrote {out}")
 
 
 @app.command()
@@ -136,13 +143,14 @@ def simulate(
 ) -> None:
     """Predict iteration time, throughput, bubbles and memory of a plan; write its timeline."""
     from sim.plan import Plan
+    from sim.result import SIM_OUTPUTS
     from sim.simulate import simulate as run_simulation
 
     loaded = Plan.load(plan)
     if profile is not None:
         loaded = loaded.replace(profile=str(profile))
     target = out or Path("runs") / f"sim-{safe_name(loaded.name)}"
-    refuse_file_as_folder(target)  # before simulating, not after
+    prepare_out_folder(target, SIM_OUTPUTS)  # before simulating, not after
     result = run_simulation(loaded, full=full)
     print_sim(result)
     paths = result.write(target)  # under the folder's lock: one writer at a time
@@ -262,8 +270,9 @@ def predict_runs_command(
                                              "starting point) instead of simulate's A100 default")] = False,
 ) -> None:
     """Predict Megatron-LM runs on A100 (1F1B, full recompute; 8-GPU nodes over 4 x HDR above 8 GPUs)."""
-    from analysis.predict_runs import predict_runs, summary_lines, write_predictions
+    from analysis.predict_runs import PREDICTIONS_NAME, predict_runs, summary_lines, write_predictions
 
+    prepare_out_folder(out, (PREDICTIONS_NAME,))  # before predicting, not after
     result = predict_runs(runs, prior=prior)
     for line in summary_lines(result):
         plain(line)
@@ -436,7 +445,12 @@ def search(
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError("--workload-option", f"{item!r} is not KEY=VALUE", "write e.g. --workload-option seq=128")
-        options[key] = yaml.safe_load(value)
+        try:
+            options[key] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:  # a yaml ParserError traceback before
+            raise ConfigError(f"--workload-option {key}", f"{value!r} is not a YAML value "
+                              f"({getattr(exc, 'problem', None) or str(exc).splitlines()[0]})",
+                              f"quote it, or write e.g. --workload-option {key}=128") from None
     space = SearchSpace(workload, cluster, global_batch=global_batch, dtype=dtype, workload_options=options,
                         profile=str(profile) if profile else None, lossy_gradient_sync=lossy_gradient_sync,
                         gradient_syncs=tuple(gradient_sync) if gradient_sync else None,

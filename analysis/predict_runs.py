@@ -26,7 +26,9 @@ from analysis.calibrate import CONFIG_COLUMNS, CurveCalibration, SimulatorPredic
 from sim.analytic import default_for
 from sim.calibration import MEGATRON_DEVICE, MEGATRON_DTYPE, read_megatron_csv
 from sim.hardware import get_device
+from traces.atomic import atomic_path
 from traces.errors import ConfigError, ParatwinError
+from traces.outdir import OutputLock
 
 
 @dataclass(frozen=True)
@@ -112,8 +114,12 @@ def summary_lines(result: RunPredictions) -> list[str]:
     return lines
 
 
+PREDICTIONS_NAME = "predictions.csv"
+
+
 def write_predictions(result: RunPredictions, out_dir: Path) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "predictions.csv"
-    result.table.to_csv(path, index=False)
-    return path
+    """``predictions.csv`` in ``out_dir``, written whole (atomically) under the folder's lock; the CLI has
+    checked the folder with ``prepare_out_folder`` before predicting."""
+    with OutputLock(out_dir), atomic_path(out_dir / PREDICTIONS_NAME) as tmp:
+        result.table.to_csv(tmp, index=False)
+    return out_dir / PREDICTIONS_NAME

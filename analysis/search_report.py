@@ -19,12 +19,15 @@ from sim.cluster import load_cluster
 from sim.search import DOES_NOT_FIT, Agreement, Candidate, Ranked, SearchResult, SearchSpace, search
 from traces.atomic import atomic_path, atomic_write_text
 from traces.errors import NoPlanFits
-from traces.outdir import refuse_file_as_folder
+from traces.outdir import OutputLock, prepare_out_folder
+
+# The files write_search puts in its folder (a folder of the user's holding one is refused).
+SEARCH_OUTPUTS = ("best.yaml", "ranked.parquet", "summary.json")
 
 
 def run_search(space: SearchSpace, top: int, simulate_top: int, sample: int, out: Path,
                workers: int | None = None, bound: bool | None = None) -> SearchResult:
-    refuse_file_as_folder(out)  # before the search, not after it
+    prepare_out_folder(out, SEARCH_OUTPUTS)  # before the search, not after it
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
         tasks: dict[str, Any] = {}
@@ -159,28 +162,30 @@ def ranked_frame(result: SearchResult) -> pd.DataFrame:
 
 
 def write_search(result: SearchResult, out: Path) -> dict[str, Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths: dict[str, Path] = {}
-    best = result.best
-    if best is not None:
-        plan = result.plan_of(best.candidate)
-        with atomic_path(out / "best.yaml") as tmp:
-            plan.dump(tmp)
-        paths["best"] = out / "best.yaml"
-    with atomic_path(out / "ranked.parquet") as tmp:
-        ranked_frame(result).to_parquet(tmp, index=False)
-    paths["ranked"] = out / "ranked.parquet"
-    summary = {
-        "considered": result.considered, "pruned": dict(result.pruned), "estimated": len(result.ranked),
-        "simulated": len(result.simulated), "timings": result.timings, "global_batch": result.global_batch,
-        "not_enumerated": result.not_enumerated,
-        "agreement": result.agreement.__dict__ if result.agreement else None,
-        "best_engine_s": best.simulated.iteration_s if best and best.simulated else None,
-        "best": best.candidate.describe() if best else None,
-        "best_settings": candidate_settings(best.candidate) if best else None,  # its p2p included
-        "search": search_record(result),
-    }
-    paths["summary"] = atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str))
+    # under the folder's lock: one writer at a time, and the lock file marks the folder as paratwin's
+    with OutputLock(out):
+        paths: dict[str, Path] = {}
+        best = result.best
+        if best is not None:
+            plan = result.plan_of(best.candidate)
+            with atomic_path(out / "best.yaml") as tmp:
+                plan.dump(tmp)
+            paths["best"] = out / "best.yaml"
+        with atomic_path(out / "ranked.parquet") as tmp:
+            ranked_frame(result).to_parquet(tmp, index=False)
+        paths["ranked"] = out / "ranked.parquet"
+        summary = {
+            "considered": result.considered, "pruned": dict(result.pruned), "estimated": len(result.ranked),
+            "simulated": len(result.simulated), "timings": result.timings, "global_batch": result.global_batch,
+            "not_enumerated": result.not_enumerated,
+            "agreement": result.agreement.__dict__ if result.agreement else None,
+            "best_engine_s": best.simulated.iteration_s if best and best.simulated else None,
+            "best": best.candidate.describe() if best else None,
+            "best_settings": candidate_settings(best.candidate) if best else None,  # its p2p included
+            "search": search_record(result),
+        }
+        paths["summary"] = atomic_write_text(out / "summary.json",
+                                             json.dumps(summary, indent=2, default=str))
     if best is not None:
         assert best.simulated is not None
         plain(f"best plan: {paths['best']} ({best.simulated.iteration_s * 1e3:,.1f} ms, peak "

@@ -74,7 +74,7 @@ import yaml
 from analysis.executors import LOCAL_DASK, BrokenProcessPool, backend, check_workers, one_line, usable_cores
 from traces.atomic import atomic_path, atomic_write_text
 from traces.errors import ConfigError, ParatwinError
-from traces.outdir import OutputLock
+from traces.outdir import OutputLock, prepare_out_folder
 
 STATUSES = ("ok", "does-not-fit", "error", "exception")
 # The plan's shape, as columns of the merged table (read from the plan of each point).
@@ -82,6 +82,10 @@ PLAN_COLUMNS = ["workload", "cluster", "dtype", "dp", "tp", "pp", "chunks", "par
                 "micro_batch", "microbatches", "global_batch", "memory_policy", "gradient_sync"]
 METRIC_COLUMNS = ["iteration_s", "samples_per_s", "tokens_per_s", "model_tflops_per_device", "mfu",
                   "bubble_mean", "bubble_max", "peak_memory_gib", "capacity_gib", "oom"]
+
+
+# What a sweep writes in its folder (a folder of the user's holding one of these is refused).
+SWEEP_OUTPUTS = ("points", "spec.json", "events.jsonl", "results.parquet", "results.csv")
 
 
 class SweepInterrupted(ParatwinError):
@@ -146,7 +150,10 @@ class SweepSpec:
             raise ConfigError(f"{source}: points", "must be a list of plan overrides", "write points: [{...}, ...]")
         if not axes and not extra:
             axes = [("point", [("base", {})])]
-        costs, full = data.get("costs"), bool(data.get("full", False))
+        costs, full = data.get("costs"), data.get("full", False)
+        if not isinstance(full, bool):  # bool('maybe') simulated every rank
+            raise ConfigError(f"{source}: full", f"must be true or false, not {full!r}",
+                              "write full: true to simulate every rank")
         points: list[Point] = []
         if axes:
             for combo in itertools.product(*(values for _, values in axes)):
@@ -373,8 +380,9 @@ def run_sweep(spec: SweepSpec | dict[str, Any] | str | Path, out_dir: str | Path
     if not isinstance(spec, SweepSpec):
         spec = SweepSpec.load(spec) if isinstance(spec, (str, Path)) else SweepSpec.from_dict(spec)
     out = Path(out_dir)
-    workers = workers or usable_cores()
+    workers = usable_cores() if workers is None else workers  # 0 is refused, not read as the default
     check_workers(workers)
+    prepare_out_folder(out, SWEEP_OUTPUTS)
     with OutputLock(out):  # one sweep at a time per folder: two would compute the same points
         return _run_locked(spec, out, workers, scheduler, progress, dask_processes, evaluate, started)
 

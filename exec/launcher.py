@@ -45,7 +45,7 @@ from sim.compile import check_local_run
 from sim.plan import Plan
 from traces.errors import ConfigError, ParatwinError
 from traces.forkserver import forkserver_context
-from traces.outdir import RENDEZVOUS_NAME, OutputLock, claim_run_folder, finish_marker
+from traces.outdir import RENDEZVOUS_NAME, OutputLock, claim_run_folder, finish_marker, prepare_out_folder
 from traces.runrecord import read_run_record
 
 POLL_S = 0.1
@@ -174,9 +174,12 @@ def run_plan(plan: Plan | str | Path, nproc: int | None = None, backend: str | N
     if iterations < 1 or warmup < 0:
         raise ConfigError("iterations", f"need iterations >= 1 and warmup >= 0 (got {iterations}, {warmup})",
                           "e.g. --iterations 5 --warmup 1")
+    if not timeout_s > 0:  # 0 declared the run hung at once; a negative one failed inside gloo on every rank
+        raise ConfigError("timeout", f"must be a positive number of seconds, got {timeout_s}", "e.g. --timeout 300")
     backend = pick_backend(backend)
     measured = _check_plan(plan)
     out_dir = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="paratwin-run-"))
+    prepare_out_folder(out_dir, ())  # a file or a place that cannot be written: one line (claim_run_folder: the rest)
     # The process groups time out later than the watchdog, so that a hang is reported as one
     # (naming every rank's instruction) before a blocked rank's own timeout error.
     options = RunOptions(iterations, warmup, backend, 1.5 * float(timeout_s) + 5.0, save_params, threads)

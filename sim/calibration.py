@@ -104,11 +104,13 @@ def read_megatron_csv(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise BundleError(path, "Megatron runs CSV not found")
-    df = pd.read_csv(path)
+    df = _read_csv(path)
     missing = [c for c in _COLUMNS if c not in df.columns and c != MEGATRON_TIME_COLUMN]
     if missing:
         raise BundleError(path, f"missing column(s) {missing}; the header must name {list(_COLUMNS)} "
                           f"({MEGATRON_TIME_COLUMN!r} optional)")
+    if df.empty:  # predict-runs predicted 0 of 0 rows and exited 0
+        raise BundleError(path, "a header and no runs (fix: one run per line under the header)")
     if MEGATRON_TIME_COLUMN not in df.columns:
         df[MEGATRON_TIME_COLUMN] = float("nan")
     times = pd.to_numeric(df[MEGATRON_TIME_COLUMN], errors="coerce")
@@ -121,6 +123,25 @@ def read_megatron_csv(path: str | Path) -> pd.DataFrame:
     df[MEGATRON_TIME_COLUMN] = times
     df = df.rename(columns=_COLUMNS)[list(_COLUMNS.values())]
     df["iter_time_s"] = df["iter_time_ms"] / 1e3
+    return df
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    """The CSV's rows under its header, or a BundleError naming the file: empty, not UTF-8, or a row with
+    more fields than the header (pandas took a first such row's extra leading fields as an index and
+    shifted every column of the rows after them: '# GPUs' read the micro-batch)."""
+    try:
+        df = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise BundleError(path, "empty file (fix: a header line naming the columns, then one run per line)") from None
+    except UnicodeDecodeError as exc:
+        raise BundleError(path, f"not UTF-8 text (byte {exc.start}) (fix: save the CSV as UTF-8)") from None
+    except pd.errors.ParserError as exc:
+        raise BundleError(path, f"{str(exc).strip().removeprefix('Error tokenizing data. C error: ')} "
+                          "(fix: one value per header column on every line)") from None
+    if not isinstance(df.index, pd.RangeIndex):
+        raise BundleError(path, f"a row has more fields than the header's {len(df.columns)} (the first data line "
+                          "holds the extra ones) (fix: one value per header column on every line)")
     return df
 
 

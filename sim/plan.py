@@ -19,11 +19,22 @@ is refused with the same plan spelled in sections.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from sim.embedding import EMBEDDING_METHODS, DenseEmbedding, EmbeddingConfig
 from sim.gradient_sync import GRADIENT_SYNC, DenseAllReduce, GradientSyncConfig
@@ -37,6 +48,14 @@ from traces.limits import check_document, check_file_size, short_repr
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _count_is_not_a_switch(cls, value: object, info: ValidationInfo) -> object:
+        """A whole-number field given true/false is refused: pydantic's lax mode read ``dp: true`` as 1."""
+        if isinstance(value, bool) and info.field_name and cls.model_fields[info.field_name].annotation is int:
+            raise PydanticCustomError("int_type", "Input should be a valid integer, not true or false")
+        return value
 
 
 class Parallelism(Section):
@@ -90,6 +109,8 @@ def _registered_config(registry: dict[str, Any], key: str, what: str, value: obj
     if not isinstance(value, dict):
         return value  # already a settings model
     choice = value.get(key)
+    if choice is None:  # it read "policy None is not a registered memory policy"
+        raise ValueError(f"no {key} named (the section's {what}); registered: {', '.join(registry)}")
     if choice not in registry:
         raise ValueError(f"{key} {choice!r} is not a registered {what}; registered: {', '.join(registry)}")
     return registry[choice].config.model_validate(value)
@@ -196,7 +217,7 @@ class Plan(BaseModel):
             return cls(**data)
         except ValidationError as exc:
             first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-")) or "plan"
+            where = ".".join(str(p) for p in first["loc"] if not _is_pydantic_tag(p)) or "plan"
             problem = first["msg"].removeprefix("Value error, ")
             if first["type"] == "extra_forbidden":
                 fix = "remove it (known fields: " + ", ".join(_known_fields(data, first["loc"])) + ")"
@@ -206,6 +227,8 @@ class Plan(BaseModel):
                 fix = f"write {first['ctx']['expected']}, not {short_repr(first.get('input'))}"
             elif first["type"] in ("bool_parsing", "bool_type"):  # a switch (schedule.p2p_scatter_gather)
                 fix = f"write true or false, not {short_repr(first.get('input'))}"
+            elif first["type"].startswith("int_") or first["type"] in _BOUNDS:  # a count (parallelism.dp)
+                fix = f"write {_number_wanted(first)}, not {short_repr(first.get('input'))}"
             else:
                 fix = f"got {short_repr(first.get('input'))}"
             raise ConfigError(f"{source}: {where}", problem, fix) from None
@@ -219,6 +242,27 @@ class Plan(BaseModel):
         data = self.model_dump(exclude_defaults=False)
         path.write_text(json.dumps(data, indent=2) if path.suffix == ".json" else yaml.safe_dump(data, sort_keys=False))
         return path
+
+
+def _is_pydantic_tag(part: object) -> bool:
+    """A part of a pydantic error location that names no field: a validator (``function-after[...]``) or
+    the member of a union that failed (``str``, ``literal['uniform',...]``, ``list[list[int]]``); the field
+    read "cluster.str" or "parallelism.partition.literal['uniform','parameters','time']"."""
+    text = str(part)
+    return text.startswith("function-") or "[" in text or text in ("str", "int", "float", "bool")
+
+
+# pydantic's error types for a number out of its range: the bound's key in the error's ctx and its sign.
+_BOUNDS = {"greater_than_equal": ("ge", ">="), "greater_than": ("gt", ">"), "less_than_equal": ("le", "<="),
+           "less_than": ("lt", "<")}
+
+
+def _number_wanted(error: Mapping[str, Any]) -> str:
+    """What a number field wants, from a pydantic error: "a whole number" or "a number >= 1"."""
+    if error["type"] in _BOUNDS:
+        key, sign = _BOUNDS[error["type"]]
+        return f"a number {sign} {error['ctx'][key]}"
+    return "a whole number"
 
 
 def _known_fields(data: dict[str, Any], loc: tuple[Any, ...]) -> list[str]:

@@ -11,6 +11,9 @@ import pandas as pd
 from traces.errors import PlanDoesNotFit
 from traces.schema import INSTRUCTION_TABLE
 
+# The files SimResult.write puts in its folder (paratwin simulate refuses a folder of the user's holding one).
+SIM_OUTPUTS = ("instructions.parquet", "timeline.json", "summary.json")
+
 
 @dataclass
 class RankMemory:
@@ -86,9 +89,9 @@ class SimResult:
         out = Path(out_dir)
         with OutputLock(out):
             paths = {
-                "table": write_table(self.table, INSTRUCTION_TABLE, out / "instructions.parquet"),
-                "trace": instruction_table_to_chrome(self.table, out / "timeline.json"),
-                "summary": atomic_write_text(out / "summary.json",
+                "table": write_table(self.table, INSTRUCTION_TABLE, out / SIM_OUTPUTS[0]),
+                "trace": instruction_table_to_chrome(self.table, out / SIM_OUTPUTS[1]),
+                "summary": atomic_write_text(out / SIM_OUTPUTS[2],
                                              json.dumps(self.summary(), indent=2, default=str)),
             }
         return paths

@@ -111,6 +111,7 @@ class SearchSpace:
     p2p: tuple[str, ...] = ("async",)
 
     def __post_init__(self) -> None:
+        _check_choices(self)
         # workload_options.implementation (sim.implementations) expanded once, as a plan expands it, so
         # the estimate, the plans built and their simulation all see the options it stands for.
         object.__setattr__(self, "workload_options",
@@ -125,6 +126,33 @@ class SearchSpace:
             raise ConfigError("search.space", f"unknown field(s) {', '.join(unknown)}",
                               "pass a record written by paratwin search (summary.json's search.space)")
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in record.items()})
+
+
+# A space's choice tuples that must hold at least one value (None, where allowed, is the default); an empty
+# one enumerated no plan, and the search then said "no plan fits in memory" (p2p=(): an IndexError).
+_NON_EMPTY = ("partitions", "tp_overlaps", "bucket_mbs", "swap", "p2p", "micro_batch_sizes", "gradient_syncs")
+
+
+def _check_choices(space: SearchSpace) -> None:
+    """Refuse, when the space is made, a choice that no plan can take (ConfigError naming the field)."""
+    for name in _NON_EMPTY:
+        value = getattr(space, name)
+        if value is not None and len(value) == 0:
+            raise ConfigError(name, "no values: no plan can be enumerated",
+                              f"give at least one, or leave {name} out for its default")
+    for name in ("max_tp", "max_micro_batch", "max_chunks"):  # max_tp=0 was read as "not given"
+        value = getattr(space, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(name, f"must be a whole number >= 1, got {value!r}", f"leave {name} out for its default")
+    for name, values, kinds in (("micro_batch_sizes", space.micro_batch_sizes or (), int),
+                                ("bucket_mbs", space.bucket_mbs, (int, float))):
+        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, kinds) or not v > 0]
+        if bad:  # bucket_mbs=(0,) was a pydantic ValidationError traceback from inside the enumeration
+            raise ConfigError(name, f"{bad[0]!r} is not a positive {'whole ' if kinds is int else ''}number",
+                              f"give {name} values > 0")
+    unknown_p2p = sorted(set(space.p2p) - {"async", "blocking"})
+    if unknown_p2p:
+        raise ConfigError("p2p", f"unknown mode(s) {unknown_p2p}", "use 'async' and/or 'blocking'")
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,9 +18,15 @@ from traces.schema import INSTRUCTION_TABLE
 from traces.tables import conform
 
 
-def simulate(plan: Plan, full: bool = False, costs: CostModel | None = None,
+def simulate(plan: Plan | str | Path, full: bool = False, costs: CostModel | None = None,
              options: EngineOptions | None = None, resolved: ResolvedPlan | None = None) -> SimResult:
+    """Simulate ``plan`` (a Plan, or the path of a plan file, as ``exec.launcher.run_plan`` takes it)."""
     started = time.perf_counter()
+    if isinstance(plan, (str, Path)):
+        plan = Plan.load(plan)
+    elif not isinstance(plan, Plan):  # a dict or None was an AttributeError ('dict' object has no 'cluster')
+        raise ConfigError("plan", f"simulate takes a Plan or a plan file's path, not a {type(plan).__name__}",
+                          "Plan.load(path), or Plan.from_dict(mapping)")
     compiled = compile_plan(plan, costs, symmetric=not full, resolved=resolved)
     resolved, program = compiled.resolved, compiled.program
     if options is None:

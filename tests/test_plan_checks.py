@@ -205,6 +205,44 @@ def test_a_switch_that_is_not_a_boolean_names_true_and_false_in_its_fix(value: o
     one_line(error, "schedule.p2p_scatter_gather", f"(fix: write true or false, not {value!r})")
 
 
+@pytest.mark.parametrize(("section", "field", "value", "fix"), [
+    ("parallelism", "dp", True, "(fix: write a whole number, not True)"),  # read as dp 1 before
+    ("schedule", "micro_batch", False, "(fix: write a whole number, not False)"),  # read as 0, then "< 1"
+    ("parallelism", "tp", "two", "(fix: write a whole number, not 'two')"),  # the fix read "got 'two'"
+    ("parallelism", "pp", 2.5, "(fix: write a whole number, not 2.5)"),
+    ("schedule", "microbatches", 0, "(fix: write a number >= 1, not 0)"),
+    ("parallelism", "tp_overlap", 5, "(fix: write a number <= 3, not 5)"),
+])
+def test_a_count_names_a_whole_number_in_its_fix(section: str, field: str, value: object, fix: str) -> None:
+    """A degree or a micro-batch count is a whole number in range: true/false is refused, not read as 1 or 0,
+    and the fix says what to write (it said only what was written)."""
+    with pytest.raises(ConfigError) as error:
+        Plan.from_dict({"workload": "gpt-tiny", section: {field: value}})
+    one_line(error, f"{section}.{field}", fix)
+
+
+@pytest.mark.parametrize(("fields", "where"), [
+    ({"cluster": 64}, "plan: cluster: Input should be a valid string"),  # read "cluster.str"
+    ({"parallelism": {"partition": "balanced"}}, "plan: parallelism.partition: Input should be 'uniform'"),
+])
+def test_a_union_fields_error_names_the_field_not_the_member(fields: dict, where: str) -> None:
+    """A field that takes one of several types named the member that failed after it: "cluster.str",
+    "parallelism.partition.literal['uniform','parameters','time']"."""
+    with pytest.raises(ConfigError) as error:
+        Plan.from_dict({"workload": "gpt-tiny", **fields})
+    one_line(error, where)
+
+
+@pytest.mark.parametrize(("section", "key"), [("memory", "policy"), ("gradient_sync", "method"),
+                                              ("embedding", "method")])
+def test_a_section_without_its_choice_says_so(section: str, key: str) -> None:
+    """It read "policy None is not a registered memory policy"."""
+    with pytest.raises(ConfigError) as error:
+        Plan.from_dict({"workload": "gpt-tiny", section: {"ratio": 0.5}})
+    one_line(error, section, f"no {key} named")
+    assert "None" not in str(error.value) and "registered: " in str(error.value)
+
+
 def test_lstm_options_are_checked() -> None:
     with pytest.raises(ConfigError) as error:
         simulate(Plan(workload="lstm-tiny", cluster="local-cpu-2", parallelism={"dp": 2},

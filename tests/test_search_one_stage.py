@@ -232,6 +232,22 @@ def test_a_global_batch_below_one_is_refused(batch: int) -> None:
         search(replace(SPACE, global_batch=batch), top_k=1, sample=0)
 
 
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"gradient_syncs": ()}, "gradient_syncs: no values: no plan can be enumerated"),  # "no plan fits" of 0
+    ({"partitions": ()}, "partitions: no values"),
+    ({"micro_batch_sizes": ()}, "micro_batch_sizes: no values"),
+    ({"p2p": ()}, "p2p: no values"),  # an IndexError inside the branch and bound
+    ({"p2p": ("sync",)}, "p2p: unknown mode(s) ['sync']"),
+    ({"bucket_mbs": (0.0,)}, "bucket_mbs: 0.0 is not a positive number"),  # a pydantic ValidationError traceback
+    ({"micro_batch_sizes": (0,)}, "micro_batch_sizes: 0 is not a positive whole number"),  # 0 plans, "no fit"
+    ({"max_tp": 0}, "max_tp: must be a whole number >= 1, got 0"),  # read as "not given"
+])
+def test_a_search_space_choice_no_plan_can_take_is_refused_when_made(changes: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        replace(SPACE, **changes)
+    assert message in str(error.value) and "(fix: " in str(error.value)
+
+
 def test_an_output_folder_that_is_a_file_is_refused_before_the_search(tmp_path) -> None:
     from analysis.search_report import run_search
 

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from analysis.sweep import SweepSpec, point_id, read_events, recorded_ids, run_sweep
+from traces.errors import ConfigError
 
 BASE = {"workload": "gpt-8.3b", "cluster": "a100-64", "dtype": "fp16",
         "parallelism": {"dp": 2, "tp": 8, "pp": 4}, "schedule": {"name": "1f1b", "micro_batch": 4, "microbatches": 8}}
@@ -163,3 +164,15 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path: Path) -> None:
     merged = pd.read_parquet(out / "results.parquet")
     assert len(merged) == total and merged["id"].is_unique and set(merged["status"]) == {"ok"}
     assert not list((out / "points").glob(".*"))  # no temporary file left behind by the kill's victims
+
+
+def test_full_that_is_not_a_boolean_is_refused() -> None:
+    """full: maybe was read as true (bool of a string) and simulated every rank."""
+    with pytest.raises(ConfigError, match=r"sweep: full: must be true or false, not 'maybe'"):
+        SweepSpec.from_dict({**small_spec(), "full": "maybe"})
+
+
+def test_zero_workers_is_refused_not_the_default(tmp_path: Path) -> None:
+    """workers=0 (--workers 0) was read as "not given" and ran on every usable core."""
+    with pytest.raises(ConfigError, match="--workers: 0 workers"):
+        run_sweep(small_spec(), tmp_path / "out", workers=0)

@@ -49,12 +49,42 @@ class OutputError(ParatwinError):
     """An output folder that cannot be written as asked (in use, or holding other outputs)."""
 
 
-def refuse_file_as_folder(path: Path, option: str = "--out") -> None:
-    """An output folder that is an existing file, refused before any work is done (it was a FileExistsError
-    after a whole search or simulation, which lost their results)."""
+def prepare_out_folder(path: Path, writes: tuple[str, ...], option: str = "--out") -> None:
+    """Make ``path`` ready for a command's outputs, before any work, or refuse in one line: an existing
+    file (it was a FileExistsError after a whole search or simulation, which lost their results); a folder
+    that cannot be created (a traceback after the work); a folder paratwin never wrote in (no lock file)
+    that already holds one of the names in ``writes`` (the user's file would be overwritten). A folder
+    that paratwin wrote before is reused: a rerun replaces its own outputs. Nothing is created."""
+    path = Path(path)
     if path.exists() and not path.is_dir():
         raise ConfigError(option, f"{path} is a file, not a folder",
                           "name a folder for the outputs (a new one is created)")
+    if path.is_dir() and not (path / LOCK_NAME).exists():
+        taken = [name for name in writes if (path / name).exists() or (path / name).is_symlink()]
+        if taken:
+            raise ConfigError(option, f"{path} already holds {', '.join(taken)}, not written by paratwin",
+                              "choose an empty or new folder (nothing was overwritten)")
+    _check_writable(path, option)
+
+
+def _check_writable(path: Path, option: str) -> None:
+    """A folder that exists and can be written, or that can be created. A missing one is created to try it
+    and removed again: a command that then refuses its input leaves nothing behind."""
+    missing = []  # the folders mkdir creates, deepest first
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    try:
+        if missing:
+            path.mkdir(parents=True)
+        elif not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    except OSError as exc:
+        raise ConfigError(option, f"cannot write in {path} ({exc.strerror})",
+                          "choose a folder in a place you can write") from None
+    for folder in missing:
+        folder.rmdir()
 
 
 def safe_name(name: str) -> str:
@@ -222,4 +252,4 @@ def fresh_run_folder(base: Path) -> Path:
 
 
 __all__ = ["LOCK_NAME", "MARKER_NAME", "RENDEZVOUS_NAME", "OutputError", "OutputLock", "claim_run_folder",
-           "finish_marker", "fresh_run_folder", "read_marker", "safe_name"]
+           "finish_marker", "fresh_run_folder", "prepare_out_folder", "read_marker", "safe_name"]

@@ -1,0 +1,95 @@
+"""Awkward command-line input gets one line naming the option and the fix, never a traceback (session 17's
+input audit): a ``--workload-option`` whose value is not YAML, a ``migrate-plan --out`` that is a folder or
+cannot be written; a runs CSV (predict-runs) that is empty, not UTF-8, a header only or ragged."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim.calibration import read_megatron_csv
+from sim.plan import Plan
+from traces.errors import BundleError, ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+FLAT_PLAN = "name: f\nworkload: gpt-8.3b\ncluster: a100-64\ndp: 2\ntp: 8\npp: 4\nschedule: 1f1b\n"
+
+
+def paratwin(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "analysis.cli", *args], capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+
+
+def refused(done: subprocess.CompletedProcess, line: str) -> None:
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert line in done.stdout, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_workload_option_that_is_not_yaml_is_one_line() -> None:
+    """It was a yaml ParserError traceback."""
+    done = paratwin("search", "--workload", "gpt2-small", "--cluster", "dgx-a100-8", "--workload-option", "hidden=[")
+    refused(done, "error: --workload-option hidden: '[' is not a YAML value (expected the node content, but found "
+                  "'<stream end>') (fix: quote it, or write e.g. --workload-option hidden=128)")
+
+
+def test_migrate_plan_out_that_is_a_folder_or_unwritable_is_one_line(tmp_path: Path) -> None:
+    """Both were tracebacks (IsADirectoryError, NotADirectoryError)."""
+    plan = tmp_path / "flat.yaml"
+    plan.write_text(FLAT_PLAN)
+    refused(paratwin("migrate-plan", str(plan), "--out", str(tmp_path)),
+            f"error: --out: {tmp_path} is a folder (fix: name the file to write the sectioned plan to)")
+    done = paratwin("migrate-plan", str(plan), "--out", str(plan / "x.yaml"))  # under a file
+    refused(done, f"error: --out: cannot write {plan / 'x.yaml'} (")
+    assert done.stdout.rstrip().endswith("(fix: name a file in a place you can write)")
+    assert plan.read_text() == FLAT_PLAN
+    done = paratwin("migrate-plan", str(plan), "--out", str(tmp_path / "new" / "sectioned.yaml"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "parallelism:" in (tmp_path / "new" / "sectioned.yaml").read_text()
+
+
+HEADER = ("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,tensor parallelism,"
+          "data parallelism,pipeline parallelism,iteration time (ms)\n")
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (b"", "empty file (fix: a header line naming the columns, then one run per line)"),  # EmptyDataError traceback
+    (b"\xff\xfe\x00", "not UTF-8 text (byte 0) (fix: save the CSV as UTF-8)"),  # UnicodeDecodeError traceback
+    (HEADER.encode(), "a header and no runs (fix: one run per line under the header)"),  # predicted 0 of 0, exit 0
+    # 13 fields under 11 names: pandas made the first two an index and read '# GPUs' = 8 (the micro-batch)
+    ((HEADER + "2,16,8,1024,16,24,1024,1,1,2,372.2,7,9\n").encode(),
+     "a row has more fields than the header's 11 (the first data line holds the extra ones)"),
+    ((HEADER + "2,16,8,1024,16,24,1024,1,1,2,372.2\n2,16,8,1024,16,24,1024,1,1,2,372.2,7\n").encode(),
+     "Expected 11 fields in line 3, saw 12 (fix: one value per header column on every line)"),  # ParserError
+])
+def test_a_runs_csv_that_cannot_be_read_as_runs_is_one_line(tmp_path: Path, content: bytes, problem: str) -> None:
+    csv = tmp_path / "runs.csv"
+    csv.write_bytes(content)
+    with pytest.raises(BundleError) as error:
+        read_megatron_csv(csv)
+    assert problem in str(error.value)
+
+
+@pytest.mark.parametrize("timeout", [0, -5, float("nan")])
+def test_a_run_timeout_that_is_not_positive_is_refused_before_starting(tmp_path: Path, timeout: float) -> None:
+    """0 started the ranks and declared the run hung at once; -5 failed inside gloo on every rank."""
+    from exec.launcher import run_plan
+
+    with pytest.raises(ConfigError, match=r"^timeout: must be a positive number of seconds, got .* \(fix: e.g. "
+                                          r"--timeout 300\)"):
+        run_plan(REPO / "examples" / "plans" / "gpt-tiny-pp2-1f1b.yaml", out_dir=tmp_path / "run", timeout_s=timeout)
+    assert not (tmp_path / "run").exists()
+
+
+def test_simulate_takes_a_plan_or_its_path_and_refuses_other_objects() -> None:
+    """A path or a dict was an AttributeError deep inside ('str' object has no attribute 'cluster')."""
+    from sim.simulate import simulate
+
+    path = REPO / "examples" / "plans" / "gpt-8.3b-a100-64-merak.yaml"
+    assert simulate(str(path)).iteration_s == simulate(Plan.load(path)).iteration_s > 0
+    with pytest.raises(ConfigError, match=r"^plan: simulate takes a Plan or a plan file's path, not a dict "
+                                          r"\(fix: Plan.load\(path\), or Plan.from_dict\(mapping\)\)"):
+        simulate({"workload": "gpt-8.3b"})

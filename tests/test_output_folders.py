@@ -1,0 +1,133 @@
+"""An output folder (``--out``) is checked before any work (session 17's input audit): a folder of the user's
+holding a file of the names a command writes is refused, not overwritten; a folder that cannot be written is
+refused in one line, not a traceback after the work; a folder paratwin wrote before is reused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim.search import SearchSpace
+from traces.errors import ConfigError
+from traces.outdir import LOCK_NAME, OutputLock, prepare_out_folder
+
+REPO = Path(__file__).resolve().parents[1]
+GPU_PLAN = REPO / "examples" / "plans" / "gpt-8.3b-a100-64-merak.yaml"
+RUNS_CSV = REPO / "sim" / "data" / "a100_single_node_megatron.csv"
+
+
+def paratwin(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "analysis.cli", *args], capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+
+
+def users_folder(tmp_path: Path, name: str) -> Path:
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / name).write_text("the user's own")
+    return folder
+
+
+def test_a_users_file_of_an_output_name_is_refused_and_kept(tmp_path: Path) -> None:
+    folder = users_folder(tmp_path, "summary.json")
+    with pytest.raises(ConfigError, match=r"--out: .*mine already holds summary.json, not written by paratwin "
+                                          r"\(fix: choose an empty or new folder \(nothing was overwritten\)\)"):
+        prepare_out_folder(folder, ("instructions.parquet", "summary.json"))
+    assert (folder / "summary.json").read_text() == "the user's own"
+    prepare_out_folder(folder, ("ranked.parquet",))  # other names of the user's are no obstacle
+
+
+def test_a_folder_paratwin_wrote_is_reused(tmp_path: Path) -> None:
+    folder = tmp_path / "runs"
+    with OutputLock(folder):  # what every writer holds: it leaves the lock file behind
+        (folder / "summary.json").write_text("{}")
+    assert (folder / LOCK_NAME).exists()
+    prepare_out_folder(folder, ("summary.json",))  # a rerun replaces its own outputs
+
+
+def test_a_folder_that_cannot_be_written_is_refused_and_nothing_is_created(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("kept")
+    with pytest.raises(ConfigError, match=r"--out: cannot write in .*a-file/sub \(Not a directory\) "
+                                          r"\(fix: choose a folder in a place you can write\)"):
+        prepare_out_folder(tmp_path / "a-file" / "sub", ("summary.json",))
+    prepare_out_folder(tmp_path / "new" / "deeper", ("summary.json",))
+    assert not (tmp_path / "new").exists()  # tried, then removed: a refused command leaves nothing
+
+
+def test_simulate_refuses_a_users_folder_before_simulating(tmp_path: Path) -> None:
+    """It overwrote the user's summary.json with the simulation's."""
+    folder = users_folder(tmp_path, "summary.json")
+    done = paratwin("simulate", str(GPU_PLAN), "--out", str(folder))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"error: --out: {folder} already holds summary.json, not written by paratwin" in done.stdout
+    assert "Traceback" not in done.stderr
+    assert (folder / "summary.json").read_text() == "the user's own"
+    assert not (folder / "instructions.parquet").exists()
+
+
+def test_simulate_refuses_an_unwritable_folder_before_simulating(tmp_path: Path) -> None:
+    """It was a FileNotFoundError / NotADirectoryError traceback after the simulation."""
+    (tmp_path / "a-file").write_text("kept")
+    done = paratwin("simulate", str(GPU_PLAN), "--out", str(tmp_path / "a-file" / "sim"))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "error: --out: cannot write in" in done.stdout and "Traceback" not in done.stderr
+
+
+def test_search_refuses_a_users_folder_before_searching(tmp_path: Path) -> None:
+    """It overwrote the user's best.yaml and summary.json."""
+    from analysis.search_report import run_search
+
+    folder = users_folder(tmp_path, "best.yaml")
+    space = SearchSpace("gpt2-small", "no-such-cluster", global_batch=16)  # the search itself would fail
+    with pytest.raises(ConfigError, match="already holds best.yaml, not written by paratwin"):
+        run_search(space, top=1, simulate_top=1, sample=0, out=folder)
+    assert (folder / "best.yaml").read_text() == "the user's own"
+
+
+def test_a_search_folder_is_reused_by_the_next_search(tmp_path: Path) -> None:
+    from analysis.search_report import run_search
+
+    space = SearchSpace("gpt2-small", "dgx-a100-8", global_batch=16, max_micro_batch=1, fractions=(),
+                        tp_overlaps=(0,), bucket_mbs=(25.0,), max_chunks=1)
+    for _ in range(2):
+        run_search(space, top=1, simulate_top=1, sample=0, out=tmp_path / "out", workers=1)
+    assert (tmp_path / "out" / "best.yaml").exists() and (tmp_path / "out" / LOCK_NAME).exists()
+
+
+def test_sweep_refuses_a_users_folder(tmp_path: Path) -> None:
+    from analysis.sweep import run_sweep
+
+    folder = users_folder(tmp_path, "spec.json")
+    spec = {"name": "s", "base": str(GPU_PLAN), "grid": {"schedule.microbatches": [8, 16]}}
+    with pytest.raises(ConfigError, match="already holds spec.json, not written by paratwin"):
+        run_sweep(spec, folder, workers=1)
+    assert (folder / "spec.json").read_text() == "the user's own"
+    assert not (folder / "points").exists()
+
+
+def test_predict_runs_refuses_a_users_folder_and_reuses_its_own(tmp_path: Path) -> None:
+    rows = tmp_path / "runs.csv"
+    rows.write_text("".join(RUNS_CSV.read_text().splitlines(keepends=True)[:2]))
+    folder = users_folder(tmp_path, "predictions.csv")
+    done = paratwin("predict-runs", str(rows), "--out", str(folder))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "already holds predictions.csv, not written by paratwin" in done.stdout
+    assert (folder / "predictions.csv").read_text() == "the user's own"
+    for _ in range(2):  # its own folder, twice
+        done = paratwin("predict-runs", str(rows), "--out", str(tmp_path / "own"))
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "own" / "predictions.csv").read_text().startswith("# GPUs,")
+
+
+@pytest.mark.parametrize("where", ["a-file", "a-file/run"])
+def test_run_refuses_a_file_or_an_unwritable_out_before_starting(tmp_path: Path, where: str) -> None:
+    """Both were FileExistsError / FileNotFoundError tracebacks (from OutputLock's mkdir)."""
+    from exec.launcher import run_plan
+
+    (tmp_path / "a-file").write_text("kept")
+    with pytest.raises(ConfigError, match=r"^--out: .*(is a file, not a folder|cannot write in)"):
+        run_plan(REPO / "examples" / "plans" / "gpt-tiny-pp2-1f1b.yaml", out_dir=tmp_path / where, iterations=1)
+    assert (tmp_path / "a-file").read_text() == "kept"
