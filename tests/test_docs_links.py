@@ -25,15 +25,14 @@ HTML_ANCHOR = re.compile(r"<a\s+(?:name|id)=\"([^\"]+)\"")
 INLINE_CODE = re.compile(r"`[^`]*`")
 
 
-def _prose_lines(text: str) -> list[str]:
-    """The page's lines outside fenced code blocks (a link in a code sample is not a link)."""
+def _prose_lines(page: Path) -> list[tuple[int, str]]:
+    """(line number, line) of the page's lines outside fenced code (a link in a code sample is not a link)."""
     lines, fenced = [], False
-    for line in text.splitlines():
+    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
         if FENCE.match(line):
             fenced = not fenced
-            continue
-        if not fenced:
-            lines.append(line)
+        elif not fenced:
+            lines.append((number, line))
     return lines
 
 
@@ -49,7 +48,7 @@ def anchors(page: Path) -> set[str]:
     """Every anchor a link may name on ``page``: its headings' slugs and its explicit HTML anchors."""
     seen: Counter[str] = Counter()
     found: set[str] = set()
-    for line in _prose_lines(page.read_text(encoding="utf-8")):
+    for _, line in _prose_lines(page):
         found.update(HTML_ANCHOR.findall(line))
         m = HEADING.match(line)
         if not m:
@@ -62,13 +61,8 @@ def anchors(page: Path) -> set[str]:
 
 def relative_links(page: Path) -> list[tuple[int, str]]:
     """(line number, target) of each link on ``page`` that is not an URL or a mail address."""
-    links, fenced = [], False
-    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
-        if FENCE.match(line):
-            fenced = not fenced
-            continue
-        if fenced:
-            continue
+    links = []
+    for number, line in _prose_lines(page):
         prose = INLINE_CODE.sub("", line)
         targets = INLINE_LINK.findall(prose)
         ref = REFERENCE_DEF.match(prose)
