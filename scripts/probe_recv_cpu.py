@@ -24,6 +24,7 @@ load than wall times, but say whether the machine was quiet.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -117,23 +118,32 @@ def measure_waits(out: Path) -> pd.DataFrame:
     return pd.read_csv(result)
 
 
-def main(argv: list[str]) -> None:
-    def option(name: str, default: str) -> str:
-        values = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")]
-        return values[-1] if values else default
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="The CPU a receive costs its host, apart from a send's.",
+                                     allow_abbrev=False)  # a misspelt option stops, never half-matches
+    parser.add_argument("--rounds", type=int, default=5, help="fresh pairs of processes (default 5)")
+    parser.add_argument("--repeats", type=int, default=20, help="messages per size and round (default 20)")
+    parser.add_argument("--out", type=Path, help="folder for the table and the samples as CSV")
+    parser.add_argument("--waits", action="store_true", help="does a receive burn CPU while it waits?")
+    return parser.parse_args(argv)
 
-    if "--waits" in argv:
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    if args.waits:
         import tempfile
 
         with tempfile.TemporaryDirectory() as scratch:
-            table = measure_waits(Path(option("out", scratch)))
+            if args.out:
+                args.out.mkdir(parents=True, exist_ok=True)
+            table = measure_waits(args.out or Path(scratch))
         print("receiver's CPU per receive (us), median of 20 (min-max), the sender sleeping before it sends\n")
         print("| bytes | sender's delay (ms) | receive wall (us) | receive CPU (us) |\n| ---: | ---: | ---: | ---: |")
         for r in table.itertuples():
             print(f"| {r.bytes} | {r.delay_s * 1e3:.0f} | {r.recv_wall_s * 1e6:.0f} | {r.recv_cpu_s * 1e6:.0f} "
                   f"({r.recv_cpu_min_s * 1e6:.0f}-{r.recv_cpu_max_s * 1e6:.0f}) |")
         return
-    rounds, repeats = int(option("rounds", "5")), int(option("repeats", "20"))
+    rounds, repeats = args.rounds, args.repeats
     samples = measure(rounds, repeats)
     table = summarize(samples)
     print(f"CPU per message, us: median over {rounds} rounds of each round's median of {repeats} "
@@ -147,11 +157,10 @@ def main(argv: list[str]) -> None:
               f"{r.recv_cores:.2f} |")
     print("\nfits of the medians over rounds (cpu_s = cpu_alpha_s + bytes / cpu_bandwidth_Bps):")
     print(fits(samples).to_string(index=False))
-    out = option("out", "")
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        table.to_csv(Path(out) / "probe_recv_cpu.csv", index=False)
-        samples.to_csv(Path(out) / "samples.csv", index=False)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.out / "probe_recv_cpu.csv", index=False)
+        samples.to_csv(args.out / "samples.csv", index=False)
 
 
 if __name__ == "__main__":
