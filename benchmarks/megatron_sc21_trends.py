@@ -2,7 +2,8 @@
 (SC'21, section 5.4) measured one model at every split of 64 A100s between two kinds of parallelism;
 the paper states the winner of each sweep, not a table, so this checks the ranking, not the magnitudes.
 
-    python benchmarks/megatron_sc21_trends.py      # ~5 min on the shared 2-core machine
+    python benchmarks/megatron_sc21_trends.py                 # about 1 min on the shared 2-core machine
+    python benchmarks/megatron_sc21_trends.py --interleaving  # Figures 12 and 18's plans: printed, not judged
 
 The configurations are the authors' own run scripts (NVIDIA/Megatron-LM ``examples/sc21/``, read
 2026-12-07: ``run_figure_13.sh`` at 79a3bb6b, ``run_figure_14.sh`` and ``run_figure_15.sh`` at 4f4715db):
@@ -79,8 +80,40 @@ def simulate_point(sweep: Sweep, batch: int, split: int) -> dict[str, float]:
     return {**d, "iteration_s": result["iteration_s"], "tflops": result["predicted_tflops"], "oom": result["oom"]}
 
 
+# Figures 12 and 18 (run_figure_12.sh at 79a3bb6b, run_figure_18.sh at 4076ab38): GPT-3 175B at tp 8 / pp 12 on
+# 96 GPUs (12 nodes), micro-batch 1, batch 12-60; interleaved with 2 layers per virtual stage (4 chunks) or plain
+# 1F1B (Figure 12), with or without the scatter/gather exchange (Figure 18). Printed, not judged: the paper's
+# findings for these are magnitudes, and this benchmark does not quote them (docs/accuracy.md section 23).
+GPT3 = dict(params_b=174.6, layers=96, hidden=12288, heads=96, tp=8, pp=12, gpus=96, micro_batch=1, ddp="local",
+            layers_per_virtual_stage=2, tflops_per_gpu=float("nan"))
+INTERLEAVING_BATCHES = (12, 36, 60)
+
+
+def interleaving_iteration_s(batch: int, schedule: str, scatter_gather: bool) -> float:
+    """Figure 12 / 18's plan at ``batch``, simulated as Table 1's rows are."""
+    plan = sc21.plan_for({**GPT3, "global_batch": batch}, schedule, 1)
+    if not scatter_gather:
+        plan = plan.replace(schedule={"p2p_scatter_gather": False})
+    return sc21.run_plan(plan, sc21.curve_of("default"), grad_accumulation="autograd")[3]
+
+
+def print_interleaving() -> None:
+    plain, interleaved = "1f1b", "interleaved-1f1b"
+    for batch in INTERLEAVING_BATCHES:
+        t = {(s, sg): interleaving_iteration_s(batch, s, sg) for s in (plain, interleaved) for sg in (True, False)}
+        gain = {name: t[slower] / t[faster] - 1 for name, slower, faster in (
+            ("interleaving", (plain, True), (interleaved, True)),
+            ("interleaving without scatter/gather", (plain, False), (interleaved, False)),
+            ("scatter/gather, interleaved", (interleaved, False), (interleaved, True)),
+            ("scatter/gather, 1F1B", (plain, False), (plain, True)))}
+        print(f"Figures 12/18 batch {batch:>2}: " + "; ".join(f"{k} {v:+.1%}" for k, v in gain.items()), flush=True)
+
+
 def main() -> None:
     sim.compile.MAX_INSTRUCTIONS = max(sim.compile.MAX_INSTRUCTIONS, sc21.INSTRUCTION_LIMIT)
+    if "--interleaving" in sys.argv[1:]:
+        print_interleaving()
+        return
     verdicts = []
     for sweep in SWEEPS:
         for batch in sweep.batches:
