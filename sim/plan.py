@@ -104,6 +104,10 @@ class Schedule(Section):
         return value
 
 
+# The sections chosen by a key, each with the key that names its choice.
+_SECTION_CHOICE = {"memory": "policy", "gradient_sync": "method", "embedding": "method"}
+
+
 def _registered_config(registry: dict[str, Any], key: str, what: str, value: object) -> object:
     """A section chosen by ``key`` (policy:, method:): the registered choice's own settings model."""
     if not isinstance(value, dict):
@@ -144,17 +148,17 @@ class Plan(BaseModel):
     @field_validator("memory", mode="before")
     @classmethod
     def _memory_policy(cls, value: object) -> object:
-        return _registered_config(MEMORY_POLICIES, "policy", "memory policy", value)
+        return _registered_config(MEMORY_POLICIES, _SECTION_CHOICE["memory"], "memory policy", value)
 
     @field_validator("gradient_sync", mode="before")
     @classmethod
     def _gradient_sync_method(cls, value: object) -> object:
-        return _registered_config(GRADIENT_SYNC, "method", "gradient-sync method", value)
+        return _registered_config(GRADIENT_SYNC, _SECTION_CHOICE["gradient_sync"], "gradient-sync method", value)
 
     @field_validator("embedding", mode="before")
     @classmethod
     def _embedding_method(cls, value: object) -> object:
-        return _registered_config(EMBEDDING_METHODS, "method", "embedding method", value)
+        return _registered_config(EMBEDDING_METHODS, _SECTION_CHOICE["embedding"], "embedding method", value)
 
     # Shorthands for the shape of the job, read everywhere.
     @property
@@ -225,6 +229,9 @@ class Plan(BaseModel):
                 fix = "choose a registered one (paratwin options lists them)"
             elif "expected" in first.get("ctx", {}):  # one of fixed values (schedule.p2p): name them in the fix
                 fix = f"write {first['ctx']['expected']}, not {short_repr(first.get('input'))}"
+            elif first["type"] in ("model_type", "dict_type") and where in _SECTION_CHOICE \
+                    and isinstance(first.get("input"), str):  # memory: full, the choice without its section
+                fix = f"write {where}: {{{_SECTION_CHOICE[where]}: {first['input']}}}"
             elif first["type"] in ("bool_parsing", "bool_type"):  # a switch (schedule.p2p_scatter_gather)
                 fix = f"write true or false, not {short_repr(first.get('input'))}"
             elif first["type"].startswith("int_") or first["type"] in _BOUNDS:  # a count (parallelism.dp)

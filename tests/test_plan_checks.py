@@ -243,6 +243,17 @@ def test_a_section_without_its_choice_says_so(section: str, key: str) -> None:
     assert "None" not in str(error.value) and "registered: " in str(error.value)
 
 
+@pytest.mark.parametrize(("section", "choice", "fix"), [
+    ("memory", "full", "write memory: {policy: full}"),
+    ("gradient_sync", "powersgd", "write gradient_sync: {method: powersgd}"),
+    ("embedding", "embrace", "write embedding: {method: embrace}")])
+def test_a_choice_written_without_its_section_gets_the_section_in_its_fix(section: str, choice: str, fix: str) -> None:
+    """``memory: full`` read "Input should be a valid dictionary ... (fix: got 'full')"."""
+    with pytest.raises(ConfigError) as error:
+        Plan.from_dict({"workload": "gpt-tiny", section: choice})
+    one_line(error, section, fix)
+
+
 def test_lstm_options_are_checked() -> None:
     with pytest.raises(ConfigError) as error:
         simulate(Plan(workload="lstm-tiny", cluster="local-cpu-2", parallelism={"dp": 2},
