@@ -89,7 +89,12 @@ SWEEP_OUTPUTS = ("points", "spec.json", "events.jsonl", "results.parquet", "resu
 
 
 class SweepInterrupted(ParatwinError):
-    """A sweep stopped before its end; what it completed is recorded and a rerun resumes."""
+    """A sweep stopped before its end; what it completed is recorded and a rerun resumes. ``exit_code``:
+    the CLI's status (2; 130 for Ctrl-C, as a shell reports SIGINT)."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 # ---------------------------------------------------------------------------------------------
@@ -424,6 +429,10 @@ def _run_locked(spec: SweepSpec, out: Path, workers: int, scheduler: str | None,
                 computed.append(record["id"])
                 if progress is not None:
                     progress(reused + len(computed), len(spec.points), record)
+        except KeyboardInterrupt:  # Ctrl-C: it stopped with no word of what was kept
+            raise SweepInterrupted(
+                f"sweep {spec.name}: interrupted; {reused + len(computed)} of {len(spec.points)} points are "
+                f"recorded in {out} (fix: run the same command again to resume)", exit_code=130) from None
         finally:
             where.close()
     table = merge_results(out, spec)

@@ -166,6 +166,31 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path: Path) -> None:
     assert not list((out / "points").glob(".*"))  # no temporary file left behind by the kill's victims
 
 
+def test_ctrl_c_says_what_is_recorded_and_how_to_resume(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to the sweep's process group, as a terminal sends it) mid-way: one line naming the
+    points recorded and the fix, status 130; before, status 130 and not a word."""
+    spec = {"name": "ctrl-c", "base": {**BASE, "parallelism": {"dp": 1, "tp": 8, "pp": 8},
+                                       "schedule": {"name": "1f1b", "micro_batch": 1, "microbatches": 128}},
+            "grid": {"schedule.microbatches": list(range(128, 152))}}  # ~0.3 s a point, as above
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "analysis.cli", "sweep", str(spec_path), "--out", str(out),
+                             "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while len(recorded_ids(out)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGINT)
+    output = proc.communicate(timeout=120)[0]
+    recorded = len(recorded_ids(out))
+    assert proc.returncode == 130, output
+    assert 3 <= recorded < 24, output
+    last = (output.strip().splitlines() or [""])[-1]
+    assert last.startswith("error: sweep ctrl-c: interrupted;") and "Traceback" not in output, output
+    assert f"{recorded} of 24 points are recorded in {out}" in last and "run the same command again" in last
+
+
 def test_full_that_is_not_a_boolean_is_refused() -> None:
     """full: maybe was read as true (bool of a string) and simulated every rank."""
     with pytest.raises(ConfigError, match=r"sweep: full: must be true or false, not 'maybe'"):
