@@ -34,6 +34,27 @@ def test_a_64_gpu_row_runs_on_8_nodes_of_8_over_4_hdr() -> None:
     assert cluster.intra_node_link.name == "nvlink3"
 
 
+def test_a_rows_pipeline_exchanges_whole_tensors_and_waits_for_them_as_megatron_does() -> None:
+    """Megatron-LM's plain 1F1B computes on only once a send is through (analysis.calibrate.MEGATRON_P2P),
+    so a pipelined row across nodes is slower than with the simulator's default sends beside the compute,
+    and the closed form the calibration fits prices it the same way."""
+    plan = row_to_plan(ROW_64)
+    assert plan.schedule.p2p == "blocking" and not plan.schedule.p2p_scatter_gather
+    predictor, calibration = SimulatorPredictor(), default_calibration()
+    blocking = predictor(ROW_64, calibration)
+    import analysis.calibrate as calibrate
+
+    saved = calibrate.MEGATRON_P2P
+    calibrate.MEGATRON_P2P = "async"
+    try:
+        beside = predictor(ROW_64, calibration)
+    finally:
+        calibrate.MEGATRON_P2P = saved
+    assert blocking > beside * 1.005, (blocking, beside)
+    quick = megatron_predictor()(ROW_64, calibration.curve)
+    assert quick == pytest.approx(blocking, rel=0.05)
+
+
 @pytest.mark.parametrize("gpus", [12, 100])
 def test_a_gpu_count_that_is_no_whole_number_of_nodes_names_gpus(gpus: int) -> None:
     with pytest.raises(ConfigError, match="gpus") as info:
