@@ -211,10 +211,11 @@ def quick_predict(row: Mapping[str, Any], model: AnalyticCostModel,
     The pipeline is priced by the rule the fast estimate and the engine share
     (``sim.estimate_pipeline.pipeline_time``: the 1F1B action graph weighted with each stage's own
     forward, recompute and backward seconds, TP all-reduces included, and one point-to-point hop on
-    every edge that crosses stages), then the un-overlapped data-parallel gradient all-reduce (no
-    bucketing), the tied-embedding gradient all-reduce between first and last stage, and the Adam
-    step. Megatron's rank order puts TP ranks innermost, then DP, then PP; its partition puts
-    layers / pp blocks on each stage, the embedding on the first and the head on the last.
+    every edge that crosses stages, blocking the sender's compute as Megatron-LM's exchange does), then
+    the un-overlapped data-parallel gradient all-reduce (no bucketing), the tied-embedding gradient
+    all-reduce between first and last stage, and the Adam step. Megatron's rank order puts TP ranks
+    innermost, then DP, then PP; its partition puts layers / pp blocks on each stage, the embedding on
+    the first and the head on the last.
 
     Until session 7 the pipeline was (m + pp - 1) x the slowest stage (each stage paying both hops
     per micro-batch), which charges the ramp at the slowest stage: with the LM head (about 3.5
@@ -248,8 +249,9 @@ def quick_predict(row: Mapping[str, Any], model: AnalyticCostModel,
 
     # the activation forward and its gradient back, between ranks tp x dp apart
     hop = p2p_time(block.output_bytes, 0, tp * dp, cluster) if pp > 1 else 0.0
+    # blocking: Megatron-LM computes on only once a send is through (analysis.calibrate.MEGATRON_P2P)
     total = pipeline_time("1f1b", pp, m, 1, stages, [st.fwd_s + st.recompute_s + st.bwd_s for st in stages],
-                          [hop] * pp).makespan
+                          [hop] * pp, blocking=True).makespan
     if dp > 1:
         dp_ranks = [tp * d for d in range(dp)]
         total += max(collective_time("all_reduce", g, dp_ranks, cluster) for g in stage_grad_bytes)

@@ -250,8 +250,10 @@ def p2p_transfer(nbytes: int | float, src: int, dst: int, cluster: ClusterSpec,
         return []
     link = cluster.link_between(src, dst)
     if cluster.node_of(src) == cluster.node_of(dst):
-        return [Transfer("p2p", "intra", float(nbytes), link.latency_s, link.effective_bandwidth_Bps)]
-    alpha, bw = _inter(cluster, flows_per_node=concurrent)
+        return [Transfer("p2p", "intra", float(nbytes), link.latency_s, link.p2p_bandwidth_Bps)]
+    # One stream's own limit (LinkSpec.p2p_efficiency) or its share of the node's adapters, the lower.
+    alpha, share = _inter(cluster, flows_per_node=concurrent)
+    bw = min(link.p2p_bandwidth_Bps, share)
     return [Transfer("p2p", "inter", float(nbytes), alpha, bw, flows_per_node=concurrent)]
 
 

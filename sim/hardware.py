@@ -54,6 +54,12 @@ class LinkSpec(BaseModel):
     bandwidth_Bps: float = Field(gt=0)  # per direction
     latency_s: float = Field(ge=0)
     efficiency: float = Field(default=1.0, gt=0, le=1.0)  # achievable fraction of bandwidth_Bps
+    # The share of that rate one point-to-point send/recv between two ranks reaches. NCCL's send/recv
+    # "are mostly optimized for alltoall ... individual send/recv might not achieve peak bandwidth"
+    # (NVIDIA, github NVIDIA/nccl issue 464, 2021-02-09), so a pipeline's activation exchange may run
+    # below the rate the collectives (and an all-to-all's grouped sends) reach. sim/data/hardware.yaml
+    # says where each link's figure comes from.
+    p2p_efficiency: float = Field(default=1.0, gt=0, le=1.0)
     source: str = ""
 
     @property
@@ -62,6 +68,11 @@ class LinkSpec(BaseModel):
 
     def transfer_time(self, nbytes: float) -> float:
         return self.latency_s + nbytes / self.effective_bandwidth_Bps
+
+    @property
+    def p2p_bandwidth_Bps(self) -> float:
+        """What one send/recv between two ranks reaches over this link alone."""
+        return self.effective_bandwidth_Bps * self.p2p_efficiency
 
     @classmethod
     def from_fit(cls, alpha_s: float, bandwidth_Bps: float, name: str = "measured",
@@ -75,7 +86,7 @@ class LinkSpec(BaseModel):
         unknown = set(overrides) - set(type(self).model_fields)
         if unknown:
             raise ConfigError(f"{field}.{sorted(unknown)[0]}", "unknown override",
-                              "use bandwidth_Bps, latency_s, efficiency")
+                              "use bandwidth_Bps, latency_s, efficiency, p2p_efficiency")
         return _validated(type(self), {**self.model_dump(), **overrides}, field=field)
 
 
@@ -147,6 +158,7 @@ def _link_from_entry(name: str, entry: Mapping[str, Any]) -> LinkSpec:
         "bandwidth_Bps": float(entry["bandwidth_GBps"]) * GB,
         "latency_s": float(entry["latency_us"]) * 1e-6,
         "efficiency": float(entry.get("efficiency", 1.0)),
+        "p2p_efficiency": float(entry.get("p2p_efficiency", 1.0)),
         "source": entry.get("source", ""),
     }
     return _validated(LinkSpec, data, field=f"links.{name}")

@@ -210,7 +210,8 @@ def test_p2p_and_collective_input_errors():
     S = 64 << 20
     # NVLink3 at what NCCL reaches (efficiency 0.667: nccl-tests all-reduce busbw ~200 of 300 GB/s)
     assert p2p_time(S, 0, 1, c) == pytest.approx(3.4e-6 + S / (300e9 * 0.667))
-    assert p2p_time(S, 0, 8, c) == pytest.approx(14e-6 + S / (0.96 * 25e9))  # one flow uses one adapter
+    # one flow uses one adapter, at the share one NCCL send/recv reaches (ib-hdr's p2p_efficiency 0.55)
+    assert p2p_time(S, 0, 8, c) == pytest.approx(14e-6 + S / (0.55 * 0.96 * 25e9))
     assert p2p_time(S, 5, 5, c) == 0.0
     with pytest.raises(ConfigError) as err:
         collective_time("all_reduce", S, [0, 0, 1], c)
@@ -221,6 +222,25 @@ def test_p2p_and_collective_input_errors():
     with pytest.raises(ConfigError) as err:
         collective_time("allscatter", S, range(8), c)
     assert err.value.field == "primitive"
+
+
+def test_a_send_recv_share_slows_one_stream_but_not_the_collectives_or_a_shared_adapter():
+    """LinkSpec.p2p_efficiency: one send/recv between two ranks runs at the link's collective rate times its
+    share; the all-to-all's grouped sends and the all-reduce keep the collective rate; where the node's
+    adapters are shared by more senders than the share leaves room for, the sharing decides."""
+    S = 64 << 20
+    full = load_cluster({"preset": "a100-64", "overrides": {"inter_node_link": {"p2p_efficiency": 1.0}}})
+    half = load_cluster({"preset": "a100-64", "overrides": {"inter_node_link": {"p2p_efficiency": 0.5}}})
+    assert p2p_time(S, 0, 8, full) == pytest.approx(14e-6 + S / (0.96 * 25e9))
+    assert p2p_time(S, 0, 8, half) == pytest.approx(14e-6 + S / (0.5 * 0.96 * 25e9))
+    assert p2p_time(S, 0, 1, half) == p2p_time(S, 0, 1, full)  # inside a node: NVLink's own share (1.0)
+    for primitive in ("all_reduce", "all_to_all"):
+        assert collective_time(primitive, S, range(16), half) == collective_time(primitive, S, range(16), full)
+    # 8 senders over a100-64's 4 adapters: 12 GB/s each, below half a 24 GB/s adapter's rate
+    assert p2p_time(S, 0, 8, half, concurrent=8) == p2p_time(S, 0, 8, full, concurrent=8)
+    with pytest.raises(ConfigError) as err:
+        load_cluster({"preset": "a100-64", "overrides": {"inter_node_link": {"p2p_efficiency": 0}}})
+    assert "p2p_efficiency" in err.value.field
 
 
 # --- analytic costs --------------------------------------------------------------------------------------
@@ -365,8 +385,9 @@ def test_adapter_sharing_counts_the_stage_peers_of_a_node() -> None:
     from sim.collectives import collective_time, p2p_time
     from sim.comm import concurrent_groups, concurrent_senders
 
-    # 2 nodes x 8 GPUs, 4 adapters each. dp 2 x tp 8 per stage: a stage is 16 ranks = both nodes.
-    c = load_cluster({"preset": "a100-64", "nodes": 2})
+    # 2 nodes x 8 GPUs, 4 adapters each. dp 2 x tp 8 per stage: a stage is 16 ranks = both nodes. One
+    # stream at the adapter's whole rate (the send/recv share has its own test), so sharing alone decides.
+    c = load_cluster({"preset": "a100-64", "nodes": 2, "overrides": {"inter_node_link": {"p2p_efficiency": 1.0}}})
     assert concurrent_groups(c, 16, [0, 8]) == 8  # one DP group per TP rank, all crossing at once
     assert concurrent_groups(c, 16, list(range(8))) == 1  # the TP group: the whole node is one group
     # pp across the nodes (dp 1 x tp 8 per stage): all 8 ranks of node 0 send to node 1 together.
