@@ -26,6 +26,7 @@ import pandas as pd
 from sim.analytic import AnalyticCostModel, EfficiencyCurve, LayerCosts, tp_comm_times, uncalibrated_curve
 from sim.cluster import ClusterSpec, load_cluster
 from sim.collectives import collective_time, p2p_time
+from sim.comm import concurrent_senders
 from sim.estimate_pipeline import StageTime, pipeline_time
 from sim.hardware import get_device
 from sim.implementations import MEGATRON_LM, implementation_options
@@ -247,8 +248,10 @@ def quick_predict(row: Mapping[str, Any], model: AnalyticCostModel,
         stage_grad_bytes.append(sum(n * c.grad_bytes for c, n in members))
         stage_param_bytes.append(sum(n * c.param_bytes for c, n in members))
 
-    # the activation forward and its gradient back, between ranks tp x dp apart
-    hop = p2p_time(block.output_bytes, 0, tp * dp, cluster) if pp > 1 else 0.0
+    # the activation forward and its gradient back, between ranks tp x dp apart, while the stage's other
+    # ranks of the node send off it too (they share its adapters, as the engine prices it)
+    senders = concurrent_senders(cluster, tp * dp, 0, tp * dp) if pp > 1 else 1
+    hop = p2p_time(block.output_bytes, 0, tp * dp, cluster, senders) if pp > 1 else 0.0
     # blocking: Megatron-LM computes on only once a send is through (analysis.calibrate.MEGATRON_P2P)
     total = pipeline_time("1f1b", pp, m, 1, stages, [st.fwd_s + st.recompute_s + st.bwd_s for st in stages],
                           [hop] * pp, blocking=True).makespan

@@ -101,6 +101,18 @@ def test_single_node_rows_predict_exactly_as_before() -> None:
         assert quick(row, default_calibration().curve) == quick_s
 
 
+def test_the_closed_forms_sends_share_a_nodes_adapters_as_the_engines_do() -> None:
+    """A stage's ranks of a node send off it together: on one adapter per node, 8 senders of a tp 1 / dp 8
+    stage get an eighth of it each, so the closed form's pipeline is slower there than on 8 adapters."""
+    from sim.analytic import AnalyticCostModel
+    from sim.hardware import get_device
+
+    model = AnalyticCostModel(get_device("A100-80GB"), "fp16", default_calibration().curve, attention="unfused")
+    row = {**ROW_64, "tp": 1, "dp": 8, "pp": 8, "layers": 32}
+    one, eight = (load_cluster({"preset": "a100-64", "nics_per_node": n}) for n in (1, 8))
+    assert quick_predict(row, model, one) > quick_predict(row, model, eight) * 1.01
+
+
 def test_quick_predict_uses_the_simulator_paths_cluster() -> None:
     from sim.analytic import AnalyticCostModel
     from sim.hardware import get_device
