@@ -46,6 +46,7 @@ from sim.calibration import (
     MEGATRON_CLUSTER,
     MEGATRON_DEVICE,
     MEGATRON_DTYPE,
+    MEGATRON_P2P,
     MEGATRON_VOCAB,
     ModelShape,
     depth_splits,
@@ -159,14 +160,6 @@ def row_to_plan(row: Mapping[str, Any], nvlink_efficiency: float = 1.0) -> Plan:
         memory={"policy": "full"},
         gradient_sync={"method": "allreduce", "bucket_mb": ONE_BUCKET_MB},
     ))
-
-
-# Megatron-LM's plain 1F1B exchanges whole tensors and computes on only once they are through: every
-# send and receive of its schedule goes through _communicate with wait_on_reqs=True, then
-# torch.cuda.synchronize() under batch_p2p_comm and batch_p2p_sync (megatron/core/pipeline_parallel/
-# p2p_communication.py, read at 00c2c0ad; v2.5's megatron/p2p_communication.py waits the same way). The core
-# code has no scatter/gather; whole tensors.
-MEGATRON_P2P = "blocking"
 
 
 # --- the predictor ----------------------------------------------------------------------------------------

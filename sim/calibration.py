@@ -52,6 +52,12 @@ ModelShape = tuple[int, int, int]
 # the 80 GB part (2,039 GB/s) of the dgx-a100-8 preset is assumed.
 MEGATRON_VOCAB = 51200
 MEGATRON_DTYPE = "fp16"
+# Megatron-LM's plain 1F1B exchanges whole tensors and computes on only once they are through: every
+# send and receive of its schedule goes through _communicate with wait_on_reqs=True, then
+# torch.cuda.synchronize() under batch_p2p_comm and batch_p2p_sync (megatron/core/pipeline_parallel/
+# p2p_communication.py, read at 00c2c0ad; v2.5's megatron/p2p_communication.py waits the same way). The core
+# code has no scatter/gather; whole tensors. The row plans (analysis.calibrate.row_to_plan) and quick_predict.
+MEGATRON_P2P = "blocking"
 MEGATRON_DEVICE = "A100-80GB"
 MEGATRON_CLUSTER = "dgx-a100-8"
 # A run on more than one node: 8-GPU A100 nodes joined by the network of vTrain's multi-node
@@ -250,11 +256,12 @@ def quick_predict(row: Mapping[str, Any], model: AnalyticCostModel,
 
     # the activation forward and its gradient back, between ranks tp x dp apart, while the stage's other
     # ranks of the node send off it too (they share its adapters, as the engine prices it)
-    senders = concurrent_senders(cluster, tp * dp, 0, tp * dp) if pp > 1 else 1
-    hop = p2p_time(block.output_bytes, 0, tp * dp, cluster, senders) if pp > 1 else 0.0
-    # blocking: Megatron-LM computes on only once a send is through (analysis.calibrate.MEGATRON_P2P)
+    hop = 0.0
+    if pp > 1:
+        senders = concurrent_senders(cluster, tp * dp, 0, tp * dp)
+        hop = p2p_time(block.output_bytes, 0, tp * dp, cluster, senders)
     total = pipeline_time("1f1b", pp, m, 1, stages, [st.fwd_s + st.recompute_s + st.bwd_s for st in stages],
-                          [hop] * pp, blocking=True).makespan
+                          [hop] * pp, blocking=MEGATRON_P2P == "blocking").makespan
     if dp > 1:
         dp_ranks = [tp * d for d in range(dp)]
         total += max(collective_time("all_reduce", g, dp_ranks, cluster) for g in stage_grad_bytes)

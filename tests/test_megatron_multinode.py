@@ -35,7 +35,7 @@ def test_a_64_gpu_row_runs_on_8_nodes_of_8_over_4_hdr() -> None:
 
 
 def test_a_rows_pipeline_exchanges_whole_tensors_and_waits_for_them_as_megatron_does() -> None:
-    """Megatron-LM's plain 1F1B computes on only once a send is through (analysis.calibrate.MEGATRON_P2P),
+    """Megatron-LM's plain 1F1B computes on only once a send is through (sim.calibration.MEGATRON_P2P),
     so a pipelined row across nodes is slower than with the simulator's default sends beside the compute,
     and the closed form the calibration fits prices it the same way."""
     plan = row_to_plan(ROW_64)
