@@ -1,7 +1,9 @@
 """Public at-scale checks: Megatron-LM's Table 1 (Narayanan et al., SC'21), MT-NLG 530B's throughput
-runs (Smith et al. 2022, section 2.4) and GPT-NeoX-20B's training run (Black et al. 2022) against the simulator.
+runs (Smith et al. 2022, section 2.4), GPT-NeoX-20B's training run (Black et al. 2022) and BLOOM-176B's
+training logs (BigScience 2022) against the simulator.
 
-    python benchmarks/megatron_at_scale.py [--table sc21|mtnlg|neox] [--assumed] [--schedule interleaved-1f1b|1f1b]
+    python benchmarks/megatron_at_scale.py [--table sc21|mtnlg|neox|bloom] [--assumed]
+                                           [--schedule interleaved-1f1b|1f1b]
                                            [--micro-batch N] [--as-simulated] [--zero1]
                                            [--decompose OUT.csv] [--json OUT.json]
                                            [--host-launch-us 37] [--eff-max 0.8] [--attn-mem-eff 0.6]
@@ -13,7 +15,11 @@ one data-parallel all-reduce after the flush; the settings the paper leaves open
 declared assumptions (``sim/data/mtnlg_530b.md``). ``--table neox``: GPT-NeoX-20B at tp 2 / pp 4 / dp 12 on
 96 A100-40GB (4 HDR adapters per node), fp16, micro-batch 4, DeepSpeed's plain 1F1B and ZeRO stage 1,
 no dropout; its 117 TFLOP/s are GPT-NeoX's own FLOP count (no recomputation: ``paper_flops``), so the
-predicted TFLOP/s use that count too (``sim/data/neox_20b.md``). The rows below describe Table 1 (``--table sc21``,
+predicted TFLOP/s use that count too (``sim/data/neox_20b.md``). ``--table bloom``: BLOOM-176B (70 layers,
+hidden 14,336) on Jean Zay's A100 nodes (4 Omni-Path links each), bf16, DeepSpeed's plain 1F1B with the
+embedding layers counted as pipeline units, at tp 4 / pp 12 / dp 8 (the production run) and five reshaping
+runs at tp 1-4 and pp 24-72; iteration times from the run's own logs (``sim/data/bloom_176b.md``).
+The rows below describe Table 1 (``--table sc21``,
 the default); both tables share every function here: a row's columns say what differs.
 
 Ten GPT models, 1.7B to 1T parameters, on 32 to 3,072 A100-80GB GPUs of Selene (8 per node,
@@ -64,7 +70,9 @@ RUN_SCRIPT = TABLE.with_name("megatron_sc21_run_table_1.csv")
 MTNLG = TABLE.with_name("mtnlg_530b.csv")
 # GPT-NeoX-20B's training run, Black et al. 2022, at tp 2 / pp 4 / dp 12 (sim/data/neox_20b.md).
 NEOX = TABLE.with_name("neox_20b.csv")
-TABLES = {"sc21": TABLE, "mtnlg": MTNLG, "neox": NEOX}
+# BLOOM-176B's production run and five reshaping runs at tp 1-4, from the training logs (sim/data/bloom_176b.md).
+BLOOM = TABLE.with_name("bloom_176b.csv")
+TABLES = {"sc21": TABLE, "mtnlg": MTNLG, "neox": NEOX, "bloom": BLOOM}
 # Sequence and (padded) vocabulary of every SC'21 row; a row's own ``vocab`` column overrides the latter.
 SEQ, VOCAB = 2048, 51200
 GPUS_PER_NODE = 8
@@ -80,6 +88,13 @@ CLUSTERS: dict[str, dict[str, Any]] = {
                        "nics_per_node": 4,
                        "source": "GPT-NeoX-20B's cluster: 8 x A100-SXM4-40GB per node, 4 x ConnectX-6 HDR "
                                  "HCAs per node (Black et al. 2022, section 2.3)"},
+    # Jean Zay's A100 partition as BLOOM's team describes it: 8 x A100 80GB per node "Using NVLink",
+    # "4 OmniPath links" (bigscience-workshop/bigscience jz/hpc-specs.md, train/tr11-176B-ml/README.md);
+    # NVSwitch inside the node is assumed (sim/data/bloom_176b.md).
+    "jean-zay-a100": {"device": "A100-80GB", "intra_node_link": "nvlink3", "inter_node_link": "opa-100",
+                      "nics_per_node": 4,
+                      "source": "Jean Zay A100 nodes: 8 x A100 80GB, NVLink, 4 x Omni-Path 100 Gbit/s per node "
+                                "(BigScience tr11-176B-ml README, jz/hpc-specs.md)"},
 }
 # The 1T row lowers ~460k instructions (64 pipeline ranks x 2 virtual stages x 512 micro-batches x 7)
 # but sim.compile's up-front estimate counts 10 per micro-batch (655k) against its 500k guard; main()
@@ -210,6 +225,16 @@ def gradient_sync_for(row: dict[str, Any], megatron_2021: bool, zero1: bool = Fa
     return {"method": "allreduce", "bucket_mb": 1e6, "flat_copies": megatron_2021}
 
 
+def units_partition(num_blocks: int, stages: int) -> list[list[int]]:
+    """Megatron-DeepSpeed's ``--pp-partition-method 'type:transformer|embedding'`` (BLOOM): the blocks and
+    the two embedding layers (input, tied head) as equal units, so the first stage's embedding and the last
+    stage's head each take a block's place."""
+    per, rest = divmod(num_blocks + 2, stages)
+    if rest:
+        raise ValueError(f"{num_blocks} blocks and 2 embedding layers do not split into {stages} equal stages")
+    return [[per * s, per * (s + 1)] for s in range(stages)]
+
+
 def megatron_virtual_partition(num_blocks: int, stages: int) -> list[list[int]]:
     """``num_blocks / stages`` blocks per virtual stage; embedding on the first, head on the last."""
     per, rest = divmod(num_blocks, stages)
@@ -258,8 +283,7 @@ def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batc
                           "implementation": MEGATRON_LM, **row_dropout(row)},
         cluster=cluster, dtype=row_dtype(row),
         parallelism={"tp": tp, "pp": pp, "dp": dp, "chunks": chunks if name == "interleaved-1f1b" else 1,
-                     "partition": megatron_virtual_partition(int(row["layers"]),
-                                                             pp * (chunks if name == "interleaved-1f1b" else 1))},
+                     "partition": partition_for(row, pp * (chunks if name == "interleaved-1f1b" else 1))},
         schedule={"name": name, "micro_batch": micro_batch, "microbatches": m,
                   **(MEGATRON_2021_P2P if megatron_2021 else ASYNC_P2P)},
         # --checkpoint-activations with --checkpoint-num-layers 1 (the default at v2.5, megatron/arguments.py):
@@ -269,6 +293,14 @@ def plan_for(row: dict[str, Any], schedule: str = "interleaved-1f1b", micro_batc
         memory={"policy": "full", "in_backward": megatron_2021},
         gradient_sync=gradient_sync_for(row, megatron_2021, zero1),
     ))
+
+
+def partition_for(row: dict[str, Any], stages: int) -> list[list[int]]:
+    """The row's pipeline partition: its ``partition`` column's method (``units``: BLOOM's), else
+    Megatron-LM's equal blocks with the embedding and head beside the first and last."""
+    if _stated(row, "partition") and row["partition"] == "units":
+        return units_partition(int(row["layers"]), stages)
+    return megatron_virtual_partition(int(row["layers"]), stages)
 
 
 def curve_of(name: str, host_launch_us: float | None = None) -> EfficiencyCurve:
@@ -400,7 +432,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", default="sc21", choices=sorted(TABLES),
                         help="sc21: Narayanan et al. SC'21 Table 1; mtnlg: MT-NLG 530B, Smith et al. 2022 section 2.4; "
-                             "neox: GPT-NeoX-20B, Black et al. 2022 (tp 2)")
+                             "neox: GPT-NeoX-20B, Black et al. 2022 (tp 2); bloom: BLOOM-176B's training logs (tp 1-4)")
     parser.add_argument("--zero1", action="store_true",
                         help="every row's data parallelism as the simulator's distributed optimizer (ZeRO stage 1: "
                              "reduce-scatter, 1/dp of the step, all-gather) instead of the row's all-reduce")
