@@ -157,6 +157,27 @@ def resident_bytes(layers: Sequence[int], away: Collection[int], dropped: Collec
     return total
 
 
+def in_backward_extra_bytes(layers: Sequence[int], recomputed: Collection[int],
+                            cost: Callable[[int], LayerCosts]) -> int:
+    """What a backward that re-runs ``recomputed`` one layer at a time (Megatron-style, MemoryPolicy.
+    recompute_in_backward) holds at its most beyond what the forward left (``forward_bytes``). It walks
+    the stage backwards, as ``exec.interpreter`` runs it: a re-run layer's activations live until its own
+    backward is done, and every layer's saved tensors are freed after its backward, while the checkpointed
+    layers' inputs stay to the end. With every layer re-run that is the largest layer's re-run; a kept LM
+    head is freed before the blocks below it are re-run. Negative when the forward's peak is not reached."""
+    rec = set(recomputed)
+    kept = forward_bytes(layers, rec, cost)
+    most = None
+    for position in range(len(layers) - 1, -1, -1):
+        layer = layers[position]
+        done = [other for other in layers[position + 1:] if other not in rec]
+        held = resident_bytes(layers, done, rec, cost)
+        if layer in rec:
+            held += cost(layer).saved_bytes - checkpoint_bytes(layer, cost)
+        most = held if most is None else max(most, held)
+    return (most if most is not None else kept) - kept
+
+
 def held_bytes(layers: Sequence[int], recomputed: Collection[int], cost: Callable[[int], LayerCosts]) -> int:
     """What one (stage, micro-batch) holds once every layer's saved tensors are back (after its
     RECOMPUTE, before its backward). A storage two layers save counts once unless the earlier layer
