@@ -164,18 +164,18 @@ def in_backward_extra_bytes(layers: Sequence[int], recomputed: Collection[int],
     the stage backwards, as ``exec.interpreter`` runs it: a re-run layer's activations live until its own
     backward is done, and every layer's saved tensors are freed after its backward, while the checkpointed
     layers' inputs stay to the end. With every layer re-run that is the largest layer's re-run; a kept LM
-    head is freed before the blocks below it are re-run. Negative when the forward's peak is not reached."""
+    head is freed before the blocks below it are re-run, so its bytes and a block's re-run never add up."""
     rec = set(recomputed)
     kept = forward_bytes(layers, rec, cost)
-    most = None
+    most = kept  # the first step, the last layer's backward, starts from what the forward left
     for position in range(len(layers) - 1, -1, -1):
         layer = layers[position]
         done = [other for other in layers[position + 1:] if other not in rec]
         held = resident_bytes(layers, done, rec, cost)
         if layer in rec:
             held += cost(layer).saved_bytes - checkpoint_bytes(layer, cost)
-        most = held if most is None else max(most, held)
-    return (most if most is not None else kept) - kept
+        most = max(most, held)
+    return most - kept
 
 
 def held_bytes(layers: Sequence[int], recomputed: Collection[int], cost: Callable[[int], LayerCosts]) -> int:
