@@ -26,12 +26,9 @@ from sim.plan import Plan
 from sim.program import Program
 from sim.schedules import check_preconditions
 from sim.workloads import (
-    EXEC_ONLY_OPTIONS,
-    TRANSFORMER_PRESETS,
-    WORKLOAD_FAMILIES,
     TransformerConfig,
-    transformer_config,
     transformer_layers,
+    transformer_of,
     workload_config,
 )
 from traces.bundle import MANIFEST_NAME
@@ -140,11 +137,7 @@ def _accumulation_pass(transformer: TransformerConfig | None, cluster: ClusterSp
 
 
 def _transformer_of(plan: Plan) -> TransformerConfig | None:
-    if plan.workload not in TRANSFORMER_PRESETS:
-        return None
-    family = WORKLOAD_FAMILIES[plan.workload]
-    options = {k: v for k, v in plan.workload_options.items() if k not in EXEC_ONLY_OPTIONS[family]}
-    return transformer_config(plan.workload, **options)
+    return transformer_of(plan.workload, plan.workload_options)
 
 
 # The most instructions (as estimated below) one simulation may hold. Measured on the 2-core

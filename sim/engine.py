@@ -29,7 +29,7 @@ from sim.embedding import exchange_s, ids_request_host_s
 from sim.gradient_sync import Phase, phases_s
 from sim.host_cpu import Stretch, cores_taken, host_share, overlap_stretch, phases_cpu_s
 from sim.meeting import add_offsets, instruction_offsets, instruction_variance, lateness_s, offset_variance
-from sim.memory import MemoryPolicy, checkpoint_bytes, held_bytes
+from sim.memory import MemoryPolicy, held_bytes, in_backward_extra_bytes
 from sim.model_state import step_copy_bytes
 from sim.program import Instruction, Kind, Program, Stream
 from sim.tp_overlap import tp_segments_time
@@ -554,7 +554,7 @@ class Engine:
                                       for layer, c in zip(instruction.layers, layers, strict=True)],
                                      self.tp_overlap if self.program.tp > 1 else 0)
             per_layer = [a + b for a, b in zip(per_layer, again, strict=True)]
-            one_layer = max((self._recompute_bytes(layer) for layer in rerun), default=0)
+            one_layer = in_backward_extra_bytes(self.program.stage_layers[instruction.stage], rerun, self._layer)
             self.meet_var[rank] += sum(c.recompute_sd_s ** 2
                                        for layer, c in zip(instruction.layers, layers, strict=True) if layer in rerun)
             if self.options.process_offsets:
@@ -727,10 +727,6 @@ class Engine:
         back: sim.memory.held_bytes); a swapped-out part was counted back by its SWAP_IN."""
         layers = self.program.stage_layers[stage]
         return held_bytes(layers, self.recomputed.get((rank, stage, microbatch), ()), self._layer)
-
-    def _recompute_bytes(self, layer: int) -> int:
-        """What re-running a checkpointed layer brings back beyond its kept input."""
-        return self._layer(layer).saved_bytes - checkpoint_bytes(layer, self._layer)
 
     def _activation_delta(self, rank: int, instruction: Instruction, layers: list[LayerCosts]) -> int:
         if instruction.kind is Kind.RECOMPUTE:

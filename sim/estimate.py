@@ -59,9 +59,9 @@ from sim.meeting import add_offsets, instruction_offsets, instruction_variance, 
 from sim.memory import (
     LAYER_VIEWS,
     MemoryPolicy,
-    checkpoint_bytes,
     forward_bytes,
     held_bytes,
+    in_backward_extra_bytes,
     movable_bytes,
     received_gradient_bytes,
 )
@@ -451,7 +451,7 @@ class Estimator:
         swapped = (movable_bytes(layers, kept_layers, cost) * swap
                    if isinstance(swap, (int, float)) else movable_bytes(layers, swap, cost))
         # Re-run one layer at a time inside the backward: only the largest re-run layer is back at once.
-        extra = (max((costs[i].saved_bytes - checkpoint_bytes(layers[i], cost) for i in rec), default=0)
+        extra = (in_backward_extra_bytes(layers, rec_layers, cost)
                  if one_at_a_time else held_bytes(layers, rec_layers, cost) - kept)
         result = StageTimes(
             fwd_s=fwd, bwd_s=bwd, recompute_s=recompute, bwd_input_s=bwd_input, bwd_weight_s=bwd_weight,

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sim.costs import CostModel, LayerCosts
 from sim.delta import DeltaSettings
 from sim.schedules import SCHEDULES, merak_recompute
+from sim.workloads import transformer_layers, transformer_of
 from traces.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -156,6 +157,27 @@ def resident_bytes(layers: Sequence[int], away: Collection[int], dropped: Collec
     return total
 
 
+def in_backward_extra_bytes(layers: Sequence[int], recomputed: Collection[int],
+                            cost: Callable[[int], LayerCosts]) -> int:
+    """What a backward that re-runs ``recomputed`` one layer at a time (Megatron-style, MemoryPolicy.
+    recompute_in_backward) holds at its most beyond what the forward left (``forward_bytes``). It walks
+    the stage backwards, as ``exec.interpreter`` runs it: a re-run layer's activations live until its own
+    backward is done, and every layer's saved tensors are freed after its backward, while the checkpointed
+    layers' inputs stay to the end. With every layer re-run that is the largest layer's re-run; a kept LM
+    head is freed before the blocks below it are re-run, so its bytes and a block's re-run never add up."""
+    rec = set(recomputed)
+    kept = forward_bytes(layers, rec, cost)
+    most = kept  # the first step, the last layer's backward, starts from what the forward left
+    for position in range(len(layers) - 1, -1, -1):
+        layer = layers[position]
+        done = [other for other in layers[position + 1:] if other not in rec]
+        held = resident_bytes(layers, done, rec, cost)
+        if layer in rec:
+            held += cost(layer).saved_bytes - checkpoint_bytes(layer, cost)
+        most = max(most, held)
+    return most - kept
+
+
 def held_bytes(layers: Sequence[int], recomputed: Collection[int], cost: Callable[[int], LayerCosts]) -> int:
     """What one (stage, micro-batch) holds once every layer's saved tensors are back (after its
     RECOMPUTE, before its backward). A storage two layers save counts once unless the earlier layer
@@ -259,8 +281,9 @@ class FullRecompute(MemoryConfig):
     # v2.5: megatron/arguments.py; megatron/model/transformer.py, _checkpointed_forward, one
     # mpu.checkpoint per chunk of layers), so autograd re-runs one layer's forward right before that
     # layer's backward: a backward holds the kept layer inputs plus ONE layer's activations.
-    in_backward: bool = Field(False, description="recompute each layer inside the backward, one at a time "
-                              "(Megatron-LM): the peak holds one layer's activations, not the stage's")
+    in_backward: bool = Field(False, description="recompute each transformer layer inside the backward, one at "
+                              "a time (Megatron-LM): the peak holds one layer's activations, not the stage's; "
+                              "the embedding and the LM head are not re-run")
 
     @model_validator(mode="after")
     def _no_swap_in_backward(self) -> FullRecompute:
@@ -339,6 +362,8 @@ def _from_fractions(fraction: Callable[[Plan], list[float]]) -> Build:
                                  for f, layers in zip(fractions, stage_layers, strict=True))
         swap = plan.memory.swap
         in_backward = bool(getattr(plan.memory, "in_backward", False))
+        if in_backward:
+            recompute_layers = megatron_checkpointed(plan, recompute_layers)
         info = SCHEDULES[plan.schedule.name]
         problem = ""
         if in_backward and (info.split_backward or info.recompute_is_schedule):
@@ -349,6 +374,20 @@ def _from_fractions(fraction: Callable[[Plan], list[float]]) -> Build:
                             problem=problem, recompute_in_backward=in_backward)
 
     return build
+
+
+def megatron_checkpointed(plan: Plan, recompute_layers: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """Of ``recompute_layers``, what Megatron-style per-layer checkpointing re-runs: the transformer blocks
+    only. Megatron-LM checkpoints inside ``ParallelTransformer`` (v2.5 ``_checkpointed_forward`` over its
+    layers; the embedding, the logits and the cross-entropy run outside it), and DeepSpeed's
+    ``PipelineModule`` checkpoints a run of layers only when every one is a transformer layer
+    (``_is_checkpointable`` for ``GPTModelPipe``): neither re-runs the embedding or the LM head. Workloads
+    that are not transformers keep every layer."""
+    transformer = transformer_of(plan.workload, plan.workload_options)
+    if transformer is None:
+        return recompute_layers
+    blocks = {i for i, spec in enumerate(transformer_layers(transformer)) if spec.kind == "block"}
+    return tuple(tuple(layer for layer in layers if layer in blocks) for layers in recompute_layers)
 
 
 def stage_aware_fractions(plan: Plan) -> list[float]:

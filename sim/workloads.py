@@ -306,6 +306,14 @@ def workload_config(name: str, options: Mapping[str, object]) -> dict[str, objec
     return None
 
 
+def transformer_of(workload: str, options: Mapping[str, object]) -> TransformerConfig | None:
+    """The transformer a plan's workload builds (its options applied), or None for other families."""
+    if workload not in TRANSFORMER_PRESETS:
+        return None
+    family = WORKLOAD_FAMILIES[workload]
+    return transformer_config(workload, **{k: v for k, v in options.items() if k not in EXEC_ONLY_OPTIONS[family]})
+
+
 def transformer_layers(cfg: TransformerConfig) -> list[LayerSpec]:
     """Closed-form per-sample costs of the transformer stack as ``exec.workloads.gpt`` builds it.
 

@@ -501,10 +501,11 @@ def test_module_entry_under_torchrun(tmp_path: Path) -> None:
 
 def test_recompute_in_backward_holds_one_layer_as_the_ledger_says(tmp_path: Path) -> None:
     """Megatron-style full recompute (memory.in_backward): each checkpointed layer is re-run right
-    before its own backward. Training is unchanged, and each rank's peak of kept activations (layer
-    inputs plus the saved tensors of the layer being differentiated) is what the simulator's ledger
-    charges: every kept layer input plus ONE layer's activations. The runtime also keeps the first
-    stage's token ids (int64), which the ledger does not count: 1F1B has pp micro-batches in flight there."""
+    before its own backward; the embedding and the LM head are not re-run (Megatron checkpoints the
+    transformer layers only), so their saved tensors stay from the forward: the first stage's token
+    ids, the head's log-softmax. Training is unchanged, and each rank's peak of kept activations is what
+    the simulator's ledger charges, walking the backward as the runtime frees it: every checkpointed
+    layer input to the end, each layer's saved tensors until its own backward is done."""
     from sim.engine import Engine
 
     def ledger_peaks(plan: Plan) -> dict[int, int]:
@@ -522,8 +523,7 @@ def test_recompute_in_backward_holds_one_layer_as_the_ledger_says(tmp_path: Path
                           for line in (ranks_dir / f"rank{rank}.jsonl").read_text().splitlines() if line.strip())
                 for rank in range(plan.world_size)}
     ledger = ledger_peaks(plan)
-    token_ids = plan.pp * plan.micro_batch * 32 * 8  # gpt-tiny's sequence of 32 int64 ids per sample
-    assert measured == {0: ledger[0] + token_ids, 1: ledger[1]}
+    assert measured == ledger
     # ... far less than the ledger charges for recomputing a whole stage at once.
     stage_at_once = ledger_peaks(whole)
     assert all(ledger[rank] < 0.7 * stage_at_once[rank] for rank in range(plan.world_size))
