@@ -59,7 +59,7 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
     embedding = EMBEDDING_METHODS[plan.embedding.method]
     if embedding.check is not None:
         embedding.check(plan)
-    transformer = _transformer_of(plan)
+    transformer = transformer_of(plan.workload, plan.workload_options)
     check_tp(plan.tp, transformer, plan.workload)
     check_size(plan, full=False)
     # A profile measured on this hardware brings its communication fits, whatever computes the costs.
@@ -134,10 +134,6 @@ def _accumulation_pass(transformer: TransformerConfig | None, cluster: ClusterSp
 
     mem_eff = default_for(cluster.device, dtype).mem_eff
     return partial(grad_accumulation_s, mode=transformer.grad_accumulation, device=cluster.device, mem_eff=mem_eff)
-
-
-def _transformer_of(plan: Plan) -> TransformerConfig | None:
-    return transformer_of(plan.workload, plan.workload_options)
 
 
 # The most instructions (as estimated below) one simulation may hold. Measured on the 2-core

@@ -158,6 +158,7 @@ class Engine:
         self.stage_ranks = program.dp * program.tp  # ranks holding one pipeline stage (sim.comm)
         self._senders_of: dict[tuple[int, int], int] = {}
         self._groups_of: dict[tuple[int, ...], int] = {}
+        self._in_backward_extra: dict[tuple[int, frozenset[int]], int] = {}  # per stage and re-run set
         self.options = options or EngineOptions()
         self.env = simpy.Environment()
         self.rows: list[Row] = []
@@ -554,7 +555,7 @@ class Engine:
                                       for layer, c in zip(instruction.layers, layers, strict=True)],
                                      self.tp_overlap if self.program.tp > 1 else 0)
             per_layer = [a + b for a, b in zip(per_layer, again, strict=True)]
-            one_layer = in_backward_extra_bytes(self.program.stage_layers[instruction.stage], rerun, self._layer)
+            one_layer = self._extra_in_backward(instruction.stage, rerun)
             self.meet_var[rank] += sum(c.recompute_sd_s ** 2
                                        for layer, c in zip(instruction.layers, layers, strict=True) if layer in rerun)
             if self.options.process_offsets:
@@ -727,6 +728,14 @@ class Engine:
         back: sim.memory.held_bytes); a swapped-out part was counted back by its SWAP_IN."""
         layers = self.program.stage_layers[stage]
         return held_bytes(layers, self.recomputed.get((rank, stage, microbatch), ()), self._layer)
+
+    def _extra_in_backward(self, stage: int, rerun: set[int]) -> int:
+        """sim.memory.in_backward_extra_bytes for ``stage``, once per re-run set (it walks the stage's
+        layers for every layer; every micro-batch's backward of a stage usually re-runs the same ones)."""
+        key = (stage, frozenset(rerun))
+        if key not in self._in_backward_extra:
+            self._in_backward_extra[key] = in_backward_extra_bytes(self.program.stage_layers[stage], rerun, self._layer)
+        return self._in_backward_extra[key]
 
     def _activation_delta(self, rank: int, instruction: Instruction, layers: list[LayerCosts]) -> int:
         if instruction.kind is Kind.RECOMPUTE:
