@@ -157,7 +157,9 @@ def row_to_plan(row: Mapping[str, Any], nvlink_efficiency: float = 1.0) -> Plan:
                      "partition": megatron_partition(int(row["layers"]), int(row["pp"]))},
         schedule={"name": "1f1b", "micro_batch": int(row["micro_batch"]), "microbatches": microbatches_of(row),
                   "p2p": MEGATRON_P2P},
-        memory={"policy": "full"},
+        # --checkpoint-activations, one transformer layer per checkpoint: each block re-run inside the
+        # backward, the embedding and the LM head not re-run (sim.memory.megatron_checkpointed)
+        memory={"policy": "full", "in_backward": True},
         gradient_sync={"method": "allreduce", "bucket_mb": ONE_BUCKET_MB},
     ))
 

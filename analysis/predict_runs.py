@@ -3,7 +3,8 @@
 RUNS.csv is in the vTrain column format (``sim.calibration.read_megatron_csv``: GPUs, global batch, micro
 batch, hidden size, attention heads, # layers, sequence length, tensor / data / pipeline parallelism, and
 optionally iteration time (ms)). Each row becomes the calibration's plan (``analysis.calibrate.row_to_plan``:
-1F1B with Megatron-LM's blocking whole-tensor exchange, full recompute, fp16 A100; one node up to 8 GPUs,
+1F1B with Megatron-LM's blocking whole-tensor exchange, full recompute as Megatron checkpoints (each
+transformer layer re-run inside the backward, the embedding and LM head not), fp16 A100; one node up to 8 GPUs,
 8-GPU nodes over 4 x HDR above) and is simulated
 by ``SimulatorPredictor`` with the curve ``paratwin simulate`` uses for A100 fp16 (``sim.analytic.default_for``),
 or the physical prior without the host launch path (``prior=True``, the calibration's ``default_calibration``).

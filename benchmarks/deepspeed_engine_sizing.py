@@ -6,8 +6,9 @@ engine's mechanics"): GPT-NeoX-20B (EleutherAI's DeeperSpeed at eb7f5cff) and MT
     python benchmarks/deepspeed_engine_sizing.py [--run neox|mtnlg|both]
 
 Nothing here is fitted. GPU times are ``sim.analytic.transformer_layer_times`` (unfused attention, the
-plans' kernel model), launches ``sim.analytic.host_launches`` at ``GPU_HOST_LAUNCH_S`` (40 us each, the
-project's one fitted host constant, section 4), collectives and sends ``sim.collectives`` on the runs'
+plans' kernel model), launches ``sim.analytic.host_launches`` at ``GPU_HOST_LAUNCH_S`` (42 us each since
+session 20, 40 us when section 21's table was made; the project's one fitted host constant, sections 4
+and 27), collectives and sends ``sim.collectives`` on the runs'
 clusters, copies at memory bandwidth x ``mem_eff``. Each mechanism is sized beyond what the simulator
 already prices for these rows (blocking sends of 1/tp, one all-gather after every receive, autograd's
 gradient accumulation, the data-parallel step): only the difference is counted.

@@ -28,7 +28,7 @@ What is simulated:
 pin: GEMMs are ~80% of a layer here) that minimises the squared log error of the three distinct
 simulated Table 4 times (forward; backward without and with recompute), by a grid of 0.001
 (``fit_eff_max``). Nothing is fitted to Table 5, to Table 4's present-work rows or to SC'21 Table 1;
-the host launch cost (40 us, ``sim.analytic.GPU_HOST_LAUNCH_S``) was fitted on vTrain's single-node rows.
+the host launch cost (42 us, ``sim.analytic.GPU_HOST_LAUNCH_S``) was fitted on vTrain's single-node rows.
 
 ``--fit-attention``: eff_max and the unfused attention's softmax/dropout rate (``attn_mem_eff``) jointly,
 on a grid, with the same loss, on Table 4's rows without sequence parallelism (``JOINT_FIT_RECOMPUTE``:

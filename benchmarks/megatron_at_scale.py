@@ -6,7 +6,8 @@ training logs (BigScience 2022) against the simulator.
                                            [--schedule interleaved-1f1b|1f1b]
                                            [--micro-batch N] [--as-simulated] [--zero1]
                                            [--decompose OUT.csv] [--json OUT.json]
-                                           [--host-launch-us 37] [--eff-max 0.8] [--attn-mem-eff 0.6]
+                                           [--host-launch-us 37] [--launch-blocking] [--eff-max 0.8]
+                                           [--attn-mem-eff 0.6]
                                            [--rows 0,1,2]
 
 ``--table mtnlg``: the 530B model (105 layers, hidden 20,480) at tp 8 / pp 35 with batch 1,920 on 280,
@@ -446,6 +447,9 @@ def main() -> None:
                         help="default: sim.analytic.default_for(A100, fp16); physical: the uncalibrated prior")
     parser.add_argument("--host-launch-us", type=float, default=None,
                         help="host seconds per kernel launch, in us (sim.analytic.HOST_LAUNCH_S; default: the curve's)")
+    parser.add_argument("--launch-blocking", action="store_true",
+                        help="CUDA_LAUNCH_BLOCKING=1 as a bound: every launch's host time added to the GPU's "
+                             "instead of overlapping it (EfficiencyCurve.host_launch_blocking; a what-if)")
     parser.add_argument("--eff-max", type=float, default=None,
                         help="large-GEMM efficiency instead of the curve's (e.g. a fit on Korthikanti et al. 2022 "
                              "Table 4: benchmarks/korthikanti_layers.py --fit)")
@@ -474,6 +478,8 @@ def main() -> None:
     print(f"{'params':>8} {'GPUs':>5} {'tp':>3} {'pp':>3} {'dp':>3} {'v':>2} {'mb':>3} {'m':>4} {'iter s':>8} "
           f"{'reported':>8} {'predicted':>9} {'error':>7} {'peak GiB':>8} {'wall s':>6}")
     curve = curve_of(args.curve, args.host_launch_us)
+    if args.launch_blocking:
+        curve = replace(curve, host_launch_blocking=True)
     if args.eff_max is not None:
         curve = replace(curve, eff_max=args.eff_max)
     if args.attn_mem_eff is not None:

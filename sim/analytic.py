@@ -137,13 +137,15 @@ DROPOUT_LAUNCHES = {"block": (1, 3, 0), "embedding": (1, 1, 0), "head": (0, 0, 0
 # calls, custom autograd Functions, the RNG tracker's state save and restore, views, splits and
 # transposes that launch nothing) comes on top and is charged to the launches here. No public
 # measurement of a Megatron-LM step's per-launch host time was found, so this ONE scalar is fitted:
-# ``analysis.calibrate`` (fit ``sim_host``: eff_max 0.8, no per-call cost, only this free) on the
-# vTrain single-node data, 240 rows drawn from all 1,440: 39.9 us; fitted on hidden 2,048 alone 40.0,
-# on hidden 1,024 alone 39.8, on layers 12-16 40.1, on 20-24 39.8 us (each tested on the rows it did
-# not see: 3.5-5.7% median error; docs/accuracy.md, section 4). GPU_HOST_LAUNCH_S is that fit, rounded;
-# ``default_for`` puts it on a GPU's uncalibrated curve. An EfficiencyCurve built by hand has none.
+# ``analysis.calibrate`` (fit ``sim_host``: the physical prior, no per-call cost, only this free) on the
+# vTrain single-node data, 240 rows drawn from all 1,440, with the rows' recompute as Megatron runs it
+# (the transformer layers re-run inside the backward, the LM head not; session 20): 41.6 us; fitted on
+# hidden 2,048 alone 41.6, on hidden 1,024 alone 41.9, on layers 12-16 42.1, on 20-24 41.6 us (each
+# tested on the rows it did not see: 3.9-5.7% median error; docs/accuracy.md, sections 4 and 27; 40 us
+# before the rows stopped re-running the head). GPU_HOST_LAUNCH_S is that fit, rounded; ``default_for``
+# puts it on a GPU's uncalibrated curve. An EfficiencyCurve built by hand has none.
 HOST_LAUNCH_S = 0.0
-GPU_HOST_LAUNCH_S = 40e-6
+GPU_HOST_LAUNCH_S = 42e-6
 
 # Attention implementations (``AnalyticCostModel(attention=...)``, ``sim.workloads.ATTENTION_IMPLEMENTATIONS``;
 # a plan chooses with ``workload_options: {attention: unfused}``, or implementation: megatron-lm):
@@ -190,6 +192,10 @@ class EfficiencyCurve:
     # Host seconds per kernel launch (HOST_LAUNCH_S); the kernel model runs a layer's phase in
     # max(GPU time, launches x this). It lives on the curve because calibration fits it alongside.
     host_launch_s: float = HOST_LAUNCH_S
+    # CUDA_LAUNCH_BLOCKING=1 (BLOOM-176B's run set it): every launch returns only when its kernel has
+    # finished, so the host never runs ahead and a phase takes GPU time + launches x host_launch_s
+    # instead of the max of the two. A what-if bound, never a default.
+    host_launch_blocking: bool = False
     # Bandwidth efficiency of unfused attention's own elementwise kernels (the masked softmax and the
     # attention dropout, forward and backward), which may run below a copy's rate: the softmax makes
     # max / exp / sum passes, the dropout draws a Philox random number per element of b a s^2 / t.
@@ -227,6 +233,7 @@ class EfficiencyCurve:
         attn = values.get("attn_mem_eff")
         return cls(eff_max=float(values["eff_max"]), flops_half=float(values["flops_half"]),
                    mem_eff=float(values.get("mem_eff", MEM_EFF)), host_launch_s=float(values.get("host_launch_s", 0.0)),
+                   host_launch_blocking=bool(values.get("host_launch_blocking", False)),
                    attn_mem_eff=None if attn is None else float(attn))
 
 
@@ -469,8 +476,10 @@ def transformer_layer_times(layer: LayerSpec, b: int, t: int, device: DeviceSpec
     if curve.host_launch_s:
         # What the host adds: the forward, and the backward as one autograd pass (Megatron runs the
         # input- and weight-gradient kernels interleaved), each take max(GPU, host); the excess is
-        # its own kind, the backward's split between its two sides by their launches.
-        gpu = [sum(part[i] for part in parts.values()) for i in range(3)]
+        # its own kind, the backward's split between its two sides by their launches. Under
+        # launch blocking nothing overlaps: every launch's host time adds to the GPU's.
+        gpu = [0.0, 0.0, 0.0] if curve.host_launch_blocking else [sum(part[i] for part in parts.values())
+                                                                  for i in range(3)]
         n_f, n_bi, n_bw = host_launches(layer.kind, t, dropout=bool(drop))
         c = curve.host_launch_s
         extra_b = max(0.0, (n_bi + n_bw) * c - gpu[1] - gpu[2])

@@ -213,7 +213,8 @@ def _layer_costs(model: AnalyticCostModel, hidden: int, heads: int, layers: int,
 
 def quick_predict(row: Mapping[str, Any], model: AnalyticCostModel,
                   cluster: ClusterSpec | None = None) -> float:
-    """Seconds per Megatron iteration: 1F1B with full recompute, from per-layer costs without lowering.
+    """Seconds per Megatron iteration: 1F1B with Megatron's full recompute (the transformer blocks re-run,
+    one at a time inside the backward), from per-layer costs without lowering.
 
     The pipeline is priced by the rule the fast estimate and the engine share
     (``sim.estimate_pipeline.pipeline_time``: the 1F1B action graph weighted with each stage's own
@@ -244,10 +245,11 @@ def quick_predict(row: Mapping[str, Any], model: AnalyticCostModel,
     stages, stage_grad_bytes, stage_param_bytes = [], [], []
     for s, n_blocks in enumerate(per_stage_blocks):
         members = [(block, n_blocks)] + [(embed, 1)] * (s == 0) + [(head, 1)] * (s == pp - 1)
-        # Full recompute: the forward, then the re-forward before the backward (its TP all-reduces
-        # again), then the backward with its own.
+        # Full recompute as Megatron checkpoints: the forward, then each transformer block re-run inside
+        # the backward (its TP all-reduces again; the embedding and the LM head are outside the
+        # checkpointed stack, sim.memory.megatron_checkpointed), then the backward with its own.
         fwd = sum(n * (c.fwd_s + tp_time[id(c)][0]) for c, n in members)
-        recompute = sum(n * (c.recompute_s + tp_time[id(c)][0]) for c, n in members)
+        recompute = n_blocks * (block.recompute_s + tp_time[id(block)][0])
         bwd_input = sum(n * (c.bwd_input_s + tp_time[id(c)][1]) for c, n in members)
         bwd_weight = sum(n * c.bwd_weight_s for c, n in members)
         stages.append(StageTime(fwd, bwd_input + bwd_weight, recompute, bwd_input, bwd_weight))

@@ -86,6 +86,20 @@ def test_the_time_is_the_max_of_the_two_streams_for_every_layer_kind():
                     max(gpu.bwd_input_s + gpu.bwd_weight_s, (n_bi + n_bw) * c))
 
 
+def test_launch_blocking_adds_every_launch_to_the_gpu_time():
+    """CUDA_LAUNCH_BLOCKING=1 as a bound: the host never runs ahead, so a large layer that hides its
+    launches under max(GPU, host) pays all of them, and a small one pays its GPU time on top."""
+    blocking = replace(SLOW_HOST, host_launch_blocking=True)
+    assert EfficiencyCurve.from_dict(blocking.to_dict()) == blocking
+    assert not EfficiencyCurve.from_dict({"eff_max": 0.8, "flops_half": 0.0}).host_launch_blocking
+    for block in (gpt(8192, heads=64, seq=2048)[1], gpt(256, heads=4, seq=128)[1]):
+        gpu = transformer_layer_times(block, 1, 1, A100, "fp16", PHYSICAL, "unfused")
+        k = transformer_layer_times(block, 1, 1, A100, "fp16", blocking, "unfused")
+        assert k.fwd_s == pytest.approx(gpu.fwd_s + 17 * 40e-6)
+        assert k.bwd_input_s + k.bwd_weight_s == pytest.approx(gpu.bwd_input_s + gpu.bwd_weight_s + 45 * 40e-6)
+        assert dict(k.parts)["host"][0] == pytest.approx(17 * 40e-6)
+
+
 def test_the_layer_costs_carry_it_to_recompute_and_the_engines():
     block = gpt(512, heads=8, seq=256)[1]
     model = AnalyticCostModel(A100, "fp16", SLOW_HOST, attention="unfused")
