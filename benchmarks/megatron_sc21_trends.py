@@ -172,6 +172,24 @@ def fit_p2p_efficiency(tolerance: float = 0.005) -> float:
     return (low + high) / 2
 
 
+def ranking_verdicts(verbose: bool = False) -> list[tuple[Sweep, int, bool]]:
+    """Every (sweep, batch) of Figures 13-15 with whether the simulated points keep the paper's claim;
+    ``verbose`` prints each point as it is simulated."""
+    verdicts = []
+    for sweep in SWEEPS:
+        for batch in sweep.batches:
+            tflops = {}
+            for split in SPLITS:
+                point = simulate_point(sweep, batch, split)
+                tflops[split] = point["tflops"]
+                if verbose:
+                    print(f"Figure {sweep.figure} batch {batch:>3}: tp {point['tp']:>2} pp {point['pp']:>2} "
+                          f"dp {point['dp']:>2}  {point['iteration_s']:7.3f} s  {point['tflops']:6.1f} TFLOP/s "
+                          f"per GPU{'  (out of memory)' if point['oom'] else ''}", flush=True)
+            verdicts.append((sweep, batch, sweep.holds(tflops)))
+    return verdicts
+
+
 def main() -> None:
     sim.compile.MAX_INSTRUCTIONS = max(sim.compile.MAX_INSTRUCTIONS, sc21.INSTRUCTION_LIMIT)
     if "--fit-p2p" in sys.argv[1:]:
@@ -180,17 +198,7 @@ def main() -> None:
     if "--interleaving" in sys.argv[1:]:
         print_interleaving()
         return
-    verdicts = []
-    for sweep in SWEEPS:
-        for batch in sweep.batches:
-            tflops = {}
-            for split in SPLITS:
-                point = simulate_point(sweep, batch, split)
-                tflops[split] = point["tflops"]
-                print(f"Figure {sweep.figure} batch {batch:>3}: tp {point['tp']:>2} pp {point['pp']:>2} "
-                      f"dp {point['dp']:>2}  {point['iteration_s']:7.3f} s  {point['tflops']:6.1f} TFLOP/s per GPU"
-                      f"{'  (out of memory)' if point['oom'] else ''}", flush=True)
-            verdicts.append((sweep, batch, sweep.holds(tflops)))
+    verdicts = ranking_verdicts(verbose=True)
     print()
     for sweep, batch, holds in verdicts:
         print(f"Figure {sweep.figure}, batch {batch}: {sweep.claim}: {'holds' if holds else 'DOES NOT HOLD'}")

@@ -301,7 +301,9 @@ class RankRuntime:
             start = self.clock.mark()
             handler(ins)
             end = self.clock.mark()
-            self._row(ins, start, end, 0, thread_faults() - faults if faults >= 0 else -1)
+            # the instruction's own size, as the simulator's row records it (an optimizer step's
+            # parameter bytes, a DECIDE's budget; zero for the passes)
+            self._row(ins, start, end, ins.bytes, thread_faults() - faults if faults >= 0 else -1)
         else:
             handler(ins)
 

@@ -242,7 +242,7 @@ def sharded_terms(plan: Plan, stage_layers: list[tuple[int, ...]], costs: Any, r
     tables = embedding_tables(plan.workload, plan.workload_options)
     stage = next(s for s, layers in enumerate(stage_layers) if tables[0].layer in layers)
     rank = rank_of_stage[stage]
-    removed = excluded_bytes(plan, tables)
+    removed = excluded_bytes(plan, tables, costs)
     full = sum(removed.values())
     shard = sum(_shard_bytes(plan, t, 0) for t in tables)
     layer = costs.layer_costs(tables[0].layer, plan.micro_batch, plan.tp)
@@ -293,18 +293,26 @@ def estimate_terms(plan: Plan, stage_layers: list[tuple[int, ...]], comm: Any, c
                          rows_cores=alltoall_cores(plan, comm, "rows", sizes["rows"], rows_s) if two_d else 0.0)
 
 
-def table_bytes(plan: Plan, table: Table) -> int:
-    """Bytes of the table one rank of a dense run holds (its TP slice: exec keeps the columns
-    dim / tp; the analytic cost model pads Megatron's vocabulary, whose remainder stays dense)."""
+def table_bytes(plan: Plan, table: Table, costs: Any) -> int:
+    """Bytes of the table one rank of a dense run holds, as ``costs`` price that run's layer. Under TP
+    the runtime's workloads replicate a dense table (docs/embrace.md, "Dense tables under TP"), so its
+    rank holds all of it; the analytic model's dense table is Megatron's vocabulary-parallel one, a
+    1 / tp share (its padding's remainder stays dense). Which one a cost model prices shows in the
+    layer's parameters: at least the whole table, or less. Until session 20 this was the TP share for
+    both, and a runtime plan's buckets kept (tp - 1) / tp of the table's gradient that the runtime does
+    not all-reduce (tests/test_embrace.py compares the two instruction tables)."""
+    whole = table.rows * table.dim * ELEMENT_BYTES[plan.dtype]
+    if plan.tp == 1 or costs.layer_costs(table.layer, plan.micro_batch, plan.tp).param_bytes >= whole:
+        return whole
     return table.rows * tp_width(plan, table) * ELEMENT_BYTES[plan.dtype]
 
 
-def excluded_bytes(plan: Plan, tables: Sequence[Table]) -> dict[int, int]:
-    """Layer -> gradient bytes of the sharded tables it holds (their TP slices), which leave the
-    data-parallel buckets."""
+def excluded_bytes(plan: Plan, tables: Sequence[Table], costs: Any) -> dict[int, int]:
+    """Layer -> gradient bytes of the sharded tables it holds (what a dense rank holds of them:
+    ``table_bytes``), which leave the data-parallel buckets."""
     out: dict[int, int] = {}
     for table in tables:
-        out[table.layer] = out.get(table.layer, 0) + table_bytes(plan, table)
+        out[table.layer] = out.get(table.layer, 0) + table_bytes(plan, table, costs)
     return out
 
 
@@ -350,7 +358,7 @@ def _exchange(draft: Any, phase: str, mb: int, offset: int, tables: list[Table],
 def exclude_tables(draft: Any, tables: list[Table], imbalance: float) -> None:
     """The tables' gradients leave the data-parallel buckets; the exchanges wait for the most loaded owner."""
     draft.program.alltoall_imbalance = imbalance
-    for layer, nbytes in excluded_bytes(draft.plan, tables).items():
+    for layer, nbytes in excluded_bytes(draft.plan, tables, draft.costs).items():
         draft.excluded_grad_bytes[layer] = draft.excluded_grad_bytes.get(layer, 0) + nbytes
 
 
@@ -363,7 +371,7 @@ def step_bytes(draft: Any, stages: tuple[int, ...], tables: list[Table]) -> tupl
     takes an instruction's bytes as given, stepped a sharded embedding's rank over dp x its share."""
     plan = draft.plan
     shard_bytes = sum(_shard_bytes(plan, table, draft.coords.dp) for table in tables)
-    full_bytes = sum(table_bytes(plan, t) for t in tables)
+    full_bytes = sum(table_bytes(plan, t, draft.costs) for t in tables)
     dense_bytes = sum(draft.cost(layer).param_bytes for s in stages for layer in draft.program.stage_layers[s]) \
         - full_bytes
     dense_bytes = round(dense_bytes * draft.program.optimizer_share)

@@ -40,7 +40,8 @@ def test_neox_sizing_counts_recompute_launches_and_the_whole_gradient() -> None:
 
 
 def test_nothing_stated_sums_to_a_small_share_of_either_gap() -> None:
-    # The documented verdict: what the code and configuration state covers at most 15% (NeoX) and 3%
-    # (MT-NLG) of the per-slot gap.
-    assert size(NEOX).total(True)[1] < 0.15 * NEOX.gap_slot_s
+    # The documented verdict: what the code and configuration state covers at most 16% (NeoX: 15.5% at the
+    # 42 us per launch of session 20, 14.9% at 40 us; its high end is every launch exposed) and 3% (MT-NLG)
+    # of the per-slot gap.
+    assert size(NEOX).total(True)[1] < 0.16 * NEOX.gap_slot_s
     assert size(MTNLG).total(False)[1] < 0.03 * MTNLG.gap_slot_s
