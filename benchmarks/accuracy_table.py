@@ -68,9 +68,8 @@ class Check:
     def cells(self) -> list[str]:
         def pct(x: float | None) -> str:
             return "–" if x is None else f"{x:.1%}"
-        rho = "–" if self.spearman is None or self.rows < 2 else f"{self.spearman:.3f}"
-        return [self.check, self.data, str(self.rows), pct(self.mape), pct(self.median), pct(self.max), rho,
-                self.note]
+        return [self.check, self.data, str(self.rows), pct(self.mape), pct(self.median), pct(self.max),
+                "–" if self.spearman is None else f"{self.spearman:.3f}", self.note]
 
 
 def _from_stats(group: str, check: str, data: str, rows: int, stats: dict[str, Any], note: str = "") -> Check:

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from analysis.demo import ITERATIONS, WARMUP, WHAT_IF_PLAN
+from sim.embedding import EXCHANGE_TAG
 from sim.plan import Plan
 from sim.simulate import simulate
 from traces.runrecord import read_run_record
@@ -54,16 +55,13 @@ def top_level(table: pd.DataFrame) -> pd.DataFrame:
     return table[table["parent"] == -1]
 
 
-# Embedding exchanges (EmbRace's and the parameter server's all-to-alls, tagged "emb:") move the unique
-# rows of each batch: the runtime records the bytes it sent, the prediction the expected count
-# (sim.embedding_embrace.unique_rows), so their sizes are compared by neither side's number. Every
-# other instruction's bytes are static and must agree.
-DATA_DEPENDENT_BYTES = "emb:"
-
-
 def instructions(table: pd.DataFrame) -> list[tuple]:
+    """The instructions of ``table``, sorted. Embedding exchanges (EmbRace's and the parameter server's
+    all-to-alls, tagged ``sim.embedding.EXCHANGE_TAG``) move the unique rows of each batch: the runtime
+    records the bytes it sent, the prediction the expected count (sim.embedding_embrace.unique_rows), so
+    their sizes are compared by neither side's number. Every other instruction's bytes are static."""
     rows = top_level(table)[INSTRUCTION_KEY].copy()
-    rows.loc[rows["name"].str.contains(DATA_DEPENDENT_BYTES, regex=False), "bytes"] = -1
+    rows.loc[rows["name"].str.contains(EXCHANGE_TAG, regex=False), "bytes"] = -1
     return sorted(rows.itertuples(index=False, name=None))
 
 
