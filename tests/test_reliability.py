@@ -24,6 +24,7 @@ import torch
 from exec.faults import FAULT_ENV
 from exec.launcher import RunFailed, run_plan
 from sim.plan import Plan
+from tests.interactive import start_as_from_terminal
 from traces.outdir import OutputError, OutputLock, fresh_run_folder, safe_name
 from traces.runrecord import read_run_record
 
@@ -39,16 +40,9 @@ def paratwin(*args: str, cwd: Path = REPO, timeout: float = 300) -> subprocess.C
                           timeout=timeout, cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
-def _default_interrupt() -> None:
-    # A shell runs background jobs with SIGINT ignored, and Python keeps an ignored SIGINT ignored:
-    # the launcher must start as from a terminal for a Ctrl-C test to mean anything.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def start_paratwin(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "analysis.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=REPO, start_new_session=True,
-                            preexec_fn=_default_interrupt)
+    return start_as_from_terminal([sys.executable, "-m", "analysis.cli", *args], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, cwd=REPO)
 
 
 def one_line_error(done: subprocess.CompletedProcess) -> str:

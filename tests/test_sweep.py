@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from analysis.sweep import SweepSpec, point_id, read_events, recorded_ids, run_sweep
+from tests.interactive import start_as_from_terminal
 from traces.errors import ConfigError
 
 BASE = {"workload": "gpt-8.3b", "cluster": "a100-64", "dtype": "fp16",
@@ -175,9 +176,8 @@ def test_ctrl_c_says_what_is_recorded_and_how_to_resume(tmp_path: Path) -> None:
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "analysis.cli", "sweep", str(spec_path), "--out", str(out),
-                             "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = start_as_from_terminal([sys.executable, "-m", "analysis.cli", "sweep", str(spec_path), "--out", str(out),
+                                   "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
     while len(recorded_ids(out)) < 3 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
