@@ -7,8 +7,9 @@ and write the comparison table.
 
 Cases (GPU): GPT-2 small (124M) and a 1.3B GPT (GPT-3 XL's shape: 24 layers, hidden 2,048, 16 heads;
 Brown et al. 2020, Table 2.1), each at sequence 1,024 and 2,048, bf16, 4 micro-batches of 4 through a
-one-stage 1F1B plan on the cluster preset ``h200-1`` (the analytic model prices the H200 from its
-datasheet, sim/data/hardware.yaml). The smoke run uses gpt-tiny at two sequence lengths on one CPU
+one-stage 1F1B plan on one GPU of the catalog's kind (``sim.hardware.catalog_device_for_gpu`` names it
+from the GPU, ``--device-name`` where the catalog does not know the name; the analytic model prices it
+from its datasheet, sim/data/hardware.yaml). The smoke run uses gpt-tiny at two sequence lengths on one CPU
 rank, where the analytic column is empty (the analytic model does not price CPUs). Writes
 ``gpu_check.csv`` and ``gpu_check.md`` under ``--out`` (and each validation's folder), then times
 unfused attention's memory-bound kernels against the model's rate (``scripts/kernel_rates.py``:
@@ -34,9 +35,12 @@ GPU_CASES = [  # (label, workload, options, micro-batch)
 SMOKE_CASES = [("gpt-tiny seq 32", "gpt-tiny", {"seq": 32}, 2), ("gpt-tiny seq 64", "gpt-tiny", {"seq": 64}, 2)]
 
 
-def plan_for(label: str, workload: str, options: dict, micro_batch: int, smoke: bool) -> dict:
+def plan_for(label: str, workload: str, options: dict, micro_batch: int, device: str | None) -> dict:
+    """The case's plan on one GPU of the catalog's ``device``; None: one CPU rank (the smoke run)."""
+    smoke = device is None
     return {"name": "gpu-check-" + label.replace(" ", "-"), "workload": workload, "workload_options": options,
-            "cluster": {"preset": "local-cpu-2", "devices_per_node": 1} if smoke else "h200-1",
+            "cluster": ({"preset": "local-cpu-2", "devices_per_node": 1} if smoke
+                        else {"nodes": 1, "devices_per_node": 1, "device": device}),
             "dtype": "fp32" if smoke else "bf16",
             "schedule": {"name": "1f1b", "micro_batch": micro_batch, "microbatches": 4}}
 
@@ -46,23 +50,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/gpu_check"))
     parser.add_argument("--smoke", action="store_true", help="gpt-tiny on the CPU: the same steps, for tests")
     parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--device-name", default=None, help="the hardware catalog's device (default: from the GPU)")
     args = parser.parse_args(argv)
 
-    import torch
-
     from analysis.validation.run import validate_plan
+    from sim.hardware import gpu_at_hand
     from sim.plan import Plan
     from sim.simulate import simulate
+    from traces.errors import ConfigError
 
-    if not args.smoke and not torch.cuda.is_available():
-        print("gpu_check: no CUDA device here; run it on a GPU machine, or --smoke for the CPU path",
-              file=sys.stderr)
-        return 2
-    device = "cpu" if args.smoke else torch.cuda.get_device_name(0)
+    catalog_device = None
+    if not args.smoke:
+        try:
+            cuda_name, catalog_device = gpu_at_hand(args.device_name)
+        except ConfigError as exc:
+            print(f"gpu_check: {exc}", file=sys.stderr)
+            return 2
+    device = "cpu" if args.smoke else f"{cuda_name} (priced as {catalog_device})"
     rows = []
     for label, workload, options, micro_batch in (SMOKE_CASES if args.smoke else GPU_CASES):
         started = time.perf_counter()
-        plan = Plan.from_dict(plan_for(label, workload, options, micro_batch, args.smoke))
+        plan = Plan.from_dict(plan_for(label, workload, options, micro_batch, catalog_device))
         # The plan's cluster with no profile: what a what-if gives (the analytic model prices GPUs only).
         analytic = float("nan") if args.smoke else simulate(plan).iteration_s
         report = validate_plan(plan, iterations=args.iterations, warmup=3, commbench=False,
@@ -87,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     # The memory-bound attention kernels against the model's rate (docs/accuracy.md section 11).
     import kernel_rates  # scripts/, beside this file
 
-    kernel_rates.write(kernel_rates.measure(args.smoke, repeats=20), args.out, device)
+    kernel_rates.write(kernel_rates.measure(catalog_device, repeats=20), args.out, device)
     return 0
 
 

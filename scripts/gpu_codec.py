@@ -22,19 +22,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-GPU_PLAN = {"name": "gpu-codec-lstm-lm", "workload": "lstm-lm", "workload_options": {"sparse": True,
-            "data": "wikitext-2"}, "cluster": {"preset": "h200-1"}, "schedule": {"micro_batch": 20, "microbatches": 1}}
 SMOKE_PLAN = {"name": "gpu-codec-smoke", "workload": "lstm-tiny", "workload_options": {"sparse": True,
               "data": "wikitext-2"}, "cluster": {"preset": "local-cpu-2"}, "schedule": {"micro_batch": 8,
                                                                                          "microbatches": 1}}
-# Substrings of torch.cuda.get_device_name -> the catalog's device; the A100s by memory.
-CATALOG = (("H200", "H200"), ("H100", "H100-SXM"), ("V100", "V100-32GB"), ("3090", "RTX3090"))
 
 
-def catalog_name(cuda_name: str, memory_bytes: int) -> str | None:
-    if "A100" in cuda_name:
-        return "A100-80GB" if memory_bytes > 50 * 2**30 else "A100-40GB"
-    return next((device for key, device in CATALOG if key in cuda_name), None)
+def gpu_plan(device: str) -> dict:
+    """The lstm-lm plan on one GPU of the catalog's ``device``."""
+    return {"name": "gpu-codec-lstm-lm", "workload": "lstm-lm", "workload_options": {"sparse": True,
+            "data": "wikitext-2"}, "cluster": {"nodes": 1, "devices_per_node": 1, "device": device},
+            "schedule": {"micro_batch": 20, "microbatches": 1}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,26 +43,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--update", action="store_true", help="also write the rows into sim/data/codec_rates.csv")
     args = parser.parse_args(argv)
 
-    import torch
-
     from analysis.compression_codec import measure, write_rates
     from sim.gradient_sync import CODEC_FILE
+    from sim.hardware import gpu_at_hand
     from sim.plan import Plan
+    from traces.errors import ConfigError
 
     if args.smoke:
         torch_device, name, plan = "cpu", args.device_name or "local-cpu", SMOKE_PLAN
     else:
-        if not torch.cuda.is_available():
-            print("gpu_codec: no CUDA device here; run it on a GPU machine, or --smoke for the CPU path",
-                  file=sys.stderr)
+        try:
+            name = gpu_at_hand(args.device_name)[1]
+        except ConfigError as exc:
+            print(f"gpu_codec: {exc}", file=sys.stderr)
             return 2
-        props = torch.cuda.get_device_properties(0)
-        name = args.device_name or catalog_name(props.name, props.total_memory)
-        if name is None:
-            print(f"gpu_codec: {props.name!r} is not in sim/data/hardware.yaml's catalog; pass --device-name",
-                  file=sys.stderr)
-            return 2
-        torch_device, plan = "cuda", GPU_PLAN
+        torch_device, plan = "cuda", gpu_plan(name)
     rows = measure(Plan.from_dict(plan), args.repeats, torch_device, name)
     args.out.mkdir(parents=True, exist_ok=True)
     write_rates(rows, args.out / "codec_rates.csv")

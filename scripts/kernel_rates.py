@@ -71,18 +71,20 @@ def time_call(torch, call: Callable[[], object], repeats: int, cuda: bool) -> li
     return times
 
 
-def measure(smoke: bool, repeats: int) -> pd.DataFrame:
+def measure(catalog_device: str | None, repeats: int) -> pd.DataFrame:
+    """Time the kernels on the GPU, priced as the catalog's ``catalog_device``; None: tiny tensors on the CPU."""
     import torch
 
     from sim.analytic import default_for
-    from sim.cluster import load_cluster
+    from sim.hardware import get_device
 
-    cuda = not smoke
+    cuda = catalog_device is not None
+    smoke = not cuda
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     e = torch.tensor([], dtype=dtype).element_size()
-    if cuda:  # the datasheet figure and the rates the model prices this GPU with (gpu_check's preset)
-        spec = load_cluster("h200-1").device
+    if cuda:  # the datasheet figure and the rates the model prices this GPU with
+        spec = get_device(catalog_device)
         curve = default_for(spec, "bf16")
         datasheet, mem_eff, attn_mem_eff = spec.memory_bandwidth_Bps, curve.mem_eff, curve.attention_mem_eff
     else:  # the analytic model does not price CPUs
@@ -124,14 +126,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/kernel_rates"))
     parser.add_argument("--smoke", action="store_true", help="tiny tensors on the CPU: the same steps, for tests")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--device-name", default=None, help="the hardware catalog's device (default: from the GPU)")
     args = parser.parse_args(argv)
-    import torch
+    from sim.hardware import gpu_at_hand
+    from traces.errors import ConfigError
 
-    if not args.smoke and not torch.cuda.is_available():
-        print("kernel_rates: no CUDA device here; --smoke for the CPU path", file=sys.stderr)
+    if args.smoke:
+        write(measure(None, args.repeats), args.out, "cpu")
+        return 0
+    try:
+        cuda_name, catalog_device = gpu_at_hand(args.device_name)
+    except ConfigError as exc:
+        print(f"kernel_rates: {exc}", file=sys.stderr)
         return 2
-    table = measure(args.smoke, args.repeats)
-    write(table, args.out, "cpu" if args.smoke else torch.cuda.get_device_name(0))
+    write(measure(catalog_device, args.repeats), args.out, f"{cuda_name} (priced as {catalog_device})")
     return 0
 
 

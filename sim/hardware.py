@@ -197,6 +197,35 @@ def get_device(name: str, field: str = "device") -> DeviceSpec:
     return devices[canonical]
 
 
+# Substrings of the name CUDA reports (torch.cuda.get_device_name) -> the catalog's device. The PCIe and
+# NVL boards of the H100 have other memory and clocks than the SXM part the catalog holds: not matched.
+_CUDA_NAMES = (("H200", "H200"), ("H100 80GB HBM3", "H100-SXM"), ("V100", "V100-32GB"), ("3090", "RTX3090"))
+
+
+def catalog_device_for_gpu(cuda_name: str, memory_bytes: int) -> str | None:
+    """The catalog's device for a GPU as CUDA names it (the A100s told apart by their memory), or None
+    where the catalog has no such part: a device check then asks for the name instead of guessing."""
+    if "A100" in cuda_name:
+        return "A100-80GB" if memory_bytes > 50 * 2**30 else "A100-40GB"
+    return next((device for key, device in _CUDA_NAMES if key in cuda_name), None)
+
+
+def gpu_at_hand(device_name: str | None = None) -> tuple[str, str]:
+    """CUDA's name for GPU 0 and the catalog's device it is priced as (``device_name`` where given), for
+    the scripts that measure a GPU. ConfigError where there is no CUDA GPU or the catalog has no such part."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError("device", "no CUDA device here", "run it on a GPU machine, or --smoke for the CPU path")
+    props = torch.cuda.get_device_properties(0)
+    name = device_name or catalog_device_for_gpu(props.name, props.total_memory)
+    if name is None:
+        raise ConfigError("--device-name", f"{props.name!r} is not in sim/data/hardware.yaml's catalog",
+                          "pass --device-name NAME, or add the device there with its datasheet")
+    get_device(name, field="--device-name")  # a name the catalog does not hold is refused here
+    return props.name, name
+
+
 def get_link(name: str, field: str = "link") -> LinkSpec:
     links = _catalog()[1]
     spec = links.get(str(name).lower())

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"
 
@@ -38,3 +39,12 @@ def test_gpu_check_smoke_writes_the_comparison_table(tmp_path: Path) -> None:
     per_element = rates.set_index("kernel")["bytes"] / (rates["batch_heads"] * rates["seq"] ** 2).iloc[0]
     assert per_element["copy"] == 8 and per_element["dropout forward"] == 9
 
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU: the check would run")
+def test_without_a_gpu_the_check_says_so_and_what_to_do(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "gpu_check: device: no CUDA device here (fix: run it on a GPU machine, or --smoke" in done.stderr
+    assert not list(tmp_path.iterdir())

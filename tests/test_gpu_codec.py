@@ -31,12 +31,31 @@ def test_gpu_codec_smoke_writes_rates_in_the_simulators_format(tmp_path: Path) -
 
 
 def test_gpu_names_map_to_the_hardware_catalog() -> None:
-    module = load_script("scripts/gpu_codec.py")
-    assert module.catalog_name("NVIDIA H200", 141 * 2**30) == "H200"
-    assert module.catalog_name("NVIDIA A100-SXM4-80GB", 80 * 2**30) == "A100-80GB"
-    assert module.catalog_name("NVIDIA A100-PCIE-40GB", 40 * 2**30) == "A100-40GB"
-    assert module.catalog_name("NVIDIA L4", 24 * 2**30) is None
-    from sim.hardware import get_device
+    """The names CUDA reports on the machines these scripts run on, to the catalog's device; a board the
+    catalog does not hold (an H100 PCIe has other memory and clocks than the SXM part) is not guessed."""
+    from sim.hardware import catalog_device_for_gpu, get_device
 
+    assert catalog_device_for_gpu("NVIDIA H200", 141 * 2**30) == "H200"
+    assert catalog_device_for_gpu("NVIDIA H100 80GB HBM3", 80 * 2**30) == "H100-SXM"
+    assert catalog_device_for_gpu("NVIDIA H100 PCIe", 80 * 2**30) is None
+    assert catalog_device_for_gpu("NVIDIA A100-SXM4-80GB", 80 * 2**30) == "A100-80GB"
+    assert catalog_device_for_gpu("NVIDIA A100-PCIE-40GB", 40 * 2**30) == "A100-40GB"
+    assert catalog_device_for_gpu("NVIDIA L4", 24 * 2**30) is None
     for name in ("H200", "H100-SXM", "V100-32GB", "RTX3090", "A100-80GB", "A100-40GB"):
         get_device(name)  # each is in the catalog
+
+
+def test_gpu_plans_are_priced_as_the_gpu_at_hand() -> None:
+    """gpu_check and gpu_codec planned every GPU as an H200 (the preset h200-1), so an H100 check would
+    have compared its runs with an H200's what-if: the plans now take the catalog's device."""
+    from sim.cluster import load_cluster
+    from sim.plan import Plan
+
+    def priced_as(plan: dict) -> str:
+        return load_cluster(Plan.from_dict(plan).cluster).device.name
+
+    check, codec = load_script("scripts/gpu_check.py"), load_script("scripts/gpu_codec.py")
+    for device in ("H100-SXM", "H200"):
+        assert priced_as(check.plan_for("gpt2-small seq 1024", "gpt2-small", {"seq": 1024}, 4, device)) == device
+        assert priced_as(codec.gpu_plan(device)) == device
+    assert priced_as(check.plan_for("gpt-tiny seq 32", "gpt-tiny", {"seq": 32}, 2, None)) == "local-cpu"
