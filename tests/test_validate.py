@@ -216,3 +216,20 @@ def test_dispatch_time_is_paid_before_every_compute_instruction_but_the_first() 
     # One rank, nothing to wait for: every compute instruction after the first starts 1 ms later.
     assert slower.iteration_s == pytest.approx(plain.iteration_s + 0.001 * (len(compute) - 1))
 
+
+
+def test_a_plan_with_more_ranks_than_this_machine_runs_is_refused_before_profiling(tmp_path: Path) -> None:
+    """validate profiled in as many processes as the plan has ranks before the run refused the plan: a
+    64-rank GPU plan (examples/plans/gpt-8.3b-a100-64-merak.yaml) started 64 profiling processes on a
+    2-core, 24 GiB machine and the kernel's OOM killer took other work. Now it is refused first."""
+    import os
+
+    from sim.compile import MAX_LOCAL_RANKS_PER_CORE
+    from traces.errors import ConfigError
+
+    ranks = MAX_LOCAL_RANKS_PER_CORE * len(os.sched_getaffinity(0)) + 1
+    plan = Plan.from_dict({**PLAN, "name": "too-many-ranks", "parallelism": {"dp": ranks, "tp": 1, "pp": 1},
+                           "cluster": {"preset": "local-cpu-2", "devices_per_node": ranks}})
+    with pytest.raises(ConfigError, match=rf"parallelism: dp x tp x pp: {ranks} ranks on one machine"):
+        validate_plan(plan, out_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()

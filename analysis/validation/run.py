@@ -47,7 +47,7 @@ from analysis.validation.compare import (
 )
 from analysis.validation.profiling import bracket_profile, profile_for_validation, profile_plan_workload
 from analysis.validation.report import ValidationReport, write_report
-from sim.compile import compile_plan, resolve_plan
+from sim.compile import check_local_run, compile_plan, resolve_plan
 from sim.engine import EngineOptions
 from sim.plan import Plan
 from sim.simulate import simulate
@@ -82,6 +82,9 @@ def validate_plan(plan: Plan | str | Path, nproc: int | None = None, profile: Pa
     if nproc is not None and nproc != plan.world_size:
         raise ConfigError("nproc", f"{nproc} processes for a plan of dp x tp x pp = {plan.world_size} ranks",
                           f"use nproc={plan.world_size} or change the plan's degrees")
+    # The run would refuse such a plan, but only after the profile, which starts as many processes
+    # as the plan has ranks: a 64-rank GPU plan took this 2-core, 24 GiB machine's memory first.
+    check_local_run(plan)
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="paratwin-validate-"))
     out.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
