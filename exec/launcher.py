@@ -38,6 +38,7 @@ from pathlib import Path
 import pandas as pd
 
 from exec.contract import RunOptions, compile_for_run, pick_backend
+from exec.host_fit import check_host_memory
 from exec.rank import run_rank, write_error
 from exec.records import read_rank_results, summarise, write_record
 from exec.structure import Measured
@@ -177,7 +178,7 @@ def run_plan(plan: Plan | str | Path, nproc: int | None = None, backend: str | N
     if not timeout_s > 0:  # 0 declared the run hung at once; a negative one failed inside gloo on every rank
         raise ConfigError("timeout", f"must be a positive number of seconds, got {timeout_s}", "e.g. --timeout 300")
     backend = pick_backend(backend)
-    measured = _check_plan(plan)
+    measured = check_runs_here(plan)
     out_dir = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="paratwin-run-"))
     prepare_out_folder(out_dir, ())  # a file or a place that cannot be written: one line (claim_run_folder: the rest)
     # The process groups time out later than the watchdog, so that a hang is reported as one
@@ -188,11 +189,14 @@ def run_plan(plan: Plan | str | Path, nproc: int | None = None, backend: str | N
         return _launch(plan, out_dir, options, float(timeout_s), measured)
 
 
-def _check_plan(plan: Plan) -> Measured:
-    """Every check a rank makes before its first instruction, here, once (a ``ConfigError``); returns
-    the plan's structural measurements, which the ranks take instead of measuring again."""
+def check_runs_here(plan: Plan) -> Measured:
+    """Every check a rank makes before its first instruction, here, once (a ``ConfigError``), and whether
+    the ranks fit this machine (its cores, its memory); returns the plan's structural measurements,
+    which the ranks take instead of measuring again."""
     check_local_run(plan)
-    return compile_for_run(plan).structure.measured
+    executable = compile_for_run(plan)
+    check_host_memory(executable)
+    return executable.structure.measured
 
 
 def _launch(plan: Plan, out_dir: Path, options: RunOptions, timeout_s: float, measured: Measured) -> RunResult:

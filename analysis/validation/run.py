@@ -47,7 +47,7 @@ from analysis.validation.compare import (
 )
 from analysis.validation.profiling import bracket_profile, profile_for_validation, profile_plan_workload
 from analysis.validation.report import ValidationReport, write_report
-from sim.compile import check_local_run, compile_plan, resolve_plan
+from sim.compile import compile_plan, resolve_plan
 from sim.engine import EngineOptions
 from sim.plan import Plan
 from sim.simulate import simulate
@@ -72,7 +72,7 @@ def validate_plan(plan: Plan | str | Path, nproc: int | None = None, profile: Pa
     this bundle instead of benchmarking (with ``commbench=False``). ``calibration``: constants fitted on
     other plans (``fit_calibration``); the report also gives the uncalibrated prediction.
     Results go to ``out_dir`` (a new temporary directory by default)."""
-    from exec.launcher import run_plan
+    from exec.launcher import check_runs_here, run_plan
 
     source = str(plan) if not isinstance(plan, Plan) else None
     plan = plan if isinstance(plan, Plan) else Plan.load(plan)
@@ -84,7 +84,7 @@ def validate_plan(plan: Plan | str | Path, nproc: int | None = None, profile: Pa
                           f"use nproc={plan.world_size} or change the plan's degrees")
     # The run would refuse such a plan, but only after the profile, which starts as many processes
     # as the plan has ranks: a 64-rank GPU plan took this 2-core, 24 GiB machine's memory first.
-    check_local_run(plan)
+    check_runs_here(plan)
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="paratwin-validate-"))
     out.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
