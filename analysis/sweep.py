@@ -75,6 +75,7 @@ from analysis.executors import LOCAL_DASK, BrokenProcessPool, backend, check_wor
 from traces.atomic import atomic_path, atomic_write_text
 from traces.errors import ConfigError, ParatwinError
 from traces.outdir import OutputLock, prepare_out_folder
+from traces.strict_yaml import load_yaml
 
 STATUSES = ("ok", "does-not-fit", "error", "exception")
 # The plan's shape, as columns of the merged table (read from the plan of each point).
@@ -127,7 +128,7 @@ class SweepSpec:
         if not path.is_file():
             raise ConfigError(str(path), "sweep spec not found", "pass the path of a YAML sweep spec")
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            data = load_yaml(path.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, yaml.YAMLError) as exc:
             raise ConfigError(str(path), f"not valid YAML: {str(exc).splitlines()[0]}", "fix the syntax") from None
         return cls.from_dict(data, source=str(path), root=path.parent)

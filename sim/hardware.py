@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from traces.errors import ConfigError
+from traces.strict_yaml import load_yaml
 
 CATALOG_PATH = Path(__file__).parent / "data" / "hardware.yaml"
 
@@ -287,7 +288,7 @@ def device_from_yaml(path: str | Path) -> DeviceSpec:
     p = Path(path)
     if not p.is_file():
         raise ConfigError("device file", f"{p} does not exist", "give the path of a YAML device entry")
-    raw = yaml.safe_load(p.read_text())
+    raw = load_yaml(p.read_text())
     if isinstance(raw, Mapping) and len(raw) == 1 and isinstance(next(iter(raw.values())), Mapping):
         name, entry = next(iter(raw.items()))
     else:

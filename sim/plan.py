@@ -44,6 +44,7 @@ from sim.schedules import SCHEDULES
 from sim.workloads import WORKLOAD_FAMILIES
 from traces.errors import ConfigError
 from traces.limits import check_document, check_file_size, short_repr
+from traces.strict_yaml import load_json, load_yaml
 
 
 class Section(BaseModel):
@@ -351,7 +352,7 @@ def read_plan_document(path: str | Path) -> Any:
         raise ConfigError(str(path), f"not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x})",
                           "save the plan as UTF-8 YAML or JSON") from None
     try:
-        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        return load_json(text) if path.suffix == ".json" else load_yaml(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(str(path), f"not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
                           f"{str(exc).splitlines()[0]}", "fix the syntax") from None
