@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -233,3 +234,15 @@ def test_a_plan_with_more_ranks_than_this_machine_runs_is_refused_before_profili
     with pytest.raises(ConfigError, match=rf"parallelism: dp x tp x pp: {ranks} ranks on one machine"):
         validate_plan(plan, out_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_another_workloads_profile_is_refused_naming_the_users_folder(tmp_path: Path, gpt_tiny_profile: Path) -> None:
+    """validate --profile copied the bundle under its output folder first, then refused the copy
+    ("v/profile profiles workload ...") and left it there (found by an outside-in review)."""
+    from traces.errors import ConfigError
+
+    plan = Plan.load(Path(__file__).resolve().parent.parent / "examples" / "plans" / "lstm-tiny-dp2.yaml")
+    with pytest.raises(ConfigError, match=rf"^profile: {re.escape(str(gpt_tiny_profile))} profiles workload "
+                                          r"'gpt-tiny', the plan's workload is 'lstm-tiny'"):
+        validate_plan(plan, profile=gpt_tiny_profile, out_dir=tmp_path / "v")
+    assert not (tmp_path / "v" / "profile").exists()

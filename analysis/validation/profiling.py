@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.validation.comm import calibrate_comm, comm_sizes, sweep_sizes
+from sim.compile import resolve_plan
 from sim.plan import Plan
 from traces.bundle import ProfileBundle, read_bundle, write_bundle
 from traces.errors import ConfigError
@@ -197,6 +198,10 @@ def profile_for_validation(plan: Plan, out_dir: Path, profile: Path | None = Non
     if profile is not None:
         profile = Path(profile).resolve()
         read_bundle(profile)  # a bad bundle fails here, naming the file
+        # Another workload's (or dtype's, or layer count's) bundle is refused naming the user's folder,
+        # before it is copied under out_dir: the copy's name in the error, and the copy left behind,
+        # told the user nothing about their own folder.
+        resolve_plan(plan.replace(profile=str(profile)))
         if not commbench:
             return profile
         if profile != target.resolve():
