@@ -306,8 +306,8 @@ def _refuse_flat_form(data: dict[str, Any], source: str) -> None:
         return
     sections = {k: v for k, v in migrate_flat(data).items() if k in _SECTIONS}
     spelled = yaml.safe_dump(sections, default_flow_style=True, sort_keys=False, width=10**6).strip()
-    raise ConfigError(f"{source}: {flat[0]}", "plans are written in sections since paratwin 0.2 "
-                      f"(flat fields: {', '.join(flat)})", f"write {spelled[:400]}")
+    raise ConfigError(f"{source}: {flat[0]}", "plans are written in sections, not flat fields (flat here: "
+                      f"{', '.join(flat)}; `paratwin migrate-plan FILE` rewrites a file)", f"write {spelled[:400]}")
 
 
 _SECTIONS = ("parallelism", "schedule", "memory", "gradient_sync")
