@@ -12,7 +12,7 @@ from rich.table import Table
 from analysis.report import console, plain, print_layers, print_sim, run_cli, size
 from traces.atomic import atomic_write_text
 from traces.errors import ConfigError
-from traces.outdir import fresh_run_folder, prepare_out_folder, safe_name
+from traces.outdir import fresh_run_folder, prepare_out_file, prepare_out_folder, safe_name
 
 app = typer.Typer(
     name="paratwin",
@@ -48,6 +48,7 @@ def options() -> None:
 def migrate_plan(
     plan: Annotated[Path, typer.Argument(help="a plan in the flat form (dp:, schedule: 1f1b, ... at the top)")],
     out: Annotated[Path | None, typer.Option(help="write the sectioned plan here instead of printing it")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing --out file")] = False,
 ) -> None:
     """Spell a plan written in the flat form in sections (parallelism, schedule, memory, gradient_sync)."""
     import yaml
@@ -64,8 +65,7 @@ def migrate_plan(
     if out is None:
         plain(text.rstrip())
         return
-    if out.is_dir():  # a traceback (IsADirectoryError) before
-        raise ConfigError("--out", f"{out} is a folder", "name the file to write the sectioned plan to")
+    prepare_out_file(out, force)  # a folder was a traceback, an existing file silently replaced
     try:
         atomic_write_text(out, text)  # whole or not at all: a plan it replaces is never left half written
     except OSError as exc:  # a traceback before
@@ -86,12 +86,15 @@ def profile(
     warmup: Annotated[int, typer.Option(help="untimed warm-up runs per layer")] = 2,
     ops: Annotated[bool, typer.Option(help="keep the per-op Kineto table")] = True,
     fmt: Annotated[str, typer.Option("--format", help="parquet or csv")] = "parquet",
+    force: Annotated[bool, typer.Option("--force", help="replace a paratwin folder in --out that is not a profile "
+                                        "of this workload (another workload's bundle, a run record)")] = False,
 ) -> None:
     """Measure per-layer time (forward, backward input/weight, recompute), memory and FLOPs."""
     from exec.host_memory import keep_freed_memory
     from exec.profiler import profile_workload
-    from traces.bundle import OP_TIMELINE_NAME, write_bundle
+    from traces.bundle import OP_TIMELINE_NAME, check_profile_target, write_bundle
 
+    check_profile_target(out, workload, force)  # before profiling: another workload's bundle was replaced
     keep_freed_memory()  # as the runtime's CPU ranks keep it (exec.host_memory); recorded in the bundle
     bundle = profile_workload(workload, micro_batch=micro_batch, seq=seq, dtype=dtype, device=device,
                               warmup=warmup, repeats=repeats, with_ops=ops)

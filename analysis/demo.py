@@ -29,6 +29,10 @@ CLUSTER = {"preset": "local-cpu-2"}
 MICRO_BATCH = 4  # the profile's: on a CPU a time does not scale linearly to another micro-batch
 GLOBAL_BATCH = 16
 ITERATIONS, WARMUP = 8, 2
+WHAT_IF_FOLDER = "sim-gpt-8.3b-a100-64"
+# What the demo writes in its folder: a folder of the user's holding one of these names is refused
+# (report.md and report.html were overwritten).
+DEMO_OUTPUTS = ("measure", "search", "validate", WHAT_IF_FOLDER, "report.md", "report.html")
 
 
 @dataclass
@@ -48,6 +52,15 @@ def baseline_plan() -> Plan:
 
 
 def run_demo(out: Path, console: Console) -> None:
+    from traces.outdir import OutputLock, prepare_out_folder
+
+    prepare_out_folder(out, DEMO_OUTPUTS)  # before profiling; the demo's own folder is reused (its lock file)
+    with OutputLock(out):
+        _demo_in(out, console)
+
+
+def _demo_in(out: Path, console: Console) -> None:
+    """The demo's five steps, writing in ``out``, whose lock the caller holds."""
     from analysis.report import print_sim
     from analysis.search_report import print_search, write_search
     from analysis.validation.profiling import profile_for_validation
@@ -56,7 +69,6 @@ def run_demo(out: Path, console: Console) -> None:
     from sim.search import SearchSpace, search
     from sim.simulate import simulate
 
-    out.mkdir(parents=True, exist_ok=True)
     baseline = baseline_plan()
 
     console.rule("1/5 profile the validation workload and benchmark communication on this machine")
@@ -94,7 +106,7 @@ def run_demo(out: Path, console: Console) -> None:
     paper = Plan.load(WHAT_IF_PLAN)  # the README's example plan itself, so the two cannot disagree
     what_if = simulate(paper)
     print_sim(what_if)
-    what_if.write(out / "sim-gpt-8.3b-a100-64")
+    what_if.write(out / WHAT_IF_FOLDER)
 
     console.rule("5/5 report")
     markdown = demo_markdown(result, validated, format_report)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,27 @@ def test_profile_of_unknown_workload_is_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "unknown workload 'gpt-9000'" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_profile_refuses_another_workloads_bundle_and_replaces_its_own(tmp_path: Path,
+                                                                       gpt_tiny_profile: Path) -> None:
+    """`--workload bert-tiny --out <a gpt-tiny bundle>` replaced that bundle (exit 0); now it is refused
+    before profiling, and re-profiling gpt-tiny into its own bundle replaces it as before."""
+    from tests.conftest import folder_digest
+
+    out = tmp_path / "bundle"
+    shutil.copytree(gpt_tiny_profile, out)
+    before = folder_digest(out)
+    done = paratwin("profile", "--workload", "bert-tiny", "--out", str(out))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert (f"error: --out: {out} holds the profile of gpt-tiny, not a profile of bert-tiny (fix: choose another "
+            "folder, or pass --force to replace it (nothing was overwritten))") in done.stdout
+    assert "Traceback" not in done.stderr
+    assert folder_digest(out) == before
+    done = paratwin("profile", "--workload", "gpt-tiny", "--micro-batch", "2", "--repeats", "1", "--warmup", "1",
+                    "--no-ops", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert read_bundle(out).meta["settings"]["micro_batch"] == 2  # the fixture's was 1
 
 
 def test_simulate_takes_a_profile_from_the_command_line(tmp_path: Path) -> None:

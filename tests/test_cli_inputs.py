@@ -41,7 +41,7 @@ def test_migrate_plan_out_that_is_a_folder_or_unwritable_is_one_line(tmp_path: P
     plan = tmp_path / "flat.yaml"
     plan.write_text(FLAT_PLAN)
     refused(paratwin("migrate-plan", str(plan), "--out", str(tmp_path)),
-            f"error: --out: {tmp_path} is a folder (fix: name the file to write the sectioned plan to)")
+            f"error: --out: {tmp_path} is a folder (fix: name the file to write to)")
     done = paratwin("migrate-plan", str(plan), "--out", str(plan / "x.yaml"))  # under a file
     refused(done, f"error: --out: cannot write {plan / 'x.yaml'} (")
     assert done.stdout.rstrip().endswith("(fix: name a file in a place you can write)")
@@ -49,6 +49,21 @@ def test_migrate_plan_out_that_is_a_folder_or_unwritable_is_one_line(tmp_path: P
     done = paratwin("migrate-plan", str(plan), "--out", str(tmp_path / "new" / "sectioned.yaml"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "parallelism:" in (tmp_path / "new" / "sectioned.yaml").read_text()
+
+
+def test_migrate_plan_refuses_an_existing_out_file_unless_forced(tmp_path: Path) -> None:
+    """It replaced an existing --out file (perhaps the user's) silently."""
+    plan = tmp_path / "flat.yaml"
+    plan.write_text(FLAT_PLAN)
+    keep = tmp_path / "keep.yaml"
+    keep.write_text("the user's own")
+    refused(paratwin("migrate-plan", str(plan), "--out", str(keep)),
+            f"error: --out: {keep} already exists (fix: name a new file, or pass --force to replace it (nothing was "
+            "overwritten))")
+    assert keep.read_text() == "the user's own"
+    done = paratwin("migrate-plan", str(plan), "--out", str(keep), "--force")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "parallelism:" in keep.read_text()
 
 
 HEADER = ("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,tensor parallelism,"

@@ -131,3 +131,72 @@ def test_run_refuses_a_file_or_an_unwritable_out_before_starting(tmp_path: Path,
     with pytest.raises(ConfigError, match=r"^--out: .*(is a file, not a folder|cannot write in)"):
         run_plan(REPO / "examples" / "plans" / "gpt-tiny-pp2-1f1b.yaml", out_dir=tmp_path / where, iterations=1)
     assert (tmp_path / "a-file").read_text() == "kept"
+
+
+def test_validate_refuses_a_users_folder_before_profiling(tmp_path: Path) -> None:
+    """It exited 0 and replaced the user's report.md and plan.yaml with the validation's."""
+    folder = users_folder(tmp_path, "report.md")
+    (folder / "plan.yaml").write_text("the user's plan")
+    done = paratwin("validate", str(REPO / "examples" / "validation" / "gpt-val-pp2-1f1b.yaml"), "--out", str(folder),
+                    "--iterations", "2")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert (f"error: --out: {folder} already holds plan.yaml, report.md, not written by paratwin (fix: choose an "
+            "empty or new folder (nothing was overwritten))") in done.stdout
+    assert "Traceback" not in done.stderr
+    assert (folder / "report.md").read_text() == "the user's own"
+    assert (folder / "plan.yaml").read_text() == "the user's plan"
+    assert sorted(p.name for p in folder.iterdir()) == ["plan.yaml", "report.md"]  # no profile/, no run/
+
+
+def test_demo_refuses_a_users_folder_and_reuses_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It replaced the user's report.md and report.html. Its own folder is reused: the demo stops here at
+    its first step (profiling), which is reached both times."""
+    import analysis.validation.profiling
+    from analysis.demo import run_demo
+    from analysis.report import console
+
+    folder = users_folder(tmp_path, "report.md")
+    (folder / "report.html").write_text("the user's page")
+    with pytest.raises(ConfigError, match="already holds report.md, report.html, not written by paratwin"):
+        run_demo(folder, console)
+    assert (folder / "report.md").read_text() == "the user's own"
+    assert (folder / "report.html").read_text() == "the user's page"
+    assert not (folder / "measure").exists()
+
+    class Profiled(Exception):
+        pass
+
+    def profiled(*args: object, **kwargs: object) -> None:
+        raise Profiled
+
+    monkeypatch.setattr(analysis.validation.profiling, "profile_for_validation", profiled)
+    own = tmp_path / "own"
+    own.mkdir()
+    with pytest.raises(Profiled):
+        run_demo(own, console)
+    (own / "report.md").write_text("an earlier demo's report")
+    with pytest.raises(Profiled):  # not refused: the first demo left its lock file
+        run_demo(own, console)
+
+
+def test_profile_refuses_a_paratwin_folder_that_is_not_a_profile_of_its_workload(tmp_path: Path) -> None:
+    """`paratwin profile --workload bert-tiny --out <a gpt-tiny bundle>` replaced that bundle silently."""
+    import json
+
+    from traces.bundle import check_profile_target
+
+    bundle = tmp_path / "gpt-tiny"
+    bundle.mkdir()
+    manifest = {"format": "paratwin.profile-bundle", "meta": {"workload": {"name": "gpt-tiny"}}}
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    check_profile_target(bundle, "gpt-tiny")  # re-profiling a workload into its own bundle
+    with pytest.raises(ConfigError, match=r"^--out: .*gpt-tiny holds the profile of gpt-tiny, not a profile of "
+                                          r"bert-tiny \(fix: choose another folder, or pass --force to replace it"):
+        check_profile_target(bundle, "bert-tiny")
+    check_profile_target(bundle, "bert-tiny", force=True)
+    record = tmp_path / "record"
+    record.mkdir()
+    (record / "manifest.json").write_text(json.dumps({"format": "paratwin.run-record"}))
+    with pytest.raises(ConfigError, match="holds a paratwin.run-record folder, not a profile of gpt-tiny"):
+        check_profile_target(record, "gpt-tiny")
+    check_profile_target(tmp_path / "new", "gpt-tiny")

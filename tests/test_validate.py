@@ -141,6 +141,17 @@ def test_calibrated_comm_adds_overhead_to_all_reduces_only() -> None:
     assert simulate(plan, full=True, resolved=calibrated).iteration_s == pytest.approx(plain + 0.004)
 
 
+def test_a_validation_replaces_its_own_outputs(report: ValidationReport, tmp_path: Path) -> None:
+    """Validating again into a validation's folder replaces its outputs (the folder holds the lock file that
+    says paratwin wrote it); a folder of the user's holding report.md is refused (tests/test_output_folders.py)."""
+    plan = Plan.from_dict({**PLAN, "name": "test-validate-again"})
+    out = tmp_path / "again"
+    reports = [validate_plan(plan, profile=report.profile, commbench=False, comm_fits_from=report.profile,
+                             iterations=1, warmup=0, out_dir=out) for _ in range(2)]
+    assert [r.out_dir for r in reports] == [out, out]
+    assert ValidationReport.load(out / "report.json").to_dict() == reports[1].to_dict()
+
+
 @pytest.fixture(scope="module")
 def dp_report(report: ValidationReport, tmp_path_factory: pytest.TempPathFactory) -> ValidationReport:
     """A real run of a plan with a data-parallel all-reduce (what the calibration changes), on the

@@ -273,15 +273,16 @@ def read_manifest(directory: Path, format_name: str, version: int) -> dict:
     return manifest
 
 
-def check_replaceable(directory: Path) -> None:
+def check_replaceable(directory: Path) -> dict | None:
     """Refuse to overwrite anything but an empty directory or an earlier paratwin table directory:
-    replacing a directory deletes its old contents, and a mistyped path must not cost user data."""
+    replacing a directory deletes its old contents, and a mistyped path must not cost user data.
+    Returns the manifest of the table directory that would be replaced (None: nothing is replaced)."""
     if not directory.exists():
-        return
+        return None
     if not directory.is_dir():
         raise BundleError(directory, "exists and is not a directory; choose another path")
     if not any(directory.iterdir()):
-        return
+        return None
     try:
         manifest = json.loads((directory / MANIFEST_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -290,6 +291,26 @@ def check_replaceable(directory: Path) -> None:
         raise BundleError(
             directory, "exists and is not a paratwin bundle; refusing to replace it (choose a new path)"
         )
+    return manifest
+
+
+def check_profile_target(directory: Path, workload: str, force: bool = False) -> None:
+    """Before profiling, refuse what writing ``workload``'s bundle to ``directory`` would lose: what
+    ``check_replaceable`` refuses (it was found only after the profile), and, unless ``force``, a paratwin
+    folder that is not a profile of ``workload`` (another workload's bundle, a run record), which was replaced
+    silently. Re-profiling a workload into its own bundle replaces it, as before."""
+    directory = Path(directory)
+    manifest = check_replaceable(directory)
+    if manifest is None or force:
+        return
+    meta = manifest.get("meta") if manifest.get("format") == PROFILE_BUNDLE_FORMAT else None
+    described = meta.get("workload") if isinstance(meta, dict) else None
+    held = described.get("name") if isinstance(described, dict) else None
+    if held == workload:
+        return
+    what = f"the profile of {held}" if held else f"a {manifest.get('format')} folder"
+    raise ConfigError("--out", f"{directory} holds {what}, not a profile of {workload}",
+                      "choose another folder, or pass --force to replace it (nothing was overwritten)")
 
 
 def _member(directory: Path, name: object, manifest_path: Path) -> Path:

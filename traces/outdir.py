@@ -5,6 +5,8 @@
   writes there; a second writer gets a one-line ``OutputError`` naming the holder's pid and command
   line. Reentrant within a process. The kernel drops the lock when the holder exits, however it
   exits, so a lock is never stale.
+* ``prepare_out_folder`` / ``prepare_out_file`` check a command's ``--out`` before any work: a user's
+  file of an output name (a folder's) or any existing file (a single file's, unless ``force``) is refused.
 * ``claim_run_folder`` prepares a folder for ``paratwin run``: it refuses a folder that already
   holds run outputs (unless ``force`` and a marker shows that an earlier run wrote them, in which
   case exactly the files that run writes are removed) and records in ``.paratwin-run.json`` what
@@ -65,6 +67,18 @@ def prepare_out_folder(path: Path, writes: tuple[str, ...], option: str = "--out
             raise ConfigError(option, f"{path} already holds {', '.join(taken)}, not written by paratwin",
                               "choose an empty or new folder (nothing was overwritten)")
     _check_writable(path, option)
+
+
+def prepare_out_file(path: Path, force: bool, option: str = "--out") -> None:
+    """Refuse, in one line, an output file that is a folder or that already exists (unless ``force``):
+    a single file carries no lock file that says paratwin wrote it, so an existing one may be the user's
+    (``migrate-plan --out`` replaced it silently). Whether it can be written is found when writing it."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(option, f"{path} is a folder", "name the file to write to")
+    if (path.exists() or path.is_symlink()) and not force:
+        raise ConfigError(option, f"{path} already exists",
+                          "name a new file, or pass --force to replace it (nothing was overwritten)")
 
 
 def _check_writable(path: Path, option: str) -> None:
@@ -252,4 +266,4 @@ def fresh_run_folder(base: Path) -> Path:
 
 
 __all__ = ["LOCK_NAME", "MARKER_NAME", "RENDEZVOUS_NAME", "OutputError", "OutputLock", "claim_run_folder",
-           "finish_marker", "fresh_run_folder", "prepare_out_folder", "read_marker", "safe_name"]
+           "finish_marker", "fresh_run_folder", "prepare_out_file", "prepare_out_folder", "read_marker", "safe_name"]

@@ -53,6 +53,12 @@ from sim.plan import Plan
 from sim.simulate import simulate
 from traces.bundle import read_bundle
 from traces.errors import ConfigError
+from traces.outdir import OutputLock, prepare_out_folder
+
+# What validate_plan writes in its folder: a folder of the user's holding one of these names is refused
+# (report.md and plan.yaml were overwritten, and a user's profile/ deleted).
+VALIDATION_OUTPUTS = ("profile", "run", "prediction", "plan.yaml", "predicted_trace.json", "measured_trace.json",
+                      "combined_trace.json", "timeline.png", "timeline.pdf", "report.json", "report.md")
 
 
 def validate_plan(plan: Plan | str | Path, nproc: int | None = None, profile: Path | None = None,
@@ -82,33 +88,34 @@ def validate_plan(plan: Plan | str | Path, nproc: int | None = None, profile: Pa
     if nproc is not None and nproc != plan.world_size:
         raise ConfigError("nproc", f"{nproc} processes for a plan of dp x tp x pp = {plan.world_size} ranks",
                           f"use nproc={plan.world_size} or change the plan's degrees")
+    if out_dir is not None:  # a temporary folder is new; a validation's own folder is reused (its lock file)
+        prepare_out_folder(Path(out_dir), VALIDATION_OUTPUTS)
     # The run would refuse such a plan, but only after the profile, which starts as many processes
     # as the plan has ranks: a 64-rank GPU plan took this 2-core, 24 GiB machine's memory first.
     check_runs_here(plan)
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="paratwin-validate-"))
-    out.mkdir(parents=True, exist_ok=True)
-    notes: list[str] = []
-    with_comm = commbench and plan.world_size > 1
-    bundle_dir = profile_for_validation(plan, out, profile, with_comm, colocated, profile_repeats=profile_repeats,
-                                        comm_repeats=comm_repeats)
-    if comm_fits_from is not None and not with_comm:
-        copy_comm_fits(Path(comm_fits_from), bundle_dir)
-    measured_plan = plan.replace(profile=str(bundle_dir))
+    with OutputLock(out):  # one validation per folder; the lock file marks it as paratwin's for a rerun
+        notes: list[str] = []
+        with_comm = commbench and plan.world_size > 1
+        bundle_dir = profile_for_validation(plan, out, profile, with_comm, colocated, profile_repeats=profile_repeats,
+                                            comm_repeats=comm_repeats)
+        if comm_fits_from is not None and not with_comm:
+            copy_comm_fits(Path(comm_fits_from), bundle_dir)
+        measured_plan = plan.replace(profile=str(bundle_dir))
 
-    # Measure first when the profile brackets the run; the prediction never reads the run.
-    run = run_plan(measured_plan, nproc=plan.world_size, iterations=iterations, warmup=warmup, out_dir=out / "run",
-                   timeout_s=timeout_s, force=True)  # a validation's own folder: replace its earlier run
-    drift = None
-    if bracket and profile is None:
-        before = read_bundle(bundle_dir)
-        after = profile_plan_workload(plan, plan.world_size if colocated else 1, repeats=profile_repeats)
-        drift = bracket_profile(before, after, bundle_dir)
-        notes.append(f"profile bracketed the run: compute times after / before = {drift:.3f} (mean of both used)")
+        # Measure first when the profile brackets the run; the prediction never reads the run.
+        run = run_plan(measured_plan, nproc=plan.world_size, iterations=iterations, warmup=warmup, out_dir=out / "run",
+                       timeout_s=timeout_s, force=True)  # a validation's own folder: replace its earlier run
+        drift = None
+        if bracket and profile is None:
+            before = read_bundle(bundle_dir)
+            after = profile_plan_workload(plan, plan.world_size if colocated else 1, repeats=profile_repeats)
+            drift = bracket_profile(before, after, bundle_dir)
+            notes.append(f"profile bracketed the run: compute times after / before = {drift:.3f} (mean of both used)")
 
-    measured = MeasuredRun(run.table, run.iteration_times, run.peak_memory, warmup, run.paths["trace"], out / "run")
-    return _predict_and_compare(plan, measured_plan, measured, out, notes, options,
-                                {"plan_file": source, "bracketed_profile": drift is not None, "profile_drift": drift},
-                                calibration)
+        measured = MeasuredRun(run.table, run.iteration_times, run.peak_memory, warmup, run.paths["trace"], out / "run")
+        settings = {"plan_file": source, "bracketed_profile": drift is not None, "profile_drift": drift}
+        return _predict_and_compare(plan, measured_plan, measured, out, notes, options, settings, calibration)
 
 
 def validate_record(plan: Plan | str | Path, run_dir: Path, profile: Path, out_dir: Path,
