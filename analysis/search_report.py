@@ -5,6 +5,7 @@ candidate (Parquet)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
@@ -18,11 +19,40 @@ from analysis.report import console, gib, plain
 from sim.cluster import load_cluster
 from sim.search import DOES_NOT_FIT, Agreement, Candidate, Ranked, SearchResult, SearchSpace, search
 from traces.atomic import atomic_path, atomic_write_text
-from traces.errors import NoPlanFits
+from traces.errors import ConfigError, NoPlanFits
 from traces.outdir import OutputLock, prepare_out_folder
 
 # The files write_search puts in its folder (a folder of the user's holding one is refused).
 SEARCH_OUTPUTS = ("best.yaml", "ranked.parquet", "summary.json")
+# Plan fields in a fix as `paratwin search` takes them: the checks behind a search are the plan's, and
+# their fixes say what to write in a plan file, which a search has none of (pattern -> replacement).
+SEARCH_OPTIONS: tuple[tuple[str, str], ...] = (
+    (r"\bthen set profile: DIR in the plan\b", "then pass --profile DIR"),
+    (r"\bpoint profile: at that bundle\b", "pass that bundle as --profile"),
+    (r"\bas the plan sets it\b", "as --workload and --workload-option set it"),
+    (r"\bset dtype: (\w+)", r"pass --dtype \1"),
+    (r"\bdtype: (\w+)", r"--dtype \1"),
+    (r"\bmethod: (\w+)", r"--gradient-sync \1"),
+    (r"\bworkload_options: \{(\w+): (\w+)\}", r"--workload-option \1=\2"),
+    (r"\bglobal_batch: (\w+)", r"--global-batch \1"),
+)
+
+
+# Plan fields a refusal names, as the search options that set them.
+SEARCH_FIELDS = {"gradient_sync.method": "--gradient-sync", "dtype": "--dtype", "profile": "--profile",
+                 "global_batch": "--global-batch"}
+
+
+def search_error(field: str, problem: str, fix: str) -> ConfigError:
+    """A refusal of the plan checks behind a search, naming the search's options, not a plan file's fields."""
+    return ConfigError(SEARCH_FIELDS.get(field, field), problem, for_search(fix))
+
+
+def for_search(fix: str) -> str:
+    """``fix`` with the plan fields it names written as the search options that set them."""
+    for pattern, option in SEARCH_OPTIONS:
+        fix = re.sub(pattern, option, fix)
+    return fix
 
 
 def run_search(space: SearchSpace, top: int, simulate_top: int, sample: int, out: Path,
@@ -38,13 +68,41 @@ def run_search(space: SearchSpace, top: int, simulate_top: int, sample: int, out
                 tasks[phase] = bar.add_task(label, total=total)
             bar.update(tasks[phase], completed=done, total=total)
 
-        result = search(space, top_k=simulate_top, sample=sample, progress=progress, workers=workers, bound=bound)
+        try:
+            result = search(space, top_k=simulate_top, sample=sample, progress=progress, workers=workers,
+                            bound=bound)
+        except ConfigError as exc:  # e.g. the profile a CPU cluster needs: said as the search's options
+            raise search_error(exc.field, exc.problem, exc.fix) from None
     print_search(result, top)
     write_search(result, out)
-    # the outputs are written; exit 3, as simulate does for a plan that does not fit
+    # the outputs are written; refused by the search's own checks: exit 2, the options are at fault
+    if emptied_by_checks(result):
+        raise no_plan_passes(result)
+    # exit 3, as simulate does for a plan that does not fit
     if result.best is None and not result.estimate_only:
         raise no_plan_fits(result)
     return result
+
+
+def emptied_by_checks(result: SearchResult) -> bool:
+    """No plan to rank, and none of them refused for memory: the space's choices (options the user gave,
+    rules of the methods asked for) left no plan, which more memory would not change."""
+    return not result.ranked and not result.pruned[DOES_NOT_FIT]
+
+
+def no_plan_passes(result: SearchResult) -> ConfigError:
+    """Why the search's checks left no plan, in one line: the plans each pruning reason took (most first),
+    the words of the check that took the most (its problem, and its fix in the search's options)."""
+    counts = ", ".join(f"{count:,} by {reason}" for reason, count in result.pruned.most_common() if count)
+    explained = [reason for reason, _ in result.pruned.most_common() if reason in result.pruned_why]
+    if not explained:
+        return ConfigError("search", f"every one of the {result.considered:,} plans considered was pruned, none for "
+                           f"memory: {counts or 'no plan to consider'}", "widen the options given to the search "
+                           "(the pruning table above counts each reason)")
+    reason = explained[0]
+    problem, fix = result.pruned_why[reason]
+    return search_error(reason, f"every one of the {result.considered:,} plans considered was pruned, none for "
+                        f"memory: {counts}; {reason}: {problem}", fix or "change the option that asks for it")
 
 
 def no_plan_fits(result: SearchResult) -> NoPlanFits:
@@ -166,6 +224,10 @@ def write_search(result: SearchResult, out: Path) -> dict[str, Path]:
     with OutputLock(out):
         paths: dict[str, Path] = {}
         best = result.best
+        # an earlier search's best.yaml beside this search's summary (best: null) would be simulated as its plan
+        stale = None if best is not None else earlier_best(out)
+        if stale is not None:
+            (out / "best.yaml").unlink()
         if best is not None:
             plan = result.plan_of(best.candidate)
             with atomic_path(out / "best.yaml") as tmp:
@@ -190,10 +252,27 @@ def write_search(result: SearchResult, out: Path) -> dict[str, Path]:
         assert best.simulated is not None
         plain(f"best plan: {paths['best']} ({best.simulated.iteration_s * 1e3:,.1f} ms, peak "
               f"{gib(max(best.simulated.peak_bytes))}); check it with paratwin simulate {paths['best']}")
-    elif result.estimate_only:
-        plain("no best plan: --simulate-top 0 simulated none of the estimate's best (the random sample is for the "
-              "agreement figures only); no best.yaml written")
     else:
-        plain("no plan fits in memory: no best.yaml written")
+        why = ("no plan passes the search's checks" if emptied_by_checks(result) else "no best plan: --simulate-top "
+               "0 simulated none of the estimate's best (the random sample is for the agreement figures only)"
+               if result.estimate_only else "no plan fits in memory")
+        removed = f"; removed {out / 'best.yaml'}, an earlier search's best plan ({stale})" if stale else ""
+        plain(f"{why}: no best.yaml written{removed}")
     plain(f"ranked plans: {paths['ranked']}\nsummary: {paths['summary']}")
     return paths
+
+
+def earlier_best(out: Path) -> str | None:
+    """The plan that ``out/best.yaml`` holds, as the earlier search that wrote it described it, or None where
+    that is not known. A search writes best.yaml with a summary.json naming its plan (read here before this
+    search replaces it); a best.yaml in a folder paratwin never wrote in (no lock file) was refused before
+    the search (``prepare_out_folder``). A symlink, a folder, or a best.yaml no summary names is left alone."""
+    best = out / "best.yaml"
+    if best.is_symlink() or not best.is_file():
+        return None
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    described = summary.get("best") if isinstance(summary, dict) and "search" in summary else None
+    return described if isinstance(described, str) and described else None

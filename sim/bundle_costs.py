@@ -100,8 +100,8 @@ class BundleCostModel:
         profiled_dtype = _DTYPES.get(str(settings.get("dtype")), settings.get("dtype"))
         if profiled_dtype != dtype:
             raise ConfigError("profile: dtype", f"{self.source} was profiled in {settings.get('dtype')}, the plan "
-                              f"trains in {dtype}", f"profile with --dtype {_TORCH_DTYPES[dtype]} or set dtype: "
-                              f"{profiled_dtype}")
+                              f"trains in {dtype}", f"re-profile with paratwin profile --dtype "
+                              f"{_TORCH_DTYPES[dtype]}, or set dtype: {profiled_dtype}")
         profiled_kind = "gpu" if str(settings.get("device", "")).startswith("cuda") else "cpu"
         if profiled_kind != device_kind:
             raise ConfigError("profile: device", f"{self.source} was measured on {settings.get('device')!r}, the "

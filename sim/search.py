@@ -260,6 +260,8 @@ class SearchResult:
     estimated_top: list[Ranked] = field(default_factory=list)  # those, in estimate order
     # how the search ran beyond its space: top_k and sample asked for, the sample's seed, branch and bound
     settings: dict[str, Any] = field(default_factory=dict)
+    # pruning reason -> (problem, fix) of one plan a check refused under it
+    pruned_why: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def simulated(self) -> list[Ranked]:
@@ -396,6 +398,7 @@ class _ShapePlans:
     pruned: Counter = field(default_factory=Counter)
     survivors: list[Ranked] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    why: dict[str, tuple[str, str]] = field(default_factory=dict)  # reason -> a refusal's (problem, fix)
 
 
 @dataclass(frozen=True)
@@ -442,7 +445,17 @@ class _Enumerator:
         self.pairs = schedule_chunks(space)
         self.partitions: dict[tuple[int, str], list[tuple[int, ...]]] = {}
         self.policies: dict[tuple, Any] = {}
-        self.checks: dict[tuple, str | None] = {}
+        self.checks: dict[tuple, ConfigError | None] = {}
+        # pruning reason -> the words of the first refusal counted under it: a search whose checks prune
+        # every plan says why and what to change (analysis.search_report), not just a field name
+        self.why: dict[str, tuple[str, str]] = {}  # (problem, fix)
+
+    def refused(self, problem: ConfigError | str) -> str:
+        """The pruning reason of a plan refused by ``problem`` (a ConfigError's field), its words kept."""
+        if isinstance(problem, str):  # a reason of the search's own (its words are the reason)
+            return problem
+        self.why.setdefault(problem.field, (problem.problem, problem.fix))
+        return problem.field
 
     def stage_layers(self, stages: int, partition: str) -> list[tuple[int, ...]]:
         key = (stages, partition)
@@ -459,6 +472,7 @@ class _Enumerator:
             part = self.expand(group)
             out.pruned.update(part.pruned)
             out.survivors += part.survivors
+        out.why = dict(self.why)  # to the parent process, from a worker
         return out
 
     def groups(self, dp: int, tp: int, pp: int, shape_index: int = 0) -> tuple[_ShapePlans, list[PlanGroup]]:
@@ -487,7 +501,8 @@ class _Enumerator:
                 p2ps = space.p2p if pp > 1 else ("async",)  # one stage has no exchanges to block on
                 leaves = len(memories) * len(overlaps) * len(methods) * len(embeddings) * len(p2ps)
                 out.considered += leaves * len(partitions)
-                reason = tp_reason or _shape_problem(schedule, pp, m, chunks, self.layers)
+                problem = tp_reason or _shape_problem(schedule, pp, m, chunks, self.layers)
+                reason = self.refused(problem) if problem else None
                 if not reason and pp == 1 and schedule != one_stage_schedule(chunks):
                     reason = SAME_ONE_STAGE
                 if reason:
@@ -542,7 +557,7 @@ class _Enumerator:
                 per_sync = len(g.embeddings) * len(g.overlaps) * k
                 problem = _sync_problem(sync, base, shape, self.checks)
                 if problem:
-                    out.pruned[problem] += per_sync
+                    out.pruned[self.refused(problem)] += per_sync
                     leaf += per_sync
                     continue
                 for embedding in g.embeddings:
@@ -575,7 +590,7 @@ class _Enumerator:
                             estimates = [(i, p2p, self.estimator.estimate(**asked, p2p=p2p))
                                          for i, p2p in enumerate(g.p2ps) if only is None or here + i in only]
                         except ConfigError as exc:
-                            out.pruned[exc.field] += k
+                            out.pruned[self.refused(exc)] += k
                             continue
                         if not estimates[0][2].fits:
                             out.pruned[DOES_NOT_FIT] += k
@@ -615,7 +630,7 @@ class _Enumerator:
                 try:
                     policy = MEMORY_POLICIES[memory["policy"]].build(plan, split, self.costs, self.comm.capacity_bytes)
                 except ConfigError as exc:
-                    out.pruned[exc.field] += 1
+                    out.pruned[self.refused(exc)] += 1
                     continue
                 terms = self.embedding_of(_unfreeze(c.embedding), {k: v for k, v in candidate.sections().items()
                                                                   if k in ("parallelism", "schedule")}, split)
@@ -651,7 +666,7 @@ class _Enumerator:
                 self.embedding_terms[key] = estimate_terms(plan, split, self.comm, self.costs, list(rank_of),
                                                            list(stages_of)) if method.sharded else None
             except ConfigError as exc:
-                self.embedding_terms[key] = exc.field
+                self.embedding_terms[key] = self.refused(exc)
         return self.embedding_terms[key]
 
 
@@ -707,6 +722,7 @@ class EstimatePhase:
     world: int
     global_batch: int
     name: str
+    why: dict[str, tuple[str, str]] = field(default_factory=dict)  # pruning reason -> (problem, fix)
 
 
 def estimate_phase(space: SearchSpace, top_k: int = 50, workers: int | None = None, bound: bool | None = None,
@@ -732,6 +748,7 @@ def estimate_phase(space: SearchSpace, top_k: int = 50, workers: int | None = No
     pruned: Counter = Counter()
     survivors: list[Ranked] = []
     skipped: dict[str, str] = {}
+    why: dict[str, tuple[str, str]] = {}  # from worker processes; this process's are here.why
     considered = 0
     here = _Enumerator(space, base, global_batch, probe)
     groups: list[PlanGroup] = []
@@ -759,6 +776,7 @@ def estimate_phase(space: SearchSpace, top_k: int = 50, workers: int | None = No
             pruned.update(part.pruned)
             survivors += part.survivors
             skipped.update(part.skipped)
+            why.update(part.why)
             if progress:
                 progress("estimate", considered, None)
     # Optimising memory policies, for the best shapes only (one build each is an optimisation).
@@ -769,7 +787,7 @@ def estimate_phase(space: SearchSpace, top_k: int = 50, workers: int | None = No
     survivors += refined.survivors
     survivors.sort(key=_estimate_order)
     return EstimatePhase(considered, pruned, survivors, skipped, bool(bound), groups, here, base, probe_plan, probe,
-                         world, global_batch, name)
+                         world, global_batch, name, {**why, **here.why})
 
 
 def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
@@ -827,7 +845,7 @@ def search(space: SearchSpace, top_k: int = 50, sample: int = 30, seed: int = 0,
                "engine_sample_s": simulated_at - top_done_at, "total_s": simulated_at - started}
     return SearchResult(space, world, global_batch, considered, pruned, ranked, sampled, agreement, skipped,
                         timings, base, len(top), top,
-                        {"top_k": top_k, "sample": sample, "seed": seed, "bounded": phase.bounded})
+                        {"top_k": top_k, "sample": sample, "seed": seed, "bounded": phase.bounded}, phase.why)
 
 
 def _estimate_order(r: Ranked) -> tuple[float, tuple[int, ...]]:
@@ -885,28 +903,28 @@ def _probe_parallelism(space: SearchSpace, world: int, max_tp: int) -> dict[str,
     return {"dp": world // tp, "tp": tp}
 
 
-def _tp_problem(tp: int, transformer: Any, workload: str) -> str | None:
+def _tp_problem(tp: int, transformer: Any, workload: str) -> ConfigError | None:
     try:
         check_tp(tp, transformer, workload)
     except ConfigError as exc:
-        return exc.field
+        return exc
     return None
 
 
-def _shape_problem(schedule: str, pp: int, m: int, chunks: int, layers: int) -> str | None:
+def _shape_problem(schedule: str, pp: int, m: int, chunks: int, layers: int) -> ConfigError | str | None:
     if pp * chunks > layers:
         return "parallelism: pp x chunks"
     try:
         check_schedule(schedule, pp, m, chunks)
     except ConfigError as exc:
-        return exc.field
+        return exc
     if instructions_upper_bound(pp, chunks, m) > MAX_INSTRUCTIONS:
         return "parallelism.pp, chunks, schedule.microbatches (simulator size limit)"
     return None
 
 
 def _sync_problem(sync: dict[str, Any], base: dict[str, Any], shape: dict[str, Any],
-                  cache: dict[tuple, str | None]) -> str | None:
+                  cache: dict[tuple, ConfigError | None]) -> ConfigError | None:
     method = GRADIENT_SYNC[sync["method"]]
     if method.check is None:
         return None
@@ -916,7 +934,7 @@ def _sync_problem(sync: dict[str, Any], base: dict[str, Any], shape: dict[str, A
             method.check(Plan.from_dict({**base, **shape, "gradient_sync": sync}))
             cache[key] = None
         except ConfigError as exc:
-            cache[key] = exc.field
+            cache[key] = exc
     return cache[key]
 
 

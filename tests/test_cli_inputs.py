@@ -108,3 +108,34 @@ def test_simulate_takes_a_plan_or_its_path_and_refuses_other_objects() -> None:
     with pytest.raises(ConfigError, match=r"^plan: simulate takes a Plan or a plan file's path, not a dict "
                                           r"\(fix: Plan.load\(path\), or Plan.from_dict\(mapping\)\)"):
         simulate({"workload": "gpt-8.3b"})
+
+
+def test_a_search_its_own_checks_empty_says_which_and_exits_2(tmp_path: Path) -> None:
+    """Every plan pruned by the s2 method's rule (fp32 gradients) said "no plan fits in memory: ... 0 do not fit by
+    the estimate" with exit 3 and a fix about memory."""
+    done = paratwin("search", "--workload", "gpt-8.3b", "--cluster", "a100-64", "--gradient-sync", "s2",
+                    "--out", str(tmp_path / "s"))
+    refused(done, "error: --gradient-sync: every one of the 167,552 plans considered was pruned, none for memory: "
+                  "120,204 by gradient_sync.method, ")
+    assert done.stdout.rstrip().endswith("; gradient_sync.method: s2 needs fp32 gradients, not fp16 (fix: use --dtype "
+                                         "fp32, or --gradient-sync allreduce)"), done.stdout
+    assert "no plan passes the search's checks: no best.yaml written" in done.stdout
+    assert "fits in memory" not in done.stdout
+
+
+# the bundle's workload (gpt-wordlm as profiled in float32 on a CPU) as search options
+WORDLM = ("--workload", "gpt-wordlm", "--workload-option", "hidden=64", "--workload-option", "heads=2",
+          "--workload-option", "num_layers=2", "--workload-option", "seq=32")
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    # was: "then set profile: DIR in the plan", and "set dtype: fp32"
+    (("--workload", "gpt-tiny"), "(fix: profile it on this machine: paratwin profile --workload gpt-tiny --micro-batch "
+                                 "1 --device cpu --out DIR, then pass --profile DIR)"),
+    ((*WORDLM, "--profile", str(REPO / "tests/data/comm/loopback-2d-run7")),
+     "(fix: re-profile with paratwin profile --dtype float16, or pass --dtype fp32)"),
+])
+def test_a_search_refusal_names_the_search_options_not_plan_fields(tmp_path: Path, args: tuple, fix: str) -> None:
+    done = paratwin("search", *args, "--cluster", "local-cpu-2", "--out", str(tmp_path / "s"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert done.stdout.rstrip().endswith(fix), done.stdout

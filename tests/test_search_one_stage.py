@@ -274,6 +274,24 @@ def test_a_search_where_no_plan_fits_writes_its_outputs_and_says_why(tmp_path) -
     assert not (tmp_path / "out" / "best.yaml").exists()
 
 
+def test_a_search_where_no_plan_fits_removes_the_best_yaml_an_earlier_search_wrote(tmp_path, capsys) -> None:
+    """It left the earlier search's best.yaml beside its own summary (best: null), and the hint printed then,
+    paratwin simulate DIR/best.yaml, simulated the other model's plan."""
+    from analysis.search_report import run_search
+
+    out = tmp_path / "out"
+    run_search(SPACE, top=1, simulate_top=2, sample=0, out=out)
+    assert (out / "best.yaml").is_file()
+    tight = SearchSpace("gpt-175b", "dgx-a100-8", global_batch=8, max_micro_batch=1, fractions=(), tp_overlaps=(0,),
+                        bucket_mbs=(25.0,), max_chunks=2)
+    with pytest.raises(NoPlanFits):
+        run_search(tight, top=3, simulate_top=3, sample=0, out=out)
+    assert not (out / "best.yaml").exists()
+    assert json.loads((out / "summary.json").read_text())["best"] is None
+    assert f"no plan fits in memory: no best.yaml written; removed {out / 'best.yaml'}, an earlier search's best " \
+           "plan (dp" in " ".join(capsys.readouterr().out.split())
+
+
 def test_simulate_refuses_an_output_file_before_simulating(tmp_path) -> None:
     taken = tmp_path / "taken"
     taken.write_text("kept")

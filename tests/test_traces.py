@@ -190,7 +190,9 @@ def test_manifest_of_wrong_version(tmp_path: Path) -> None:
     (target / MANIFEST_NAME).write_text(json.dumps(manifest))
     with pytest.raises(BundleError) as err:
         read_bundle(target)
-    one_line_error(err, MANIFEST_NAME, "version 99")
+    # the fix names the command that writes a readable bundle, with the workload the manifest names
+    one_line_error(err, MANIFEST_NAME, "version 99", "(fix: re-profile with this paratwin: paratwin profile "
+                   "--workload tiny --micro-batch N --dtype float32 --device cpu|cuda --out DIR)")
 
 
 def test_manifest_of_wrong_format_name(tmp_path: Path) -> None:
@@ -209,7 +211,8 @@ def test_truncated_manifest(tmp_path: Path) -> None:
     (target / MANIFEST_NAME).write_text(text[: len(text) // 2])
     with pytest.raises(BundleError) as err:
         read_bundle(target)
-    one_line_error(err, MANIFEST_NAME, "malformed JSON")
+    one_line_error(err, MANIFEST_NAME, "malformed JSON", "(fix: re-profile with this paratwin: paratwin profile "
+                   "--workload WORKLOAD")
 
 
 def test_table_with_missing_column(tmp_path: Path) -> None:
@@ -251,7 +254,8 @@ def test_changed_file_fails_its_checksum(tmp_path: Path) -> None:
     (target / "ops.parquet").write_bytes(data[: len(data) // 2])
     with pytest.raises(BundleError) as err:
         read_bundle(target)
-    one_line_error(err, "ops.parquet", "checksum")
+    one_line_error(err, "ops.parquet", "checksum", "(fix: re-profile with this paratwin: paratwin profile "
+                   "--workload tiny")
 
 
 def test_missing_table_file(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ import pandas as pd
 from traces.atomic import atomic_directory, atomic_write_text
 from traces.errors import BundleError, ConfigError
 from traces.schema import (
+    COMM_BENCH_FORMAT,
     COMM_FIT_TABLE,
     COMM_SAMPLE_TABLE,
     LAYER_TABLE,
@@ -42,6 +43,7 @@ from traces.schema import (
     PROCESS_LAYER_TABLE,
     PROFILE_BUNDLE_FORMAT,
     PROFILE_BUNDLE_VERSION,
+    RUN_RECORD_FORMAT,
     TableSchema,
 )
 from traces.tables import check_stamp, conform, csv_sidecar, empty_table, read_table, write_table
@@ -230,7 +232,7 @@ def read_table_dir(
             raise BundleError(path, f"listed in {MANIFEST_NAME} but missing")
         if _sha256(path) != digest:
             problem = f"checksum differs from {MANIFEST_NAME} (file changed or truncated after writing)"
-            raise BundleError(path, problem)
+            raise BundleError(path, problem, remake_hint(format_name, manifest))
     tables: dict[str, pd.DataFrame] = {}
     for key, schema in schemas.items():
         entry = entries.get(key)
@@ -260,7 +262,7 @@ def read_manifest(directory: Path, format_name: str, version: int) -> dict:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         problem = f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        raise BundleError(path, problem) from None
+        raise BundleError(path, problem, remake_hint(format_name)) from None
     except UnicodeDecodeError:
         raise BundleError(path, "not UTF-8 text") from None
     if not isinstance(manifest, dict):
@@ -269,8 +271,31 @@ def read_manifest(directory: Path, format_name: str, version: int) -> dict:
         raise BundleError(path, f"format is {manifest.get('format')!r}, expected {format_name!r}")
     if manifest.get("version") != version:
         found = manifest.get("version")
-        raise BundleError(path, f"version {found!r} is not supported; this paratwin reads version {version}")
+        raise BundleError(path, f"version {found!r} is not supported; this paratwin reads version {version}",
+                          remake_hint(format_name, manifest))
     return manifest
+
+
+def remake_hint(format_name: str, manifest: dict | None = None) -> str:
+    """How to write a table directory of ``format_name`` again with this paratwin: no migration exists for
+    one (``migrate-plan`` is for plans), so a refused one is measured again. The profile command takes its
+    options from the manifest's metadata where that can be read (not from malformed JSON)."""
+    if format_name == PROFILE_BUNDLE_FORMAT:
+        meta = manifest.get("meta") if isinstance(manifest, dict) else None
+        workload = meta.get("workload") if isinstance(meta, dict) else None
+        settings = meta.get("settings") if isinstance(meta, dict) else None
+        workload = workload if isinstance(workload, dict) else {}
+        settings = settings if isinstance(settings, dict) else {}
+        device = str(settings.get("device", "cpu|cuda"))
+        seq = f" --seq {settings['seq']}" if settings.get("seq") is not None else ""
+        return (f"re-profile with this paratwin: paratwin profile --workload {workload.get('name', 'WORKLOAD')} "
+                f"--micro-batch {settings.get('micro_batch', 'N')}{seq} --dtype {settings.get('dtype', 'float32')} "
+                f"--device {'cuda' if device.startswith('cuda') else device} --out DIR")
+    if format_name == RUN_RECORD_FORMAT:
+        return "run the plan again with this paratwin: paratwin run PLAN --out DIR"
+    if format_name == COMM_BENCH_FORMAT:
+        return "measure again with this paratwin: paratwin commbench --out DIR"
+    return "write it again with this paratwin"
 
 
 def check_replaceable(directory: Path) -> dict | None:

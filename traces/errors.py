@@ -10,10 +10,11 @@ class ParatwinError(Exception):
 class BundleError(ParatwinError):
     """A trace bundle, table or trace file that cannot be read as asked."""
 
-    def __init__(self, path: object, problem: str) -> None:
-        super().__init__(f"{path}: {problem}")
+    def __init__(self, path: object, problem: str, fix: str = "") -> None:
+        super().__init__(f"{path}: {problem}" + (f" (fix: {fix})" if fix else ""))
         self.path = path
         self.problem = problem
+        self.fix = fix
 
 
 class ConfigError(ParatwinError):
