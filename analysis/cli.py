@@ -467,7 +467,8 @@ def search(
 def demo(
     out: Annotated[Path, typer.Option(help="where to write the demo's outputs")] = Path("runs/demo"),
 ) -> None:
-    """Profile a small GPT, write and summarise its trace bundle, then simulate plans with it."""
+    """The main job end to end on two local ranks: profile, search, run and validate plans, one what-if at
+    paper scale, and a report (Markdown and HTML)."""
     from analysis.demo import run_demo
 
     run_demo(out, console)

@@ -158,9 +158,9 @@ def agreement_lines(agreement: Agreement, top_k: int) -> list[str]:
             f"{agreement.memory_error_median:.1%} in peak memory); Spearman {rho_text(agreement.spearman_top)} "
             f"within the estimate's best {top_k}",
             f"engine's verdict on the estimate's pick: rank {agreement.estimate_best_engine_rank} of the "
-            f"best {top_k}, {agreement.estimate_best_slowdown:+.1%} against the engine's best (estimate rank "
-            f"{agreement.engine_best_estimate_rank}); {agreement.top10_overlap} of the estimate's top 10 are in "
-            "the engine's top 10"]
+            f"best {top_k}, {agreement.estimate_best_slowdown:+.1%} against the engine's best (which the estimate "
+            f"ranked {agreement.engine_best_estimate_rank}); {agreement.top10_overlap} of the estimate's top 10 "
+            "are in the engine's top 10"]
 
 
 def print_breakdown(best: Ranked) -> None:
