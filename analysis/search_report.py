@@ -131,13 +131,17 @@ def print_search(result: SearchResult, top: int) -> None:
     for choice, why in result.not_enumerated.items():
         plain(f"not enumerated: {choice}: {why}")
 
-    table = Table("#", "plan", "engine ms", "estimate ms", "samples/s", "MFU", "peak GiB per stage",
+    shown = result.simulated[:top]
+    # GiB to one decimal printed 0.0 for every stage of a small model; its peaks read in MiB
+    unit, scale = ("MiB", 2**20) if all(max(r.simulated.peak_bytes) < 2**30 for r in shown if r.simulated) \
+        else ("GiB", 2**30)
+    table = Table("#", "plan", "engine ms", "estimate ms", "samples/s", "MFU", f"peak {unit} per stage",
                   title=f"best {min(top, len(result.simulated))} of {len(result.simulated)} simulated (engine order)"
                   + (": a random sample, not the search's choice" if result.estimate_only else ""))
-    for i, ranked in enumerate(result.simulated[:top], 1):
+    for i, ranked in enumerate(shown, 1):
         sim = ranked.simulated
         assert sim is not None
-        peaks = " ".join(f"{b / 2**30:.1f}" for b in sim.peak_bytes[:8]) + (" ..." if len(sim.peak_bytes) > 8 else "")
+        peaks = " ".join(f"{b / scale:.1f}" for b in sim.peak_bytes[:8]) + (" ..." if len(sim.peak_bytes) > 8 else "")
         table.add_row(str(i), ranked.candidate.describe(), f"{sim.iteration_s * 1e3:,.1f}"
                       + (" OOM" if sim.oom else ""), f"{ranked.estimate.iteration_s * 1e3:,.1f}",
                       f"{sim.samples_per_s:,.1f}", f"{sim.mfu:.1%}", peaks)

@@ -8,6 +8,7 @@ every input of the search, so that its best.yaml simulates to the recorded time 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -316,3 +317,13 @@ def test_search_refuses_a_count_below_its_least_before_searching(option: str, va
 def test_search_in_python_refuses_a_negative_count(asked: dict) -> None:
     with pytest.raises(ConfigError, match=f"{next(iter(asked))}: must be 0 or more"):
         search(SPACE, **{"top_k": 1, "sample": 0, **asked})
+
+
+def test_a_small_models_peaks_read_in_mib(tmp_path: Path) -> None:
+    """GiB to one decimal printed 0.0 for every stage of a small model (found by an outside-in review)."""
+    done = subprocess.run([sys.executable, "-m", "analysis.cli", "search", "--workload", "gpt-tiny", "--cluster",
+                           "dgx-a100-8", "--top", "3", "--out", str(tmp_path / "s")], capture_output=True, text=True,
+                          timeout=300, cwd=REPO, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split("│")[-2].split() for line in done.stdout.splitlines() if line.startswith("│ 1 │")]
+    assert "peak MiB per stage" in done.stdout and rows and all(float(v) > 0 for v in rows[0])
