@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.ranking import describe, rank_pairs
-from analysis.rounds import DEFAULT_SEED, record_rounds, round_orders
+from analysis.rounds import DEFAULT_SEED, ROUNDS_FILE, record_rounds, round_orders
 from analysis.rounds import describe as describe_rounds
 from analysis.validation.calibration import ValidationCalibration, fit_calibration
 from analysis.validation.common_profile import CommonProfile
@@ -43,6 +43,7 @@ from analysis.validation.report import ValidationReport
 from analysis.validation.run import validate_plan, validate_record
 from sim.plan import Plan
 from traces.errors import ConfigError
+from traces.outdir import OutputLock, prepare_out_folder
 
 SUITE_DIR = Path(__file__).resolve().parent.parent / "examples" / "validation"
 # A measurement is steady when the profiles before and after the run agree within STEADY_DRIFT and
@@ -60,6 +61,12 @@ PROFILE_SLOT = "(profile)"
 
 # Subfolders of SUITE_DIR that are not sections: plans kept out of every suite on purpose.
 NOT_SECTIONS = ("calibration", "netns")
+
+
+# What a suite writes at its folder's top (besides each plan's validation folder inside plans/, calibration/
+# and rounds/, which validate_plan checks itself).
+SUITE_OUTPUTS = ("suite.csv", "suite.json", "suite.md", ROUNDS_FILE, "rounds.md", "plans", "calibration", "profiles",
+                 "rounds")
 
 
 def sections() -> list[str]:
@@ -144,7 +151,16 @@ def run_suite(out_dir: Path, plans: list[Path] | None = None, iterations: int = 
     ``profile`` column names the bundle that priced each plan (the pool, or for a plan with sharded
     tables the pool with that plan's ids request host work, timed in the same slots)."""
     out = Path(out_dir)
+    prepare_out_folder(out, SUITE_OUTPUTS)  # a user's file of these names is refused before any work
     out.mkdir(parents=True, exist_ok=True)
+    with OutputLock(out):  # one suite per folder; the lock file marks it as paratwin's for a rerun
+        return _run_suite_in(out, plans, iterations, warmup, calibration, verbose, profile_repeats, retries,
+                             section, rounds, seed, common_profile)
+
+
+def _run_suite_in(out: Path, plans: list[Path] | None, iterations: int, warmup: int,
+                  calibration: list[Path] | None, verbose: bool, profile_repeats: int, retries: int,
+                  section: str | None, rounds: int, seed: int | None, common_profile: bool) -> pd.DataFrame:
     if plans is not None and section is not None:
         raise ConfigError("--section", "both plans and a section given", "give one of them")
     paths = [Path(p) for p in (plans if plans is not None else default_plans(section))]

@@ -200,3 +200,17 @@ def test_profile_refuses_a_paratwin_folder_that_is_not_a_profile_of_its_workload
     with pytest.raises(ConfigError, match="holds a paratwin.run-record folder, not a profile of gpt-tiny"):
         check_profile_target(record, "gpt-tiny")
     check_profile_target(tmp_path / "new", "gpt-tiny")
+
+
+def test_validate_suite_refuses_a_users_summary_files_before_any_work(tmp_path: Path) -> None:
+    """validate-suite wrote suite.csv / .json / .md at its folder's top without a check (found by an
+    outside-in review's follow-up): a user's file of those names is refused, and kept, before profiling."""
+    from analysis.validation_suite import run_suite
+
+    folder = tmp_path / "suite"
+    folder.mkdir()
+    (folder / "suite.md").write_text("mine")
+    with pytest.raises(ConfigError, match="already holds suite.md, not written by paratwin"):
+        run_suite(folder, plans=[Path(__file__).resolve().parent.parent / "examples" / "validation" /
+                                 "gpt-val-pp2-1f1b.yaml"], calibration=[], verbose=False)
+    assert (folder / "suite.md").read_text() == "mine" and sorted(p.name for p in folder.iterdir()) == ["suite.md"]
