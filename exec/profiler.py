@@ -82,6 +82,7 @@ from exec.host_memory import state as host_memory_state
 from exec.lockstep import Alone, Together
 from exec.selective import COMPUTE_INTENSIVE, selective_saved_bytes
 from exec.selective import storage_key as _selective_key
+from exec.stderr_filter import filtered_stderr
 from exec.workloads import Workload, get_workload
 from traces.bundle import ProfileBundle, environment_info
 from traces.errors import ConfigError
@@ -909,7 +910,7 @@ def _profiled_ops(dev: torch.device, body: Callable[[], None]) -> pd.DataFrame:
     activities = [torch.profiler.ProfilerActivity.CPU]
     if dev.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
+    with filtered_stderr(), torch.profiler.profile(activities=activities) as prof:  # kineto's start/stop lines
         body()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
