@@ -532,3 +532,10 @@ def test_run_record_round_trip(tmp_path: Path, fmt: str) -> None:
     with pytest.raises(BundleError) as err:
         read_bundle(target)  # a run record is not a profile bundle, and the error says so
     one_line_error(err, MANIFEST_NAME, "paratwin.run-record")
+
+
+def test_a_bundle_is_read_from_a_string_path(gpt_tiny_profile: Path) -> None:
+    """read_bundle("...") as docs/traces.md calls it was a TypeError (str / str) in its layer-row check."""
+    from traces.bundle import read_bundle
+
+    assert read_bundle(str(gpt_tiny_profile)).layers.equals(read_bundle(gpt_tiny_profile).layers)

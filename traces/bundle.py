@@ -97,7 +97,8 @@ def _write_op_timeline(ops: pd.DataFrame | None, directory: Path) -> list[str]:
     return [OP_TIMELINE_NAME]
 
 
-def read_bundle(directory: Path) -> ProfileBundle:
+def read_bundle(directory: str | Path) -> ProfileBundle:
+    directory = Path(directory)  # a string path was a TypeError in the checks below (docs/traces.md passes one)
     schemas = {
         "layers": LAYER_TABLE,
         "ops": OP_TABLE,
