@@ -214,3 +214,16 @@ def test_validate_suite_refuses_a_users_summary_files_before_any_work(tmp_path: 
         run_suite(folder, plans=[Path(__file__).resolve().parent.parent / "examples" / "validation" /
                                  "gpt-val-pp2-1f1b.yaml"], calibration=[], verbose=False)
     assert (folder / "suite.md").read_text() == "mine" and sorted(p.name for p in folder.iterdir()) == ["suite.md"]
+
+
+def test_a_lock_held_by_the_parent_says_to_guard_the_script(tmp_path: Path) -> None:
+    """A script without `if __name__ == "__main__":` that calls validate_plan: each spawned profiling
+    process re-ran it and was refused by the script's own lock, named as "another paratwin process"
+    (found by a second outside-in review). The child is told what to change instead."""
+    folder = tmp_path / "out"
+    with OutputLock(folder):
+        done = subprocess.run([sys.executable, "-c", "from traces.outdir import OutputLock; "
+                               f"OutputLock({str(folder)!r}).acquire()"], capture_output=True, text=True,
+                              timeout=60, cwd=REPO)
+    assert done.returncode == 1
+    assert "in use by this process's parent" in done.stderr and 'if __name__ == "__main__":' in done.stderr

@@ -150,6 +150,13 @@ class OutputLock:
             os.close(fd)
             if exc.errno not in (errno.EAGAIN, errno.EACCES):
                 raise
+            if holder.partition("\n")[0].strip() == str(os.getppid()):
+                # The holder started this process: a spawned worker (a profile, a sweep point) re-ran the
+                # top level of the script that holds the lock, which then called paratwin again.
+                raise OutputError(f"{self.option} {self.folder}: in use by this process's parent "
+                                  f"{_describe_holder(holder)}, whose script is being re-imported by a worker "
+                                  "process it started; put the script's calls under "
+                                  "`if __name__ == \"__main__\":`") from None
             raise OutputError(f"{self.option} {self.folder}: in use by another paratwin process "
                               f"{_describe_holder(holder)}; wait for it to finish or choose another "
                               f"{self.option}") from None
