@@ -221,6 +221,7 @@ def test_a_large_data_set_offline_is_one_line_naming_the_variable_and_the_url(
     message = str(info.value)
     assert asked == [f"{TU_URL}/ENZYMES.zip"]
     assert "\n" not in message and "PARATWIN_DATA" in message and f"{TU_URL}/ENZYMES.zip" in message
+    assert "put a copy under $PARATWIN_DATA/TU/ENZYMES/raw/ (ENZYMES_A.txt" in message  # where the files go
 
 
 def test_size_bucketed_batches_cover_every_graph_once_per_epoch() -> None:

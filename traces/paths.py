@@ -59,9 +59,11 @@ def find_data(relative: str | Path) -> Path | None:
     return None
 
 
-def offline_error(what: str, url: str, reason: object) -> ConfigError:
+def offline_error(what: str, url: str, reason: object, place: str = "") -> ConfigError:
+    """``place``: where under the data root the files go (``TU/NAME/raw/``), where it is not the name."""
     return ConfigError("data", f"{what} is not in the package and could not be downloaded from {url} ({reason})",
-                       f"put a copy under ${DATA_ENV} (see docs/data.md) or go online once")
+                       f"put a copy under ${DATA_ENV}{'/' + place if place else ''} (see docs/data.md) or go "
+                       "online once")
 
 
 def git_blob_sha1(data: bytes) -> str:

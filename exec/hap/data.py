@@ -68,7 +68,8 @@ def download_tu(name: str) -> Path:
             with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
                 archive = zipfile.ZipFile(io.BytesIO(response.read()))
         except (urllib.error.URLError, OSError, zipfile.BadZipFile) as exc:
-            raise offline_error(f"TU dataset {name}", url, exc) from None
+            raise offline_error(f"TU dataset {name}", url, exc, place=f"TU/{name}/raw/ ({name}_A.txt and the "
+                                "other .txt files of its zip)") from None
         staging = Path(tempfile.mkdtemp(dir=root))  # moved into place only when complete
         for member in archive.namelist():
             file_name = Path(member).name
