@@ -54,7 +54,7 @@ class Serial:
                 future.set_exception(exc)
             yield future
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:  # noqa: ARG002 - nothing runs beside the caller
         pass
 
 
@@ -75,8 +75,16 @@ class Pool:
 
         yield from as_completed(futures)
 
-    def close(self) -> None:
-        self.executor.shutdown(wait=True, cancel_futures=True)
+    def close(self, abort: bool = False) -> None:
+        """Wait for the workers; with ``abort`` (Ctrl-C) end the tasks they are running instead. A SIGINT
+        sent to this process alone (``kill -INT``, ``timeout``, a batch system) reaches no worker, and
+        waiting left the command silent until every task in flight had finished: seconds to minutes."""
+        processes = list((getattr(self.executor, "_processes", None) or {}).values()) if abort else []
+        self.executor.shutdown(wait=not abort, cancel_futures=True)
+        for process in processes:  # the executor has no public way to stop a running task
+            process.terminate()
+        for process in processes:
+            process.join(timeout=10)
 
 
 class Dask:
@@ -109,7 +117,7 @@ class Dask:
 
         yield from as_completed(futures)
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:  # noqa: ARG002 - closing the client cancels its tasks
         self.client.close()
         if self.cluster is not None:
             self.cluster.close()

@@ -342,6 +342,7 @@ def _run_locked(protocol: Protocol, out_dir: Path, data_root: Path | None, cache
 def _run_tasks(todo: list[FitTask], workers: int, scheduler: str | None,
                record: Callable[[FitTask, FitResult], None], folds_csv: Path) -> None:
     where = backend(min(workers, len(todo)) if not scheduler else workers, scheduler)
+    interrupted = False
     try:
         futures = [where.submit(fit_in_worker, task, f"hap-{task.id}") for task in todo]
         task_of = {id(future): task for future, task in zip(futures, todo, strict=True)}
@@ -353,8 +354,11 @@ def _run_tasks(todo: list[FitTask], workers: int, scheduler: str | None,
                                     f"run are recorded in {folds_csv} (fix: run the same command again to "
                                     "resume)") from None
             record(task_of[id(future)], result)
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
-        where.close()
+        where.close(abort=interrupted)
 
 
 def carry_over(protocol: Protocol, source: Path, out_dir: Path) -> dict[str, int]:

@@ -412,6 +412,7 @@ def _run_locked(spec: SweepSpec, out: Path, workers: int, scheduler: str | None,
     if todo:
         where = backend(min(workers, len(todo)) if not scheduler else workers, scheduler, dask_processes)
         backend_name = where.name
+        interrupted = False
         try:
             futures = []
             for point in todo:
@@ -431,11 +432,12 @@ def _run_locked(spec: SweepSpec, out: Path, workers: int, scheduler: str | None,
                 if progress is not None:
                     progress(reused + len(computed), len(spec.points), record)
         except KeyboardInterrupt:  # Ctrl-C: it stopped with no word of what was kept
+            interrupted = True
             raise SweepInterrupted(
                 f"sweep {spec.name}: interrupted; {reused + len(computed)} of {len(spec.points)} points are "
                 f"recorded in {out} (fix: run the same command again to resume)", exit_code=130) from None
         finally:
-            where.close()
+            where.close(abort=interrupted)
     table = merge_results(out, spec)
     _log(out, {"run": run_id, "event": "end", "computed": len(computed)})
     return SweepRun(table, out, run_id, len(spec.points), computed, reused, backend_name,

@@ -201,3 +201,35 @@ def test_zero_workers_is_refused_not_the_default(tmp_path: Path) -> None:
     """workers=0 (--workers 0) was read as "not given" and ran on every usable core."""
     with pytest.raises(ConfigError, match="--workers: 0 workers"):
         run_sweep(small_spec(), tmp_path / "out", workers=0)
+
+
+def test_sigint_to_the_sweep_alone_ends_its_workers_points(tmp_path: Path) -> None:
+    """A SIGINT to the sweep's process alone (`kill -INT`, `timeout`, a batch system; a terminal signals
+    the whole group) reaches no worker: the sweep waited, silent, for every point in flight to finish
+    (40-60 s in a review's run). It ends them: here long before the two-minute points could finish."""
+    from tests.slow_sweep_point import SECONDS
+
+    script = ("import sys\nfrom analysis.sweep import SweepInterrupted, run_sweep\n"
+              "from tests.slow_sweep_point import sleep_through\n"
+              "if __name__ == '__main__':\n"
+              "    try:\n"
+              f"        run_sweep({small_spec()!r}, {str(tmp_path / 'out')!r}, workers=2, evaluate=sleep_through)\n"
+              "    except SweepInterrupted as exc:\n"
+              "        print(exc)\n"
+              "        sys.exit(exc.exit_code)\n")
+    proc = start_as_from_terminal([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, cwd=Path(__file__).resolve().parent.parent)
+    deadline = time.monotonic() + 120
+    while not [e for e in read_events(tmp_path / "out") if e.get("event") == "submit"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(3)  # the workers have started their first points
+    started = time.monotonic()
+    os.kill(proc.pid, signal.SIGINT)
+    try:
+        output = proc.communicate(timeout=SECONDS + 60)[0]
+    finally:  # a sweep that hangs must not outlive the test with its workers
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    waited = time.monotonic() - started
+    assert proc.returncode == 130 and "interrupted; 0 of" in output, output
+    assert waited < SECONDS / 2, f"exited {waited:.0f} s after the SIGINT: it waited for the points in flight"
