@@ -150,9 +150,9 @@ class OutputLock:
             os.close(fd)
             if exc.errno not in (errno.EAGAIN, errno.EACCES):
                 raise
-            if holder.partition("\n")[0].strip() == str(os.getppid()):
-                # The holder started this process: a spawned worker (a profile, a sweep point) re-ran the
-                # top level of the script that holds the lock, which then called paratwin again.
+            if holder.partition("\n")[0].strip() == str(os.getppid()) and _is_multiprocessing_child():
+                # The holder started this process as a multiprocessing worker (a profile, a sweep point),
+                # which re-ran the top level of the holder's script, which then called paratwin again.
                 raise OutputError(f"{self.option} {self.folder}: in use by this process's parent "
                                   f"{_describe_holder(holder)}, whose script is being re-imported by a worker "
                                   "process it started; put the script's calls under "
@@ -188,6 +188,12 @@ def _command_line() -> str:
     if argv:
         argv[0] = Path(argv[0]).name
     return " ".join(shlex.join(argv).split())[:COMMAND_CHARS]
+
+
+def _is_multiprocessing_child() -> bool:
+    import multiprocessing
+
+    return multiprocessing.parent_process() is not None
 
 
 def _describe_holder(text: str) -> str:
