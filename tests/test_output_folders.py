@@ -4,6 +4,7 @@ refused in one line, not a traceback after the work; a folder paratwin wrote bef
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -246,3 +247,13 @@ def test_a_lock_held_by_the_parent_says_to_guard_the_script(tmp_path: Path) -> N
                                timeout=60, cwd=REPO)
     assert "in use by this process's parent" in message and 'if __name__ == "__main__":' in message, message
     assert plain.returncode == 1 and "in use by another paratwin process" in plain.stderr
+    # The case itself: a script with no guard that takes the lock and starts a spawned worker, which
+    # re-runs the script's top level while it is still importing it.
+    script = tmp_path / "unguarded.py"
+    script.write_text("import multiprocessing\nfrom traces.outdir import OutputLock\n"
+                      f"OutputLock({str(tmp_path / 'other')!r}).acquire()\n"
+                      "worker = multiprocessing.get_context('spawn').Process(target=print)\n"
+                      "worker.start()\nworker.join()\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "in use by this process's parent" in done.stderr and "__main__" in done.stderr, done.stderr[-2000:]

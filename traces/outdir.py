@@ -191,9 +191,13 @@ def _command_line() -> str:
 
 
 def _is_multiprocessing_child() -> bool:
+    """A multiprocessing worker, or a process still importing its parent's main module: spawn's workers
+    and the forkserver do that before they know their parent, with the current process marked
+    ``_inheriting`` (CPython's multiprocessing.spawn and .forkserver; no public flag says so)."""
     import multiprocessing
 
-    return multiprocessing.parent_process() is not None
+    return (multiprocessing.parent_process() is not None
+            or bool(getattr(multiprocessing.current_process(), "_inheriting", False)))
 
 
 def _describe_holder(text: str) -> str:
