@@ -257,13 +257,20 @@ def write_search(result: SearchResult, out: Path) -> dict[str, Path]:
         plain(f"best plan: {paths['best']} ({best.simulated.iteration_s * 1e3:,.1f} ms, peak "
               f"{gib(max(best.simulated.peak_bytes))}); check it with paratwin simulate {paths['best']}")
     else:
-        why = ("no plan passes the search's checks" if emptied_by_checks(result) else "no best plan: --simulate-top "
-               "0 simulated none of the estimate's best (the random sample is for the agreement figures only)"
-               if result.estimate_only else "no plan fits in memory")
+        why = no_best_reason(result)
         removed = f"; removed {out / 'best.yaml'}, an earlier search's best plan ({stale})" if stale else ""
         plain(f"{why}: no best.yaml written{removed}")
     plain(f"ranked plans: {paths['ranked']}\nsummary: {paths['summary']}")
     return paths
+
+
+def no_best_reason(result: SearchResult) -> str:
+    if emptied_by_checks(result):
+        return "no plan passes the search's checks"
+    if result.estimate_only:
+        return ("no best plan: --simulate-top 0 simulated none of the estimate's best (the random sample is for the "
+                "agreement figures only)")
+    return "no plan fits in memory"
 
 
 def earlier_best(out: Path) -> str | None:

@@ -156,7 +156,8 @@ def _alive(pid: int) -> bool:
 
 def run_plan(plan: Plan | str | Path, nproc: int | None = None, backend: str | None = None,
              iterations: int = 5, warmup: int = 1, out_dir: Path | None = None, timeout_s: float = 300, *,
-             save_params: bool = False, threads: int = 1, force: bool = False) -> RunResult:
+             save_params: bool = False, threads: int = 1, force: bool = False,
+             measured: Measured | None = None) -> RunResult:
     """Run ``plan`` for ``warmup + iterations`` training iterations on this machine.
 
     ``nproc`` defaults to the plan's world size (and must equal it). Results go to ``out_dir``
@@ -164,7 +165,8 @@ def run_plan(plan: Plan | str | Path, nproc: int | None = None, backend: str | N
     summary), ``trace.json`` (Chrome trace), ``ranks/`` (per-rank, per-iteration results),
     ``heartbeat/``, ``errors/`` and, with ``save_params``, ``params/rank<r>.pt``. A folder that
     already holds a run's outputs is refused unless ``force`` (then that run's files are replaced);
-    one that holds anything else under those names is always refused.
+    one that holds anything else under those names is always refused. ``measured``: the structural
+    measurements ``check_runs_here`` returned for this plan's workload, not taken again.
     """
     if not isinstance(plan, Plan):
         plan = Plan.load(plan)
@@ -178,7 +180,7 @@ def run_plan(plan: Plan | str | Path, nproc: int | None = None, backend: str | N
     if not timeout_s > 0:  # 0 declared the run hung at once; a negative one failed inside gloo on every rank
         raise ConfigError("timeout", f"must be a positive number of seconds, got {timeout_s}", "e.g. --timeout 300")
     backend = pick_backend(backend)
-    measured = check_runs_here(plan)
+    measured = check_runs_here(plan, measured)
     out_dir = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="paratwin-run-"))
     prepare_out_folder(out_dir, ())  # a file or a place that cannot be written: one line (claim_run_folder: the rest)
     # The process groups time out later than the watchdog, so that a hang is reported as one
@@ -189,12 +191,12 @@ def run_plan(plan: Plan | str | Path, nproc: int | None = None, backend: str | N
         return _launch(plan, out_dir, options, float(timeout_s), measured)
 
 
-def check_runs_here(plan: Plan) -> Measured:
+def check_runs_here(plan: Plan, measured: Measured | None = None) -> Measured:
     """Every check a rank makes before its first instruction, here, once (a ``ConfigError``), and whether
     the ranks fit this machine (its cores, its memory); returns the plan's structural measurements,
-    which the ranks take instead of measuring again."""
+    which the ranks take instead of measuring again (``measured``: an earlier call's, for the same workload)."""
     check_local_run(plan)
-    executable = compile_for_run(plan)
+    executable = compile_for_run(plan, measured)
     check_host_memory(executable)
     return executable.structure.measured
 

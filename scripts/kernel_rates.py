@@ -79,7 +79,6 @@ def measure(catalog_device: str | None, repeats: int) -> pd.DataFrame:
     from sim.hardware import get_device
 
     cuda = catalog_device is not None
-    smoke = not cuda
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     e = torch.tensor([], dtype=dtype).element_size()
@@ -90,7 +89,7 @@ def measure(catalog_device: str | None, repeats: int) -> pd.DataFrame:
     else:  # the analytic model does not price CPUs
         datasheet = mem_eff = attn_mem_eff = float("nan")
     rows = []
-    for batch_heads, s in (SMOKE_SHAPES if smoke else GPU_SHAPES):
+    for batch_heads, s in (GPU_SHAPES if cuda else SMOKE_SHAPES):
         x = torch.randn(batch_heads, s, s, device=device, dtype=dtype)
         y = torch.softmax(x, dim=-1)
         dy = torch.randn_like(x)

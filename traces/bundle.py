@@ -282,11 +282,8 @@ def remake_hint(format_name: str, manifest: dict | None = None) -> str:
     one (``migrate-plan`` is for plans), so a refused one is measured again. The profile command takes its
     options from the manifest's metadata where that can be read (not from malformed JSON)."""
     if format_name == PROFILE_BUNDLE_FORMAT:
-        meta = manifest.get("meta") if isinstance(manifest, dict) else None
-        workload = meta.get("workload") if isinstance(meta, dict) else None
-        settings = meta.get("settings") if isinstance(meta, dict) else None
-        workload = workload if isinstance(workload, dict) else {}
-        settings = settings if isinstance(settings, dict) else {}
+        meta = _section(manifest, "meta")
+        workload, settings = _section(meta, "workload"), _section(meta, "settings")
         device = str(settings.get("device", "cpu|cuda"))
         seq = f" --seq {settings['seq']}" if settings.get("seq") is not None else ""
         return (f"re-profile with this paratwin: paratwin profile --workload {workload.get('name', 'WORKLOAD')} "
@@ -297,6 +294,13 @@ def remake_hint(format_name: str, manifest: dict | None = None) -> str:
     if format_name == COMM_BENCH_FORMAT:
         return "measure again with this paratwin: paratwin commbench --out DIR"
     return "write it again with this paratwin"
+
+
+def _section(mapping: object, key: str) -> dict:
+    """``mapping[key]`` where both are JSON objects, else {}: a manifest is read as its writer (or a user's
+    editor) left it."""
+    value = mapping.get(key) if isinstance(mapping, dict) else None
+    return value if isinstance(value, dict) else {}
 
 
 def check_replaceable(directory: Path) -> dict | None:
@@ -329,9 +333,8 @@ def check_profile_target(directory: Path, workload: str, force: bool = False) ->
     manifest = check_replaceable(directory)
     if manifest is None or force:
         return
-    meta = manifest.get("meta") if manifest.get("format") == PROFILE_BUNDLE_FORMAT else None
-    described = meta.get("workload") if isinstance(meta, dict) else None
-    held = described.get("name") if isinstance(described, dict) else None
+    meta = _section(manifest, "meta") if manifest.get("format") == PROFILE_BUNDLE_FORMAT else {}
+    held = _section(meta, "workload").get("name")
     if held == workload:
         return
     what = f"the profile of {held}" if held else f"a {manifest.get('format')} folder"

@@ -92,7 +92,7 @@ def validate_plan(plan: Plan | str | Path, nproc: int | None = None, profile: Pa
         prepare_out_folder(Path(out_dir), VALIDATION_OUTPUTS)
     # The run would refuse such a plan, but only after the profile, which starts as many processes
     # as the plan has ranks: a 64-rank GPU plan took this 2-core, 24 GiB machine's memory first.
-    check_runs_here(plan)
+    structure = check_runs_here(plan)
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="paratwin-validate-"))
     with OutputLock(out):  # one validation per folder; the lock file marks it as paratwin's for a rerun
         notes: list[str] = []
@@ -105,7 +105,7 @@ def validate_plan(plan: Plan | str | Path, nproc: int | None = None, profile: Pa
 
         # Measure first when the profile brackets the run; the prediction never reads the run.
         run = run_plan(measured_plan, nproc=plan.world_size, iterations=iterations, warmup=warmup, out_dir=out / "run",
-                       timeout_s=timeout_s, force=True)  # a validation's own folder: replace its earlier run
+                       timeout_s=timeout_s, force=True, measured=structure)  # its own folder: replace its run
         drift = None
         if bracket and profile is None:
             before = read_bundle(bundle_dir)
