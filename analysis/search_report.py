@@ -131,20 +131,22 @@ def print_search(result: SearchResult, top: int) -> None:
     for choice, why in result.not_enumerated.items():
         plain(f"not enumerated: {choice}: {why}")
 
-    shown = result.simulated[:top]
+    shown = folded(result.simulated, top)
     # GiB to one decimal printed 0.0 for every stage of a small model; its peaks read in MiB
-    unit, scale = ("MiB", 2**20) if all(max(r.simulated.peak_bytes) < 2**30 for r in shown if r.simulated) \
+    unit, scale = ("MiB", 2**20) if all(max(r.simulated.peak_bytes) < 2**30 for r, _ in shown if r.simulated) \
         else ("GiB", 2**30)
+    twins = sum(len(same) for _, same in shown)
     table = Table("#", "plan", "engine ms", "estimate ms", "samples/s", "MFU", f"peak {unit} per stage",
-                  title=f"best {min(top, len(result.simulated))} of {len(result.simulated)} simulated (engine order)"
+                  title=f"best {len(shown)} of {len(result.simulated)} simulated (engine order"
+                  + (f"; {twins} more with the same figures folded into their row" if twins else "") + ")"
                   + (": a random sample, not the search's choice" if result.estimate_only else ""))
-    for i, ranked in enumerate(shown, 1):
+    for i, (ranked, same) in enumerate(shown, 1):
         sim = ranked.simulated
         assert sim is not None
         peaks = " ".join(f"{b / scale:.1f}" for b in sim.peak_bytes[:8]) + (" ..." if len(sim.peak_bytes) > 8 else "")
-        table.add_row(str(i), ranked.candidate.describe(), f"{sim.iteration_s * 1e3:,.1f}"
-                      + (" OOM" if sim.oom else ""), f"{ranked.estimate.iteration_s * 1e3:,.1f}",
-                      f"{sim.samples_per_s:,.1f}", f"{sim.mfu:.1%}", peaks)
+        table.add_row(str(i), ranked.candidate.describe() + twins_text(ranked.candidate, same),
+                      f"{sim.iteration_s * 1e3:,.1f}" + (" OOM" if sim.oom else ""),
+                      f"{ranked.estimate.iteration_s * 1e3:,.1f}", f"{sim.samples_per_s:,.1f}", f"{sim.mfu:.1%}", peaks)
     console.print(table)
     best = result.best
     if best is not None:
@@ -152,6 +154,50 @@ def print_search(result: SearchResult, top: int) -> None:
     if result.agreement is not None:
         for line in agreement_lines(result.agreement, result.top_k):
             plain(line)
+
+
+# Engine times this close are one time: plans that differ in a setting the engine does not see (a bucket
+# size whose sync is hidden either way) give equal times up to float rounding.
+SAME_TIME_REL = 1e-9
+TWINS_NAMED = 3  # the folded plans a row names; the rest it counts
+
+
+def same_figures(a: Ranked, b: Ranked) -> bool:
+    """The engine cannot tell the two plans apart: the same iteration time, the same peak on every stage."""
+    sa, sb = a.simulated, b.simulated
+    assert sa is not None and sb is not None
+    return (abs(sa.iteration_s - sb.iteration_s) <= SAME_TIME_REL * max(sa.iteration_s, sb.iteration_s)
+            and sa.peak_bytes == sb.peak_bytes and sa.oom == sb.oom)
+
+
+def folded(simulated: list[Ranked], top: int) -> list[tuple[Ranked, list[Ranked]]]:
+    """The engine's first ``top`` plans with different figures, each with the later plans whose figures are
+    its own: a top 5 of one plan at four bucket sizes showed one choice four times."""
+    rows: list[tuple[Ranked, list[Ranked]]] = []
+    for ranked in simulated:
+        row = next((row for row in rows if same_figures(row[0], ranked)), None)
+        if row is not None:
+            row[1].append(ranked)
+        elif len(rows) < top:
+            rows.append((ranked, []))
+    return rows
+
+
+def setting_differences(shown: Candidate, other: Candidate) -> str:
+    """What ``other`` sets differently from ``shown``, as plan fields (``gradient_sync.bucket_mb=100.0``)."""
+    mine, theirs = shown.sections(), other.sections()
+    differences = [f"{section}.{key}={theirs[section][key]}" if key in theirs[section] else f"{section}.{key} unset"
+                   for section in theirs for key in {**mine[section], **theirs[section]}
+                   if mine[section].get(key) != theirs[section].get(key)]
+    return " ".join(differences) or "the same settings"
+
+
+def twins_text(shown: Candidate, same: list[Ranked]) -> str:
+    if not same:
+        return ""
+    named = "; ".join(setting_differences(shown, r.candidate) for r in same[:TWINS_NAMED])
+    rest = f"; {len(same) - TWINS_NAMED} more" if len(same) > TWINS_NAMED else ""
+    return f"\n  same figures with: {named}{rest}"
 
 
 def agreement_lines(agreement: Agreement, top_k: int) -> list[str]:
