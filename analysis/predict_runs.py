@@ -26,7 +26,7 @@ import pandas as pd
 
 from analysis.calibrate import CONFIG_COLUMNS, CurveCalibration, SimulatorPredictor, default_calibration, error_metrics
 from sim.analytic import default_for
-from sim.calibration import MEGATRON_DEVICE, MEGATRON_DTYPE, read_megatron_csv
+from sim.calibration import MEGATRON_DEVICE, MEGATRON_DTYPE, read_csv_rows, read_megatron_csv
 from sim.hardware import get_device
 from traces.atomic import atomic_path
 from traces.errors import ConfigError, ParatwinError
@@ -47,6 +47,8 @@ def row_problem(row: Mapping[str, Any]) -> ConfigError | None:
     the batch, pp dividing the layers, the GPU count's nodes)."""
     for column in CONFIG_COLUMNS:
         value = row[column]
+        if pd.isna(value):  # a row with fewer cells than the header
+            return ConfigError(column, "missing", f"give {column} as a whole number in every row")
         if not _positive_whole(value):
             return ConfigError(column, f"{value!r} is not a positive integer", f"give {column} as a whole number")
     if not pd.isna(row["iter_time_ms"]) and row["iter_time_ms"] <= 0:
@@ -75,7 +77,7 @@ def predict_runs(csv_path: Path, prior: bool = False) -> RunPredictions:
     curve = (default_calibration() if prior
              else CurveCalibration(default_for(get_device(MEGATRON_DEVICE), MEGATRON_DTYPE)))
     predict = SimulatorPredictor()
-    raw = pd.read_csv(csv_path)  # every input column as written, extra ones included
+    raw = read_csv_rows(csv_path, as_written=True)  # every input column as written, extra ones included
     predicted, problems, skipped = [], [], []
     for i, row in enumerate(df.to_dict("records")):
         problem = row_problem(row)

@@ -111,7 +111,7 @@ def read_megatron_csv(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise BundleError(path, "Megatron runs CSV not found")
-    df = _read_csv(path)
+    df = read_csv_rows(path)
     missing = [c for c in _COLUMNS if c not in df.columns and c != MEGATRON_TIME_COLUMN]
     if missing:
         raise BundleError(path, f"missing column(s) {missing}; the header must name {list(_COLUMNS)} "
@@ -133,12 +133,15 @@ def read_megatron_csv(path: str | Path) -> pd.DataFrame:
     return df
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
+def read_csv_rows(path: Path, as_written: bool = False) -> pd.DataFrame:
     """The CSV's rows under its header, or a BundleError naming the file: empty, not UTF-8, or a row with
     more fields than the header (pandas took a first such row's extra leading fields as an index and
-    shifted every column of the rows after them: '# GPUs' read the micro-batch)."""
+    shifted every column of the rows after them: '# GPUs' read the micro-batch). A space after a comma is
+    not part of the next field (a header written "# GPUs, global batch" named no column the reader knows).
+    ``as_written``: every cell as its text (a column with an empty cell was read as floats, 2 -> 2.0)."""
+    text = {"dtype": str, "keep_default_na": False} if as_written else {}
     try:
-        df = pd.read_csv(path)
+        df = pd.read_csv(path, skipinitialspace=True, **text)
     except pd.errors.EmptyDataError:
         raise BundleError(path, "empty file (fix: a header line naming the columns, then one run per line)") from None
     except UnicodeDecodeError as exc:

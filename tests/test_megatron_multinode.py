@@ -186,3 +186,18 @@ def test_a_measured_time_that_is_not_positive_skips_its_row() -> None:
     problem = row_problem(row)
     assert problem is not None and problem.field == "iteration time (ms)"
     assert row_problem({**row, "iter_time_ms": float("nan")}) is None
+
+
+def test_predictions_keep_the_input_as_written_and_name_a_missing_cell(tmp_path: Path) -> None:
+    """Found by an outside-in review: a column with an empty cell came back as floats (2 -> 2.0), a short row
+    said "pp: nan is not a positive integer", and a header written with ", " named no known column."""
+    csv = tmp_path / "runs.csv"
+    csv.write_text(", ".join([*HEADER.split(","), "iteration time (ms)", "note"]) + "\n"
+                   "8, 32, 4, 1024, 16, 24, 1024, 2, 2, 2, 219.7, first\n"
+                   "8, 32, 4, 1024, 16, 24, 1024, 2, 2\n")
+    result = CliRunner().invoke(app, ["predict-runs", str(csv), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "row 1 (CSV line 3): skipped, pp: missing" in result.output
+    lines = (tmp_path / "out" / "predictions.csv").read_text().splitlines()
+    assert lines[1].startswith("8,32,4,1024,16,24,1024,2,2,2,219.7,first,") and lines[2].startswith(
+        "8,32,4,1024,16,24,1024,2,2,,,,")
