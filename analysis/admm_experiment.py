@@ -100,7 +100,8 @@ def _save(fig: object, out_dir: Path, stem: str) -> None:
         fig.savefig(out_dir / f"{stem}.{suffix}", dpi=130, bbox_inches="tight")  # type: ignore[attr-defined]
 
 
-def _plot(df: pd.DataFrame, whatif: pd.DataFrame, task: str, steps: int, out_dir: Path) -> None:
+def _plot(df: pd.DataFrame, whatif: pd.DataFrame, task: str, steps: int, out_dir: Path, workers: int,
+          staleness: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -145,6 +146,8 @@ def _plot(df: pd.DataFrame, whatif: pd.DataFrame, task: str, steps: int, out_dir
     axes[1].set(xlabel="wall-clock seconds (this machine)", ylabel="training cross-entropy")
     for ax in axes:
         ax.legend(fontsize=8)
+    fig.suptitle(f"Serial, SP and AP ADMMiRNN on {task}: {workers} gloo ranks (AP: + 1 server, staleness "
+                 f"{staleness}) on this machine's CPUs; float64, full batch", fontsize=9)
     fig.tight_layout()
     _save(fig, out_dir, f"admm_{task}_parallel")
     plt.close(fig)
@@ -154,10 +157,11 @@ def _plot(df: pd.DataFrame, whatif: pd.DataFrame, task: str, steps: int, out_dir
         for mode, dash in (("sp", "-"), ("ap", "--")):
             part = whatif[(whatif.straggler_cv == cv) & (whatif["mode"] == mode)]
             ax.plot(part.workers, part.iterations_per_s, dash, color=f"C{i}", marker="o", ms=3,
-                    label=f"{mode.upper()} cv={cv:g}")
+                    label=f"{mode.upper()}, cv {cv:g}")
     ax.set(xscale="log", xlabel="workers", ylabel="iterations per second (simulated)",
            title=f"What-if: SP vs AP ADMMiRNN ({task}, 10 GbE)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, title_fontsize=7, title="cv: std / mean of a worker's compute\ntime per iteration "
+              "(lognormal stragglers)")
     fig.tight_layout()
     _save(fig, out_dir, f"admm_{task}_whatif")
     plt.close(fig)
@@ -257,5 +261,5 @@ def _run(task: str, iterations: int, out_dir: Path, seed: int, workers: int, sta
             }
     (out_dir / f"admm_{task}_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     if figures:
-        _plot(df, whatif, task, data.train.steps, out_dir)
+        _plot(df, whatif, task, data.train.steps, out_dir, workers, staleness)
     return df

@@ -10,10 +10,13 @@ validation choice (``AP_SETTINGS``). A run's full output (curves, what-if, figur
 workers, staleness and settings is not run again (so a long table can be built seed by seed); any
 other run is. The committed part: ``<out>/admm_<task>_seed<seed>_summary.json`` (each run's final
 numbers), ``spap_runs.csv`` (one row per task, seed and method), ``spap_table.csv`` (mean, std and
-count per task and method), ``spap.md``, and the figure ``admm_spap.{png,pdf}`` in ``figures``.
+count per task and method), ``spap.md``, and the figure ``admm_spap.{png,pdf}`` in ``figures``
+(default: ``out``; a run of other lengths than the suite's says so in the figure's title and draws it
+beside its table only).
 
-Run: ``python -m analysis.admm_spap --tasks digits shakespeare text-source --seeds 3``
-(``paratwin admm-spap`` is the same).
+Run: ``python -m analysis.admm_spap --seeds 3 --out docs/results/admm/spap --figures docs/figures``
+(``paratwin admm-spap`` is the same; without ``--out`` and ``--figures`` both write to
+``runs/admm-spap/table``).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import torch
 from traces.errors import ConfigError
 
 from .admm_experiment import AP_SETTINGS, TASK_SETTINGS, run_admm_experiment, run_configs
-from .admm_suite import TASK_PLANS, _mean_std, run_length
+from .admm_suite import TASK_PLANS, _mean_std, check_smoke_figures, run_length, smoke_note
 
 METHODS = ("admm-serial", "admm-sp", "admm-ap", "sgd", "adam")  # the table's row order
 VALUES = ("train_loss", "val_acc", "test_acc", "time_s")
@@ -115,8 +118,8 @@ def markdown(stats: pd.DataFrame, runs: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(stats: pd.DataFrame, fig_dir: Path) -> None:
-    """Test accuracy per task and method, mean +- std over seeds (bars)."""
+def plot(stats: pd.DataFrame, fig_dir: Path, smoke: str = "") -> None:
+    """Test accuracy per task and method, mean +- std over seeds (bars); ``smoke`` heads the title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -132,9 +135,9 @@ def plot(stats: pd.DataFrame, fig_dir: Path) -> None:
                yerr=[part.loc[t, "test_acc_std"] for t in tasks], capsize=3, label=method)
     seeds = ", ".join(sorted({str(n) for n in stats.seeds}))
     ax.set_xticks(range(len(tasks)), tasks)
-    ax.set(ylabel=f"test accuracy (mean +- std, {seeds} seeds)",
-           title="Serial, SP and AP ADMMiRNN vs SGD and Adam\n2 gloo ranks (AP: +1 server, staleness 2) on one "
-                 "2-core CPU;\nfloat64, full batch; settings chosen on validation; test read once per run")
+    title = ("Serial, SP and AP ADMMiRNN vs SGD and Adam\n2 gloo ranks (AP: +1 server, staleness 2) on one "
+             "2-core CPU;\nfloat64, full batch; settings chosen on validation; test read once per run")
+    ax.set(ylabel=f"test accuracy (mean +- std, {seeds} seeds)", title=(f"{smoke}\n" if smoke else "") + title)
     ax.legend(fontsize=7)
     fig.tight_layout()
     for suffix in ("png", "pdf"):
@@ -153,6 +156,8 @@ def run_spap(tasks: tuple[str, ...], seeds: int, out_dir: Path, runs_dir: Path, 
         raise ConfigError("seeds", f"{seeds} seeds", "use at least 1")
     out_dir, runs_dir = Path(out_dir), Path(runs_dir)
     fig_dir = out_dir if fig_dir is None else Path(fig_dir)
+    check_smoke_figures(out_dir, fig_dir, any(run_length(TASK_PLANS[t], iterations) != TASK_PLANS[t].iterations
+                                              for t in tasks))
     for folder in (out_dir, runs_dir, fig_dir):
         folder.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -167,7 +172,7 @@ def run_spap(tasks: tuple[str, ...], seeds: int, out_dir: Path, runs_dir: Path, 
     stats = table(runs)
     stats.to_csv(out_dir / "spap_table.csv", index=False)
     (out_dir / "spap.md").write_text(markdown(stats, runs))
-    plot(stats, fig_dir)
+    plot(stats, fig_dir, smoke_note(runs))
     return stats
 
 
@@ -175,10 +180,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", nargs="+", default=list(TASK_PLANS), choices=tuple(TASK_PLANS))
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1")
-    parser.add_argument("--out", type=Path, default=Path("docs/results/admm/spap"))
+    parser.add_argument("--out", type=Path, default=Path("runs/admm-spap/table"),
+                        help="the table files (the committed ones: docs/results/admm/spap)")
     parser.add_argument("--runs", type=Path, default=Path("runs/admm-spap"),
                         help="every run's full output (curves, what-if, figures)")
-    parser.add_argument("--figures", type=Path, default=Path("docs/figures"))
+    parser.add_argument("--figures", type=Path, default=None, help="admm_spap.{png,pdf} (default: --out)")
     parser.add_argument("--iterations", type=int, default=None, help="override the suite's (smoke runs only)")
     args = parser.parse_args()
     torch.set_num_threads(1)

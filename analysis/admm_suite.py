@@ -1,7 +1,8 @@
 """ADMMiRNN against its paper's claims: tuning on validation, accuracy per task and method over
 seeds, the robustness-to-initialisation sweep and a block-order / fix ablation, in one command.
 
-``run_admm_suite(out_dir)`` (CLI: ``paratwin admm-suite --out docs/results/admm``):
+``run_admm_suite(out_dir)`` (CLI: ``paratwin admm-suite --out docs/results/admm --figures docs/figures``
+regenerates the committed results; without them it writes to ``runs/admm-suite``):
 
 1. **Tuning** (``tuning_<task>.csv``): for every task, a small grid per method (SGD and Adam
    learning rates, ADMM rho_o x theta_w), seed 0, default initialisation, scored by the final
@@ -16,7 +17,9 @@ seeds, the robustness-to-initialisation sweep and a block-order / fix ablation, 
    issue 15, ``ADMM_BEFORE``, is in the ablation).
 4. **Ablation** (``ablation.csv``): digits, seed 0, scales 0.01 and 1: each of the three changes
    switched off alone, and the authors' fixed-penalty setting.
-5. ``tables.md`` and figures ``admm_accuracy``, ``admm_init_sweep`` (PNG + PDF).
+5. ``tables.md`` and figures ``admm_accuracy``, ``admm_init_sweep`` (PNG + PDF), in ``fig_dir``
+   (default: ``out_dir``). A smoke run's figures say so in their title and are drawn beside its CSVs
+   only (``check_smoke_figures``).
 
 The default hidden sizes and iteration counts keep the whole suite at about 20 minutes of one
 loaded core; ``quick=True`` is a smoke run (a few iterations, one seed). Runs are deterministic for
@@ -92,6 +95,30 @@ def check_iterations(out_dir: Path, lengths: dict[str, int]) -> None:
             if task in lengths and ran != [lengths[str(task)]]:
                 raise ConfigError("out", f"{path} holds {task} runs of {ran} iterations, this run asks "
                                   f"{lengths[str(task)]}", "use another --out directory (a --quick run needs its own)")
+
+
+def smoke_note(runs: pd.DataFrame) -> str:
+    """The line a figure of ``runs`` (rows with task, seed, iterations) carries in its title when they
+    are not the suite's lengths (``TASK_PLANS``): a smoke run's figure looked like the result before."""
+    if "iterations" not in runs:
+        return ""
+    short = sorted({int(i) for task, part in runs.groupby("task") for i in part.iterations
+                    if str(task) in TASK_PLANS and i != TASK_PLANS[str(task)].iterations})
+    if not short:
+        return ""
+    seeds = runs.seed.nunique() if "seed" in runs else 1
+    return (f"SMOKE RUN ({'/'.join(map(str, short))} iterations, {seeds} seed{'s' * (seeds > 1)}): "
+            "not the suite's result")
+
+
+def check_smoke_figures(out_dir: Path, fig_dir: Path, smoke: bool) -> None:
+    """A smoke run draws its figures only beside its CSVs, in the folder ``check_iterations`` guards
+    (with --figures elsewhere, docs/figures by default until session 22, a --quick run replaced the
+    committed figures of the same name)."""
+    if smoke and Path(fig_dir).resolve() != Path(out_dir).resolve():
+        raise ConfigError("--figures", f"{fig_dir} is not --out ({out_dir}): a smoke run (--quick, or runs of "
+                          "another length than the suite's) draws its figures beside its CSVs only",
+                          "leave out --figures (nothing was written)")
 
 
 def train(method: str, setting: ADMMConfig | float, data: TaskData, plan: TaskPlan, seed: int,
@@ -270,13 +297,16 @@ def write_tables(out_dir: Path, tuning: pd.DataFrame, comparison: pd.DataFrame, 
     return text
 
 
-def plot(out_dir: Path, fig_dir: Path, comparison: pd.DataFrame, curves: pd.DataFrame) -> None:
+def plot(fig_dir: Path, comparison: pd.DataFrame, curves: pd.DataFrame, smoke: str = "") -> None:
+    """``admm_accuracy`` and ``admm_init_sweep`` (PNG + PDF); ``smoke`` (``smoke_note``) heads both titles."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     note = "CPU, float64, full batch; test split evaluated once per run"
+    head = f"{smoke}\n" if smoke else ""
+    fig_dir.mkdir(parents=True, exist_ok=True)
     methods = sorted(comparison.method.unique())
     tasks = list(dict.fromkeys(comparison.task))
     fig, ax = plt.subplots(figsize=(7, 3.8))
@@ -287,7 +317,7 @@ def plot(out_dir: Path, fig_dir: Path, comparison: pd.DataFrame, curves: pd.Data
         ax.bar(xs, [stats.loc[t, "mean"] for t in tasks], width, yerr=[stats.loc[t, "std"] for t in tasks],
                capsize=3, label=method)
     ax.set_xticks(range(len(tasks)), tasks)
-    ax.set(ylabel="test accuracy (mean +- std over seeds)", title=f"ADMMiRNN vs SGD vs Adam\n{note}")
+    ax.set(ylabel="test accuracy (mean +- std over seeds)", title=f"{head}ADMMiRNN vs SGD vs Adam\n{note}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     for suffix in ("png", "pdf"):
@@ -308,7 +338,7 @@ def plot(out_dir: Path, fig_dir: Path, comparison: pd.DataFrame, curves: pd.Data
     axes[0, 0].set_ylabel("training cross-entropy (forward pass)")
     axes[1, 0].set_ylabel("validation accuracy")
     axes[0, 0].legend(fontsize=7)
-    fig.suptitle(f"{SWEEP_TASK}: curves per init scale, every seed ({note})", fontsize=9)
+    fig.suptitle(f"{head}{SWEEP_TASK}: curves per init scale, every seed ({note})", fontsize=9)
     fig.tight_layout()
     for suffix in ("png", "pdf"):
         fig.savefig(fig_dir / f"admm_init_sweep.{suffix}", dpi=130)
@@ -379,8 +409,8 @@ def run_admm_suite(out_dir: Path, fig_dir: Path | None = None, seeds: int = 3, q
         raise ConfigError("parts", f"unknown suite part(s) {unknown}", f"use any of {', '.join(PARTS)}")
     out_dir = Path(out_dir)
     fig_dir = Path(fig_dir) if fig_dir is not None else out_dir
+    check_smoke_figures(out_dir, fig_dir, quick)  # before any run, like check_iterations below
     out_dir.mkdir(parents=True, exist_ok=True)
-    fig_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
     its = 3 if quick else None
     seed_list = list(range(1 if quick else seeds))
@@ -412,7 +442,9 @@ def run_admm_suite(out_dir: Path, fig_dir: Path | None = None, seeds: int = 3, q
         return f"wrote {out_dir}"
     tuning = pd.concat(_read_tuning(out_dir, task) for task in TASKS)
     comparison = pd.read_csv(out_dir / "comparison.csv")
+    smoke = smoke_note(comparison)  # the report part alone may draw another run's rows
+    check_smoke_figures(out_dir, fig_dir, bool(smoke))
     text = write_tables(out_dir, tuning, comparison, pd.read_csv(out_dir / "init_sweep.csv"),
                         pd.read_csv(out_dir / "ablation.csv"))
-    plot(out_dir, fig_dir, comparison, pd.read_csv(out_dir / "init_curves.csv"))
+    plot(fig_dir, comparison, pd.read_csv(out_dir / "init_curves.csv"), smoke)
     return text

@@ -323,10 +323,11 @@ def admm(
 def admm_spap(
     task: Annotated[list[str] | None, typer.Option(help="tasks (repeat the option; default: all three)")] = None,
     seeds: Annotated[int, typer.Option(help="seeds 0..N-1 per task")] = 3,
-    out: Annotated[Path, typer.Option(help="directory for the table files")] = Path("docs/results/admm/spap"),
+    out: Annotated[Path, typer.Option(help="directory for the table files (the committed ones: "
+                                      "docs/results/admm/spap)")] = Path("runs/admm-spap/table"),
     runs: Annotated[Path, typer.Option(help="every run's full output; a run already there is reused")] = Path(
         "runs/admm-spap"),
-    figures: Annotated[Path, typer.Option(help="directory for admm_spap.{png,pdf}")] = Path("docs/figures"),
+    figures: Annotated[Path | None, typer.Option(help="directory for admm_spap.{png,pdf} (default: --out)")] = None,
 ) -> None:
     """Serial, SP and AP ADMMiRNN, SGD and Adam over tasks and seeds: the SP/AP table (docs/admm.md)."""
     import pandas as pd
@@ -343,10 +344,13 @@ def admm_spap(
 
 @app.command("admm-suite")
 def admm_suite(
-    out: Annotated[Path, typer.Option(help="directory for the CSVs and tables.md")] = Path("docs/results/admm"),
-    figures: Annotated[Path, typer.Option(help="directory for the figures")] = Path("docs/figures"),
+    out: Annotated[Path, typer.Option(help="directory for the CSVs and tables.md (the committed ones: "
+                                      "docs/results/admm)")] = Path("runs/admm-suite"),
+    figures: Annotated[Path | None, typer.Option(help="directory for the figures (default: --out; a --quick "
+                                                 "run's go there only)")] = None,
     seeds: Annotated[int, typer.Option(help="seeds per task, method and init scale")] = 3,
-    quick: Annotated[bool, typer.Option(help="smoke run: 3 iterations, one seed")] = False,
+    quick: Annotated[bool, typer.Option(help="smoke run: 3 iterations, one seed, into its own --out; its "
+                                        "figures' titles say SMOKE RUN")] = False,
     part: Annotated[list[str] | None, typer.Option(help="tasks, robustness, ablation, report (default: all)")] = None,
 ) -> None:
     """ADMMiRNN vs its paper's claims: tuning on validation, accuracy per task over seeds,

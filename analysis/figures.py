@@ -26,9 +26,11 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.executors import check_workers
 from analysis.sweep import SweepSpec, make_point, run_sweep
 from traces.atomic import atomic_path, atomic_write_text
 from traces.errors import ConfigError
+from traces.outdir import prepare_out_folder
 
 # Merak (Lai et al., "Merak: An Efficient Distributed DNN Training Framework With Automated 3D
 # Parallelism for Giant Foundation Models", IEEE TPDS 34(5):1466-1478, 2023, doi
@@ -69,10 +71,27 @@ SEARCHED = "searched best (sim.search)"
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "merak-shifted", "zb-h1", "zb-v", "dualpipev")
 SCHEDULE_CHUNKS = {"interleaved-1f1b": 2, "zb-v": 2, "dualpipev": 2}
 
-HARDWARE = ("64 x A100-80GB (8 nodes x 8, NVLink3 inside a node, 4 x HDR InfiniBand per node; paratwin's "
-            "a100-64 preset), fp16, costs from paratwin's default analytic A100 model (kernel by kernel, "
-            "uncalibrated; 9.6% mean abs. error against Megatron-LM's SC'21 at-scale table, docs/accuracy.md): "
-            "simulated, not measured")
+# The README's accuracy table is the recorded output of benchmarks/accuracy_table.py (a test keeps the two
+# equal); captions read it when they are drawn, so a figure states the accuracy of its day.
+ACCURACY_RECORD = Path(__file__).resolve().parents[1] / "docs" / "results" / "accuracy_table.json"
+
+
+def a100_accuracy(record: Path = ACCURACY_RECORD) -> str:
+    """The default A100 model's error against Megatron-LM SC'21 Table 1, worded as the README's table."""
+    try:
+        sc21 = next(row for row in json.loads(Path(record).read_text()) if row["group"] == "sc21")
+    except (OSError, ValueError, KeyError, StopIteration):  # an installed copy has no docs/ beside it
+        return "its accuracy: README.md, 'How far to trust a what-if'"
+    return (f"MAPE {sc21['mape']:.1%} (median {sc21['median']:.1%}, max {sc21['max']:.1%}) on TFLOP/s per GPU "
+            f"against Megatron-LM SC'21 Table 1's {sc21['rows']} runs, {sc21['check']} (README's accuracy table)")
+
+
+def hardware() -> str:
+    """The simulated figures' hardware and cost model, with the model's accuracy as recorded today."""
+    return ("64 x A100-80GB (8 nodes x 8, NVLink3 inside a node, 4 x HDR InfiniBand per node; paratwin's "
+            "a100-64 preset), fp16, costs from paratwin's default A100 model (kernel by kernel; host launch "
+            f"cost, GEMM efficiency and send/recv share fitted on public data, README 'What is fitted'; "
+            f"{a100_accuracy()}): simulated, not measured")
 
 
 @dataclass
@@ -197,7 +216,7 @@ def merak_figure(out: Path, sweeps: Path, models: Sequence[str] = tuple(MERAK_SH
                  include_search: bool = True, workers: int | None = None, scheduler: str | None = None,
                  log: Callable[[str], None] | None = None) -> Figure:
     spec = merak_spec(models, cluster)
-    search_note = "searched bar left out (include_search=False)"
+    search_note = "searched bar left out (paratwin figures --no-search)"
     if include_search:
         extra, search_note = searched_points(models, cluster, log)
         spec = SweepSpec(spec.name, spec.points + extra, spec.source)
@@ -248,7 +267,7 @@ def merak_figure(out: Path, sweeps: Path, models: Sequence[str] = tuple(MERAK_SH
     shapes = "; ".join(f"{m}: dp{s['parallelism']['dp']} tp{s['parallelism']['tp']} pp{s['parallelism']['pp']}, "
                        f"{s['schedule']['microbatches']} x {s['schedule']['micro_batch']}"
                        for m, s in MERAK_SHAPES.items() if m in models)
-    caption = (f"Simulated on {HARDWARE}. Shapes (dp tp pp, micro-batches x samples): {shapes}. Megatron-LM "
+    caption = (f"Simulated on {hardware()}. Shapes (dp tp pp, micro-batches x samples): {shapes}. Megatron-LM "
                "style: 1F1B, uniform partition, full recompute, no TP overlap; DeepSpeed style: the same with the "
                "partition balanced by parameters; each Merak technique alone on top of Megatron style (shifted "
                "critical path: Merak's schedule, which checkpoints every stage but the last; stage-aware: fastest "
@@ -311,7 +330,7 @@ def schedules_figure(out: Path, sweeps: Path, pps: Sequence[int] = (2, 4, 8),
     axes[0][-1].legend(fontsize=7)
     refused = table[table["status"] != "ok"]
     missing = "; ".join(sorted({f"{r.schedule} pp{r.pp} m{r.m}" for r in refused.itertuples()}))
-    caption = (f"Simulated on {HARDWARE}. GPT-8.3B (72 layers, sequence 1,024), micro-batch 1, tp 8 inside a "
+    caption = (f"Simulated on {hardware()}. GPT-8.3B (72 layers, sequence 1,024), micro-batch 1, tp 8 inside a "
                "node, dp = 64 / (8 pp), no recompute except merak-shifted's own (it checkpoints every stage but "
                "the last, so its throughput includes recompute); interleaved-1f1b, zb-v and dualpipev run 2 "
                "virtual stages per rank. Bubble = idle share of each pipeline rank's compute stream, averaged; "
@@ -326,26 +345,73 @@ def schedules_figure(out: Path, sweeps: Path, pps: Sequence[int] = (2, 4, 8),
 # Validation scatter
 
 
-def validation_figure(out: Path, suite_dir: Path) -> Figure:
-    """Predicted against measured iteration time of every plan of a suite run (``suite.csv``)."""
+SUITE_NUMBERS = ("predicted_s", "measured_median_s", "measured_p10_s", "measured_p90_s", "error")
+
+
+def read_suite(suite_dir: Path) -> pd.DataFrame:
+    """A validation suite's ``suite.csv``, or a one-line refusal naming the file, row and column at fault
+    (a bad value was a TypeError traceback, a header without rows a ValueError one). An empty cell is a
+    plan without a measurement (it did not run): kept, and counted in the figure."""
     path = Path(suite_dir) / "suite.csv"
+    fix = "pass the output of paratwin validate-suite"
     if not path.is_file():
         raise ConfigError("--suite", f"{path} not found", "run paratwin validate-suite --out DIR first and pass DIR")
-    table = pd.read_csv(path)
-    needed = {"plan", "predicted_s", "measured_median_s", "measured_p10_s", "measured_p90_s", "error"}
+    try:
+        table = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ConfigError("--suite", f"{path} is not a CSV table ({str(exc).splitlines()[0]})", fix) from None
+    needed = {"plan", *SUITE_NUMBERS}
     if not needed <= set(table.columns):
-        raise ConfigError("--suite", f"{path} lacks {sorted(needed - set(table.columns))}",
-                          "pass the output of paratwin validate-suite")
+        raise ConfigError("--suite", f"{path} lacks {sorted(needed - set(table.columns))}", fix)
+    if table.empty:
+        raise ConfigError("--suite", f"{path} has no rows", f"{fix} (one that ran at least one plan)")
+    for column in SUITE_NUMBERS:
+        numbers = pd.to_numeric(table[column], errors="coerce")
+        bad = numbers.isna() & table[column].notna()
+        if bad.any():
+            row = int(bad.to_numpy().argmax())
+            raise ConfigError("--suite", f"{path} row {row + 1} (plan {table['plan'].iloc[row]}), column {column}: "
+                              f"{table[column].iloc[row]!r} is not a number", fix)
+        table[column] = numbers
+    if table[["predicted_s", "measured_median_s"]].isna().any(axis=1).all():
+        raise ConfigError("--suite", f"{path}: no plan has both a prediction and a measurement", fix)
+    return table
+
+
+def spread(positions: Sequence[float], gap: float) -> list[float]:
+    """Positions moved apart so that neighbours are at least ``gap`` apart, each crowd of them centred
+    on where its members wanted to be (the labels of nearby points overprinted each other)."""
+    def first(crowd: list[int]) -> float:  # where a crowd's lowest member goes
+        return sum(positions[i] for i in crowd) / len(crowd) - gap * (len(crowd) - 1) / 2
+
+    crowds: list[list[int]] = []  # indices, lowest first; merged while one would reach into the next
+    for i in sorted(range(len(positions)), key=lambda i: positions[i]):
+        crowds.append([i])
+        while len(crowds) > 1 and first(crowds[-2]) + gap * len(crowds[-2]) > first(crowds[-1]):
+            last = crowds.pop()
+            crowds[-1] += last
+    placed = [0.0] * len(positions)
+    for crowd in crowds:
+        for k, i in enumerate(crowd):
+            placed[i] = first(crowd) + k * gap
+    return placed
+
+
+def validation_figure(out: Path, suite_dir: Path) -> Figure:
+    """Predicted against measured iteration time of every plan of a suite run (``suite.csv``)."""
+    table = read_suite(suite_dir)
     summary: dict[str, Any] = {}
     if (Path(suite_dir) / "suite.json").is_file():
         summary = json.loads((Path(suite_dir) / "suite.json").read_text()).get("summary", {})
+    drawn = table.dropna(subset=["predicted_s", "measured_median_s"])
+    unmeasured = table.loc[~table.index.isin(drawn.index), "plan"].astype(str).tolist()
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 6))
     ms = 1e3
-    measured, predicted = table["measured_median_s"] * ms, table["predicted_s"] * ms
-    yerr = [(table["measured_median_s"] - table["measured_p10_s"]) * ms,
-            (table["measured_p90_s"] - table["measured_median_s"]) * ms]
-    steady = table["steady"].astype(bool) if "steady" in table else pd.Series(True, index=table.index)
+    measured, predicted = drawn["measured_median_s"] * ms, drawn["predicted_s"] * ms
+    yerr = [((drawn["measured_median_s"] - drawn["measured_p10_s"]) * ms).fillna(0),
+            ((drawn["measured_p90_s"] - drawn["measured_median_s"]) * ms).fillna(0)]
+    steady = drawn["steady"].astype(bool) if "steady" in drawn else pd.Series(True, index=drawn.index)
     ax.errorbar(predicted[steady], measured[steady], yerr=[e[steady] for e in yerr], fmt="o", ms=5,
                 capsize=2, label="steady measurement (p10-p90 bar)")
     if (~steady).any():
@@ -355,21 +421,28 @@ def validation_figure(out: Path, suite_dir: Path) -> Figure:
     ax.plot([lo, hi], [lo, hi], color="0.3", lw=0.8, label="measured = predicted")
     ax.fill_between([lo, hi], [lo / 1.1, hi / 1.1], [lo * 1.1, hi * 1.1], color="0.85", alpha=0.5, lw=0,
                     label="within 10%")
-    for row, x, y in zip(table.itertuples(), predicted, measured, strict=True):
-        ax.annotate(str(row.plan).replace("gpt-val-", ""), (x, y), fontsize=6, xytext=(3, -8),
-                    textcoords="offset points")
+    # Labels sit right of the diagonal's band, each at its point's height moved just enough that none
+    # overprints another (6 pt text: a gap of 2.6% of the axis), with a thin line to its point.
+    label_ys = spread(list(measured), 0.026 * (hi - lo))
+    for row, x, y, label_y in zip(drawn.itertuples(), predicted, measured, label_ys, strict=True):
+        ax.annotate(str(row.plan).replace("gpt-val-", ""), (x, y), xytext=(x + 0.06 * (hi - lo), label_y),
+                    textcoords="data", fontsize=6, va="center",
+                    arrowprops={"arrowstyle": "-", "color": "0.6", "lw": 0.5, "shrinkA": 0, "shrinkB": 3})
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("predicted iteration time (ms)")
     ax.set_ylabel("measured median iteration time (ms)")
-    ax.set_title(f"Validation suite: {len(table)} plans")
+    ax.set_title(f"Validation suite: {len(drawn)} plans" + (f" ({len(unmeasured)} more without a measurement)"
+                                                          if unmeasured else ""))
     ax.legend(fontsize=7, loc="upper left")
     stats = ""
     if summary:
         stats = (f" Median |error| {summary.get('median_abs_error', math.nan):.1%}, max "
                  f"{summary.get('max_abs_error', math.nan):.1%}, Spearman {summary.get('spearman', math.nan):.3f}.")
+    missing = (f" Not drawn, no prediction or measurement: {', '.join(unmeasured)}." if unmeasured else "")
     caption = (f"Measured on this machine's CPUs: 2 gloo ranks, one thread each, against the simulator fed by "
-               f"profiles taken right before and after each run (docs/validation.md); suite {suite_dir}.{stats}")
+               f"profiles taken right before and after each run (docs/validation.md); suite {suite_dir}.{stats}"
+               f"{missing}")
     paths = _save(fig, table, out, "validation", caption)
     return Figure("validation", paths, caption, table)
 
@@ -377,15 +450,57 @@ def validation_figure(out: Path, suite_dir: Path) -> Figure:
 # ---------------------------------------------------------------------------------------------
 
 
+FIGURES = ("merak", "schedules", "validation")
+INDEX_HEAD = ["# Figures", "", "Written by `paratwin figures`; each with its PDF, PNG and the data as CSV.", ""]
+
+
+def read_index(path: Path) -> dict[str, str]:
+    """The sections of an index ``write_index`` wrote, by figure name (none when there is no index)."""
+    if not path.is_file():
+        return {}
+    sections: dict[str, str] = {}
+    for part in path.read_text().split("\n## ")[1:]:
+        name, _, body = part.partition("\n")
+        sections[name.strip()] = body.strip("\n")
+    return sections
+
+
+def write_index(out: Path, figures: Sequence[Figure]) -> None:
+    """``out/README.md``: this run's captions, and the earlier ones of every figure still in ``out`` that
+    this run did not draw (a ``--only`` run rewrote the index with its own figures alone)."""
+    drawn = {figure.name: f"![{figure.name}]({figure.paths['png'].name})\n\n{figure.caption}" for figure in figures}
+    earlier = read_index(out / "README.md")
+    lines = list(INDEX_HEAD)
+    for name in FIGURES:
+        body = drawn.get(name) or (earlier.get(name) if (out / f"{name}.png").is_file() else None)
+        if body:
+            lines += [f"## {name}", "", body, ""]
+    atomic_write_text(out / "README.md", "\n".join(lines))
+
+
 def make_figures(out: Path, sweeps: Path | None = None, suite: Path | None = None,
-                 only: Sequence[str] = ("merak", "schedules", "validation"), include_search: bool = True,
+                 only: Sequence[str] = FIGURES, include_search: bool = True,
                  workers: int | None = None, scheduler: str | None = None,
                  log: Callable[[str], None] = print) -> list[Figure]:
     out = Path(out)
-    sweeps = Path(sweeps) if sweeps is not None else out / "sweeps"
-    unknown = set(only) - {"merak", "schedules", "validation"}
+    unknown = set(only) - set(FIGURES)
     if unknown:
-        raise ConfigError("--only", f"unknown figure {sorted(unknown)}", "choose merak, schedules, validation")
+        raise ConfigError("--only", f"unknown figure {sorted(unknown)}", f"choose {', '.join(FIGURES)}")
+    # Every argument is checked before the searches and sweeps (a minute or more), not after them.
+    if workers is not None:
+        check_workers(workers)
+    prepare_out_folder(out, (), "--out")
+    sweeps_option = "--out" if sweeps is None else "--sweeps"  # the option that named the folder
+    sweeps = out / "sweeps" if sweeps is None else Path(sweeps)
+    if {"merak", "schedules"} & set(only):
+        prepare_out_folder(sweeps, (), sweeps_option)
+    if "validation" in only and suite is not None:
+        read_suite(suite)
+    if "validation" in only and suite is None:
+        if set(only) == {"validation"}:  # nothing would be drawn: exit 0 with an empty index before
+            raise ConfigError("--suite", "--only validation draws the validation scatter from a suite's output",
+                              "pass --suite DIR (paratwin validate-suite --out DIR writes one)")
+        log("validation: skipped (no --suite DIR; paratwin validate-suite --out DIR writes one)")
     figures = []
     if "merak" in only:
         log("merak: baselines, techniques and their combination for 4 GPT models on 64 A100s")
@@ -394,13 +509,7 @@ def make_figures(out: Path, sweeps: Path | None = None, suite: Path | None = Non
     if "schedules" in only:
         log("schedules: 7 schedules x pipeline stages x micro-batches, GPT-8.3B on 64 A100s")
         figures.append(schedules_figure(out, sweeps, workers=workers, scheduler=scheduler))
-    if "validation" in only:
-        if suite is None:
-            log("validation: skipped (no --suite DIR; paratwin validate-suite --out DIR writes one)")
-        else:
-            figures.append(validation_figure(out, suite))
-    index = ["# Figures", "", "Written by `paratwin figures`; each with its PDF, PNG and the data as CSV.", ""]
-    for figure in figures:
-        index += [f"## {figure.name}", "", f"![{figure.name}]({figure.paths['png'].name})", "", figure.caption, ""]
-    atomic_write_text(out / "README.md", "\n".join(index))
+    if "validation" in only and suite is not None:
+        figures.append(validation_figure(out, suite))
+    write_index(out, figures)
     return figures

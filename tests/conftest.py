@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,3 +34,31 @@ def gpt_tiny_profile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
     yield path
     assert folder_digest(path) == written, (f"a test changed the shared profile {path}: copy it before "
                                             "changing it (see tests/conftest.py)")
+
+
+@pytest.fixture
+def saved_figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Every matplotlib figure saved during the test, by file stem, as it was when saved: what a reader
+    sees (titles, legends, axes), which a test cannot read back from a PNG."""
+    from matplotlib.figure import Figure
+
+    seen: dict[str, Any] = {}
+    save = Figure.savefig
+
+    def savefig(fig: Figure, fname: object, *args: object, **kwargs: object) -> None:
+        name = Path(str(fname)).name
+        if name.startswith(".") and name.endswith(".tmp"):  # traces.atomic.atomic_path's ".NAME.EXT.XXXX.tmp"
+            name = name[1:].rsplit(".", 2)[0]
+        seen[Path(name).stem] = fig
+        save(fig, fname, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return seen
+
+
+def said(fig: Any) -> str:
+    """A figure's suptitle, axes titles and legend titles, one a line."""
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes)]
+    texts = [fig.get_suptitle(), *(ax.get_title() for ax in fig.axes),
+             *(legend.get_title().get_text() for legend in legends if legend is not None)]
+    return "\n".join(text for text in texts if text)

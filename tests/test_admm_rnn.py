@@ -276,3 +276,24 @@ def test_task_settings_are_the_validation_choices_of_the_committed_widened_grids
         assert (chosen["sgd"], chosen["adam"], admm.rho_o, admm.theta_w) == (
             settings["sgd_lr"], settings["adam_lr"], settings["rho_o"], settings["theta_w"]), task
 
+
+
+def test_the_experiment_figures_say_what_ran_and_what_cv_is(tmp_path, saved_figures):
+    """admm_<task>_parallel had no title (task, ranks, machine); the what-if's legend said "cv" unexplained."""
+    import pandas as pd
+
+    from analysis.admm_experiment import _plot
+
+    steps = 3
+    history = [{"method": m, "iteration": i, "data_passes": float(i), "time_s": 0.1 * i, "train_loss": 2.0 / (i + 1),
+                "val_acc": 0.1 * i, "residual_a": 1.0 / (i + 1), "residual_s": 1.0, "residual_o": 1.0,
+                **{f"grad_s{t + 1}": 1.0 + t for t in range(steps)}}
+               for m in ("admm-serial", "sgd", "adam", "admm-sp", "admm-ap") for i in range(3)]
+    whatif = pd.DataFrame([{"straggler_cv": cv, "mode": mode, "workers": n, "iterations_per_s": 10.0 / n}
+                           for cv in (0.0, 0.3) for mode in ("sp", "ap") for n in (2, 4)])
+    _plot(pd.DataFrame(history), whatif, "digits", steps, tmp_path, workers=2, staleness=2)
+    from tests.conftest import said
+
+    assert "digits" in said(saved_figures["admm_digits_parallel"])
+    assert "2 gloo ranks" in said(saved_figures["admm_digits_parallel"])
+    assert "cv: std / mean of a worker's compute" in said(saved_figures["admm_digits_whatif"])

@@ -348,3 +348,24 @@ def test_s2_trains_gpt_wordlm_as_dense_all_reduce_does(tmp_path: Path) -> None:
     assert abs(tails["s2"] - tails["allreduce"]) <= 1e-4, tails
     assert sent["s2"] < sent["allreduce"]
 
+
+
+def test_the_sync_time_panel_has_labelled_ticks_under_every_curve_and_named_reference_lines(
+        tmp_path: Path, saved_figures: dict) -> None:
+    """Panel (b) of the local-cpu figure had labels only at 200-600 ms, its fastest curves (120 ms) below
+    them; the dotted and dashed reference lines said nothing."""
+    from analysis.compression_figures import _plot
+
+    rows = [{"sweep": sweep, "density": d, "gbit": g, "method": m, "wire_bytes": 1e6 * k, "sync_s": 0.12 * k}
+            for sweep in ("density", "bandwidth") for d, g in ((0.01, 1.0), (1.0, 100.0))
+            for k, m in enumerate(("allreduce", "s2", "topk"), start=1)]
+    _plot(rows, ["allreduce", "s2", "topk"], tmp_path, 376.0, {"s2": 17.0}, "local-cpu")
+    fig = saved_figures["compression_sim_local-cpu"]
+    panel = fig.axes[1]
+    fig.canvas.draw()
+    low, high = panel.get_ylim()
+    labelled = [tick.get_position()[1] for tick in [*panel.get_yticklabels(), *panel.get_yticklabels(minor=True)]
+                if tick.get_text() and low <= tick.get_position()[1] <= high]
+    assert labelled and min(labelled) <= 120  # a labelled tick at or under the fastest curve
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert any("measured rows" in t for t in texts) and any("s2 = allreduce" in t for t in texts)

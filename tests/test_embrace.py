@@ -470,3 +470,25 @@ def test_the_netns_plans_put_every_embedding_plan_on_the_shaped_link(tmp_path: P
         assert link is not None and link.bandwidth_Bps == 100e6 / 8 and link.kind == "ethernet" and link.latency_s > 0
         assert shaped.embedding == original.embedding and shaped.profile == str((tmp_path / "profile").resolve())
         compile_plan(original, costs=UniformCosts(num_layers=4))  # every plan's row statistics are there
+
+
+def test_the_scaling_figure_shows_speedups_and_no_legend_covers_a_curve(tmp_path: Path, saved_figures: dict) -> None:
+    """On a100-64 the methods are within a few percent: their samples/s curves lay on top of each other, so
+    a row of speedups over all-reduce sits under each panel; the legends sat on the curves (bandwidth)."""
+    import pandas as pd
+
+    from analysis.embrace_figures import METHODS, draw
+
+    gains = {method: 1 + 0.01 * i for i, method in enumerate(METHODS)}
+    scale = pd.DataFrame([{"cluster": cluster, "method": m, "gpus": g, "samples_per_s": 100.0 * g * gains[m]}
+                          for cluster in ("a100-64", "rtx3090-ethernet") for g in (8, 16) for m in METHODS])
+    band = pd.DataFrame([{"cluster": "a100-64", "method": m, "inter_node_GBps": b, "samples_per_s": 10.0 * b,
+                          "hidden_share": 0.05} for b in (1.25, 25.0) for m in METHODS])
+    draw(scale, band, tmp_path, "caption", "t")
+    scaling = saved_figures["embrace-scaling-t"]
+    speedup_axes = [ax for ax in scaling.axes if ax.get_ylabel() == "speedup over allreduce"]
+    assert len(speedup_axes) == 1
+    [line] = [line for line in speedup_axes[0].lines if line.get_label() == "embrace-2d+fp16"]
+    assert list(line.get_ydata()) == pytest.approx([gains["embrace-2d+fp16"]] * 2)
+    for fig in (scaling, saved_figures["embrace-bandwidth-t"]):
+        assert all(ax.get_legend() is None for ax in fig.axes) and len(fig.legends) == 1
