@@ -26,11 +26,31 @@ app = typer.Typer(
 
 @app.command()
 def workloads() -> None:
-    """List the workload presets."""
+    """List the workload presets; a plan may also name its own Workload by import path."""
     from exec.workloads import workload_names
 
     for name in workload_names():
         console.print(name)
+    plain("or your own model by import path, module:Class (a Workload subclass or a factory taking the plan's "
+          "workload_options), found from the current directory or PYTHONPATH: docs/profiler.md, \"Your own model\"")
+
+
+def _workload_options(items: list[str] | None) -> dict[str, object]:
+    """``--workload-option KEY=VALUE`` (repeatable), each VALUE read as YAML, as a plan's workload_options."""
+    import yaml
+
+    options = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError("--workload-option", f"{item!r} is not KEY=VALUE", "write e.g. --workload-option seq=128")
+        try:
+            options[key] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:  # a yaml ParserError traceback before
+            raise ConfigError(f"--workload-option {key}", f"{value!r} is not a YAML value "
+                              f"({getattr(exc, 'problem', None) or str(exc).splitlines()[0]})",
+                              f"quote it, or write e.g. --workload-option {key}=128") from None
+    return options
 
 
 @app.command()
@@ -76,10 +96,13 @@ def migrate_plan(
 
 @app.command()
 def profile(
-    workload: Annotated[str, typer.Option(help="workload preset, e.g. gpt2-small (see `paratwin workloads`)")],
+    workload: Annotated[str, typer.Option(help="workload preset, e.g. gpt2-small, or your own Workload by import "
+                                          "path, module:Class (see `paratwin workloads`)")],
     out: Annotated[Path, typer.Option(help="directory of the trace bundle to write")],
     micro_batch: Annotated[int, typer.Option(help="samples per micro-batch")] = 4,
     seq: Annotated[int | None, typer.Option(help="sequence length (transformers); default: preset's")] = None,
+    workload_option: Annotated[list[str] | None, typer.Option(help="KEY=VALUE workload option as a plan's "
+                                                              "workload_options sets it, repeatable")] = None,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16")] = "float32",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
     repeats: Annotated[int, typer.Option(help="timed repeats per layer (after warm-up)")] = 10,
@@ -92,12 +115,18 @@ def profile(
     """Measure per-layer time (forward, backward input/weight, recompute), memory and FLOPs."""
     from exec.host_memory import keep_freed_memory
     from exec.profiler import profile_workload
+    from exec.workloads import get_workload
     from traces.bundle import OP_TIMELINE_NAME, check_profile_target, write_bundle
 
+    options = _workload_options(workload_option)
+    if seq is not None:
+        if options.get("seq", seq) != seq:
+            raise ConfigError("--seq", f"{seq} and --workload-option seq={options['seq']} disagree", "pass one of them")
+        options["seq"] = seq
     check_profile_target(out, workload, force)  # before profiling: another workload's bundle was replaced
     keep_freed_memory()  # as the runtime's CPU ranks keep it (exec.host_memory); recorded in the bundle
-    bundle = profile_workload(workload, micro_batch=micro_batch, seq=seq, dtype=dtype, device=device,
-                              warmup=warmup, repeats=repeats, with_ops=ops)
+    bundle = profile_workload(get_workload(workload, **options), micro_batch=micro_batch, dtype=dtype,
+                              device=device, warmup=warmup, repeats=repeats, with_ops=ops)
     path = write_bundle(bundle, out, fmt=fmt)
     print_layers(bundle.layers)
     plain(f"wrote trace bundle {path}")
@@ -420,7 +449,8 @@ def figures(
 
 @app.command()
 def search(
-    workload: Annotated[str, typer.Option(help="workload preset, e.g. gpt-8.3b (see `paratwin workloads`)")],
+    workload: Annotated[str, typer.Option(help="workload preset, e.g. gpt-8.3b, or your own by import path, "
+                                          "module:Class, with --profile (see `paratwin workloads`)")],
     cluster: Annotated[str, typer.Option(help="cluster preset or YAML file, e.g. a100-64")],
     global_batch: Annotated[int | None, typer.Option(min=1, help="samples per iteration; default 2 x devices")] = None,
     top: Annotated[int, typer.Option(min=0, help="rows of the ranked table")] = 10,
@@ -442,22 +472,10 @@ def search(
                                              "reach the best --simulate-top (the same best plans)")] = False,
 ) -> None:
     """Search plans: enumerate every registered choice, prune, rank by a fast estimate, simulate the best."""
-    import yaml
-
     from analysis.search_report import run_search
     from sim.search import SearchSpace
 
-    options = {}
-    for item in workload_option or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError("--workload-option", f"{item!r} is not KEY=VALUE", "write e.g. --workload-option seq=128")
-        try:
-            options[key] = yaml.safe_load(value)
-        except yaml.YAMLError as exc:  # a yaml ParserError traceback before
-            raise ConfigError(f"--workload-option {key}", f"{value!r} is not a YAML value "
-                              f"({getattr(exc, 'problem', None) or str(exc).splitlines()[0]})",
-                              f"quote it, or write e.g. --workload-option {key}=128") from None
+    options = _workload_options(workload_option)
     space = SearchSpace(workload, cluster, global_batch=global_batch, dtype=dtype, workload_options=options,
                         profile=str(profile) if profile else None, lossy_gradient_sync=lossy_gradient_sync,
                         gradient_syncs=tuple(gradient_sync) if gradient_sync else None,

@@ -16,7 +16,7 @@ import pandas as pd
 
 from sim.costs import LayerCosts
 from sim.meeting import sd_from_spread
-from sim.workloads import ADDED_CONFIG_FIELDS, UNPROFILED_OPTIONS
+from sim.workloads import ADDED_CONFIG_FIELDS, UNPROFILED_OPTIONS, USER, workload_family
 from traces.bundle import ProfileBundle, read_bundle
 from traces.errors import ConfigError
 
@@ -86,11 +86,17 @@ class BundleCostModel:
         if not isinstance(recorded, dict):
             raise ConfigError("profile", f"{self.source} does not record its workload configuration", redo)
         expected = {k: v for k, v in (config or options).items() if k != "source" and k not in UNPROFILED_OPTIONS}
+        if workload_family(workload) == USER:
+            # Its options are its whole configuration (no preset fills in the rest): one the bundle was
+            # built with and the plan does not set describes another model too.
+            expected.update({k: _UNSET for k in recorded if k not in expected})
         for key, value in expected.items():
-            profiled = recorded.get(key, ADDED_CONFIG_FIELDS.get(key))
+            profiled = recorded.get(key, ADDED_CONFIG_FIELDS.get(key, _UNSET))
             if _plain(profiled) != _plain(value):
-                raise ConfigError(f"profile: workload.config.{key}", f"{self.source} was profiled with {key}="
-                                  f"{profiled!r}, the plan has {value!r}", redo)
+                had = f"without {key}" if profiled is _UNSET else f"with {key}={profiled!r}"
+                has = "does not set it" if value is _UNSET else f"has {value!r}"
+                raise ConfigError(f"profile: workload.config.{key}", f"{self.source} was profiled {had}, the plan "
+                                  f"{has}", redo)
         span = settings.get("layers")
         if num_layers is None:
             num_layers = described.get("num_layers")
@@ -169,6 +175,7 @@ class BundleCostModel:
         return [float(f + b) for f, b in zip(self.layers["fwd_s"], self.layers["bwd_s"], strict=True)]
 
 
+_UNSET = object()  # a configuration field the plan leaves out
 _DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}  # profiler name -> plan name
 _TORCH_DTYPES = {plan: torch for torch, plan in _DTYPES.items()}
 

@@ -8,10 +8,13 @@ runtime executes exactly the Program that was simulated. Imports neither torch n
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+
+import yaml
 
 from sim.bundle_costs import BundleCostModel
 from sim.cluster import ClusterSpec, load_cluster
@@ -26,10 +29,13 @@ from sim.plan import Plan
 from sim.program import Program
 from sim.schedules import check_preconditions
 from sim.workloads import (
+    UNPROFILED_OPTIONS,
+    USER,
     TransformerConfig,
     transformer_layers,
     transformer_of,
     workload_config,
+    workload_family,
 )
 from traces.bundle import MANIFEST_NAME
 from traces.errors import ConfigError
@@ -74,8 +80,9 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
     fits = bundle_costs.bundle.comm_fits if bundle_costs is not None else None
     samples = bundle_costs.bundle.comm_samples if bundle_costs is not None else None
     if costs is None:
-        profile_it = (f"profile it on this machine: paratwin profile --workload {plan.workload} --micro-batch "
-                      f"{plan.micro_batch} --device cpu --out DIR, then set profile: DIR in the plan")
+        device = "cuda" if cluster.device.kind == "gpu" else "cpu"
+        profile_it = (f"profile it on this machine: {profile_command(plan)} --device {device} --out DIR, "
+                      "then set profile: DIR in the plan")
         if bundle_costs is not None:
             costs = bundle_costs
         elif transformer is not None and cluster.device.kind == "cpu":
@@ -119,8 +126,20 @@ def _check_profile_folder(plan: Plan) -> None:
     found = "no such folder" if not folder.exists() else \
         "a file, not a bundle folder" if not folder.is_dir() else f"a folder without {MANIFEST_NAME}, not a bundle"
     raise ConfigError("profile", f"{plan.profile!r}: {found}{where}",
-                      f"point profile: (or --profile) at the folder written by paratwin profile --workload "
-                      f"{plan.workload} --micro-batch {plan.micro_batch} --out DIR")
+                      f"point profile: (or --profile) at the folder written by {profile_command(plan)} --out DIR")
+
+
+def profile_command(plan: Plan) -> str:
+    """The ``paratwin profile`` command (without --device and --out) that measures the plan's workload as the
+    plan builds it, its workload_options included (but those no profile depends on), for a hint."""
+    options = "".join(f" --workload-option {shlex.quote(f'{key}={_yaml_flow(value)}')}"
+                      for key, value in plan.workload_options.items() if key not in UNPROFILED_OPTIONS)
+    return f"paratwin profile --workload {plan.workload}{options} --micro-batch {plan.micro_batch}"
+
+
+def _yaml_flow(value: object) -> str:
+    """``value`` as one line of YAML, which ``paratwin profile --workload-option`` reads back."""
+    return yaml.safe_dump(value, default_flow_style=True, width=1_000_000).removesuffix("\n...\n").strip()
 
 
 def _accumulation_pass(transformer: TransformerConfig | None, cluster: ClusterSpec,
@@ -183,9 +202,13 @@ def check_tp(tp: int, transformer: TransformerConfig | None, workload: str) -> N
     if tp == 1:
         return
     if transformer is None:
+        # exec.parallel.tp splits a transformer block's attention and MLP; the Workload interface has no way
+        # to say how another model's layers would split, so a workload of one's own runs at tp 1 too.
+        own = " (a workload named by import path runs data- and pipeline-parallel only)" \
+            if workload_family(workload) == USER else ""
         raise ConfigError("parallelism.tp",
                           f"tensor parallelism is defined for transformer workloads, not {workload}",
-                          "set tp: 1")
+                          f"set tp: 1{own}")
     for what, value in (("heads", transformer.heads), ("hidden size", transformer.hidden)):
         if value % tp:
             divisors = [d for d in range(1, value + 1) if value % d == 0 and d <= 64]

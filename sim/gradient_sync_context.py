@@ -24,7 +24,7 @@ from sim.analytic import padded_vocab
 from sim.gradient_sync import GradientSyncConfig, GradTensor, SyncContext
 from sim.gradient_sync_rows import rows_touched
 from sim.hardware import ELEMENT_BYTES
-from sim.workloads import WORKLOAD_FAMILIES, workload_config
+from sim.workloads import workload_config, workload_family
 
 
 class BucketSource(Protocol):
@@ -114,13 +114,13 @@ SHAPES: dict[str, Callable[[dict, int], list[tuple[int, int]]]] = {"lstm": _lstm
 
 def row_sparse_workload(plan: BucketSource) -> bool:
     """Whether the plan's workload produces a row-sparse (embedding) gradient."""
-    return WORKLOAD_FAMILIES.get(plan.workload) in SHAPES and bool(plan.workload_options.get("sparse", False))
+    return workload_family(plan.workload) in SHAPES and bool(plan.workload_options.get("sparse", False))
 
 
 def layer_tensors(plan: BucketSource, layer: int, grad_bytes: int) -> list[GradTensor]:
     """The gradient tensors of one layer, as this rank holds them (``grad_bytes`` from the costs)."""
     element = ELEMENT_BYTES[plan.dtype]
-    family = WORKLOAD_FAMILIES.get(plan.workload, "")
+    family = workload_family(plan.workload) or ""
     if family in SHAPES and plan.tp == 1:
         cfg = workload_config(plan.workload, plan.workload_options)
         assert cfg is not None

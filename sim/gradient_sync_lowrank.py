@@ -22,7 +22,7 @@ from pydantic import Field
 
 from sim.gradient_sync import GradientSyncConfig, GradTensor, Phase, SyncContext, register_gradient_sync
 from sim.gradient_sync_context import SHAPES
-from sim.workloads import WORKLOAD_FAMILIES
+from sim.workloads import workload_family
 from traces.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def _powersgd(ctx: SyncContext) -> tuple[Phase, ...]:
 
 
 def needs_shapes(plan: Plan) -> None:
-    if WORKLOAD_FAMILIES.get(plan.workload) not in SHAPES or plan.tp != 1:
+    if workload_family(plan.workload) not in SHAPES or plan.tp != 1:
         raise ConfigError("gradient_sync.method", f"powersgd factors gradient matrices; the simulator knows "
                           f"their shapes for {' and '.join(SHAPES)} workloads at tp 1 only, not {plan.workload!r} "
                           f"(tp {plan.tp})", f"use an {' or '.join(SHAPES)} workload at tp 1, or method: allreduce / "

@@ -41,7 +41,7 @@ from sim.gradient_sync import GRADIENT_SYNC, DenseAllReduce, GradientSyncConfig
 from sim.implementations import expand_implementation
 from sim.memory import MEMORY_POLICIES, MemoryConfig, NoRecompute
 from sim.schedules import SCHEDULES
-from sim.workloads import WORKLOAD_FAMILIES
+from sim.workloads import workload_family
 from traces.errors import ConfigError
 from traces.limits import check_document, check_file_size, short_repr
 from traces.strict_yaml import load_json, load_yaml
@@ -143,7 +143,7 @@ class Plan(BaseModel):
         plan's own explicit options winning (sim.implementations), so every reader of the plan sees them."""
         if not isinstance(data, dict) or not isinstance(data.get("workload_options"), dict):
             return data
-        family = WORKLOAD_FAMILIES.get(str(data.get("workload")))
+        family = workload_family(data.get("workload"))
         return {**data, "workload_options": expand_implementation(data["workload_options"], family)}
 
     @field_validator("memory", mode="before")

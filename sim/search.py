@@ -55,7 +55,7 @@ from sim.partition import balanced_partition, uniform_partition
 from sim.plan import Plan
 from sim.schedules import SCHEDULES
 from sim.search_bound import BOUNDED, Cutoff, best_first, beyond
-from sim.workloads import EXEC_ONLY_OPTIONS, WORKLOAD_FAMILIES, transformer_config
+from sim.workloads import EXEC_ONLY_OPTIONS, transformer_config, workload_family
 from traces.errors import ConfigError
 from traces.forkserver import pool_context
 
@@ -115,7 +115,7 @@ class SearchSpace:
         # workload_options.implementation (sim.implementations) expanded once, as a plan expands it, so
         # the estimate, the plans built and their simulation all see the options it stands for.
         object.__setattr__(self, "workload_options",
-                           expand_implementation(self.workload_options, WORKLOAD_FAMILIES.get(self.workload)))
+                           expand_implementation(self.workload_options, workload_family(self.workload)))
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> SearchSpace:
@@ -891,7 +891,7 @@ def _probe_parallelism(space: SearchSpace, world: int, max_tp: int) -> dict[str,
     tensor-parallel degree it allows. The search then prunes every shape whose tp it refuses."""
     if not space.workload_options.get("sequence_parallel"):
         return {"dp": world}
-    exec_only = EXEC_ONLY_OPTIONS.get(WORKLOAD_FAMILIES.get(space.workload, ""), ())
+    exec_only = EXEC_ONLY_OPTIONS.get(workload_family(space.workload) or "", ())
     transformer = transformer_config(space.workload, **{k: v for k, v in space.workload_options.items()
                                                         if k not in exec_only})
     tp = next((t for t in range(2, max_tp + 1) if world % t == 0 and _tp_problem(t, transformer, space.workload)

@@ -8,6 +8,7 @@ to describe. Layer lists here match ``exec.workloads`` one to one (same names, s
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TypeVar
@@ -186,6 +187,34 @@ def workload_names() -> list[str]:
     return sorted(WORKLOAD_FAMILIES)
 
 
+# A workload named by import path, ``package.module:Attribute`` (a Workload subclass, or a factory taking
+# the plan's workload_options and returning one; docs/profiler.md, "Your own model"). exec.workloads
+# imports it; the simulator, which imports no torch, never does: it prices such a workload from its
+# profile bundle alone, as the families whose presets live only in exec (HAP, RNN).
+USER = "user"  # the family of a workload named by import path
+_IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+
+
+def workload_family(name: object) -> str | None:
+    """The model family of workload ``name``: a preset's, ``USER`` for an import path, None for
+    anything else. Every lookup of a workload name goes through here (``known_family`` refuses None)."""
+    if not isinstance(name, str):
+        return None
+    if name in WORKLOAD_FAMILIES:
+        return WORKLOAD_FAMILIES[name]
+    return USER if _IMPORT_PATH.fullmatch(name) else None
+
+
+def known_family(name: object) -> str:
+    """``workload_family(name)``, refusing a name that is neither a preset nor an import path."""
+    family = workload_family(name)
+    if family is None:
+        raise ConfigError("workload", f"unknown workload {short_repr(name, 80)}",
+                          f"choose one of {', '.join(workload_names())}, or name your own Workload by import "
+                          "path, module:Class (docs/profiler.md, \"Your own model\")")
+    return family
+
+
 def preset_with_overrides(kind: str, presets: Mapping[str, T], name: str, overrides: Mapping[str, object],
                           allowed: Iterable[str] | None = None, extra: Iterable[str] = ()) -> T:
     """The preset ``name`` of a dataclass config with ``overrides`` applied; ``allowed`` limits which
@@ -290,10 +319,9 @@ EXEC_ONLY_OPTIONS: dict[str, tuple[str, ...]] = {
 def workload_config(name: str, options: Mapping[str, object]) -> dict[str, object] | None:
     """The resolved configuration of a workload preset with ``options`` applied, as the profiler
     records it in a bundle (``meta.workload.config``), checking every option; None for families whose
-    presets live only in ``exec`` (HAP, RNN: exec checks their options when it builds them)."""
-    family = WORKLOAD_FAMILIES.get(name)
-    if family is None:
-        raise ConfigError("workload", f"unknown workload {name!r}", f"choose one of {', '.join(workload_names())}")
+    presets live only in ``exec`` (HAP, RNN: exec checks their options when it builds them) and for a
+    workload named by import path (its own constructor checks them)."""
+    family = known_family(name)
     options = expand_implementation(options, family)  # a plan's are expanded already; a search space's not
     kept = {k: v for k, v in options.items() if k not in EXEC_ONLY_OPTIONS.get(family, ())}
     if family in ("gpt", "bert"):
@@ -310,7 +338,7 @@ def transformer_of(workload: str, options: Mapping[str, object]) -> TransformerC
     """The transformer a plan's workload builds (its options applied), or None for other families."""
     if workload not in TRANSFORMER_PRESETS:
         return None
-    family = WORKLOAD_FAMILIES[workload]
+    family = known_family(workload)
     return transformer_config(workload, **{k: v for k, v in options.items() if k not in EXEC_ONLY_OPTIONS[family]})
 
 

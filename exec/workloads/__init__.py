@@ -1,4 +1,5 @@
-"""The workload zoo. ``get_workload("gpt-tiny")`` builds a workload by preset name.
+"""The workload zoo. ``get_workload("gpt-tiny")`` builds a workload by preset name, and
+``get_workload("mymodels.mlp:MyMLP")`` a user's own by import path (``exec.workloads.imported``).
 
 Presets are looked up lazily so that importing this package does not import every model family
 (torchvision and torch_geometric are optional extras).
@@ -9,12 +10,11 @@ from __future__ import annotations
 import importlib
 
 from sim.implementations import expand_implementation
-from sim.workloads import WORKLOAD_FAMILIES, workload_names
-from traces.errors import ConfigError
+from sim.workloads import USER, known_family, workload_names
 
 from .base import Batch, Workload, run_layers
 
-# model family -> "module:factory"; the factory takes the preset name and keyword overrides.
+# model family -> "module:factory"; the factory takes the workload's name and keyword overrides.
 _FACTORIES: dict[str, str] = {
     "gpt": "exec.workloads.gpt:from_preset",
     "bert": "exec.workloads.bert:from_preset",
@@ -22,14 +22,14 @@ _FACTORIES: dict[str, str] = {
     "resnet": "exec.workloads.resnet:from_preset",
     "hap": "exec.workloads.hap:from_preset",
     "rnn": "exec.workloads.rnn:from_preset",
+    USER: "exec.workloads.imported:from_import_path",
 }
 
 
 def get_workload(name: str, **overrides: object) -> Workload:
-    if name not in WORKLOAD_FAMILIES:
-        raise ConfigError("workload", f"unknown workload {name!r}", f"choose one of {', '.join(workload_names())}")
-    module_name, factory = _FACTORIES[WORKLOAD_FAMILIES[name]].split(":")
-    options = expand_implementation(overrides, WORKLOAD_FAMILIES[name])  # implementation: megatron-lm
+    family = known_family(name)
+    module_name, factory = _FACTORIES[family].split(":")
+    options = expand_implementation(overrides, family)  # implementation: megatron-lm
     return getattr(importlib.import_module(module_name), factory)(name, **options)
 
 
