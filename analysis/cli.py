@@ -74,12 +74,34 @@ def migrate_plan(
     plain(f"wrote {out}")
 
 
+def workload_options(items: list[str] | None) -> dict[str, object]:
+    """``--workload-option KEY=VALUE`` (repeatable) as a plan's ``workload_options``: each value read as YAML."""
+    import yaml
+
+    options = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError("--workload-option", f"{item!r} is not KEY=VALUE", "write e.g. --workload-option seq=128")
+        try:
+            options[key] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:  # a yaml ParserError traceback before
+            raise ConfigError(f"--workload-option {key}", f"{value!r} is not a YAML value "
+                              f"({getattr(exc, 'problem', None) or str(exc).splitlines()[0]})",
+                              f"quote it, or write e.g. --workload-option {key}=128") from None
+    return options
+
+
+WORKLOAD_OPTION_HELP = "KEY=VALUE workload option (a plan's workload_options), repeatable"
+
+
 @app.command()
 def profile(
     workload: Annotated[str, typer.Option(help="workload preset, e.g. gpt2-small (see `paratwin workloads`)")],
     out: Annotated[Path, typer.Option(help="directory of the trace bundle to write")],
     micro_batch: Annotated[int, typer.Option(help="samples per micro-batch")] = 4,
     seq: Annotated[int | None, typer.Option(help="sequence length (transformers); default: preset's")] = None,
+    workload_option: Annotated[list[str] | None, typer.Option(help=WORKLOAD_OPTION_HELP)] = None,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16")] = "float32",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
     repeats: Annotated[int, typer.Option(help="timed repeats per layer (after warm-up)")] = 10,
@@ -92,11 +114,16 @@ def profile(
     """Measure per-layer time (forward, backward input/weight, recompute), memory and FLOPs."""
     from exec.host_memory import keep_freed_memory
     from exec.profiler import profile_workload
+    from exec.workloads import get_workload
     from traces.bundle import OP_TIMELINE_NAME, check_profile_target, write_bundle
 
+    options = workload_options(workload_option)
+    if seq is not None and options.setdefault("seq", seq) != seq:  # --seq is the option seq
+        raise ConfigError("--seq", f"{seq} and --workload-option seq={options['seq']} disagree", "give one of them")
+    built = get_workload(workload, **options)  # checks the options before anything is written
     check_profile_target(out, workload, force)  # before profiling: another workload's bundle was replaced
     keep_freed_memory()  # as the runtime's CPU ranks keep it (exec.host_memory); recorded in the bundle
-    bundle = profile_workload(workload, micro_batch=micro_batch, seq=seq, dtype=dtype, device=device,
+    bundle = profile_workload(built, micro_batch=micro_batch, dtype=dtype, device=device,
                               warmup=warmup, repeats=repeats, with_ops=ops)
     path = write_bundle(bundle, out, fmt=fmt)
     print_layers(bundle.layers)
@@ -425,7 +452,7 @@ def search(
     out: Annotated[Path | None, typer.Option(help="directory for best.yaml, ranked.parquet, summary.json")] = None,
     dtype: Annotated[str, typer.Option(help="fp32, fp16 or bf16")] = "fp16",
     profile: Annotated[Path | None, typer.Option(help="trace bundle measured on this hardware (CPU clusters)")] = None,
-    workload_option: Annotated[list[str] | None, typer.Option(help="KEY=VALUE workload option, repeatable")] = None,
+    workload_option: Annotated[list[str] | None, typer.Option(help=WORKLOAD_OPTION_HELP)] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="processes simulating plans; default one per core")] = None,
     lossy_gradient_sync: Annotated[bool, typer.Option(help="also search gradient-sync methods that change the "
                                                       "gradients (fp16, top-k, S2, PowerSGD)")] = False,
@@ -438,22 +465,10 @@ def search(
                                              "reach the best --simulate-top (the same best plans)")] = False,
 ) -> None:
     """Search plans: enumerate every registered choice, prune, rank by a fast estimate, simulate the best."""
-    import yaml
-
     from analysis.search_report import run_search
     from sim.search import SearchSpace
 
-    options = {}
-    for item in workload_option or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError("--workload-option", f"{item!r} is not KEY=VALUE", "write e.g. --workload-option seq=128")
-        try:
-            options[key] = yaml.safe_load(value)
-        except yaml.YAMLError as exc:  # a yaml ParserError traceback before
-            raise ConfigError(f"--workload-option {key}", f"{value!r} is not a YAML value "
-                              f"({getattr(exc, 'problem', None) or str(exc).splitlines()[0]})",
-                              f"quote it, or write e.g. --workload-option {key}=128") from None
+    options = workload_options(workload_option)
     space = SearchSpace(workload, cluster, global_batch=global_batch, dtype=dtype, workload_options=options,
                         profile=str(profile) if profile else None, lossy_gradient_sync=lossy_gradient_sync,
                         gradient_syncs=tuple(gradient_sync) if gradient_sync else None,

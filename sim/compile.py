@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from sim.bundle_costs import BundleCostModel
+from sim.bundle_costs import BundleCostModel, plan_profile_command
 from sim.cluster import ClusterSpec, load_cluster
 from sim.comm import ClusterComm
 from sim.costs import CostModel
@@ -64,7 +64,7 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
     check_size(plan, full=False)
     # A profile measured on this hardware brings its communication fits, whatever computes the costs.
     if plan.profile is not None:
-        _check_profile_folder(plan)
+        _check_profile_folder(plan, cluster.device.kind)
     bundle_costs = BundleCostModel.load(plan.profile, _accumulation_pass(transformer, cluster, plan.dtype)) \
         if plan.profile is not None else None
     if bundle_costs is not None:
@@ -74,8 +74,8 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
     fits = bundle_costs.bundle.comm_fits if bundle_costs is not None else None
     samples = bundle_costs.bundle.comm_samples if bundle_costs is not None else None
     if costs is None:
-        profile_it = (f"profile it on this machine: paratwin profile --workload {plan.workload} --micro-batch "
-                      f"{plan.micro_batch} --device cpu --out DIR, then set profile: DIR in the plan")
+        profile_it = (f"profile it on this machine: {_profile_command(plan, cluster.device.kind)}, then set "
+                      "profile: DIR in the plan")
         if bundle_costs is not None:
             costs = bundle_costs
         elif transformer is not None and cluster.device.kind == "cpu":
@@ -109,7 +109,11 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
     return ResolvedPlan(plan, cluster, costs, comm, stage_layers, policy, transformer)
 
 
-def _check_profile_folder(plan: Plan) -> None:
+def _profile_command(plan: Plan, device_kind: str) -> str:
+    return plan_profile_command(plan.workload, plan.workload_options, plan.micro_batch, plan.dtype, device_kind)
+
+
+def _check_profile_folder(plan: Plan, device_kind: str) -> None:
     """Refuse a ``profile:`` that names no bundle folder as an error on the plan's field, with the command
     that writes one. A bundle that is there but unreadable stays a ``BundleError`` naming its file."""
     folder = Path(plan.profile)
@@ -119,8 +123,7 @@ def _check_profile_folder(plan: Plan) -> None:
     found = "no such folder" if not folder.exists() else \
         "a file, not a bundle folder" if not folder.is_dir() else f"a folder without {MANIFEST_NAME}, not a bundle"
     raise ConfigError("profile", f"{plan.profile!r}: {found}{where}",
-                      f"point profile: (or --profile) at the folder written by paratwin profile --workload "
-                      f"{plan.workload} --micro-batch {plan.micro_batch} --out DIR")
+                      f"point profile: (or --profile) at the folder written by {_profile_command(plan, device_kind)}")
 
 
 def _accumulation_pass(transformer: TransformerConfig | None, cluster: ClusterSpec,

@@ -30,7 +30,9 @@ def get_workload(name: str, **overrides: object) -> Workload:
         raise ConfigError("workload", f"unknown workload {name!r}", f"choose one of {', '.join(workload_names())}")
     module_name, factory = _FACTORIES[WORKLOAD_FAMILIES[name]].split(":")
     options = expand_implementation(overrides, WORKLOAD_FAMILIES[name])  # implementation: megatron-lm
-    return getattr(importlib.import_module(module_name), factory)(name, **options)
+    workload = getattr(importlib.import_module(module_name), factory)(name, **options)
+    workload.options = dict(overrides)  # as given: a bundle records them (Workload.options)
+    return workload
 
 
 __all__ = ["Batch", "Workload", "get_workload", "run_layers", "workload_names"]
