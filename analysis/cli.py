@@ -35,24 +35,6 @@ def workloads() -> None:
           "workload_options), found from the current directory or PYTHONPATH: docs/profiler.md, \"Your own model\"")
 
 
-def _workload_options(items: list[str] | None) -> dict[str, object]:
-    """``--workload-option KEY=VALUE`` (repeatable), each VALUE read as YAML, as a plan's workload_options."""
-    import yaml
-
-    options = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError("--workload-option", f"{item!r} is not KEY=VALUE", "write e.g. --workload-option seq=128")
-        try:
-            options[key] = yaml.safe_load(value)
-        except yaml.YAMLError as exc:  # a yaml ParserError traceback before
-            raise ConfigError(f"--workload-option {key}", f"{value!r} is not a YAML value "
-                              f"({getattr(exc, 'problem', None) or str(exc).splitlines()[0]})",
-                              f"quote it, or write e.g. --workload-option {key}=128") from None
-    return options
-
-
 @app.command()
 def options() -> None:
     """List the registered choices of every plan dimension (schedules, memory policies, gradient sync)."""
@@ -94,6 +76,27 @@ def migrate_plan(
     plain(f"wrote {out}")
 
 
+def workload_options(items: list[str] | None) -> dict[str, object]:
+    """``--workload-option KEY=VALUE`` (repeatable) as a plan's ``workload_options``: each value read as YAML."""
+    import yaml
+
+    options = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError("--workload-option", f"{item!r} is not KEY=VALUE", "write e.g. --workload-option seq=128")
+        try:
+            options[key] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:  # a yaml ParserError traceback before
+            raise ConfigError(f"--workload-option {key}", f"{value!r} is not a YAML value "
+                              f"({getattr(exc, 'problem', None) or str(exc).splitlines()[0]})",
+                              f"quote it, or write e.g. --workload-option {key}=128") from None
+    return options
+
+
+WORKLOAD_OPTION_HELP = "KEY=VALUE workload option (a plan's workload_options), repeatable"
+
+
 @app.command()
 def profile(
     workload: Annotated[str, typer.Option(help="workload preset, e.g. gpt2-small, or your own Workload by import "
@@ -101,8 +104,7 @@ def profile(
     out: Annotated[Path, typer.Option(help="directory of the trace bundle to write")],
     micro_batch: Annotated[int, typer.Option(help="samples per micro-batch")] = 4,
     seq: Annotated[int | None, typer.Option(help="sequence length (transformers); default: preset's")] = None,
-    workload_option: Annotated[list[str] | None, typer.Option(help="KEY=VALUE workload option as a plan's "
-                                                              "workload_options sets it, repeatable")] = None,
+    workload_option: Annotated[list[str] | None, typer.Option(help=WORKLOAD_OPTION_HELP)] = None,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16")] = "float32",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
     repeats: Annotated[int, typer.Option(help="timed repeats per layer (after warm-up)")] = 10,
@@ -118,15 +120,14 @@ def profile(
     from exec.workloads import get_workload
     from traces.bundle import OP_TIMELINE_NAME, check_profile_target, write_bundle
 
-    options = _workload_options(workload_option)
-    if seq is not None:
-        if options.get("seq", seq) != seq:
-            raise ConfigError("--seq", f"{seq} and --workload-option seq={options['seq']} disagree", "pass one of them")
-        options["seq"] = seq
+    options = workload_options(workload_option)
+    if seq is not None and options.setdefault("seq", seq) != seq:  # --seq is the option seq
+        raise ConfigError("--seq", f"{seq} and --workload-option seq={options['seq']} disagree", "give one of them")
+    built = get_workload(workload, **options)  # checks the options before anything is written
     check_profile_target(out, workload, force)  # before profiling: another workload's bundle was replaced
     keep_freed_memory()  # as the runtime's CPU ranks keep it (exec.host_memory); recorded in the bundle
-    bundle = profile_workload(get_workload(workload, **options), micro_batch=micro_batch, dtype=dtype,
-                              device=device, warmup=warmup, repeats=repeats, with_ops=ops)
+    bundle = profile_workload(built, micro_batch=micro_batch, dtype=dtype, device=device,
+                              warmup=warmup, repeats=repeats, with_ops=ops)
     path = write_bundle(bundle, out, fmt=fmt)
     print_layers(bundle.layers)
     plain(f"wrote trace bundle {path}")
@@ -459,7 +460,7 @@ def search(
     out: Annotated[Path | None, typer.Option(help="directory for best.yaml, ranked.parquet, summary.json")] = None,
     dtype: Annotated[str, typer.Option(help="fp32, fp16 or bf16")] = "fp16",
     profile: Annotated[Path | None, typer.Option(help="trace bundle measured on this hardware (CPU clusters)")] = None,
-    workload_option: Annotated[list[str] | None, typer.Option(help="KEY=VALUE workload option, repeatable")] = None,
+    workload_option: Annotated[list[str] | None, typer.Option(help=WORKLOAD_OPTION_HELP)] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="processes simulating plans; default one per core")] = None,
     lossy_gradient_sync: Annotated[bool, typer.Option(help="also search gradient-sync methods that change the "
                                                       "gradients (fp16, top-k, S2, PowerSGD)")] = False,
@@ -475,7 +476,7 @@ def search(
     from analysis.search_report import run_search
     from sim.search import SearchSpace
 
-    options = _workload_options(workload_option)
+    options = workload_options(workload_option)
     space = SearchSpace(workload, cluster, global_batch=global_batch, dtype=dtype, workload_options=options,
                         profile=str(profile) if profile else None, lossy_gradient_sync=lossy_gradient_sync,
                         gradient_syncs=tuple(gradient_sync) if gradient_sync else None,

@@ -279,7 +279,7 @@ def write_search(result: SearchResult, out: Path) -> dict[str, Path]:
         if stale is not None:
             (out / "best.yaml").unlink()
         if best is not None:
-            plan = result.plan_of(best.candidate)
+            plan = result.plan_of(best.candidate).with_absolute_paths()  # read from any directory
             with atomic_path(out / "best.yaml") as tmp:
                 plan.dump(tmp)
             paths["best"] = out / "best.yaml"

@@ -17,7 +17,7 @@ import pandas as pd
 from sim.costs import LayerCosts
 from sim.meeting import sd_from_spread
 from sim.workloads import ADDED_CONFIG_FIELDS, UNPROFILED_OPTIONS, USER, workload_family
-from traces.bundle import ProfileBundle, read_bundle
+from traces.bundle import ProfileBundle, profile_command, read_bundle
 from traces.errors import ConfigError
 
 # Share of a block's saved activations that TP shards, from sim.workloads.transformer_layers
@@ -77,8 +77,8 @@ class BundleCostModel:
         resolve it; then the options the plan sets are compared one by one)."""
         described = self.bundle.meta.get("workload", {})
         settings = self.bundle.meta.get("settings", {})
-        redo = f"profile {workload} as the plan sets it (paratwin profile --workload {workload} ...) and " \
-               "point profile: at that bundle"
+        command = plan_profile_command(workload, options, self.profiled_micro_batch, dtype, device_kind)
+        redo = f"profile {workload} as the plan sets it ({command}) and point profile: at that bundle"
         if described.get("name") != workload:
             raise ConfigError("profile", f"{self.source} profiles workload {described.get('name')!r}, the plan's "
                               f"workload is {workload!r}", redo)
@@ -106,13 +106,12 @@ class BundleCostModel:
         profiled_dtype = _DTYPES.get(str(settings.get("dtype")), settings.get("dtype"))
         if profiled_dtype != dtype:
             raise ConfigError("profile: dtype", f"{self.source} was profiled in {settings.get('dtype')}, the plan "
-                              f"trains in {dtype}", f"re-profile with paratwin profile --dtype "
-                              f"{_TORCH_DTYPES[dtype]}, or set dtype: {profiled_dtype}")
+                              f"trains in {dtype}", f"re-profile with {command}, or set dtype: {profiled_dtype}")
         profiled_kind = "gpu" if str(settings.get("device", "")).startswith("cuda") else "cpu"
         if profiled_kind != device_kind:
             raise ConfigError("profile: device", f"{self.source} was measured on {settings.get('device')!r}, the "
                               f"plan's cluster has {device_kind} devices",
-                              "profile on the cluster's kind of device (--device cpu or cuda)")
+                              f"profile on the cluster's kind of device: {command}")
 
     def layer_costs(self, layer: int, micro_batch: int, tp: int) -> LayerCosts:
         row = self._rows[layer]
@@ -178,6 +177,16 @@ class BundleCostModel:
 _UNSET = object()  # a configuration field the plan leaves out
 _DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}  # profiler name -> plan name
 _TORCH_DTYPES = {plan: torch for torch, plan in _DTYPES.items()}
+
+
+def plan_profile_command(workload: str, options: Mapping[str, object], micro_batch: int, dtype: str,
+                         device_kind: str) -> str:
+    """The ``paratwin profile`` command that writes the bundle a plan of ``workload`` with ``options``,
+    training in ``dtype`` (the plan's name) on ``device_kind`` devices, can use: what every refusal of a
+    missing or mismatching profile prints, so that the command copied from it works."""
+    profiled = {k: v for k, v in options.items() if k not in UNPROFILED_OPTIONS}  # no profile depends on them
+    return profile_command(workload, micro_batch, profiled, _TORCH_DTYPES.get(dtype, dtype),
+                           "cuda" if device_kind == "gpu" else "cpu")
 
 
 def _plain(value: object) -> object:

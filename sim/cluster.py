@@ -15,9 +15,19 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, model_validator
 
-from sim.hardware import DeviceSpec, LinkSpec, _validated, get_device, get_link, list_links
+from sim.hardware import (
+    DEVICE_FORM,
+    DeviceSpec,
+    LinkSpec,
+    device_from_entry,
+    device_from_yaml,
+    get_device,
+    get_link,
+    link_from_entry,
+    list_links,
+)
 from traces.errors import ConfigError
 from traces.strict_yaml import load_yaml
 
@@ -55,8 +65,9 @@ class ClusterSpec(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _resolve(cls, data: Any) -> Any:
-        """Resolve catalog names, apply overrides and check the shape, before pydantic's own checks."""
+    def _resolve(cls, data: Any, info: ValidationInfo) -> Any:
+        """Resolve catalog names, apply overrides and check the shape, before pydantic's own checks. A device
+        file's relative path is read from ``info.context["folder"]``: the cluster file's (``load_cluster``)."""
         if not isinstance(data, Mapping):
             raise ConfigError("cluster", f"expected a mapping, got {type(data).__name__}",
                               "give nodes, devices_per_node, device, intra_node_link, inter_node_link")
@@ -85,7 +96,7 @@ class ClusterSpec(BaseModel):
             raise ConfigError(f"cluster.overrides.{sorted(bad)[0]}", "cannot be overridden",
                               "override device, intra_node_link or inter_node_link")
 
-        device = _resolve_device(data["device"])
+        device = _resolve_device(data["device"], (info.context or {}).get("folder"))
         if "device" in overrides:
             device = device.with_overrides("cluster.overrides.device",
                                             **_mapping(overrides["device"], "cluster.overrides.device"))
@@ -179,16 +190,31 @@ def _mapping(value: Any, field: str) -> dict[str, Any]:
     return dict(value)
 
 
-def _resolve_device(value: Any) -> DeviceSpec:
+def _resolve_device(value: Any, folder: Path | None = None) -> DeviceSpec:
+    """A catalog name, a device YAML file (``*.yaml``; a relative path is read from ``folder``, else the
+    current directory), or an inline device in the catalog's units or SI."""
     if isinstance(value, DeviceSpec):
         return value
+    if isinstance(value, str) and value.endswith((".yaml", ".yml")):
+        path = Path(folder or ".") / value
+        if not path.is_file():
+            base = "the cluster file's folder" if folder else "the current directory"
+            where = "" if Path(value).is_absolute() else \
+                f" (a relative path is read from {base}, {Path(folder or '.').resolve()})"
+            raise ConfigError("cluster.device", f"no device file {value!r}{where}", "give the path of a YAML "
+                              "device entry in sim/data/hardware.yaml's format, or a catalog name")
+        return device_from_yaml(path)
     if isinstance(value, str):
-        return get_device(value, field="cluster.device")
+        try:
+            return get_device(value, field="cluster.device")
+        except ConfigError as exc:
+            raise ConfigError(exc.field, exc.problem, f"{exc.fix}; or the path of a device YAML file "
+                              f"(sim/data/hardware.yaml's format), or an inline device {DEVICE_FORM}") from None
     spec = _mapping(value, "cluster.device")
     if "base" in spec:  # a catalog device with some numbers replaced
         base = get_device(spec.pop("base"), field="cluster.device.base")
         return base.with_overrides("cluster.device", **spec)
-    return _validated(DeviceSpec, spec, field="cluster.device")
+    return device_from_entry(spec, "cluster.device")
 
 
 def _resolve_link(value: Any, field: str) -> LinkSpec:
@@ -199,8 +225,7 @@ def _resolve_link(value: Any, field: str) -> LinkSpec:
     spec = _mapping(value, field)
     if "base" in spec:
         return get_link(spec.pop("base"), field=f"{field}.base").with_overrides(field, **spec)
-    spec.setdefault("name", field.rsplit(".", 1)[-1])
-    return _validated(LinkSpec, spec, field=field)
+    return link_from_entry(spec, field, name=field.rsplit(".", 1)[-1])
 
 
 # --- presets and loading ----------------------------------------------------------------------------------
@@ -237,8 +262,9 @@ def list_presets() -> list[str]:
     return sorted(PRESETS)
 
 
-def cluster_from_dict(data: Mapping[str, Any], field: str = "cluster") -> ClusterSpec:
-    """A ClusterSpec from a mapping; ``preset: NAME`` starts from a preset and the other keys override it."""
+def cluster_from_dict(data: Mapping[str, Any], field: str = "cluster", folder: Path | None = None) -> ClusterSpec:
+    """A ClusterSpec from a mapping; ``preset: NAME`` starts from a preset and the other keys override it.
+    ``folder``: where a relative device file path is read from (default: the current directory)."""
     data = dict(data)
     if "preset" in data:
         name = data.pop("preset")
@@ -247,7 +273,7 @@ def cluster_from_dict(data: Mapping[str, Any], field: str = "cluster") -> Cluste
                               f"use one of {', '.join(PRESETS)}")
         data = {"name": name, **PRESETS[name], **data}
     try:
-        return ClusterSpec.model_validate(data)
+        return ClusterSpec.model_validate(data, context={"folder": folder})
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
@@ -265,8 +291,9 @@ def load_cluster(source: str | Path | Mapping[str, Any] | ClusterSpec) -> Cluste
         return cluster_from_dict({"preset": text})
     path = Path(text)
     if not path.is_file():
-        raise ConfigError("cluster", f"{text!r} is neither a preset nor a YAML file",
-                          f"use one of {', '.join(PRESETS)} or a path like examples/clusters/a100-2x8.yaml")
+        where = "" if path.is_absolute() else f" (a relative path is read from the current directory, {Path.cwd()})"
+        raise ConfigError("cluster", f"{text!r} is neither a preset nor a YAML file{where}",
+                          f"use one of {', '.join(PRESETS)} or a path like examples/clusters/a100-2x8-hdr.yaml")
     try:
         raw = load_yaml(path.read_text())
     except yaml.YAMLError as exc:
@@ -275,4 +302,4 @@ def load_cluster(source: str | Path | Mapping[str, Any] | ClusterSpec) -> Cluste
         raise ConfigError(str(path), "top level must be a mapping", "see examples/clusters/*.yaml")
     raw = dict(raw.get("cluster", raw))
     raw.setdefault("name", path.stem)
-    return cluster_from_dict(raw, field=f"{path.name}")
+    return cluster_from_dict(raw, field=f"{path.name}", folder=path.parent)

@@ -8,15 +8,12 @@ runtime executes exactly the Program that was simulated. Imports neither torch n
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-import yaml
-
-from sim.bundle_costs import BundleCostModel
+from sim.bundle_costs import BundleCostModel, plan_profile_command
 from sim.cluster import ClusterSpec, load_cluster
 from sim.comm import ClusterComm
 from sim.costs import CostModel
@@ -29,7 +26,6 @@ from sim.plan import Plan
 from sim.program import Program
 from sim.schedules import check_preconditions
 from sim.workloads import (
-    UNPROFILED_OPTIONS,
     USER,
     TransformerConfig,
     transformer_layers,
@@ -70,7 +66,7 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
     check_size(plan, full=False)
     # A profile measured on this hardware brings its communication fits, whatever computes the costs.
     if plan.profile is not None:
-        _check_profile_folder(plan)
+        _check_profile_folder(plan, cluster.device.kind)
     bundle_costs = BundleCostModel.load(plan.profile, _accumulation_pass(transformer, cluster, plan.dtype)) \
         if plan.profile is not None else None
     if bundle_costs is not None:
@@ -80,9 +76,8 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
     fits = bundle_costs.bundle.comm_fits if bundle_costs is not None else None
     samples = bundle_costs.bundle.comm_samples if bundle_costs is not None else None
     if costs is None:
-        device = "cuda" if cluster.device.kind == "gpu" else "cpu"
-        profile_it = (f"profile it on this machine: {profile_command(plan)} --device {device} --out DIR, "
-                      "then set profile: DIR in the plan")
+        profile_it = (f"profile it on this machine: {_profile_command(plan, cluster.device.kind)}, then set "
+                      "profile: DIR in the plan")
         if bundle_costs is not None:
             costs = bundle_costs
         elif transformer is not None and cluster.device.kind == "cpu":
@@ -116,7 +111,11 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
     return ResolvedPlan(plan, cluster, costs, comm, stage_layers, policy, transformer)
 
 
-def _check_profile_folder(plan: Plan) -> None:
+def _profile_command(plan: Plan, device_kind: str) -> str:
+    return plan_profile_command(plan.workload, plan.workload_options, plan.micro_batch, plan.dtype, device_kind)
+
+
+def _check_profile_folder(plan: Plan, device_kind: str) -> None:
     """Refuse a ``profile:`` that names no bundle folder as an error on the plan's field, with the command
     that writes one. A bundle that is there but unreadable stays a ``BundleError`` naming its file."""
     folder = Path(plan.profile)
@@ -126,20 +125,7 @@ def _check_profile_folder(plan: Plan) -> None:
     found = "no such folder" if not folder.exists() else \
         "a file, not a bundle folder" if not folder.is_dir() else f"a folder without {MANIFEST_NAME}, not a bundle"
     raise ConfigError("profile", f"{plan.profile!r}: {found}{where}",
-                      f"point profile: (or --profile) at the folder written by {profile_command(plan)} --out DIR")
-
-
-def profile_command(plan: Plan) -> str:
-    """The ``paratwin profile`` command (without --device and --out) that measures the plan's workload as the
-    plan builds it, its workload_options included (but those no profile depends on), for a hint."""
-    options = "".join(f" --workload-option {shlex.quote(f'{key}={_yaml_flow(value)}')}"
-                      for key, value in plan.workload_options.items() if key not in UNPROFILED_OPTIONS)
-    return f"paratwin profile --workload {plan.workload}{options} --micro-batch {plan.micro_batch}"
-
-
-def _yaml_flow(value: object) -> str:
-    """``value`` as one line of YAML, which ``paratwin profile --workload-option`` reads back."""
-    return yaml.safe_dump(value, default_flow_style=True, width=1_000_000).removesuffix("\n...\n").strip()
+                      f"point profile: (or --profile) at the folder written by {_profile_command(plan, device_kind)}")
 
 
 def _accumulation_pass(transformer: TransformerConfig | None, cluster: ClusterSpec,

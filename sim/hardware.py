@@ -10,13 +10,16 @@ Units inside the code are SI: FLOP/s, bytes/s (per direction), bytes, seconds.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from traces.errors import ConfigError
 from traces.strict_yaml import load_yaml
@@ -45,6 +48,72 @@ def normalize_dtype(dtype: str) -> str:
     return key
 
 
+@dataclass(frozen=True)
+class _Unit:
+    """The unit a spec field is in, the range of values real hardware spans in it, and the catalog's unit for
+    the same quantity (``sim/data/hardware.yaml``), which a value off by the usual factor was most likely
+    written in: ``bandwidth_Bps: 200`` is a link of 200 B/s, meant as 200 GB/s."""
+
+    words: str  # "bytes per second"
+    symbol: str  # "B/s"
+    low: float  # the least value accepted
+    high: float  # the largest value accepted
+    bounds: str  # the two in words, for the refusal
+    catalog_key: str  # the catalog's field for the quantity ...
+    catalog_unit: str  # ... its unit ...
+    factor: float  # ... and that unit in the field's
+
+
+# Bounds far from any real hardware on both sides, so that only a value in the wrong unit falls outside.
+# Links: the slowest the project prices is a tc tbf veth at 100 Mbit/s (12.5 MB/s, scripts/netns_*.sh;
+# analysis.compression_validate takes kbit rates too: 1mbit is 125 kB/s); 10 kB/s is 12x below that, and a
+# bandwidth written in GB/s or Gbit/s (at most ~1,800, NVLink 5) is 5x below the bound. No upper bound:
+# an ideal link (bandwidth_Bps: 1e30) is a deliberate what-if (tests/test_engine.py). Latency: the
+# largest in the catalog is 90 us (loopback-gloo), a geostationary satellite hop takes 0.25 s one way;
+# a latency written in microseconds (NVLink 3.4, InfiniBand 14, TCP 30) is 1 s or more. One below 1 us
+# (0.5 meaning 0.5 us) still passes: no bound separates it from a real 0.5 s.
+_BANDWIDTH = _Unit("bytes per second", "B/s", 1e4, math.inf, "at least 1e4 B/s, 10 kB/s",
+                   "bandwidth_GBps", "GB/s", GB)
+_LATENCY = _Unit("seconds", "s", 0.0, 1.0, "at most 1 s", "latency_us", "us", 1e-6)
+# Devices: local-cpu, the slowest, runs a matmul at 9e10 FLOP/s, copies at 34.6 GB/s and has 23 GiB; the
+# fastest parts reach ~1e16 FLOP/s (fp4), 8 TB/s (HBM3e; a wafer-scale part's SRAM ~2e16 B/s) and 1 TiB.
+# The lower bounds (0.1 GFLOP/s, 100 MB/s, 256 MiB) sit 90x or more below local-cpu and refuse a figure written
+# in TFLOP/s or GFLOP/s, GB/s or MB/s, GiB or MiB; the upper ones (1 EFLOP/s, 100 PB/s, 1 EiB) refuse an
+# SI value written under the catalog's key (peak_tflops: 4e14 is 4e26 FLOP/s).
+_PEAK = _Unit("FLOP/s", "FLOP/s", 1e8, 1e18, "1e8 to 1e18 FLOP/s", "peak_tflops", "TFLOP/s", 1e12)
+_MEMORY_BANDWIDTH = _Unit("bytes per second", "B/s", 1e8, 1e17, "1e8 to 1e17 B/s", "memory_bandwidth_GBps",
+                          "GB/s", GB)
+_MEMORY = _Unit("bytes", "bytes", 2**28, 2**60, "256 MiB to 1 EiB", "memory_GiB", "GiB", GiB)
+
+
+def _written(value: float, factor: float) -> str:
+    """``value`` times ``factor`` as one writes it in YAML: 200e9, 4e-6, or the whole number of bytes."""
+    exponent = math.log10(factor)
+    return f"{value:g}e{exponent:.0f}" if exponent == round(exponent) else f"{round(value * factor)}"
+
+
+def _check_unit(field: str, value: float, unit: _Unit, dtype: str = "") -> None:
+    """Refuse a value no real hardware has, naming its unit and the value it was likely meant as."""
+    if unit.low <= value <= unit.high:
+        return
+    label, shown = f"{field}.{dtype}" if dtype else field, f"{value:g}"
+
+    def form(key: str, number: str) -> str:
+        return f"{key}: {{{dtype}: {number}}}" if dtype else f"{key}: {number}"
+
+    if (value < unit.low) == (unit.factor > 1):  # a number in the catalog's unit (GB/s) under the SI field
+        fix = f"for {shown} {unit.catalog_unit} write {form(field, _written(value, unit.factor))} or " \
+              f"{form(unit.catalog_key, shown)}"
+    else:  # an SI number under the catalog's field (memory_GiB: 51539607552)
+        meant = value / unit.factor
+        fix = f"for {meant:.12g} {unit.symbol} write {form(field, f'{meant:.12g}')} or " \
+              f"{form(unit.catalog_key, f'{meant / unit.factor:g}')}"
+    raise PydanticCustomError("unit", "{problem}", {
+        "problem": f"{label} is in {unit.words}: {shown} is {shown} {unit.symbol}, "
+                   f"{'below' if value < unit.low else 'above'} any real hardware ({unit.bounds})",
+        "fix": fix})
+
+
 class LinkSpec(BaseModel):
     """One link class: time to move S bytes once = latency_s + S / (bandwidth_Bps * efficiency)."""
 
@@ -62,6 +131,12 @@ class LinkSpec(BaseModel):
     # says where each link's figure comes from.
     p2p_efficiency: float = Field(default=1.0, gt=0, le=1.0)
     source: str = ""
+
+    @field_validator("bandwidth_Bps", "latency_s")
+    @classmethod
+    def _plausible(cls, value: float, info: ValidationInfo) -> float:
+        _check_unit(str(info.field_name), value, _BANDWIDTH if info.field_name == "bandwidth_Bps" else _LATENCY)
+        return value
 
     @property
     def effective_bandwidth_Bps(self) -> float:
@@ -84,10 +159,12 @@ class LinkSpec(BaseModel):
 
     def with_overrides(self, field: str = "", **overrides: Any) -> LinkSpec:
         field = field or f"link {self.name}"
+        overrides = _in_si(overrides, _LINK_UNITS, field, required=False)
         unknown = set(overrides) - set(type(self).model_fields)
         if unknown:
             raise ConfigError(f"{field}.{sorted(unknown)[0]}", "unknown override",
-                              "use bandwidth_Bps, latency_s, efficiency, p2p_efficiency")
+                              "use bandwidth_Bps (or bandwidth_GBps), latency_s (or latency_us), efficiency, "
+                              "p2p_efficiency")
         return _validated(type(self), {**self.model_dump(), **overrides}, field=field)
 
 
@@ -108,6 +185,19 @@ class DeviceSpec(BaseModel):
     sm_count: int | None = Field(None, gt=0)
     source: str = ""
 
+    @field_validator("peak_flops")
+    @classmethod
+    def _plausible_peaks(cls, peaks: dict[str, float]) -> dict[str, float]:
+        for dtype, value in peaks.items():
+            _check_unit("peak_flops", value, _PEAK, dtype)
+        return peaks
+
+    @field_validator("memory_bandwidth_Bps", "memory_bytes")
+    @classmethod
+    def _plausible(cls, value: float, info: ValidationInfo) -> float:
+        _check_unit(str(info.field_name), value, _MEMORY if info.field_name == "memory_bytes" else _MEMORY_BANDWIDTH)
+        return value
+
     def peak(self, dtype: str) -> float:
         key = normalize_dtype(dtype)
         if key not in self.peak_flops:
@@ -117,10 +207,12 @@ class DeviceSpec(BaseModel):
 
     def with_overrides(self, field: str = "", **overrides: Any) -> DeviceSpec:
         field = field or f"device {self.name}"
+        overrides = _in_si(overrides, _DEVICE_UNITS, field, required=False)
         unknown = set(overrides) - set(type(self).model_fields)
         if unknown:
             raise ConfigError(f"{field}.{sorted(unknown)[0]}", "unknown override",
-                              f"use {', '.join(type(self).model_fields)}")
+                              f"use {', '.join(type(self).model_fields)} (or peak_tflops, memory_bandwidth_GBps, "
+                              "memory_GiB)")
         return _validated(type(self), {**self.model_dump(), **overrides}, field=field)
 
 
@@ -131,46 +223,75 @@ def _validated(model: type[BaseModel], data: Mapping[str, Any], field: str) -> A
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"{field}.{where}" if where else field, err["msg"],
-                          "correct the value (see sim/data/hardware.yaml for examples)") from None
+        fix = err.get("ctx", {}).get("fix") or "correct the value (see sim/data/hardware.yaml for examples)"
+        raise ConfigError(f"{field}.{where}" if where else field, err["msg"], fix) from None
+
+
+# --- one reader for the catalog's entries, device files and a cluster's inline specs ---------------------
+
+# The catalog writes each quantity in the unit its datasheets print (TFLOP/s, GB/s, GiB, us); a spec holds
+# SI. An entry may give either key of a pair: spec field -> its unit, which names the catalog's key.
+_DEVICE_UNITS = {"peak_flops": _PEAK, "memory_bandwidth_Bps": _MEMORY_BANDWIDTH, "memory_bytes": _MEMORY}
+_LINK_UNITS = {"bandwidth_Bps": _BANDWIDTH, "latency_s": _LATENCY}
+DEVICE_FORM = "{name: MyAccel, peak_tflops: {bf16: 400}, memory_bandwidth_GBps: 3000, memory_GiB: 48}"
+
+
+def _in_si(entry: Mapping[str, Any], units: Mapping[str, _Unit], field: str, required: bool = True) -> dict[str, Any]:
+    """``entry`` with every quantity under its spec field in SI (``peak_tflops: {bf16: 400}`` becomes
+    ``peak_flops: {bf16: 4e14}``), dtype names made canonical; ``required``: each quantity must be there."""
+    data = {k: v for k, v in entry.items() if k != "aliases"}  # the catalog's other names for a device
+    for si, unit in units.items():
+        key = unit.catalog_key
+        if key in data and si in data:
+            raise ConfigError(f"{field}.{key}", f"given together with {si}", f"keep one of {key} and {si}")
+        if key in data:
+            data[si] = _scaled(data.pop(key), unit, f"{field}.{key}")
+        if isinstance(data.get(si), Mapping):  # peak_flops per dtype
+            data[si] = {normalize_dtype(k): v for k, v in data[si].items()}
+        if required and si not in data:
+            raise ConfigError(f"{field}.{key}", "missing", f"give {key} (in {unit.catalog_unit}) or {si} (in "
+                              f"{unit.symbol}), as in sim/data/hardware.yaml")
+    return data
+
+
+def _scaled(value: Any, unit: _Unit, field: str) -> Any:
+    """A value given in the catalog's unit, in the spec's."""
+    if isinstance(value, Mapping):
+        return {k: _scaled(v, unit, f"{field}.{k}") for k, v in value.items()}
+    try:  # a string too, as pydantic reads the SI fields: YAML 1.1 reads 1e9 (no dot, no sign) as one
+        number = float(value) if isinstance(value, int | float | str) and not isinstance(value, bool) else None
+    except ValueError:
+        number = None
+    if number is None:
+        raise ConfigError(field, f"must be a number, got {value!r}", f"write a number in {unit.catalog_unit}")
+    return round(number * unit.factor) if unit is _MEMORY else number * unit.factor  # bytes are whole
+
+
+def device_from_entry(entry: Mapping[str, Any], field: str, name: str | None = None) -> DeviceSpec:
+    """A device from a mapping in the catalog's units or in SI (``peak_tflops`` or ``peak_flops``, ...)."""
+    data = _in_si(entry, _DEVICE_UNITS, field)
+    if name is not None:
+        data.setdefault("name", name)
+    return _validated(DeviceSpec, data, field=field)
+
+
+def link_from_entry(entry: Mapping[str, Any], field: str, name: str | None = None) -> LinkSpec:
+    """A link from a mapping in the catalog's units or in SI (``bandwidth_GBps`` or ``bandwidth_Bps``, ...)."""
+    data = _in_si(entry, _LINK_UNITS, field)
+    if name is not None:
+        data.setdefault("name", name)
+    return _validated(LinkSpec, data, field=field)
 
 
 # --- catalog ----------------------------------------------------------------------------------------
-
-def _device_from_entry(name: str, entry: Mapping[str, Any]) -> DeviceSpec:
-    data = {
-        "name": name,
-        "kind": entry.get("kind", "gpu"),
-        "peak_flops": {normalize_dtype(k): float(v) * 1e12 for k, v in entry["peak_tflops"].items()},
-        "memory_bandwidth_Bps": float(entry["memory_bandwidth_GBps"]) * GB,
-        "memory_bytes": int(float(entry["memory_GiB"]) * GiB),
-        "host_link": entry.get("host_link"),
-        "intra_link": entry.get("intra_link"),
-        "sm_count": entry.get("sm_count"),
-        "source": entry.get("source", ""),
-    }
-    return _validated(DeviceSpec, data, field=f"devices.{name}")
-
-
-def _link_from_entry(name: str, entry: Mapping[str, Any]) -> LinkSpec:
-    data = {
-        "name": name,
-        "kind": entry.get("kind", "custom"),
-        "bandwidth_Bps": float(entry["bandwidth_GBps"]) * GB,
-        "latency_s": float(entry["latency_us"]) * 1e-6,
-        "efficiency": float(entry.get("efficiency", 1.0)),
-        "p2p_efficiency": float(entry.get("p2p_efficiency", 1.0)),
-        "source": entry.get("source", ""),
-    }
-    return _validated(LinkSpec, data, field=f"links.{name}")
 
 
 @lru_cache(maxsize=4)
 def _load_catalog(path: str) -> tuple[dict[str, DeviceSpec], dict[str, LinkSpec], dict[str, str]]:
     with open(path) as fh:
         raw = yaml.safe_load(fh)
-    devices = {name: _device_from_entry(name, e) for name, e in raw["devices"].items()}
-    links = {name: _link_from_entry(name, e) for name, e in raw["links"].items()}
+    devices = {name: device_from_entry(e, f"devices.{name}", name) for name, e in raw["devices"].items()}
+    links = {name: link_from_entry(e, f"links.{name}", name) for name, e in raw["links"].items()}
     aliases: dict[str, str] = {}
     for name, entry in raw["devices"].items():
         for alias in [name, *entry.get("aliases", [])]:
@@ -283,17 +404,20 @@ def link_from_comm_fits(fits: Any, primitive: str = "send_recv", name: str = "me
                              source=f"exec/commbench fit of {primitive} ({row.get('backend', '?')})")
 
 
-def device_from_yaml(path: str | Path) -> DeviceSpec:
-    """A user device in the catalog's YAML format (one entry, keyed by its name, or a flat mapping)."""
+def device_from_yaml(path: str | Path, field: str = "device file") -> DeviceSpec:
+    """A user device in the catalog's YAML format (one entry, keyed by its name, or a flat mapping; SI
+    fields such as ``peak_flops`` are read too)."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError("device file", f"{p} does not exist", "give the path of a YAML device entry")
-    raw = load_yaml(p.read_text())
-    if isinstance(raw, Mapping) and len(raw) == 1 and isinstance(next(iter(raw.values())), Mapping):
+        raise ConfigError(field, f"{p} does not exist", "give the path of a YAML device entry")
+    try:
+        raw = load_yaml(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(p), f"not valid YAML: {str(exc).splitlines()[0]}", "fix the YAML syntax") from None
+    if not isinstance(raw, Mapping):
+        raise ConfigError(str(p), "must hold a device entry (a mapping)", f"e.g. {DEVICE_FORM}")
+    if len(raw) == 1 and isinstance(next(iter(raw.values())), Mapping):
         name, entry = next(iter(raw.items()))
     else:
-        name, entry = str(raw.get("name", p.stem)), raw
-    missing = {"peak_tflops", "memory_bandwidth_GBps", "memory_GiB"} - set(entry)
-    if missing:
-        raise ConfigError(f"{p}", f"missing key(s) {sorted(missing)}", "see sim/data/hardware.yaml")
-    return _device_from_entry(str(name), entry)
+        name, entry = p.stem, raw
+    return device_from_entry(entry, str(p), str(name))

@@ -36,6 +36,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from sim.cluster import PRESETS as CLUSTER_PRESETS
 from sim.embedding import EMBEDDING_METHODS, DenseEmbedding, EmbeddingConfig
 from sim.gradient_sync import GRADIENT_SYNC, DenseAllReduce, GradientSyncConfig
 from sim.implementations import expand_implementation
@@ -212,6 +213,14 @@ class Plan(BaseModel):
                 data[key] = value
         return Plan.from_dict(data)
 
+    def with_absolute_paths(self) -> Plan:
+        """A copy naming its cluster file and profile folder by absolute paths: a relative one is read from
+        the current directory, so a plan written for later (search's best.yaml) would work only from the
+        directory it was written in."""
+        cluster = self.cluster if not isinstance(self.cluster, str) or self.cluster in CLUSTER_PRESETS \
+            else str(Path(self.cluster).resolve())
+        return self.replace(cluster=cluster, profile=str(Path(self.profile).resolve()) if self.profile else None)
+
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "plan") -> Plan:
         if not isinstance(data, dict):
@@ -237,6 +246,8 @@ class Plan(BaseModel):
                 fix = f"write true or false, not {short_repr(first.get('input'))}"
             elif first["type"].startswith("int_") or first["type"] in _BOUNDS:  # a count (parallelism.dp)
                 fix = f"write {_number_wanted(first)}, not {short_repr(first.get('input'))}"
+            elif first["type"] == "list_type":  # a per-stage list given one value (memory.swap: 0.5)
+                fix = _list_wanted(data, first)
             else:
                 fix = f"got {short_repr(first.get('input'))}"
             raise ConfigError(f"{source}: {where}", problem, fix) from None
@@ -273,10 +284,31 @@ def _number_wanted(error: Mapping[str, Any]) -> str:
     return "a whole number"
 
 
-def _known_fields(data: dict[str, Any], loc: tuple[Any, ...]) -> list[str]:
-    """The fields allowed where an unknown one was found: the plan's, or its section's."""
+def _list_wanted(data: dict[str, Any], error: Mapping[str, Any]) -> str:
+    """What a list field wants, from its description: ``memory.swap: 0.5`` is told to write one fraction per
+    virtual stage, ``swap: [0.5, 0.5]`` at pp x chunks = 2."""
+    loc = tuple(p for p in error["loc"] if not _is_pydantic_tag(p))
+    info = _section_model(data, loc).model_fields.get(str(loc[-1]))
+    what = (info.description or "") if info is not None else ""
+    value = error.get("input")
+    if not what.startswith("per virtual stage"):
+        return f"write a list{f' ({what})' if what else ''}, not {short_repr(value)}"
+    parallelism = data.get("parallelism") if isinstance(data.get("parallelism"), dict) else {}
+    degrees = (parallelism.get("pp", 1), parallelism.get("chunks", 1))
+    known = all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in degrees)
+    stages = degrees[0] * degrees[1] if known else 2  # 2: an example where the plan's count is not known yet
+    wanted = f"write a list, one value per virtual stage (pp x chunks{f' = {stages} here' if known else ''}), " \
+             f"each the {what.removeprefix('per virtual stage').lstrip(': ')}"
+    if isinstance(value, int | float) and not isinstance(value, bool):  # the one value meant for every stage
+        shown = ", ".join([f"{value:g}"] * stages) if stages <= 8 else f"{value:g}, ... ({stages} values)"
+        return f"{wanted}: {loc[-1]}: [{shown}]"
+    return f"{wanted}; not {short_repr(value)}"
+
+
+def _section_model(data: dict[str, Any], loc: tuple[Any, ...]) -> type[BaseModel]:
+    """The model whose field is at ``loc``: the plan, or its section (a memory policy's own settings)."""
     if len(loc) < 2:
-        return list(Plan.model_fields)
+        return Plan
     section = loc[0]
     if section == "memory":
         model: type[BaseModel] = MEMORY_POLICIES[data["memory"]["policy"]].config
@@ -286,7 +318,12 @@ def _known_fields(data: dict[str, Any], loc: tuple[Any, ...]) -> list[str]:
         model = EMBEDDING_METHODS[data["embedding"]["method"]].config
     else:
         model = Plan.model_fields[section].annotation  # type: ignore[assignment]
-    return list(model.model_fields)
+    return model
+
+
+def _known_fields(data: dict[str, Any], loc: tuple[Any, ...]) -> list[str]:
+    """The fields allowed where an unknown one was found: the plan's, or its section's."""
+    return list(_section_model(data, loc).model_fields)
 
 
 # The flat form (before plan sections): field -> (section, name in that section).

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from traces.bundle import read_bundle
 
@@ -28,6 +31,30 @@ def test_simulate_with_a_missing_profile_is_one_line(tmp_path: Path) -> None:
     assert "paratwin profile --workload gpt-tiny" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_profile_command_a_refusal_prints_profiles_the_plans_workload_options(tmp_path: Path) -> None:
+    """A plan with workload_options on a CPU cluster is refused with a profile command; run as printed (with
+    fewer repeats, to be quick), it writes the bundle the plan then simulates with. It printed the preset's
+    command, which has no --workload-option: its bundle had the preset's vocab and was refused in turn."""
+    plan = tmp_path / "tt.yaml"
+    plan.write_text(yaml.safe_dump({
+        "name": "tinytx-pp2", "workload": "gpt-tiny",
+        "workload_options": {"hidden": 48, "heads": 4, "num_layers": 3, "vocab": 256, "seq": 16},
+        "cluster": {"preset": "local-cpu-2"}, "parallelism": {"pp": 2},
+        "schedule": {"name": "1f1b", "micro_batch": 2, "microbatches": 4}}))
+    refused = paratwin("simulate", str(plan), "--out", str(tmp_path / "sim"))
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    command = re.search(r"profile it on this machine: (paratwin profile .*? --out DIR)", refused.stdout)
+    assert command is not None, refused.stdout
+    words = shlex.split(command.group(1))
+    assert words[:2] == ["paratwin", "profile"] and "vocab=256" in words
+    words[words.index("DIR")] = str(tmp_path / "profile")
+    profiled = paratwin(*words[1:], "--repeats", "2", "--warmup", "1", "--no-ops")
+    assert profiled.returncode == 0, profiled.stdout + profiled.stderr
+    assert read_bundle(tmp_path / "profile").meta["workload"]["options"]["vocab"] == 256
+    done = paratwin("simulate", str(plan), "--profile", str(tmp_path / "profile"), "--out", str(tmp_path / "sim"))
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_profile_writes_bundle_and_op_timeline(tmp_path: Path) -> None:

@@ -129,11 +129,14 @@ WORDLM = ("--workload", "gpt-wordlm", "--workload-option", "hidden=64", "--workl
 
 
 @pytest.mark.parametrize(("args", "fix"), [
-    # was: "then set profile: DIR in the plan", and "set dtype: fp32"
+    # was: "then set profile: DIR in the plan", and "set dtype: fp32"; the command profiles in the search's dtype
+    # with its workload options (it printed neither, and wrote a bundle the search refused)
     (("--workload", "gpt-tiny"), "(fix: profile it on this machine: paratwin profile --workload gpt-tiny --micro-batch "
-                                 "1 --device cpu --out DIR, then pass --profile DIR)"),
+                                 "1 --dtype float16 --device cpu --out DIR, then pass --profile DIR)"),
     ((*WORDLM, "--profile", str(REPO / "tests/data/comm/loopback-2d-run7")),
-     "(fix: re-profile with paratwin profile --dtype float16, or pass --dtype fp32)"),
+     "(fix: re-profile with paratwin profile --workload gpt-wordlm --micro-batch 4 --workload-option hidden=64 "
+     "--workload-option heads=2 --workload-option num_layers=2 --workload-option seq=32 --dtype float16 --device cpu "
+     "--out DIR, or pass --dtype fp32)"),
 ])
 def test_a_search_refusal_names_the_search_options_not_plan_fields(tmp_path: Path, args: tuple, fix: str) -> None:
     done = paratwin("search", *args, "--cluster", "local-cpu-2", "--out", str(tmp_path / "s"))

@@ -146,6 +146,87 @@ def test_cluster_direct_construction_also_raises_config_error():
     assert err.value.field == "cluster.devices_per_node"
 
 
+# A 2 x 4 cluster as a new user wrote it (review B, section 4): each number in the catalog's unit (GB/s, us,
+# TFLOP/s, GiB) where the spec field wants SI. Each simulated with exit 0 before (a 187-day iteration, "238
+# FLOP/s, MFU 59.5%").
+_MINE = {"nodes": 2, "devices_per_node": 4, "device": "A100-40GB",
+         "intra_node_link": {"name": "my-nvlink", "bandwidth_Bps": 2.0e11, "latency_s": 4.0e-6},
+         "inter_node_link": {"name": "my-roce", "bandwidth_Bps": 1.25e10, "latency_s": 1.5e-5}}
+_MY_DEVICE = {"name": "MyAccel", "kind": "gpu", "peak_flops": {"bf16": 4.0e14, "fp32": 5.0e13},
+              "memory_bandwidth_Bps": 3.0e12, "memory_bytes": 48 * 2**30}
+
+
+@pytest.mark.parametrize(("where", "change", "field", "fragments"), [
+    ("intra_node_link", {"bandwidth_Bps": 200}, "cluster.intra_node_link.bandwidth_Bps",
+     ("bandwidth_Bps is in bytes per second: 200 is 200 B/s", "for 200 GB/s write bandwidth_Bps: 200e9",
+      "bandwidth_GBps: 200")),
+    ("inter_node_link", {"bandwidth_Bps": 12.5}, "cluster.inter_node_link.bandwidth_Bps",
+     ("12.5 is 12.5 B/s", "write bandwidth_Bps: 12.5e9")),
+    ("intra_node_link", {"latency_s": 4}, "cluster.intra_node_link.latency_s",
+     ("latency_s is in seconds: 4 is 4 s", "for 4 us write latency_s: 4e-6 or latency_us: 4")),
+    ("device", {"peak_flops": {"bf16": 400, "fp32": 50}}, "cluster.device.peak_flops",
+     ("peak_flops.bf16 is in FLOP/s: 400 is 400 FLOP/s", "write peak_flops: {bf16: 400e12}",
+      "peak_tflops: {bf16: 400}")),
+    ("device", {"memory_bandwidth_Bps": 3000}, "cluster.device.memory_bandwidth_Bps",
+     ("3000 is 3000 B/s", "for 3000 GB/s write memory_bandwidth_Bps: 3000e9 or memory_bandwidth_GBps: 3000")),
+    ("device", {"memory_bytes": 48}, "cluster.device.memory_bytes",
+     ("memory_bytes is in bytes: 48 is 48 bytes", "for 48 GiB write memory_bytes: 51539607552 or memory_GiB: 48")),
+    # the other way round: an SI number under the catalog's key
+    ("device", {"memory_bytes": None, "memory_GiB": 48 * 2**30}, "cluster.device.memory_bytes",
+     ("above any real hardware", "for 51539607552 bytes write memory_bytes: 51539607552 or memory_GiB: 48")),
+])
+def test_a_number_in_the_wrong_unit_is_refused_with_the_unit_and_a_guess(where: str, change: dict, field: str,
+                                                                        fragments: tuple[str, ...]) -> None:
+    base = {**_MINE, "device": _MY_DEVICE} if where == "device" else _MINE
+    spec = {**base, where: {k: v for k, v in {**base[where], **change}.items() if v is not None}}
+    cluster_from_dict(_MINE)  # as written right, it loads
+    with pytest.raises(ConfigError) as err:
+        cluster_from_dict(spec)
+    assert err.value.field == field
+    assert all(f in str(err.value) for f in fragments), str(err.value)
+
+
+def test_every_catalog_entry_preset_and_example_is_within_the_unit_bounds() -> None:
+    """The bounds leave room around every real figure the project uses: the catalog, the presets, the example
+    clusters, the slowest emulated network (tc tbf at 1 Mbit/s) and a latency-free measured link."""
+    for name in list_presets():
+        load_cluster(name)
+    for path in (REPO / "examples").rglob("*.yaml"):
+        raw = yaml.safe_load(path.read_text())
+        cluster = raw.get("cluster") if isinstance(raw, dict) else None
+        if cluster is not None:
+            load_cluster(path if "clusters" in path.parts else cluster)
+    assert LinkSpec.from_fit(0.0, 1.25e5).bandwidth_Bps == 1.25e5  # tbf rate 1mbit
+    assert get_device("local-cpu").peak("fp32") == 9e10
+
+
+def test_an_inline_device_takes_the_catalogs_fields_and_a_device_file(tmp_path: Path) -> None:
+    """The catalog's form (peak_tflops, memory_bandwidth_GBps, memory_GiB) was refused inline ("peak_flops:
+    Field required", pointing at the catalog), and `device: FILE` was an "unknown device"."""
+    catalog_form = {"name": "MyAccel", "kind": "gpu", "peak_tflops": {"bf16": 400, "fp32": 50},
+                    "memory_bandwidth_GBps": 3000, "memory_GiB": 48}
+    si = cluster_from_dict({**_MINE, "device": _MY_DEVICE}).device
+    assert cluster_from_dict({**_MINE, "device": catalog_form}).device == si
+    (tmp_path / "mydevice.yaml").write_text(yaml.safe_dump({"MyAccel": catalog_form}))
+    (tmp_path / "mycluster.yaml").write_text(yaml.safe_dump({"cluster": {**_MINE, "device": "mydevice.yaml"}}))
+    assert load_cluster(tmp_path / "mycluster.yaml").device == si  # the path read from the cluster file's folder
+    assert cluster_from_dict({**_MINE, "device": str(tmp_path / "mydevice.yaml")}).device == si
+    # a link likewise, and an override in the catalog's unit
+    link = cluster_from_dict({**_MINE, "intra_node_link": {"bandwidth_GBps": 200, "latency_us": 4}}).intra_node_link
+    assert (link.bandwidth_Bps, link.latency_s) == (200e9, pytest.approx(4e-6))
+    assert cluster_from_dict({**_MINE, "overrides": {"device": {"memory_GiB": 20}}}).device.memory_bytes == 20 * 2**30
+    with pytest.raises(ConfigError) as err:  # the hint shows the form that works
+        cluster_from_dict({**_MINE, "device": {k: v for k, v in catalog_form.items() if k != "memory_GiB"}})
+    assert err.value.field == "cluster.device.memory_GiB"
+    assert "give memory_GiB (in GiB) or memory_bytes (in bytes)" in err.value.fix
+    with pytest.raises(ConfigError) as err:
+        cluster_from_dict({**_MINE, "device": "nope.yaml"})
+    assert "no device file 'nope.yaml'" in str(err.value) and str(Path.cwd()) in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        cluster_from_dict({**_MINE, "device": "B300"})
+    assert "device YAML file" in err.value.fix and "peak_tflops" in err.value.fix
+
+
 # --- collectives ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("n", [2, 4, 8])

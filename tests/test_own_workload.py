@@ -188,7 +188,7 @@ def test_simulating_without_a_profile_or_with_tp_is_refused(folder: Path) -> Non
     with pytest.raises(ConfigError) as error:
         simulate(base.replace(profile=None))
     one_line(error, "profile: workload 'mymodels.mlp:MyMLP' has no closed-form cost model",
-             "paratwin profile --workload mymodels.mlp:MyMLP --micro-batch 4 --device cpu --out DIR")
+             "paratwin profile --workload mymodels.mlp:MyMLP --micro-batch 4 --dtype float32 --device cpu --out DIR")
     tp = Plan.from_dict({**base.model_dump(), "parallelism": {"tp": 2}, "profile": str(folder / "prof")})
     with pytest.raises(ConfigError) as error:
         simulate(tp)

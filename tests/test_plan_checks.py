@@ -83,7 +83,10 @@ def test_the_matching_plan_simulates(gpt_tiny_profile: Path) -> None:
     ("fields", "fragments"),
     [
         ({"workload": "gpt2-medium"}, ("profile", "'gpt-tiny'", "'gpt2-medium'")),
-        ({"workload_options": {"hidden": 128}}, ("workload.config.hidden", "hidden=64", "128")),
+        # the fix's command profiles the plan's options (it printed the preset's, whose bundle is refused)
+        ({"workload_options": {"hidden": 128}}, ("workload.config.hidden", "hidden=64", "128", "(paratwin profile "
+                                                 "--workload gpt-tiny --micro-batch 1 --workload-option hidden=128 "
+                                                 "--dtype float32 --device cpu --out DIR)")),
         ({"workload_options": {"seq": 64}}, ("workload.config.seq", "seq=32", "64")),
         ({"workload_options": {"num_layers": 8}}, ("workload.config.num_layers",)),
         ({"dtype": "fp16"}, ("profile: dtype", "float32", "fp16")),
@@ -122,7 +125,10 @@ def test_a_profile_that_names_no_bundle_is_refused_on_its_field(tmp_path: Path, 
     with pytest.raises(ConfigError) as error:
         simulate(tiny_plan(target, workload_options={"grad_accumulation": "autograd"}))
     assert error.value.field == "profile"
-    one_line(error, str(target), "paratwin profile --workload gpt-tiny --micro-batch 1 --out DIR")
+    # grad_accumulation changes no time a profile measures (UNPROFILED_OPTIONS): the command leaves it out
+    message = one_line(error, str(target), "paratwin profile --workload gpt-tiny --micro-batch 1 --dtype float32 "
+                       "--device cpu --out DIR")
+    assert "grad_accumulation" not in message
 
 
 def test_bundle_with_a_layer_row_missing_is_refused(bundle_copy: Path) -> None:
@@ -219,6 +225,21 @@ def test_a_count_names_a_whole_number_in_its_fix(section: str, field: str, value
     with pytest.raises(ConfigError) as error:
         Plan.from_dict({"workload": "gpt-tiny", section: {field: value}})
     one_line(error, f"{section}.{field}", fix)
+
+
+@pytest.mark.parametrize(("parallelism", "value", "fix"), [
+    ({"pp": 2}, 0.5, "(fix: write a list, one value per virtual stage (pp x chunks = 2 here), each the fraction "
+                     "of kept bytes swapped to host: swap: [0.5, 0.5])"),
+    ({"pp": 2, "chunks": 2}, 1, "(pp x chunks = 4 here), each the fraction of kept bytes swapped to host: "
+                                "swap: [1, 1, 1, 1])"),
+    ({"pp": 2}, "half", "each the fraction of kept bytes swapped to host; not 'half')"),
+])
+def test_a_per_stage_list_given_one_value_says_what_to_write(parallelism: dict, value: object, fix: str) -> None:
+    """memory.swap is one fraction per virtual stage: given one number, the fix said only "got 0.5"."""
+    with pytest.raises(ConfigError) as error:
+        Plan.from_dict({"workload": "gpt-tiny", "parallelism": parallelism,
+                        "memory": {"policy": "none", "swap": value}})
+    one_line(error, "memory.swap: Input should be a valid list", fix)
 
 
 @pytest.mark.parametrize(("fields", "where"), [

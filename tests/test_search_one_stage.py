@@ -221,6 +221,26 @@ def test_the_summary_records_the_whole_search_and_its_best_plan_simulates_to_it(
     assert pd.read_parquet(paths["ranked"])["p2p"].isin(["async", "blocking"]).all()
 
 
+def test_the_best_plan_names_its_cluster_and_profile_by_absolute_paths(tmp_path, monkeypatch) -> None:
+    """`paratwin search --cluster rb/mycluster.yaml` wrote `cluster: rb/mycluster.yaml` into best.yaml, which then
+    worked only from the directory the search ran in; a relative cluster path is refused naming that directory."""
+    (tmp_path / "rb").mkdir()
+    (tmp_path / "rb" / "mycluster.yaml").write_text(json.dumps({"cluster": TWO_GPUS}))
+    monkeypatch.chdir(tmp_path)
+    found = search(replace(SPACE, cluster="rb/mycluster.yaml"), top_k=3, sample=0, workers=1)
+    paths = write_search(found, Path("rb") / "s")
+    elsewhere = tmp_path / "rb" / "s"
+    monkeypatch.chdir(elsewhere)
+    plan = Plan.load(paths["best"].name)
+    assert plan.cluster == str(tmp_path / "rb" / "mycluster.yaml")
+    assert simulate(plan).iteration_s == pytest.approx(found.best.simulated.iteration_s, rel=1e-12)
+    with pytest.raises(ConfigError, match=rf"'rb/mycluster.yaml' is neither a preset nor a YAML file \(a relative "
+                                          rf"path is read from the current directory, {elsewhere}\)"):
+        simulate(plan.replace(cluster="rb/mycluster.yaml"))
+    profiled = Plan.from_dict({"workload": "gpt-tiny", "profile": "p"}).with_absolute_paths()
+    assert profiled.profile == str(elsewhere / "p") and profiled.cluster == "local-cpu-2"  # a preset stays a name
+
+
 def test_a_space_record_with_an_unknown_field_is_refused() -> None:
     with pytest.raises(ConfigError, match="search.space: unknown field.*max_pp"):
         SearchSpace.from_record({"workload": "gpt2-small", "cluster": "dgx-a100-8", "max_pp": 4})

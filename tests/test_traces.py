@@ -195,6 +195,25 @@ def test_manifest_of_wrong_version(tmp_path: Path) -> None:
                    "--workload tiny --micro-batch N --dtype float32 --device cpu|cuda --out DIR)")
 
 
+def test_a_refused_bundle_is_re_profiled_with_its_workload_options(tmp_path: Path) -> None:
+    """A bundle of a workload built with options (a plan's workload_options, which the profiler records) names
+    them in its fix: the preset's command wrote a bundle that the plan then refused (review B, section 7)."""
+    bundle = make_bundle()
+    bundle.meta["workload"]["options"] = {"vocab": 256, "attention": "unfused", "data": "yes", "sizes": [4, 8]}
+    bundle.meta["settings"] |= {"micro_batch": 2, "seq": 16, "dtype": "float32", "device": "cpu"}
+    target = write_bundle(bundle, tmp_path / "b")
+    manifest = json.loads((target / MANIFEST_NAME).read_text())
+    manifest["version"] = 99
+    (target / MANIFEST_NAME).write_text(json.dumps(manifest))
+    with pytest.raises(BundleError) as err:
+        read_bundle(target)
+    # each value as the command reads it back: a string YAML reads as true is quoted, a list is shell-quoted
+    one_line_error(err, MANIFEST_NAME, "(fix: re-profile with this paratwin: paratwin profile --workload tiny "
+                   "--micro-batch 2 --seq 16 --workload-option vocab=256 --workload-option attention=unfused "
+                   "--workload-option 'data=\"yes\"' --workload-option 'sizes=[4, 8]' --dtype float32 --device cpu "
+                   "--out DIR)")
+
+
 def test_manifest_of_wrong_format_name(tmp_path: Path) -> None:
     target = write_bundle(make_bundle(), tmp_path / "b")
     manifest = json.loads((target / MANIFEST_NAME).read_text())

@@ -24,13 +24,15 @@ import hashlib
 import json
 import os
 import platform
+import shlex
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from traces.atomic import atomic_directory, atomic_write_text
 from traces.errors import BundleError, ConfigError
@@ -285,15 +287,38 @@ def remake_hint(format_name: str, manifest: dict | None = None) -> str:
         meta = _section(manifest, "meta")
         workload, settings = _section(meta, "workload"), _section(meta, "settings")
         device = str(settings.get("device", "cpu|cuda"))
-        seq = f" --seq {settings['seq']}" if settings.get("seq") is not None else ""
-        return (f"re-profile with this paratwin: paratwin profile --workload {workload.get('name', 'WORKLOAD')} "
-                f"--micro-batch {settings.get('micro_batch', 'N')}{seq} --dtype {settings.get('dtype', 'float32')} "
-                f"--device {'cuda' if device.startswith('cuda') else device} --out DIR")
+        return "re-profile with this paratwin: " + profile_command(
+            str(workload.get("name", "WORKLOAD")), settings.get("micro_batch", "N"), _section(workload, "options"),
+            str(settings.get("dtype", "float32")), "cuda" if device.startswith("cuda") else device, settings.get("seq"))
     if format_name == RUN_RECORD_FORMAT:
         return "run the plan again with this paratwin: paratwin run PLAN --out DIR"
     if format_name == COMM_BENCH_FORMAT:
         return "measure again with this paratwin: paratwin commbench --out DIR"
     return "write it again with this paratwin"
+
+
+def profile_command(workload: str, micro_batch: object, options: Mapping[str, object] | None = None,
+                    dtype: str = "float32", device: str = "cpu", seq: object = None) -> str:
+    """The ``paratwin profile`` command that measures ``workload`` built with ``options`` (a plan's
+    ``workload_options``), for a refusal to print: each option is a ``--workload-option`` written so that the
+    command reads back the same value, so the printed command writes the bundle the plan asks for."""
+    options = dict(options or {})
+    words = ["paratwin profile --workload", workload, "--micro-batch", str(micro_batch)]
+    if seq is not None and "seq" not in options:
+        words += ["--seq", str(seq)]
+    for key, value in options.items():
+        words += ["--workload-option", shlex.quote(f"{key}={_as_yaml(value)}")]
+    return " ".join([*words, "--dtype", dtype, "--device", device, "--out DIR"])
+
+
+def _as_yaml(value: object) -> str:
+    """``value`` as text the CLI reads back (as YAML) as the same value: JSON, except a string YAML reads
+    as itself (unfused, wikitext-2); one it would read as something else ("yes", "128") stays quoted."""
+    try:
+        plain = isinstance(value, str) and yaml.safe_load(value) == value
+    except yaml.YAMLError:
+        plain = False
+    return str(value) if plain else json.dumps(value)
 
 
 def _section(mapping: object, key: str) -> dict:

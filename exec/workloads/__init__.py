@@ -30,7 +30,9 @@ def get_workload(name: str, **overrides: object) -> Workload:
     family = known_family(name)
     module_name, factory = _FACTORIES[family].split(":")
     options = expand_implementation(overrides, family)  # implementation: megatron-lm
-    return getattr(importlib.import_module(module_name), factory)(name, **options)
+    workload = getattr(importlib.import_module(module_name), factory)(name, **options)
+    workload.options = dict(overrides)  # as given: a bundle records them (Workload.options)
+    return workload
 
 
 __all__ = ["Batch", "Workload", "get_workload", "run_layers", "workload_names"]

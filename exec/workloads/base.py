@@ -33,6 +33,10 @@ class Workload(ABC):
     # Whether tensor parallelism also splits the layers' replicated region along the sequence
     # (exec.parallel.sequence; the transformers' workload_options.sequence_parallel).
     sequence_parallel: bool = False
+    # The options it was built with (exec.workloads.get_workload; a plan's workload_options), recorded in
+    # a bundle so that a refusal of the bundle prints the profile command that measures it again
+    # (traces.bundle.remake_hint).
+    options: dict[str, object] | None = None
 
     @abstractmethod
     def layer_names(self) -> list[str]:
@@ -77,7 +81,8 @@ class Workload(ABC):
 
     def describe(self) -> dict[str, object]:
         """Configuration facts recorded in trace bundles."""
-        return {"name": self.name, "num_layers": self.num_layers}
+        return {"name": self.name, "num_layers": self.num_layers, **({"options": dict(self.options)} if self.options
+                                                                      else {})}
 
 
 def run_layers(layers: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
