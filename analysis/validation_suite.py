@@ -48,7 +48,7 @@ from traces.outdir import OutputLock, prepare_out_folder
 SUITE_DIR = Path(__file__).resolve().parent.parent / "examples" / "validation"
 # A measurement is steady when the profiles before and after the run agree within STEADY_DRIFT and
 # the run's (p90 - p10) / median is under STEADY_SPREAD; on this machine a single-thread matmul
-# varies 10-30% within a run (DESIGN.md), so anything beyond these saw the load change.
+# varies 10-30% within a run (measured), so anything beyond these saw the load change.
 STEADY_DRIFT = 0.10
 STEADY_SPREAD = 0.20
 PROFILE_REPEATS = 5  # per process and per side of the bracket: 2 x 2 x 5 timings of every layer

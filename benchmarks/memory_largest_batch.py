@@ -11,7 +11,7 @@ per second at that size. Policies: ``none``; ``full`` (recompute everything); ``
 ``delta-swap`` (its filter, always swapping: "swap everything"); ``optimal`` (the per-layer MILP);
 ``selective`` (PyTorch's selective checkpointing: keep matmul and attention outputs).
 
-Beside it, DELTA's headline (arXiv 2203.15980, abstract; ``/work/shared/DESIGN.md``): 40-70% GPU
+Beside it, DELTA's headline (Tang et al., arXiv 2203.15980, abstract): 40-70% GPU
 memory saved, maximum batch 2.04x (ResNet-50) and 2.25x (ResNet-101) over no policy, on one GPU.
 This setting differs (a GPT in a pipeline, not a CNN on one GPU) and ResNets are not simulated
 here (the simulator has no closed-form ResNet cost model; a CPU profile would say nothing about an

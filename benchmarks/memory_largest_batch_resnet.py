@@ -1,5 +1,5 @@
 """The largest batch that fits a memory budget, per memory policy, for ResNet-50 and ResNet-101
-(simulated). DELTA's headline (arXiv 2203.15980, abstract; ``/work/shared/DESIGN.md``): maximum
+(simulated). DELTA's headline (Tang et al., arXiv 2203.15980, abstract): maximum
 batch 2.04x (ResNet-50) and 2.25x (ResNet-101) over no policy, 40-70% memory saved, on one GPU.
 
     python benchmarks/memory_largest_batch_resnet.py [--out docs/figures/memory_largest_batch_resnet]

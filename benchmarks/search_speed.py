@@ -8,7 +8,9 @@ considered and the best 50 simulated within 60 s on the 2-core development machi
 estimate/engine agreement (Spearman on a random sample, goal >= 0.95; the engine's verdict on the
 estimate's top picks), the winner, and the engine's time for the Megatron-LM-style configuration
 (tp 8, pp 16, dp 8, 1F1B, full recompute, micro-batch 1: ``examples/plans/gpt-175b-h100-1024.yaml``)
-on the same cluster and batch for comparison (docs/search.md discusses the difference).
+on the same cluster and batch for comparison, each with the engine's breakdown of the critical rank's
+iteration (the kinds of ``paratwin search``'s "why the winner wins"; docs/search.md discusses the
+difference).
 
 ``a100-1024`` is 128 DGX A100 nodes (8 x A100-80GB over NVLink3, 8 x HDR InfiniBand per node), the
 hardware class of Narayanan et al. (SC'21); it is not a preset, so it is spelled inline here.
@@ -19,12 +21,21 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
 A100_1024 = {"nodes": 128, "devices_per_node": 8, "device": "A100-80GB", "intra_node_link": "nvlink3",
              "inter_node_link": "ib-hdr", "nics_per_node": 8}
 
 
+def breakdown_text(kinds: Any) -> str:
+    """The engine's breakdown of the critical rank's iteration (``sim.engine_breakdown``), in seconds."""
+    return (f"compute {kinds.compute_s:.3f}, recompute {kinds.recompute_s:.3f}, bubble (incl. p2p) "
+            f"{kinds.bubble_s:.3f}, exposed gradient sync {kinds.exposed_comm_s:.3f}, optimizer step "
+            f"{kinds.optimizer_s:.3f} s")
+
+
 def main() -> None:
+    from sim.engine_breakdown import engine_breakdown
     from sim.plan import Plan
     from sim.search import SearchSpace, search
     from sim.simulate import simulate
@@ -82,6 +93,7 @@ def main() -> None:
     if best is not None and best.simulated is not None:
         print(f"winner: {best.candidate.describe()}: {best.simulated.iteration_s:.3f} s/iteration, "
               f"MFU {best.simulated.mfu:.1%}, peak {max(best.simulated.peak_bytes) / 2**30:.1f} GiB")
+        print(f"  breakdown: {breakdown_text(best.simulated)}")
         figures["winner"] = {"plan": best.candidate.describe(), "iteration_s": best.simulated.iteration_s,
                              "mfu": best.simulated.mfu}
     megatron = Plan.from_dict({
@@ -92,10 +104,12 @@ def main() -> None:
     ref = simulate(megatron)
     print(f"Megatron-style tp 8, pp 16, dp 8, 1F1B, full recompute, mb 1: {ref.iteration_s:.3f} s/iteration, "
           f"MFU {ref.mfu:.1%}, peak {ref.peak_memory_bytes / 2**30:.1f} GiB")
+    print(f"  breakdown: {breakdown_text(engine_breakdown(ref.table, ref.iteration_s))}")
     figures["megatron_style"] = {"iteration_s": ref.iteration_s, "mfu": ref.mfu}
     interleaved = megatron.replace(parallelism={"chunks": 2}, schedule={"name": "interleaved-1f1b"})
     ref2 = simulate(interleaved)
     print(f"  the same with interleaved-1f1b x2: {ref2.iteration_s:.3f} s/iteration, MFU {ref2.mfu:.1%}")
+    print(f"  breakdown: {breakdown_text(engine_breakdown(ref2.table, ref2.iteration_s))}")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(figures, handle, indent=2, default=str)

@@ -44,7 +44,7 @@ STATE_BYTES = {
 }
 
 # Defaults before calibration. eff_max: an 8192^3 bf16 matmul on this project's H200 ran at
-# 769-798 TFLOP/s of the 989.5 dense peak, 0.78-0.81 (/work/.library/device/KINDS.md), so 0.8 for
+# 769-798 TFLOP/s of the 989.5 dense peak, 0.78-0.81 (read on the borrowed H200, 2026-10/11), so 0.8 for
 # GPUs; the local-cpu peak is itself a measured matmul rate, so 1.0 there. mem_eff: a device-to-device
 # copy on the same H200 moved 4.3 of 4.8 TB/s, 0.9. CALL_OVERHEAD_S: an uncalibrated guess of a few
 # kernel launches of ~5 us per layer call; fit it (it becomes x_half) on real data.
