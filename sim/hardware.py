@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from traces.errors import ConfigError
-from traces.strict_yaml import load_yaml
+from traces.strict_yaml import read_document
 
 CATALOG_PATH = Path(__file__).parent / "data" / "hardware.yaml"
 
@@ -286,9 +286,7 @@ def link_from_comm_fits(fits: Any, primitive: str = "send_recv", name: str = "me
 def device_from_yaml(path: str | Path) -> DeviceSpec:
     """A user device in the catalog's YAML format (one entry, keyed by its name, or a flat mapping)."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError("device file", f"{p} does not exist", "give the path of a YAML device entry")
-    raw = load_yaml(p.read_text())
+    raw = read_document(p, "device file", "give the path of a YAML device entry")
     if isinstance(raw, Mapping) and len(raw) == 1 and isinstance(next(iter(raw.values())), Mapping):
         name, entry = next(iter(raw.items()))
     else:

@@ -186,3 +186,12 @@ def test_a_measured_time_that_is_not_positive_skips_its_row() -> None:
     problem = row_problem(row)
     assert problem is not None and problem.field == "iteration time (ms)"
     assert row_problem({**row, "iter_time_ms": float("nan")}) is None
+
+
+def test_the_multinode_decomposition_prints_no_negative_zero() -> None:
+    """Row 4 (7.5B, tp 1) printed "-0.0" for its TP all-reduces: float noise below zero rounded to one decimal."""
+    done = subprocess.run([sys.executable, "benchmarks/megatron_multinode_comm.py", "--rows", "4"],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    row = done.stdout.splitlines()[-1].split()
+    assert row[:3] == ["7.5B", "128", "1"] and "-0.0" not in row, done.stdout
