@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +14,11 @@ from analysis.report import console, plain, print_layers, print_sim, run_cli, si
 from traces.atomic import atomic_write_text
 from traces.errors import ConfigError
 from traces.outdir import fresh_run_folder, prepare_out_file, prepare_out_folder, safe_name
+
+try:  # typer parses with a copy of click of its own (0.2x)
+    from typer._click.exceptions import UsageError
+except ImportError:  # pragma: no cover - a typer on the click package
+    from click.exceptions import UsageError
 
 app = typer.Typer(
     name="paratwin",
@@ -403,7 +409,7 @@ def sweep(
     """Simulate every point of a sweep, in parallel, each result written as it completes; resumable."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from analysis.sweep import SweepSpec, run_sweep
+    from analysis.sweep import SweepSpec, no_point_ok, run_sweep
 
     loaded = SweepSpec.load(spec)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -415,7 +421,8 @@ def sweep(
 
         result = run_sweep(loaded, out, workers=workers, scheduler=scheduler, progress=advance)
     counts = ", ".join(f"{n} {status}" for status, n in sorted(result.counts.items()))
-    plain(f"sweep {loaded.name}: {result.total} points ({counts}); computed {len(result.computed)} on "
+    points = f"{result.total} point{'s' if result.total != 1 else ''}"  # "1 points" before
+    plain(f"sweep {loaded.name}: {points} ({counts}); computed {len(result.computed)} on "
           f"{result.backend}, {result.reused} already recorded; {result.wall_s:.1f} s")
     bad = result.table[result.table["status"] != "ok"]
     for row in bad.head(5).itertuples():
@@ -423,6 +430,9 @@ def sweep(
     if len(bad) > 5:
         plain(f"  ... {len(bad) - 5} more not ok (results.csv has every reason)")
     plain(f"results: {out / 'results.parquet'} (and results.csv); one record per point in {out / 'points'}")
+    failed = no_point_ok(result, loaded.name)
+    if failed is not None:  # exit 2, or 3 when no point fits; it exited 0
+        raise failed
 
 
 @app.command()
@@ -498,7 +508,41 @@ def demo(
 
 
 def main() -> None:
-    run_cli(app)
+    run_cli(run_app)
+
+
+def run_app() -> None:
+    """``app`` with click's usage errors (an option value out of range or of the wrong type, an unknown or
+    missing option, an unknown command) raised as ``ConfigError``s, so that they print as one line with a
+    fix and exit 2 like every other refusal: typer's own handling drew a box of several lines, no fix."""
+    try:
+        status = app(prog_name="paratwin", standalone_mode=False)
+    except UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `paratwin` alone: the help is printed (typer checks so too)
+            sys.exit(exc.exit_code)
+        raise usage_error(exc) from None
+    if isinstance(status, int):  # --help: 0; Ctrl-C where the command says nothing more: 130
+        sys.exit(status)
+
+
+def usage_error(exc: UsageError) -> ConfigError:
+    """A usage error in the project's words: the option, argument or command at fault, click's problem, and
+    a fix (the number a count wants, which typer checks with pydantic; else where the help is)."""
+    from pydantic import ValidationError
+
+    from sim.plan import number_fix
+
+    command = exc.ctx.command_path if exc.ctx else "paratwin"
+    param = getattr(exc, "param", None)
+    if param is not None:
+        field = param.opts[0] if param.param_type_name == "option" else str(param.name).upper()
+    else:
+        field = getattr(exc, "option_name", None) or command
+    # a bad value's own words, without "Invalid value for '--top': " (the field says which)
+    problem = exc.message if param is not None and exc.message else exc.format_message()
+    cause = exc.__cause__
+    wanted = number_fix(cause.errors()[0]) if isinstance(cause, ValidationError) else None
+    return ConfigError(field, problem.rstrip("."), wanted or f"{command} --help lists what it takes")
 
 
 if __name__ == "__main__":

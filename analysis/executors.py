@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from traces.errors import ConfigError
-from traces.forkserver import pool_context
+from traces.worker_pool import WorkerPool
 
 try:
     from concurrent.futures.process import BrokenProcessPool
@@ -60,11 +60,10 @@ class Serial:
 
 class Pool:
     def __init__(self, workers: int) -> None:
-        from concurrent.futures import ProcessPoolExecutor
-
         # Not fork (traces.forkserver.pool_context): a worker must not inherit the output folder's lock
-        # (an orphan of a killed run would hold it), nor this process's threads.
-        self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=pool_context())
+        # (an orphan of a killed run would hold it), nor this process's threads. Its workers ignore Ctrl-C:
+        # this process handles it (traces.worker_pool).
+        self.executor = WorkerPool(workers)
         self.name = f"{workers} local processes"
 
     def submit(self, fn: Callable, task: Any, task_id: str) -> Any:  # noqa: ARG002 - the interface's
@@ -79,12 +78,10 @@ class Pool:
         """Wait for the workers; with ``abort`` (Ctrl-C) end the tasks they are running instead. A SIGINT
         sent to this process alone (``kill -INT``, ``timeout``, a batch system) reaches no worker, and
         waiting left the command silent until every task in flight had finished: seconds to minutes."""
-        processes = list((getattr(self.executor, "_processes", None) or {}).values()) if abort else []
-        self.executor.shutdown(wait=not abort, cancel_futures=True)
-        for process in processes:  # the executor has no public way to stop a running task
-            process.terminate()
-        for process in processes:
-            process.join(timeout=10)
+        if abort:
+            self.executor.stop()
+        else:
+            self.executor.shutdown(wait=True, cancel_futures=True)
 
 
 class Dask:

@@ -29,7 +29,7 @@ import pandas as pd
 from analysis.executors import check_workers
 from analysis.sweep import SweepSpec, make_point, run_sweep
 from traces.atomic import atomic_path, atomic_write_text
-from traces.errors import ConfigError
+from traces.errors import ConfigError, Interrupted
 from traces.outdir import prepare_out_folder
 
 # Merak (Lai et al., "Merak: An Efficient Distributed DNN Training Framework With Automated 3D
@@ -167,8 +167,13 @@ def searched_points(models: Sequence[str], cluster: str, progress: Callable[[str
         batch = shape["parallelism"]["dp"] * shape["schedule"]["micro_batch"] * shape["schedule"]["microbatches"]
         if progress:
             progress(f"searching plans for {model} on {cluster} (global batch {batch})")
-        result = search(SearchSpace(workload=model, cluster=cluster, global_batch=batch, dtype="fp16"),
-                        top_k=top_k, sample=0)
+        try:
+            result = search(SearchSpace(workload=model, cluster=cluster, global_batch=batch, dtype="fp16"),
+                            top_k=top_k, sample=0)
+        except KeyboardInterrupt:  # Ctrl-C: status 130 and not a word; the figures search before any sweep
+            raise Interrupted(f"figures: interrupted while searching plans for {model} (the Merak figure's searched "
+                              "bar), before this run's sweeps: nothing was written (fix: run the same command again; "
+                              "--no-search leaves the searched bar out)") from None
         if result.best is None:
             continue
         plan = result.plan_of(result.best.candidate).model_dump(mode="json")

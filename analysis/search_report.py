@@ -19,7 +19,7 @@ from analysis.report import console, gib, plain
 from sim.cluster import load_cluster
 from sim.search import DOES_NOT_FIT, Agreement, Candidate, Ranked, SearchResult, SearchSpace, search
 from traces.atomic import atomic_path, atomic_write_text
-from traces.errors import ConfigError, NoPlanFits
+from traces.errors import ConfigError, Interrupted, NoPlanFits
 from traces.outdir import OutputLock, prepare_out_folder
 
 # The files write_search puts in its folder (a folder of the user's holding one is refused).
@@ -73,6 +73,9 @@ def run_search(space: SearchSpace, top: int, simulate_top: int, sample: int, out
                             bound=bound)
         except ConfigError as exc:  # e.g. the profile a CPU cluster needs: said as the search's options
             raise search_error(exc.field, exc.problem, exc.fix) from None
+        except KeyboardInterrupt:  # Ctrl-C: status 130 and not a word; the outputs are written only below
+            raise Interrupted(f"search: interrupted before writing anything: {out} is as it was (fix: run the "
+                              "same command again; a search starts over)") from None
     print_search(result, top)
     write_search(result, out)
     # the outputs are written; refused by the search's own checks: exit 2, the options are at fault

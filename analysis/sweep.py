@@ -69,13 +69,12 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
 from analysis.executors import LOCAL_DASK, BrokenProcessPool, backend, check_workers, one_line, usable_cores
 from traces.atomic import atomic_path, atomic_write_text
-from traces.errors import ConfigError, ParatwinError
+from traces.errors import ConfigError, NoPlanFits, ParatwinError
 from traces.outdir import OutputLock, prepare_out_folder
-from traces.strict_yaml import load_yaml
+from traces.strict_yaml import read_document
 
 STATUSES = ("ok", "does-not-fit", "error", "exception")
 # The plan's shape, as columns of the merged table (read from the plan of each point).
@@ -125,12 +124,7 @@ class SweepSpec:
     @classmethod
     def load(cls, path: str | Path) -> SweepSpec:
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(str(path), "sweep spec not found", "pass the path of a YAML sweep spec")
-        try:
-            data = load_yaml(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise ConfigError(str(path), f"not valid YAML: {str(exc).splitlines()[0]}", "fix the syntax") from None
+        data = read_document(path, "sweep spec", "pass the path of a YAML sweep spec")
         return cls.from_dict(data, source=str(path), root=path.parent)
 
     @classmethod
@@ -144,12 +138,10 @@ class SweepSpec:
         name = str(data.get("name", "sweep"))
         base = data.get("base") or {}
         if isinstance(base, str):
-            from sim.plan import Plan
-
-            base_path = Path(base) if root is None or Path(base).is_absolute() else root / base
-            base = Plan.load(base_path).model_dump()
+            base = _base_plan(base, root, source)
         if not isinstance(base, dict):
             raise ConfigError(f"{source}: base", "must be a plan mapping or a plan file", "see examples/plans")
+        check_overrides(base, f"{source}: base")
         axes = _grid_axes(data.get("grid") or {}, source) + _named_axes(data.get("axes") or {}, source)
         extra = data.get("points") or []
         if not isinstance(extra, list):
@@ -169,12 +161,57 @@ class SweepSpec:
         for i, changes in enumerate(extra):
             if not isinstance(changes, dict):
                 raise ConfigError(f"{source}: points[{i}]", "must be a mapping of plan overrides", "write {...}")
+            check_overrides(changes, f"{source}: points[{i}]")
             label = changes.get("name", str(i))
             points.append(make_point(base, [changes], {"point": label}, costs, full, name))
         seen: dict[str, Point] = {}
         for point in points:
             seen.setdefault(point.id, point)  # the same simulation twice is one point
         return cls(name, list(seen.values()), data)
+
+
+def _base_plan(base: str, root: Path | None, source: str) -> dict[str, Any]:
+    """The plan file a spec's ``base:`` names. A relative path is read from the spec's folder (``root``), as
+    an include is, so a spec means the same plan wherever the command runs; a miss says where it looked."""
+    from sim.plan import Plan
+
+    path = Path(base)
+    if root is not None and not path.is_absolute():
+        path = root / path
+        if not path.exists():
+            here = Path(base).resolve()  # a file of that name from the current directory: likely the one meant
+            fix = (f"write base: {os.path.relpath(here, root)}, the file of that name in the current directory"
+                   if here.is_file() else "write the plan's path from the spec's folder, or an absolute path")
+            raise ConfigError(f"{source}: base", f"no plan file {base} in {root}, the spec's folder (a relative base "
+                              "is read from there)", fix)
+    return Plan.load(path).model_dump()
+
+
+def check_overrides(changes: Mapping[str, Any], where: str) -> None:
+    """Refuse, before any point runs, an override that names no plan field (``schedule.bogus``), or a field
+    inside one that is not a section: each of its points could only be an error (the sweep ran them all and
+    exited 0). The fields are the plan's own (``sim.plan.section_fields``); a field that some memory policy
+    or gradient-sync method takes passes (an override may switch the choice), and what a field holds is
+    each point's check: a bad value is a recorded result."""
+    from sim.plan import Plan, section_fields
+
+    plan_fields = list(Plan.model_fields)
+    for key, value in changes.items():
+        if key == "costs":  # a point's own cost model (make_point)
+            continue
+        if key not in plan_fields:
+            raise ConfigError(where, f"{key!r} is not a plan field", f"use {', '.join(plan_fields)}; a section's "
+                              "field as section.field in a grid (schedule.microbatches)")
+        fields = section_fields(key)
+        if not isinstance(value, dict) or fields is None:
+            continue
+        if not fields:
+            sections = [f for f in plan_fields if section_fields(f) != []]
+            raise ConfigError(where, f"{key} is not a section", f"give {key} a value; the sections are "
+                              f"{', '.join(sections)}")
+        unknown = [k for k in value if k not in fields]
+        if unknown:
+            raise ConfigError(where, f"{unknown[0]!r} is not a field of {key}", f"use {', '.join(fields)}")
 
 
 def _label(value: Any) -> Any:
@@ -192,6 +229,8 @@ def _grid_axes(grid: Any, source: str) -> list[tuple[str, list[tuple[Any, dict[s
             raise ConfigError(f"{source}: grid.{key}", "must be a non-empty list of values", f"write {key}: [a, b]")
         section, _, name = str(key).partition(".")
         changes = [{section: {name: v}} if name else {section: v} for v in values]
+        for change in changes:
+            check_overrides(change, f"{source}: grid.{key}")
         axes.append((str(key), [(_label(v), c) for v, c in zip(values, changes, strict=True)]))
     return axes
 
@@ -205,6 +244,8 @@ def _named_axes(axes: Any, source: str) -> list[tuple[str, list[tuple[Any, dict[
         if not isinstance(named, dict) or not named or not all(isinstance(v, dict) for v in named.values()):
             raise ConfigError(f"{source}: axes.{axis}", "must map names to override mappings",
                               "write {name: {schedule: {...}}, ...}")
+        for name, changes in named.items():
+            check_overrides(changes, f"{source}: axes.{axis}.{name}")
         out.append((str(axis), [(name, changes) for name, changes in named.items()]))
     return out
 
@@ -342,6 +383,23 @@ class SweepRun:
     @property
     def counts(self) -> dict[str, int]:
         return {s: int(n) for s, n in self.table["status"].value_counts().items()} if len(self.table) else {}
+
+
+def no_point_ok(run: SweepRun, name: str) -> ParatwinError | None:
+    """Why a sweep none of whose points is ok fails (None when one is ok; the results are written either
+    way). Every point not fitting in memory: ``NoPlanFits``, exit 3, as simulate and search exit for plans
+    that do not fit; any other mix (a point its checks refused, an exception): a ``ConfigError``, exit 2.
+    It exited 0, the spec's mistake said only point by point."""
+    counts = run.counts
+    if not counts or counts.get("ok"):
+        return None
+    told = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    where = f"every reason is in {run.out_dir / 'results.csv'}"
+    if set(counts) == {"does-not-fit"}:
+        return NoPlanFits(f"sweep {name}: no point fits in memory ({told}); {where} (fix: more devices or devices "
+                          "with more memory, recompute, or fewer or smaller micro-batches)")
+    return ConfigError(f"sweep {name}", f"no point is ok ({told}); {where}",
+                       "correct the spec or its base plan: the reasons above say what each point lacks")
 
 
 def point_path(out_dir: Path, point_id: str) -> Path:
@@ -489,5 +547,6 @@ def read_results(out_dir: str | Path) -> pd.DataFrame:
     return pd.read_parquet(Path(out_dir) / "results.parquet")
 
 
-__all__ = ["LOCAL_DASK", "Point", "SweepRun", "SweepSpec", "evaluate_point", "make_point", "merge_plan",
-           "merge_results", "point_id", "read_events", "read_results", "recorded_ids", "run_sweep"]
+__all__ = ["LOCAL_DASK", "Point", "SweepRun", "SweepSpec", "check_overrides", "evaluate_point", "make_point",
+           "merge_plan", "merge_results", "no_point_ok", "point_id", "read_events", "read_results", "recorded_ids",
+           "run_sweep"]

@@ -95,9 +95,12 @@ def main() -> None:
     for model, gpus, tp, pp in grid:
         r = simulate(model, gpus, tp, pp, args.nics, args.reduce_dtype)
         results.append(r)
-        print(f"{model:>6} {gpus:>4} {tp:>2} {pp:>2} {r['dp']:>2} {r['iteration_s']:>7.2f} | {r['compute']:>7.1f} "
-              f"{r['tp_allreduce']:>6.1f} {r['pipeline_wait']:>7.1f} {r['dp_wait']:>7.1f} {r['optimizer']:>5.1f} | "
-              f"{r['dp_allreduce']:>6.1f} {r['p2p_sends']:>6.1f}{' OOM' if r['oom'] else ''}", flush=True)
+        # a share that is zero up to float noise (TP all-reduces at tp 1) printed as "-0.0"
+        p = {k: round(r[k], 1) + 0.0 for k in ("compute", "tp_allreduce", "pipeline_wait", "dp_wait", "optimizer",
+                                                "dp_allreduce", "p2p_sends")}
+        print(f"{model:>6} {gpus:>4} {tp:>2} {pp:>2} {r['dp']:>2} {r['iteration_s']:>7.2f} | {p['compute']:>7.1f} "
+              f"{p['tp_allreduce']:>6.1f} {p['pipeline_wait']:>7.1f} {p['dp_wait']:>7.1f} {p['optimizer']:>5.1f} | "
+              f"{p['dp_allreduce']:>6.1f} {p['p2p_sends']:>6.1f}{' OOM' if r['oom'] else ''}", flush=True)
     if args.csv:
         args.csv.parent.mkdir(parents=True, exist_ok=True)
         pd.DataFrame(results).to_csv(args.csv, index=False, float_format="%.5g")

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, model_validator
 
 from sim.hardware import (
@@ -29,7 +28,7 @@ from sim.hardware import (
     list_links,
 )
 from traces.errors import ConfigError
-from traces.strict_yaml import load_yaml
+from traces.strict_yaml import read_document
 
 _LINK_FIELDS = ("intra_node_link", "inter_node_link")
 _KNOWN_KEYS = {"name", "nodes", "devices_per_node", "device", *_LINK_FIELDS, "nics_per_node", "p2p_channels",
@@ -290,14 +289,11 @@ def load_cluster(source: str | Path | Mapping[str, Any] | ClusterSpec) -> Cluste
     if text in PRESETS:
         return cluster_from_dict({"preset": text})
     path = Path(text)
-    if not path.is_file():
+    fix = f"use one of {', '.join(PRESETS)} or a path like examples/clusters/a100-2x8-hdr.yaml"
+    if not path.exists():
         where = "" if path.is_absolute() else f" (a relative path is read from the current directory, {Path.cwd()})"
-        raise ConfigError("cluster", f"{text!r} is neither a preset nor a YAML file{where}",
-                          f"use one of {', '.join(PRESETS)} or a path like examples/clusters/a100-2x8-hdr.yaml")
-    try:
-        raw = load_yaml(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(str(path), f"not valid YAML: {str(exc).splitlines()[0]}", "fix the YAML syntax") from None
+        raise ConfigError("cluster", f"{text!r} is neither a preset nor a YAML file{where}", fix)
+    raw = read_document(path, "cluster file", fix)
     if not isinstance(raw, Mapping):
         raise ConfigError(str(path), "top level must be a mapping", "see examples/clusters/*.yaml")
     raw = dict(raw.get("cluster", raw))

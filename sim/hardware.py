@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_core import PydanticCustomError
 
 from traces.errors import ConfigError
-from traces.strict_yaml import load_yaml
+from traces.strict_yaml import read_document
 
 CATALOG_PATH = Path(__file__).parent / "data" / "hardware.yaml"
 
@@ -408,12 +408,7 @@ def device_from_yaml(path: str | Path, field: str = "device file") -> DeviceSpec
     """A user device in the catalog's YAML format (one entry, keyed by its name, or a flat mapping; SI
     fields such as ``peak_flops`` are read too)."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(field, f"{p} does not exist", "give the path of a YAML device entry")
-    try:
-        raw = load_yaml(p.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(str(p), f"not valid YAML: {str(exc).splitlines()[0]}", "fix the YAML syntax") from None
+    raw = read_document(p, "device file", "give the path of a YAML device entry")
     if not isinstance(raw, Mapping):
         raise ConfigError(str(p), "must hold a device entry (a mapping)", f"e.g. {DEVICE_FORM}")
     if len(raw) == 1 and isinstance(next(iter(raw.values())), Mapping):

@@ -21,7 +21,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -44,8 +45,8 @@ from sim.memory import MEMORY_POLICIES, MemoryConfig, NoRecompute
 from sim.schedules import SCHEDULES
 from sim.workloads import workload_family
 from traces.errors import ConfigError
-from traces.limits import check_document, check_file_size, short_repr
-from traces.strict_yaml import load_json, load_yaml
+from traces.limits import MAX_DOCUMENT_BYTES, check_document, short_repr
+from traces.strict_yaml import read_document
 
 
 class Section(BaseModel):
@@ -106,8 +107,9 @@ class Schedule(Section):
         return value
 
 
-# The sections chosen by a key, each with the key that names its choice.
+# The sections chosen by a key, each with the key that names its choice, and the choices' registries.
 _SECTION_CHOICE = {"memory": "policy", "gradient_sync": "method", "embedding": "method"}
+_REGISTRIES = {"memory": MEMORY_POLICIES, "gradient_sync": GRADIENT_SYNC, "embedding": EMBEDDING_METHODS}
 
 
 def _registered_config(registry: dict[str, Any], key: str, what: str, value: object) -> object:
@@ -244,8 +246,8 @@ class Plan(BaseModel):
                 fix = f"write {where}: {{{_SECTION_CHOICE[where]}: {first['input']}}}"
             elif first["type"] in ("bool_parsing", "bool_type"):  # a switch (schedule.p2p_scatter_gather)
                 fix = f"write true or false, not {short_repr(first.get('input'))}"
-            elif first["type"].startswith("int_") or first["type"] in _BOUNDS:  # a count (parallelism.dp)
-                fix = f"write {_number_wanted(first)}, not {short_repr(first.get('input'))}"
+            elif (wanted := number_fix(first)) is not None:  # a count (parallelism.dp)
+                fix = wanted
             elif first["type"] == "list_type":  # a per-stage list given one value (memory.swap: 0.5)
                 fix = _list_wanted(data, first)
             else:
@@ -276,12 +278,18 @@ _BOUNDS = {"greater_than_equal": ("ge", ">="), "greater_than": ("gt", ">"), "les
            "less_than": ("lt", "<")}
 
 
-def _number_wanted(error: Mapping[str, Any]) -> str:
-    """What a number field wants, from a pydantic error: "a whole number" or "a number >= 1"."""
+def number_fix(error: Mapping[str, Any]) -> str | None:
+    """The fix for a pydantic error of a number field, "write a number >= 1, not 0" or "write a whole number,
+    not 'two'" (a plan's counts and ratios; the command line's, which typer checks with pydantic); None for
+    another error."""
     if error["type"] in _BOUNDS:
         key, sign = _BOUNDS[error["type"]]
-        return f"a number {sign} {error['ctx'][key]}"
-    return "a whole number"
+        wanted = f"a number {sign} {error['ctx'][key]}"
+    elif error["type"].startswith("int_"):
+        wanted = "a whole number"
+    else:
+        return None
+    return f"write {wanted}, not {short_repr(error.get('input'))}"
 
 
 def _list_wanted(data: dict[str, Any], error: Mapping[str, Any]) -> str:
@@ -310,12 +318,8 @@ def _section_model(data: dict[str, Any], loc: tuple[Any, ...]) -> type[BaseModel
     if len(loc) < 2:
         return Plan
     section = loc[0]
-    if section == "memory":
-        model: type[BaseModel] = MEMORY_POLICIES[data["memory"]["policy"]].config
-    elif section == "gradient_sync":
-        model = GRADIENT_SYNC[data["gradient_sync"]["method"]].config
-    elif section == "embedding":
-        model = EMBEDDING_METHODS[data["embedding"]["method"]].config
+    if section in _REGISTRIES:  # the fields of the chosen policy or method
+        model: type[BaseModel] = _REGISTRIES[section][data[section][_SECTION_CHOICE[section]]].config
     else:
         model = Plan.model_fields[section].annotation  # type: ignore[assignment]
     return model
@@ -324,6 +328,20 @@ def _section_model(data: dict[str, Any], loc: tuple[Any, ...]) -> type[BaseModel
 def _known_fields(data: dict[str, Any], loc: tuple[Any, ...]) -> list[str]:
     """The fields allowed where an unknown one was found: the plan's, or its section's."""
     return list(_section_model(data, loc).model_fields)
+
+
+def section_fields(field: str) -> list[str] | None:
+    """What plan field ``field`` may hold as a mapping, from the plan's own models: a section's fields (for
+    memory, gradient_sync and embedding those of any registered choice: which are valid depends on the
+    choice); None for a mapping whose keys the plan does not fix (workload_options, an inline cluster);
+    [] for a field that holds no mapping (workload, dtype). ``KeyError`` for a name that is no plan field."""
+    if field in _REGISTRIES:
+        return sorted({name for choice in _REGISTRIES[field].values() for name in choice.config.model_fields})
+    annotation = Plan.model_fields[field].annotation
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return list(annotation.model_fields)
+    members = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    return None if any(get_origin(member) is dict for member in members) else []
 
 
 # The flat form (before plan sections): field -> (section, name in that section).
@@ -377,19 +395,6 @@ def migrate_flat(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_plan_document(path: str | Path) -> Any:
-    """The parsed YAML or JSON of a plan file, refused in one line when it is missing, too large,
+    """The parsed YAML or JSON of a plan file, refused in one line when it is missing, a folder, too large,
     not UTF-8 or not valid syntax (``Plan.from_dict`` then checks what it says)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(str(path), "plan file not found", "pass the path of a .yaml or .json plan")
-    check_file_size(path, str(path))
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(str(path), f"not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x})",
-                          "save the plan as UTF-8 YAML or JSON") from None
-    try:
-        return load_json(text) if path.suffix == ".json" else load_yaml(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(str(path), f"not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
-                          f"{str(exc).splitlines()[0]}", "fix the syntax") from None
+    return read_document(path, "plan file", "pass the path of a .yaml or .json plan", MAX_DOCUMENT_BYTES)

@@ -57,7 +57,7 @@ from sim.schedules import SCHEDULES
 from sim.search_bound import BOUNDED, Cutoff, best_first, beyond
 from sim.workloads import EXEC_ONLY_OPTIONS, transformer_config, workload_family
 from traces.errors import ConfigError
-from traces.forkserver import pool_context
+from traces.worker_pool import WorkerPool
 
 DOES_NOT_FIT = "does not fit in memory (estimate)"
 SAME_SPLIT = "parallelism.partition (same stages as an earlier partition)"
@@ -684,10 +684,9 @@ def _estimate_all(shapes: list[tuple[int, int, int]], here: _Enumerator, probe_p
         for i, (dp, tp, pp) in enumerate(shapes):
             yield here.shape(dp, tp, pp, i)
         return
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(workers, mp_context=pool_context(), initializer=_worker_start,
-                             initargs=(probe_plan, here.space, here.base, here.global_batch)) as pool:
+    # Ctrl-C stops the workers at once (traces.worker_pool); it waited for every queued shape.
+    with WorkerPool(workers, initializer=_worker_start,
+                    initargs=(probe_plan, here.space, here.base, here.global_batch)) as pool:
         # Largest pipelines first (their unit-cost runs dominate), so no worker is left with the
         # longest at the end; results are taken back in the given order.
         order = sorted(range(len(shapes)), key=lambda i: -shapes[i][2])
@@ -954,11 +953,9 @@ def _simulate_all(candidates: list[Candidate], base: dict[str, Any], probe_plan:
                 progress("engine", i, total)
             yield simulate_candidate(candidate, base, costs, f"{name}-{i}")
     else:
-        from concurrent.futures import ProcessPoolExecutor
-
-        # forkserver: no fork of a process that may run threads (a progress bar's refresher).
-        with ProcessPoolExecutor(workers, mp_context=pool_context(), initializer=_worker_start,
-                                 initargs=(probe_plan,)) as pool:
+        # Not fork (traces.forkserver.pool_context): no fork of a process that may run threads (a progress
+        # bar's refresher); Ctrl-C stops the workers at once (traces.worker_pool).
+        with WorkerPool(workers, initializer=_worker_start, initargs=(probe_plan,)) as pool:
             futures = [pool.submit(_worker_simulate, candidate, base, f"{name}-{i}")
                        for i, candidate in enumerate(candidates)]
             for i, future in enumerate(futures):

@@ -4,6 +4,7 @@ cannot be written; a runs CSV (predict-runs) that is empty, not UTF-8, a header 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from sim.calibration import read_megatron_csv
+from sim.cluster import load_cluster
+from sim.hardware import device_from_yaml
 from sim.plan import Plan
 from traces.errors import BundleError, ConfigError
 
@@ -142,3 +145,63 @@ def test_a_search_refusal_names_the_search_options_not_plan_fields(tmp_path: Pat
     done = paratwin("search", *args, "--cluster", "local-cpu-2", "--out", str(tmp_path / "s"))
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stdout + done.stderr
     assert done.stdout.rstrip().endswith(fix), done.stdout
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (("search", "--workload", "gpt2-small", "--cluster", "dgx-a100-8", "--top", "-1"),
+     "error: --top: Input should be greater than or equal to 0 (fix: write a number >= 0, not '-1')"),
+    (("search", "--workload", "gpt2-small", "--cluster", "dgx-a100-8", "--workers", "two"),
+     "error: --workers: Input should be a valid integer, unable to parse string as an integer (fix: write a whole "
+     "number, not 'two')"),
+    (("search", "--cluster", "dgx-a100-8"),
+     "error: --workload: Missing option '--workload' (fix: paratwin search --help lists what it takes)"),
+    (("simulate", "plan.yaml", "--bogus"),
+     "error: --bogus: No such option: --bogus (Possible options: --out) (fix: paratwin simulate --help lists what it "
+     "takes)"),
+    (("sweep",), "error: SPEC: Missing argument 'spec' (fix: paratwin sweep --help lists what it takes)"),
+    (("bogus",), "error: paratwin: No such command 'bogus' (fix: paratwin --help lists "
+                 "what it takes)"),
+    (("figures", "--out", "x", "--only"),
+     "error: --only: Option '--only' requires an argument (fix: paratwin --help lists what it takes)"),
+])
+def test_a_usage_error_is_one_line_with_a_fix(args: tuple, line: str) -> None:
+    """typer drew a box of several lines with no fix (`--top -1`, `--global-batch 0`, ...; an outside-in review)."""
+    done = paratwin(*args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert (done.stdout + done.stderr).strip() == line
+
+
+def test_help_and_no_arguments_still_print_the_help() -> None:
+    assert paratwin("simulate", "--help").returncode == 0
+    bare = paratwin()
+    assert bare.returncode == 2 and "Commands" in bare.stdout + bare.stderr
+
+
+def test_a_folder_where_a_file_is_expected_is_named_a_folder(tmp_path: Path) -> None:
+    """simulate DIR and a sweep base: DIR said "plan file not found", sweep DIR "sweep spec not found"."""
+    refused(paratwin("simulate", str(tmp_path)),
+            f"error: {tmp_path}: a folder, not a plan file (fix: pass the path of a .yaml or .json plan)")
+    refused(paratwin("sweep", str(tmp_path), "--out", str(tmp_path / "out")),
+            f"error: {tmp_path}: a folder, not a sweep spec (fix: pass the path of a YAML sweep spec)")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"name: s\nbase: {tmp_path}\n")
+    refused(paratwin("sweep", str(spec), "--out", str(tmp_path / "out")),
+            f"error: {tmp_path}: a folder, not a plan file (fix: pass the path of a .yaml or .json plan)")
+    with pytest.raises(ConfigError, match="a folder, not a cluster file"):
+        load_cluster(str(tmp_path))
+    with pytest.raises(ConfigError, match="a folder, not a device file"):
+        device_from_yaml(tmp_path)
+
+
+def test_yaml_that_does_not_parse_names_its_line_and_column(tmp_path: Path) -> None:
+    """It said only "while scanning for the next token" (an outside-in review): every YAML file read through
+    traces/strict_yaml.py (plans, sweep specs, cluster and device files) names where."""
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: s\nbase:\n\tdp: 2\n")  # a tab cannot start a token
+    where = "found character '\\t' that cannot start any token (line 3, column 1)"
+    refused(paratwin("sweep", str(broken), "--out", str(tmp_path / "out")),
+            f"error: {broken}: not valid YAML: {where} (fix: fix the syntax)")
+    refused(paratwin("simulate", str(broken)), f"error: {broken}: not valid YAML: {where} (fix: fix the syntax)")
+    for read in (lambda: load_cluster(str(broken)), lambda: device_from_yaml(broken)):
+        with pytest.raises(ConfigError, match=re.escape(f"not valid YAML: {where}")):
+            read()

@@ -201,3 +201,12 @@ def test_predictions_keep_the_input_as_written_and_name_a_missing_cell(tmp_path:
     lines = (tmp_path / "out" / "predictions.csv").read_text().splitlines()
     assert lines[1].startswith("8,32,4,1024,16,24,1024,2,2,2,219.7,first,") and lines[2].startswith(
         "8,32,4,1024,16,24,1024,2,2,,,,")
+
+
+def test_the_multinode_decomposition_prints_no_negative_zero() -> None:
+    """Row 4 (7.5B, tp 1) printed "-0.0" for its TP all-reduces: float noise below zero rounded to one decimal."""
+    done = subprocess.run([sys.executable, "benchmarks/megatron_multinode_comm.py", "--rows", "4"],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    row = done.stdout.splitlines()[-1].split()
+    assert row[:3] == ["7.5B", "128", "1"] and "-0.0" not in row, done.stdout

@@ -233,3 +233,74 @@ def test_sigint_to_the_sweep_alone_ends_its_workers_points(tmp_path: Path) -> No
     waited = time.monotonic() - started
     assert proc.returncode == 130 and "interrupted; 0 of" in output, output
     assert waited < SECONDS / 2, f"exited {waited:.0f} s after the SIGINT: it waited for the points in flight"
+
+
+@pytest.mark.parametrize(("grid", "where", "problem", "fields"), [
+    ({"schedule.bogus": [1, 2]}, "grid.schedule.bogus", "'bogus' is not a field of schedule", "microbatches"),
+    ({"bogus": [1, 2]}, "grid.bogus", "'bogus' is not a plan field", "parallelism"),
+    ({"workload.seq": [1]}, "grid.workload.seq", "workload is not a section", "parallelism"),
+    ({"memory.bogus": [1]}, "grid.memory.bogus", "'bogus' is not a field of memory", "ratio"),
+    ({"memory": [{"policy": "full", "bogus": 1}]}, "grid.memory", "'bogus' is not a field of memory", "ratio"),
+])
+def test_a_grid_key_that_is_no_plan_field_is_refused_before_running(grid: dict, where: str, problem: str,
+                                                                     fields: str) -> None:
+    """`schedule.bogus: [1, 2]` ran, recorded every point as an error and exited 0 (an outside-in review)."""
+    with pytest.raises(ConfigError) as refused:
+        SweepSpec.from_dict({"name": "t", "base": BASE, "grid": grid})
+    assert refused.value.field == f"sweep: {where}" and refused.value.problem == problem
+    assert fields in refused.value.fix
+
+
+def test_axes_and_points_are_checked_alike_and_fields_any_choice_takes_pass() -> None:
+    with pytest.raises(ConfigError, match=r"sweep: axes.technique.fast: 'bogus' is not a field of parallelism"):
+        SweepSpec.from_dict({"base": BASE, "axes": {"technique": {"fast": {"parallelism": {"bogus": 1}}}}})
+    with pytest.raises(ConfigError, match=r"sweep: points\[0\]: 'schedules' is not a plan field"):
+        SweepSpec.from_dict({"base": BASE, "points": [{"schedules": {"name": "1f1b"}}]})
+    # a field of some memory policy (stage-aware's ratio), a workload option, costs: the points decide
+    spec = SweepSpec.from_dict({"base": BASE, "grid": {"memory.ratio": [0.5], "workload_options.seq": [512]},
+                                "points": [{"name": "p", "costs": {"uniform": {"num_layers": 4}}}]})
+    assert len(spec.points) == 2
+
+
+def sweep_cli(spec: dict, tmp_path: Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    return subprocess.run([sys.executable, "-m", "analysis.cli", "sweep", str(spec_path), "--out",
+                           str(tmp_path / "out"), "--workers", "1"], capture_output=True, text=True, timeout=300,
+                          cwd=cwd, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+
+
+@pytest.mark.parametrize(("changes", "status", "line"), [
+    ({"parallelism": {"dp": 2, "tp": 3, "pp": 4}}, 2, "error: sweep t: no point is ok (2 error)"),
+    ({"schedule": {"name": "gpipe", "micro_batch": 64}}, 3, "error: sweep t: no point fits in memory (2 does-not-fit)"),
+])
+def test_a_sweep_with_no_point_ok_exits_non_zero(tmp_path: Path, changes: dict, status: int, line: str) -> None:
+    """It exited 0. The results are still written; 3 when every point does not fit, as simulate exits."""
+    done = sweep_cli({"name": "t", "base": {**BASE, **changes}, "grid": {"schedule.microbatches": [8, 16]}},
+                     tmp_path)
+    assert done.returncode == status, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[-1].startswith(line), done.stdout
+    assert len(pd.read_csv(tmp_path / "out" / "results.csv")) == 2
+
+
+def test_one_point_is_one_point(tmp_path: Path) -> None:
+    done = sweep_cli({"name": "t", "base": BASE}, tmp_path)
+    assert done.returncode == 0 and "sweep t: 1 point (1 ok);" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_relative_base_is_read_from_the_specs_folder_and_a_miss_names_it(tmp_path: Path) -> None:
+    """docs/figures.md said only "a plan file path"; the review read it from the current directory."""
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans" / "base.yaml").write_text(yaml.safe_dump(BASE))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = sweep_cli({"name": "t", "base": "plans/base.yaml"}, tmp_path, cwd=elsewhere)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # a path that exists from the current directory but not from the spec's folder: the fix names it
+    (elsewhere / "mine.yaml").write_text(yaml.safe_dump(BASE))
+    done = sweep_cli({"name": "t", "base": "mine.yaml"}, tmp_path, cwd=elsewhere)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout.strip() == (
+        f"error: {tmp_path / 'spec.yaml'}: base: no plan file mine.yaml in {tmp_path}, the spec's folder (a relative "
+        f"base is read from there) (fix: write base: elsewhere/mine.yaml, the file of that name in the current "
+        "directory)")

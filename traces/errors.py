@@ -33,6 +33,13 @@ class ConfigError(ParatwinError):
         return (type(self), (self.field, self.problem, self.fix))
 
 
+class Interrupted(ParatwinError):
+    """Ctrl-C (SIGINT) stopped a command; the message says what was kept and how to go on. The CLI exits
+    with 130, as a shell reports a process that SIGINT ended."""
+
+    exit_code = 130
+
+
 class NoPlanFits(ParatwinError):
     """A search none of whose plans fits in memory. Its outputs (ranked.parquet, summary.json) are still
     written; the CLI then exits with ``exit_code``, as ``simulate`` does for a plan that does not fit."""
