@@ -173,6 +173,8 @@ def run(
     warmup: Annotated[int, typer.Option(help="untimed iterations first")] = 1,
     backend: Annotated[str | None, typer.Option(help="gloo or nccl; default: nccl on CUDA, else gloo")] = None,
     timeout: Annotated[float, typer.Option(help="seconds without progress before the run is declared hung")] = 300,
+    frozen_after: Annotated[float, typer.Option(help="seconds a live rank's heartbeat may be silent before the run "
+                                                "is declared hung (a stopped process)")] = 60,
     force: Annotated[bool, typer.Option("--force", help="replace an earlier run's files in --out")] = False,
 ) -> None:
     """Run a plan for real with torch.distributed: every rank interprets its Program and times it."""
@@ -185,7 +187,7 @@ def run(
     # Without --out every run gets a folder of its own (runs/run-<name>, then -2, -3, ...).
     target = out or fresh_run_folder(Path("runs") / f"run-{safe_name(loaded.name)}")
     result = run_plan(loaded, nproc=nproc, backend=backend, iterations=iterations, warmup=warmup,
-                      out_dir=target, timeout_s=timeout, force=force)
+                      out_dir=target, timeout_s=timeout, force=force, frozen_after_s=frozen_after)
     times = result.iteration_times
     table = Table("figure", "value", title=f"run of {escape(loaded.name)} ({loaded.world_size} ranks)")
     table.add_row("iteration time (median)", f"{median(times) * 1e3:.3f} ms")
