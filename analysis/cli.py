@@ -115,7 +115,7 @@ def commbench(
     backend: Annotated[str | None, typer.Option(help="gloo or nccl; default: nccl on CUDA, else gloo")] = None,
 ) -> None:
     """Benchmark collectives and send/recv over a size sweep and fit latency + size/bandwidth."""
-    from exec.commbench import run_commbench
+    from exec.commbench import fit_quality_note, run_commbench
 
     sizes = []
     size = min_bytes
@@ -128,7 +128,7 @@ def commbench(
                   title="alpha-beta fits (time = latency + bytes / bandwidth; a rank's CPU alike)")
     for row in fits.itertuples():
         # A sweep of small messages alone cannot pin the bandwidth down: say so rather than print it.
-        note = "; ".join(n for n in (row.note, "poor fit: sweep larger sizes" if row.r2 < 0.5 else "") if n)
+        note = "; ".join(n for n in (row.note, fit_quality_note(row.r2)) if n)
         table.add_row(row.primitive, row.backend, str(row.world_size), f"{row.alpha_s * 1e6:.1f}",
                       f"{row.bandwidth_Bps / 1e9:.3g}", f"{row.r2:.2f}",
                       f"{row.cpu_alpha_s * 1e6:.0f} + {row.cpu_bandwidth_Bps / 1e9:.3g}", note)

@@ -19,7 +19,7 @@ import pytest
 from analysis.validation.calibration import ValidationCalibration, fit_calibration, with_calibration
 from analysis.validation.compare import iteration_stats, kind_comparison
 from analysis.validation.report import ValidationReport, format_report
-from analysis.validation.run import validate_plan
+from analysis.validation.run import validate_plan, validate_record
 from sim.compile import resolve_plan
 from sim.costs import UniformCosts
 from sim.plan import Plan
@@ -193,6 +193,47 @@ def test_fit_calibration_is_never_worse_than_none(dp_report: ValidationReport) -
     # On a measurement faster than the uncalibrated prediction no overhead helps: exactly none.
     faster = replace(dp_report, measured={**dp_report.measured, "median_s": 0.5 * predicted(0.0)})
     assert fit_calibration([faster], max_overhead_s=0.01).allreduce_overhead_s == 0.0
+
+
+def test_a_poor_communication_fit_is_noted_where_it_is_used(report: ValidationReport, tmp_path: Path) -> None:
+    """The report says of each fit it used what paratwin commbench says of it (exec.commbench.fit_quality_note):
+    a tiny plan's validation listed a send_recv fit of r2 -0.242 and a reduce_scatter of 1.1e15 GB/s without
+    a word (an outside-in review). The real validation's fits, whatever this machine gave them, then the same
+    run re-reported (validate_record) from its bundle with send_recv's fit made as poor as the review's."""
+    import shutil
+
+    from analysis.validation.comm import poor_fit_notes
+    from exec.commbench import POOR_FIT_R2, fit_quality_note
+    from traces.bundle import write_bundle
+
+    def noted(validated: ValidationReport) -> set[str]:
+        return {note.split(" fit (")[0] for note in validated.notes if " fit (2 ranks): poor fit" in note}
+
+    fits = report.comm_fits
+    assert noted(report) == set(fits.loc[fits["r2"] < POOR_FIT_R2, "primitive"])
+    table = report.paths["report_md"].read_text()
+    for row in fits.itertuples(index=False):
+        assert f"| {row.r2:.3f} | {fit_quality_note(row.r2)} |" in table
+
+    bundle = read_bundle(report.profile)
+    bundle.comm_fits.loc[bundle.comm_fits["primitive"] == "send_recv", "r2"] = -0.242
+    poor = tmp_path / "poor-profile"
+    shutil.copytree(report.profile, poor)
+    write_bundle(bundle, poor)
+    again = validate_record(Plan.from_dict(PLAN), report.out_dir / "run", poor, tmp_path / "again")
+    assert "send_recv" in noted(again)
+    [note] = [n for n in again.notes if n.startswith("send_recv fit")]
+    # validate's sweep spans the plan's messages, which the samples then price, not the line
+    assert note.startswith("send_recv fit (2 ranks): poor fit: sweep larger sizes (r2 -0.242); its bandwidth")
+    assert note.endswith("every communication size of the plan lies within them"), note
+    assert note in json.loads(again.paths["report_json"].read_text())["notes"]
+    assert f"- {note}" in again.paths["report_md"].read_text()
+    # a size beyond the sweep (another plan's fits, comm_fits_from) is priced by the line: said so
+    smallest, largest = int(bundle.comm_samples["bytes"].min()), int(bundle.comm_samples["bytes"].max())
+    [beyond] = [n for n in poor_fit_notes(bundle.comm_fits, bundle.comm_samples, [smallest, 10 * largest])
+                if n.startswith("send_recv")]
+    assert beyond.endswith(f"1 of the plan's 2 communication sizes lie outside them ({10 * largest}-"
+                           f"{10 * largest} B), where the line prices them"), beyond
 
 
 def test_report_loads_back_as_written(report: ValidationReport) -> None:
