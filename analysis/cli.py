@@ -151,7 +151,7 @@ def commbench(
     backend: Annotated[str | None, typer.Option(help="gloo or nccl; default: nccl on CUDA, else gloo")] = None,
 ) -> None:
     """Benchmark collectives and send/recv over a size sweep and fit latency + size/bandwidth."""
-    from exec.commbench import run_commbench
+    from exec.commbench import fit_quality_note, run_commbench
 
     sizes = []
     size = min_bytes
@@ -164,7 +164,7 @@ def commbench(
                   title="alpha-beta fits (time = latency + bytes / bandwidth; a rank's CPU alike)")
     for row in fits.itertuples():
         # A sweep of small messages alone cannot pin the bandwidth down: say so rather than print it.
-        note = "; ".join(n for n in (row.note, "poor fit: sweep larger sizes" if row.r2 < 0.5 else "") if n)
+        note = "; ".join(n for n in (row.note, fit_quality_note(row.r2)) if n)
         table.add_row(row.primitive, row.backend, str(row.world_size), f"{row.alpha_s * 1e6:.1f}",
                       f"{row.bandwidth_Bps / 1e9:.3g}", f"{row.r2:.2f}",
                       f"{row.cpu_alpha_s * 1e6:.0f} + {row.cpu_bandwidth_Bps / 1e9:.3g}", note)
@@ -209,6 +209,8 @@ def run(
     warmup: Annotated[int, typer.Option(help="untimed iterations first")] = 1,
     backend: Annotated[str | None, typer.Option(help="gloo or nccl; default: nccl on CUDA, else gloo")] = None,
     timeout: Annotated[float, typer.Option(help="seconds without progress before the run is declared hung")] = 300,
+    frozen_after: Annotated[float, typer.Option(help="seconds a live rank's heartbeat may be silent before the run "
+                                                "is declared hung (a stopped process)")] = 60,
     force: Annotated[bool, typer.Option("--force", help="replace an earlier run's files in --out")] = False,
 ) -> None:
     """Run a plan for real with torch.distributed: every rank interprets its Program and times it."""
@@ -221,7 +223,7 @@ def run(
     # Without --out every run gets a folder of its own (runs/run-<name>, then -2, -3, ...).
     target = out or fresh_run_folder(Path("runs") / f"run-{safe_name(loaded.name)}")
     result = run_plan(loaded, nproc=nproc, backend=backend, iterations=iterations, warmup=warmup,
-                      out_dir=target, timeout_s=timeout, force=force)
+                      out_dir=target, timeout_s=timeout, force=force, frozen_after_s=frozen_after)
     times = result.iteration_times
     table = Table("figure", "value", title=f"run of {escape(loaded.name)} ({loaded.world_size} ranks)")
     table.add_row("iteration time (median)", f"{median(times) * 1e3:.3f} ms")

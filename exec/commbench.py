@@ -164,6 +164,17 @@ def _fit_one(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     return alpha, bandwidth, r2
 
 
+# Below this r2 a fit's line explains too little of the swept times to say what the link's bandwidth is (a
+# sweep of small messages is latency and noise): commbench prints a note beside such a fit, and a
+# validation report beside the fits it used (analysis.validation.comm.poor_fit_notes).
+POOR_FIT_R2 = 0.5
+
+
+def fit_quality_note(r2: float) -> str:
+    """What commbench says of a fit of ``r2``: "" unless the fit is poor (NaN, no fit at all, is not judged)."""
+    return "poor fit: sweep larger sizes" if r2 < POOR_FIT_R2 else ""
+
+
 def write_comm_results(out: Path, samples: pd.DataFrame, fits: pd.DataFrame, settings: dict) -> Path:
     """Store a benchmark as a directory: samples, fits and a manifest with the environment."""
     tables = {"comm_samples": (samples, COMM_SAMPLE_TABLE), "comm_fits": (fits, COMM_FIT_TABLE)}

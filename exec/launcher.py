@@ -9,8 +9,10 @@ A watchdog polls the ranks every 0.1 s. A rank that exits with an error stops th
 the others are terminated and ``RunFailed`` names the rank, the iteration and the instruction it
 was executing (from its error file, or its heartbeat when it died without one). A run in which no
 rank completes an instruction for ``timeout_s`` seconds is declared hung and stopped the same way
-(the process groups carry the same timeout, so a rank blocked in a collective fails too). Either
-way the iterations already measured are written as a run record before the error is raised.
+(the process groups carry the same timeout, so a rank blocked in a collective fails too), and so is
+a run in which a live rank's heartbeat has been silent for ``frozen_after_s`` (a stopped or starved
+process: its peers then wait on it, and ``timeout_s`` would only say so minutes later). Either way
+the iterations already measured are written as a run record before the error is raised.
 
 Lifecycle: the plan is checked here, once, before any rank starts. The output folder is locked
 and claimed (``traces.outdir``): a second run into it is refused, nothing the run did not write
@@ -53,6 +55,14 @@ POLL_S = 0.1
 STARTUP_GRACE_S = 120.0  # time allowed for a rank to import, rendezvous and build its stages
 PARENT_POLL_S = 0.5  # how often a rank checks that its parent and the launcher still live
 STALE_S = 3.0  # a heartbeat older than this (it is rewritten every 0.2 s) means a frozen process
+# A live rank whose heartbeat is this old ends the run (``--frozen-after``). The heartbeat is a thread of
+# the rank (exec.rank.Heartbeat), so a long torch operation does not silence it (torch releases the GIL
+# in its kernels, gloo and NCCL in their waits); what can is the process not running at all (SIGSTOP, a
+# debugger, the kernel's swapping) or a machine so loaded that the thread is not scheduled. Measured here:
+# the oldest heartbeat seen over 300 iterations of gpt-tiny pp2, polled every 50 ms at load average 9-14
+# on 2 cores, was 1.2 s. 60 s leaves 50 times that for a busier machine or a slow shared file system
+# under --out, and still ends a stopped run 4 minutes before the default --timeout of 300 s.
+FROZEN_AFTER_S = 60.0
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -157,7 +167,7 @@ def _alive(pid: int) -> bool:
 def run_plan(plan: Plan | str | Path, nproc: int | None = None, backend: str | None = None,
              iterations: int = 5, warmup: int = 1, out_dir: Path | None = None, timeout_s: float = 300, *,
              save_params: bool = False, threads: int = 1, force: bool = False,
-             measured: Measured | None = None) -> RunResult:
+             measured: Measured | None = None, frozen_after_s: float = FROZEN_AFTER_S) -> RunResult:
     """Run ``plan`` for ``warmup + iterations`` training iterations on this machine.
 
     ``nproc`` defaults to the plan's world size (and must equal it). Results go to ``out_dir``
@@ -166,7 +176,9 @@ def run_plan(plan: Plan | str | Path, nproc: int | None = None, backend: str | N
     ``heartbeat/``, ``errors/`` and, with ``save_params``, ``params/rank<r>.pt``. A folder that
     already holds a run's outputs is refused unless ``force`` (then that run's files are replaced);
     one that holds anything else under those names is always refused. ``measured``: the structural
-    measurements ``check_runs_here`` returned for this plan's workload, not taken again.
+    measurements ``check_runs_here`` returned for this plan's workload, not taken again. The run is
+    declared hung when no rank finishes an instruction for ``timeout_s``, or when a live rank writes
+    no heartbeat for ``frozen_after_s`` (at least ``STALE_S``: below it a busy machine's delays count).
     """
     if not isinstance(plan, Plan):
         plan = Plan.load(plan)
@@ -179,6 +191,10 @@ def run_plan(plan: Plan | str | Path, nproc: int | None = None, backend: str | N
                           "e.g. --iterations 5 --warmup 1")
     if not timeout_s > 0:  # 0 declared the run hung at once; a negative one failed inside gloo on every rank
         raise ConfigError("timeout", f"must be a positive number of seconds, got {timeout_s}", "e.g. --timeout 300")
+    if not frozen_after_s >= STALE_S:
+        raise ConfigError("frozen-after", f"must be at least {STALE_S:g} s (a heartbeat is rewritten every 0.2 s, "
+                          f"and a busy machine delays it by a second or more), got {frozen_after_s}",
+                          f"e.g. --frozen-after {FROZEN_AFTER_S:g}")
     backend = pick_backend(backend)
     measured = check_runs_here(plan, measured)
     out_dir = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="paratwin-run-"))
@@ -188,7 +204,7 @@ def run_plan(plan: Plan | str | Path, nproc: int | None = None, backend: str | N
     options = RunOptions(iterations, warmup, backend, 1.5 * float(timeout_s) + 5.0, save_params, threads)
     with OutputLock(out_dir):
         claim_run_folder(out_dir, force)
-        return _launch(plan, out_dir, options, float(timeout_s), measured)
+        return _launch(plan, out_dir, options, _Limits(float(timeout_s), float(frozen_after_s)), measured)
 
 
 def check_runs_here(plan: Plan, measured: Measured | None = None) -> Measured:
@@ -201,7 +217,16 @@ def check_runs_here(plan: Plan, measured: Measured | None = None) -> Measured:
     return executable.structure.measured
 
 
-def _launch(plan: Plan, out_dir: Path, options: RunOptions, timeout_s: float, measured: Measured) -> RunResult:
+@dataclass(frozen=True)
+class _Limits:
+    """When the watchdog declares a run hung: no progress for ``timeout_s``, or a live rank's heartbeat
+    silent for ``frozen_after_s``."""
+
+    timeout_s: float
+    frozen_after_s: float
+
+
+def _launch(plan: Plan, out_dir: Path, options: RunOptions, limits: _Limits, measured: Measured) -> RunResult:
     world = plan.world_size
     rendezvous = out_dir / RENDEZVOUS_NAME
     shutil.rmtree(rendezvous, ignore_errors=True)
@@ -218,7 +243,7 @@ def _launch(plan: Plan, out_dir: Path, options: RunOptions, timeout_s: float, me
         try:
             for p in processes:
                 p.start()
-            failure = _watch(processes, out_dir, timeout_s)
+            failure = _watch(processes, out_dir, limits)
         except (KeyboardInterrupt, _Signalled) as exc:
             signum = getattr(exc, "signum", int(signal.SIGINT))
             failure = f"run interrupted by {signal.Signals(signum).name}"
@@ -303,7 +328,7 @@ def _where(beat: dict | None, now: float) -> str:
     return where + ")"
 
 
-def _watch(processes: list, out_dir: Path, timeout_s: float) -> str | None:
+def _watch(processes: list, out_dir: Path, limits: _Limits) -> str | None:
     """None when every rank exited cleanly, else the failure message."""
     progress, progress_at = -1, time.time()
     while True:
@@ -318,13 +343,23 @@ def _watch(processes: list, out_dir: Path, timeout_s: float) -> str | None:
         done = sum(b["done"] for b in beats.values() if b)
         if done != progress:
             progress, progress_at = done, time.time()
-        limit = timeout_s if progress > 0 else max(timeout_s, STARTUP_GRACE_S)
+        limit = limits.timeout_s if progress > 0 else max(limits.timeout_s, STARTUP_GRACE_S)
         now = time.time()
+        # A rank that has exited (or not yet written a heartbeat) is not frozen: the checks above judge it.
+        frozen = [r for r, b in beats.items() if b and codes[r] is None and now - b["time"] > limits.frozen_after_s]
+        if frozen:
+            silent = max(now - beats[r]["time"] for r in frozen)
+            return (f"run hung: rank {', '.join(map(str, frozen))} wrote no heartbeat for {silent:.0f} s "
+                    f"(frozen after {limits.frozen_after_s:g} s): {_positions(beats, now)}")
         if now - progress_at > limit:
-            stuck = "; ".join(f"rank {r} {_where(b, now)}" for r, b in beats.items())
             return (f"run hung: no rank finished an instruction for {now - progress_at:.0f} s "
-                    f"(timeout {timeout_s:g} s): {stuck}")
+                    f"(timeout {limits.timeout_s:g} s): {_positions(beats, now)}")
         time.sleep(POLL_S)
+
+
+def _positions(beats: dict, now: float) -> str:
+    """Every rank's instruction and for how long, frozen ones named so (``_where``)."""
+    return "; ".join(f"rank {r} {_where(b, now)}" for r, b in beats.items())
 
 
 def _failure_message(failed: list[int], processes: list, out_dir: Path, beats: dict) -> str:
@@ -367,6 +402,8 @@ def _stop(processes: list) -> None:
     for p in processes:
         if p.is_alive():
             p.terminate()
+            with contextlib.suppress(ProcessLookupError):  # a stopped rank acts on SIGTERM once continued
+                os.kill(p.pid, signal.SIGCONT)
     deadline = time.time() + 5.0
     for p in processes:
         p.join(max(0.0, deadline - time.time()))

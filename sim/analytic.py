@@ -26,7 +26,7 @@ from typing import Any
 from sim.cluster import ClusterSpec
 from sim.collectives import collective_time
 from sim.hardware import ELEMENT_BYTES, DeviceSpec, normalize_dtype
-from sim.workloads import ATTENTION_IMPLEMENTATIONS, GRAD_ACCUMULATIONS, LayerSpec
+from sim.workloads import ATTENTION_IMPLEMENTATIONS, GRAD_ACCUMULATIONS, LayerSpec, tp_rank_params
 from traces.errors import ConfigError
 
 # Bytes of one activation element, by compute dtype. tf32 computes on fp32 storage; fp8 training
@@ -681,7 +681,7 @@ class AnalyticCostModel:
         b, t = micro_batch, tp
         act = ACTIVATION_BYTES[self.dtype]
         p_b, g_b, o_b = STATE_BYTES[self.dtype]
-        params = math.ceil(layer.params / t)
+        params = tp_rank_params(layer, t)
         saved = (layer.saved_elems - layer.saved_elems_sharded) + layer.saved_elems_sharded / t
         out = b * layer.output_elems
         # Under sequence parallelism an embedding's or a block's output lives in the sequence-split region:
@@ -736,9 +736,8 @@ class AnalyticCostModel:
                     if self.attention == "unfused" and layer.kind == "block" else 0.0
                 selective_bytes, selective_s = (b * kept + scores) * act, k.selective_recompute_s
             if layer.kind in ("head", "embedding"):  # the vocabulary as Megatron pads and splits it
-                s_, h_ = int(layer.extra["seq"]), int(layer.extra["hidden"])
                 v = padded_vocab(int(layer.extra["vocab"]), t)
-                params = v // t * h_ + (2 * h_ if layer.kind == "head" else s_ * h_)
+                params = v // t * int(layer.extra["hidden"]) + layer.params_replicated
         n_ar = layer.tp_allreduces if t > 1 else 0
         n_ar_bwd = n_ar if layer.tp_in_backward else 0
         comm_fwd, comm_bwd = n_ar * out * act, n_ar_bwd * out * act
@@ -752,12 +751,11 @@ class AnalyticCostModel:
         overlap = column_wgrad if self.tp_backward_overlap and n_ar_bwd else ()
         regathers = len(column_dgrad) if sequence_parallel and n_ar_bwd else 0
         regather_overlap = column_dgrad if regathers and self.tp_backward_overlap else ()
-        # Parameters that see only the rank's 1/t of the sequence (sim.costs.LayerCosts.sp_grad_bytes):
-        # a block's two LayerNorms (weight and bias, 4 h) and its two row-parallel biases (proj, fc2:
-        # 2 h); the LM head's final LayerNorm (2 h), which runs on the shard before the gather.
-        sp_elems = 0
-        if split_region and "hidden" in layer.extra:
-            sp_elems = {"block": 6, "head": 2}.get(layer.kind, 0) * int(layer.extra["hidden"])
+        # Parameters that see only the rank's 1/t of the sequence (sim.costs.LayerCosts.sp_grad_bytes): the
+        # ones TP holds whole in the sequence-parallel region, a block's two LayerNorms and its two
+        # row-parallel biases (sim.workloads.block_replicated_params); the LM head's final LayerNorm, which
+        # runs on the shard before the gather. (Not the embedding's position table: it runs before the scatter.)
+        sp_elems = layer.params_replicated if split_region and layer.kind in ("block", "head") else 0
         return LayerCosts(
             fwd_s=fwd,
             bwd_input_s=bwd_i,

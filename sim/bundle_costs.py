@@ -2,21 +2,22 @@
 
 The bundle was taken at one micro-batch size; times and activation bytes scale linearly with the
 micro-batch (exact for activations; for time, an approximation that improves with size and that
-validation measures). Under TP degree t, a transformer block's compute and parameters divide by
-t and each pass all-reduces its output twice (attention and MLP, as ``exec`` shards them);
-embedding and head layers are replicated on TP ranks (``exec`` does not shard them).
+validation measures). Under TP degree t, a transformer block's compute divides by t, its parameters
+as ``sim.workloads.tp_rank_params`` says (LayerNorms and row-parallel biases whole on every rank), and
+each pass all-reduces its output twice (attention and MLP, as ``exec`` shards them); embedding and
+head layers are replicated on TP ranks (``exec`` does not shard them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from sim.costs import LayerCosts
 from sim.meeting import sd_from_spread
-from sim.workloads import ADDED_CONFIG_FIELDS, UNPROFILED_OPTIONS, USER, workload_family
+from sim.workloads import ADDED_CONFIG_FIELDS, UNPROFILED_OPTIONS, USER, LayerSpec, tp_rank_params, workload_family
 from traces.bundle import ProfileBundle, profile_command, read_bundle
 from traces.errors import ConfigError
 
@@ -29,14 +30,18 @@ _TIMED_PHASES = ("fwd", "bwd", "bwd_input", "bwd_weight", "recompute")
 
 class BundleCostModel:
     def __init__(self, bundle: ProfileBundle, source: str = "bundle",
-                 grad_accumulate: Callable[[int], float] | None = None) -> None:
+                 grad_accumulate: Callable[[int], float] | None = None,
+                 specs: Sequence[LayerSpec] | None = None) -> None:
         """``grad_accumulate``: seconds of the plan's weight-gradient accumulation pass over a layer's
         gradient bytes (``sim.analytic.grad_accumulation_s``; None: no pass, ``fused``). Priced on top of
         the measured backward, which never includes it: the profiler times a backward with
         ``torch.autograd.grad``, which returns fresh gradients and never adds into ``.grad``
-        (exec/profiler.py, ``_LayerProbe.backward``)."""
+        (exec/profiler.py, ``_LayerProbe.backward``). ``specs``: the workload's layers
+        (``sim.workloads.transformer_layers``), which say what of a block's measured parameters TP
+        splits; a bundle does not record it, and costs under TP need it."""
         self.bundle, self.source = bundle, source
         self.grad_accumulate = grad_accumulate
+        self.specs = specs
         self.layers: pd.DataFrame = bundle.layers.sort_values("layer").reset_index(drop=True)
         self.num_layers = len(self.layers)
         settings = bundle.meta.get("settings", {})
@@ -66,8 +71,9 @@ class BundleCostModel:
                              for layer, rows in by_layer if layer in merged.index}
 
     @classmethod
-    def load(cls, directory: str | Path, grad_accumulate: Callable[[int], float] | None = None) -> BundleCostModel:
-        return cls(read_bundle(Path(directory)), source=str(directory), grad_accumulate=grad_accumulate)
+    def load(cls, directory: str | Path, grad_accumulate: Callable[[int], float] | None = None,
+             specs: Sequence[LayerSpec] | None = None) -> BundleCostModel:
+        return cls(read_bundle(Path(directory)), source=str(directory), grad_accumulate=grad_accumulate, specs=specs)
 
     def check_describes(self, workload: str, options: Mapping[str, object], config: Mapping[str, object] | None,
                         num_layers: int | None, dtype: str, device_kind: str) -> None:
@@ -119,16 +125,17 @@ class BundleCostModel:
         sharded = row["kind"] == "block" and tp > 1
         compute_share = 1.0 / tp if sharded else 1.0
         saved_share = (1.0 - _BLOCK_SHARDED_FRACTION + _BLOCK_SHARDED_FRACTION / tp) if sharded else 1.0
-        grad_bytes = int(row["grad_bytes"] * compute_share)
+        param_share = self._param_share(layer, tp) if sharded else 1.0
+        grad_bytes = round(row["grad_bytes"] * param_share)
         return LayerCosts(
             fwd_s=row["fwd_s"] * scale * compute_share,
             bwd_input_s=row["bwd_input_s"] * scale * compute_share,
             bwd_weight_s=row["bwd_weight_s"] * scale * compute_share,
             recompute_s=row["recompute_s"] * scale * compute_share,
-            param_bytes=int(row["param_bytes"] * compute_share),
+            param_bytes=round(row["param_bytes"] * param_share),
             grad_bytes=grad_bytes,
             grad_accumulate_s=self.grad_accumulate(grad_bytes) if self.grad_accumulate is not None else 0.0,
-            optimizer_bytes=int(row["optimizer_bytes"] * compute_share),
+            optimizer_bytes=round(row["optimizer_bytes"] * param_share),
             saved_bytes=int(row["saved_bytes"] * scale * saved_share),
             output_bytes=int(row["output_bytes"] * scale),
             tp_allreduces=2 if sharded else 0,
@@ -148,6 +155,15 @@ class BundleCostModel:
             **{f"{phase}_offsets_s": tuple(v * scale * compute_share for v in offsets)
                for phase, offsets in self._offsets.get(int(row["layer"]), {}).items()},
         )
+
+    def _param_share(self, layer: int, tp: int) -> float:
+        """The share of a sharded layer's measured parameter bytes (and so of its gradient and optimizer
+        bytes) one TP rank holds: ``tp_rank_params`` over the whole layer's parameters."""
+        if self.specs is None:
+            raise ValueError(f"{self.source}: costs under tensor parallelism need the workload's layer specs "
+                             "(BundleCostModel(specs=...)): a bundle does not record which parameters TP splits")
+        spec = self.specs[layer]
+        return tp_rank_params(spec, tp) / spec.params
 
     def _shared_input(self, layer: int) -> int:
         """The layer's saved input that the previous layer saves as its output (the profiler's

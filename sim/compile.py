@@ -67,12 +67,12 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
     # A profile measured on this hardware brings its communication fits, whatever computes the costs.
     if plan.profile is not None:
         _check_profile_folder(plan, cluster.device.kind)
-    bundle_costs = BundleCostModel.load(plan.profile, _accumulation_pass(transformer, cluster, plan.dtype)) \
+    specs = transformer_layers(transformer) if transformer is not None else None
+    bundle_costs = BundleCostModel.load(plan.profile, _accumulation_pass(transformer, cluster, plan.dtype), specs) \
         if plan.profile is not None else None
     if bundle_costs is not None:
-        layers = len(transformer_layers(transformer)) if transformer is not None else None
-        bundle_costs.check_describes(plan.workload, plan.workload_options, config, layers, plan.dtype,
-                                     cluster.device.kind)
+        bundle_costs.check_describes(plan.workload, plan.workload_options, config,
+                                     len(specs) if specs is not None else None, plan.dtype, cluster.device.kind)
     fits = bundle_costs.bundle.comm_fits if bundle_costs is not None else None
     samples = bundle_costs.bundle.comm_samples if bundle_costs is not None else None
     if costs is None:
@@ -88,7 +88,7 @@ def resolve_plan(plan: Plan, costs: CostModel | None = None) -> ResolvedPlan:
         elif transformer is not None:
             from sim.analytic_costs import AnalyticCosts
 
-            costs = AnalyticCosts(transformer_layers(transformer), cluster.device, plan.dtype, cluster,
+            costs = AnalyticCosts(specs, cluster.device, plan.dtype, cluster,
                                   attention=transformer.attention,
                                   grad_accumulation=transformer.grad_accumulation)
         else:

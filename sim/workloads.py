@@ -94,8 +94,9 @@ class LayerSpec:
 
     FLOPs count a multiply-add as two. ``*_elems`` are element counts (multiply by the dtype size);
     the ``tp_*`` fields say how the layer behaves under tensor parallelism of degree t: its
-    matmul FLOPs, parameters and sharded activations divide by t, and each forward (and each
-    backward) all-reduces ``tp_allreduces`` tensors of the output's size across the t ranks.
+    matmul FLOPs, sharded parameters (``tp_rank_params``) and sharded activations divide by t, and
+    each forward (and each backward) all-reduces ``tp_allreduces`` tensors of the output's size
+    across the t ranks.
     """
 
     name: str
@@ -105,6 +106,7 @@ class LayerSpec:
     output_elems: int
     saved_elems: int
     saved_elems_sharded: int = 0  # part of saved_elems that divides by the TP degree
+    params_replicated: int = 0  # part of params that every TP rank holds whole (tp_rank_params)
     tp_allreduces: int = 0
     # Whether each backward all-reduces as many (False: the forward only, as Megatron's
     # vocabulary-parallel embedding, whose reduction is the identity backward).
@@ -128,6 +130,22 @@ class LayerSpec:
     def flops_bwd(self) -> int:
         # Backward of a matmul costs two matmuls of the forward's size: input and weight grads.
         return 2 * self.flops_fwd
+
+
+def tp_rank_params(spec: LayerSpec, tp: int) -> int:
+    """Parameters one of ``tp`` tensor-parallel ranks holds of the layer: its replicated ones whole, the
+    rest split. The one rule behind every per-rank parameter, gradient, optimizer-state and gradient
+    all-reduce size of a TP plan (sim.analytic and sim.bundle_costs both apply it)."""
+    return spec.params_replicated + math.ceil((spec.params - spec.params_replicated) / tp)
+
+
+def block_replicated_params(hidden: int) -> int:
+    """Parameters of a transformer block that tensor parallelism does not split: the two LayerNorms'
+    weights and biases (4h) and the biases of the row-parallel proj and fc2 (2h), which are added once,
+    after the all-reduce, so every rank holds them whole. So Megatron-LM holds them (megatron/mpu/
+    layers.py at v2.5, RowParallelLinear: ``self.bias = Parameter(torch.empty(self.output_size))``, the
+    whole output; LayerNorm outside the parallel layers) and so does this runtime (exec.parallel.tp)."""
+    return 6 * hidden
 
 
 # Sources: gpt2-* : Radford et al. 2019 (GPT-2), vocabulary 50,257, context 1,024.
@@ -385,9 +403,10 @@ def transformer_layers(cfg: TransformerConfig) -> list[LayerSpec]:
     # (mappings.py, _ReduceFromModelParallelRegion): one all-reduce forward, none backward. This
     # runtime keeps a dense table replicated instead (exec.parallel.tp) and its profiles and
     # structure charge nothing (sim.bundle_costs, exec.structure); docs/embrace.md.
-    embed = LayerSpec("embed", "embedding", params=v * h + s * h, flops_fwd=0, output_elems=s * h,
-                      saved_elems=s, saved_elems_sharded=0, tp_allreduces=1, tp_in_backward=False, selective_elems=s,
-                      extra=dict(shape))
+    # Megatron splits only the word table by vocabulary; the position table (s h) is whole on every rank.
+    embed = LayerSpec("embed", "embedding", params=v * h + s * h, params_replicated=s * h, flops_fwd=0,
+                      output_elems=s * h, saved_elems=s, saved_elems_sharded=0, tp_allreduces=1,
+                      tp_in_backward=False, selective_elems=s, extra=dict(shape))
     block_params = (3 * h * h + 3 * h) + (h * h + h) + (2 * h * f + f + h) + 4 * h
     block_flops = 8 * s * h * h + 4 * s * h * f + 4 * s * s * h
     block_saved = 8 * s * h + 2 * s * f + a * s + 4 * s
@@ -397,14 +416,16 @@ def transformer_layers(cfg: TransformerConfig) -> list[LayerSpec]:
     block_selective = 7 * s * h + s * f + a * s
     block_selective_sharded = 3 * s * h + s * h + a * s + s * f
     blocks = [
-        LayerSpec(f"block{i}", "block", params=block_params, flops_fwd=block_flops, output_elems=s * h,
+        LayerSpec(f"block{i}", "block", params=block_params, params_replicated=block_replicated_params(h),
+                  flops_fwd=block_flops, output_elems=s * h,
                   saved_elems=block_saved, saved_elems_sharded=block_sharded, tp_allreduces=2,
                   selective_elems=block_selective, selective_elems_sharded=block_selective_sharded, extra=dict(shape))
         for i in range(cfg.num_layers)
     ]
-    # Head: final LN, projection to the vocabulary, cross-entropy (its log-softmax output is saved).
-    head = LayerSpec("head", "head", params=2 * h + h * v, flops_fwd=2 * s * h * v, output_elems=1,
-                     saved_elems=2 * s * h + 3 * s + s * v, saved_elems_sharded=s * v, tp_allreduces=1,
+    # Head: final LN, projection to the vocabulary, cross-entropy (its log-softmax output is saved). Under
+    # Megatron's TP the projection is split by vocabulary, the final LN (2 h) held whole.
+    head = LayerSpec("head", "head", params=2 * h + h * v, params_replicated=2 * h, flops_fwd=2 * s * h * v,
+                     output_elems=1, saved_elems=2 * s * h + 3 * s + s * v, saved_elems_sharded=s * v, tp_allreduces=1,
                      sequence_split_elems=s * h + 2 * s,
                      selective_elems=s * h + 2 * s * v + s, selective_elems_sharded=2 * s * v, extra=dict(shape))
     return [embed, *blocks, head]

@@ -65,18 +65,22 @@ def instructions(table: pd.DataFrame) -> list[tuple]:
     return sorted(rows.itertuples(index=False, name=None))
 
 
-def check_tables_agree(folder: Path) -> None:
-    """The spine: the run ran the validated plan, and each of its measured iterations holds exactly the
-    instructions of the simulator's prediction (both interpret one Program)."""
+def check_tables_agree(folder: Path, iterations: range = range(WARMUP, WARMUP + ITERATIONS)) -> None:
+    """The spine: the run of a validation folder ran the validated plan, and each of its measured
+    ``iterations`` holds exactly the instructions of the simulator's prediction (both interpret one
+    Program), every row's bytes included. tests/test_validate.py checks its validations with it too."""
     plan = Plan.load(folder / "plan.yaml")
     run = read_run_record(folder / "run" / "record")
     assert run.summary["plan"] == plan.model_dump(mode="json"), f"{folder.name}: the run is of another plan"
     predicted = instructions(pd.read_parquet(folder / "prediction" / "instructions.parquet"))
     assert predicted, f"{folder.name}: empty prediction"
     measured = run.instructions
-    assert sorted(measured["iteration"].unique()) == list(range(WARMUP, WARMUP + ITERATIONS)), folder.name
+    assert sorted(measured["iteration"].unique()) == list(iterations), folder.name
     for iteration, rows in measured.groupby("iteration"):
-        assert instructions(rows) == predicted, f"{folder.name}: iteration {iteration} ran other instructions"
+        ran = instructions(rows)
+        assert ran == predicted, (f"{folder.name}: iteration {iteration} ran other instructions; ran, not predicted "
+                                  f"(first 3): {sorted(set(ran) - set(predicted))[:3]}; predicted, not ran: "
+                                  f"{sorted(set(predicted) - set(ran))[:3]} ({INSTRUCTION_KEY})")
 
 
 def _report(folder: Path) -> dict[str, Any]:

@@ -102,6 +102,18 @@ def test_a_run_timeout_that_is_not_positive_is_refused_before_starting(tmp_path:
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("frozen_after", [1.0, float("nan")])
+def test_a_frozen_after_below_a_stale_heartbeat_is_refused_before_starting(tmp_path: Path,
+                                                                            frozen_after: float) -> None:
+    """Below 3 s (the age at which a heartbeat counts as stale) a busy machine's delays would end a healthy run."""
+    from exec.launcher import run_plan
+
+    with pytest.raises(ConfigError, match=r"^frozen-after: must be at least 3 s .* \(fix: e.g. --frozen-after 60\)"):
+        run_plan(REPO / "examples" / "plans" / "gpt-tiny-pp2-1f1b.yaml", out_dir=tmp_path / "run",
+                 frozen_after_s=frozen_after)
+    assert not (tmp_path / "run").exists()
+
+
 def test_simulate_takes_a_plan_or_its_path_and_refuses_other_objects() -> None:
     """A path or a dict was an AttributeError deep inside ('str' object has no attribute 'cluster')."""
     from sim.simulate import simulate

@@ -90,8 +90,11 @@ def test_every_tp_group_of_a_multi_node_row_stays_inside_a_node() -> None:
 # the rows recompute as Megatron checkpoints (the transformer layers re-run inside the backward, the
 # embedding and the LM head not; accuracy section 27): every row 1.1-24.5 ms faster in both predictors
 # (before: 0.4063610610321636, 0.2127660973822562, 0.049355278004476734, 0.27930596341470754, 0.526023898953053).
-PINNED = [(0, 0.3818958108355361, 0.3818958108355363), (1, 0.20035451498084167, 0.2003545149808416),
-          (18, 0.04828654322761324, 0.04828654322761329), (22, 0.26703905432097125, 0.2670390543209714),
+# Since a TP rank holds a block's LayerNorms and row-parallel biases whole (sim.workloads.tp_rank_params, as
+# Megatron-LM does), the tp > 1 rows' gradients and optimizer state are a little larger: tp 2 +0.97 us, tp 8
+# +2.1 us in both predictors (before: 0.20035451498084167 / ...416 and 0.04828654322761324 / ...329).
+PINNED = [(0, 0.3818958108355361, 0.3818958108355363), (1, 0.2003554860849708, 0.20035548608497075),
+          (18, 0.04828865249686288, 0.04828865249686293), (22, 0.26703905432097125, 0.2670390543209714),
           (1439, 0.5014900807655805, 0.5014900807655813)]
 
 

@@ -19,12 +19,12 @@ import pytest
 from analysis.validation.calibration import ValidationCalibration, fit_calibration, with_calibration
 from analysis.validation.compare import iteration_stats, kind_comparison
 from analysis.validation.report import ValidationReport, format_report
-from analysis.validation.run import validate_plan
+from analysis.validation.run import validate_plan, validate_record
 from sim.compile import resolve_plan
 from sim.costs import UniformCosts
 from sim.plan import Plan
 from sim.simulate import simulate
-from tests.demo_output import MEMORY_TOLERANCE
+from tests.demo_output import MEMORY_TOLERANCE, check_tables_agree
 from traces.bundle import read_bundle
 
 PLAN = {
@@ -161,6 +161,32 @@ def dp_report(report: ValidationReport, tmp_path_factory: pytest.TempPathFactory
                          iterations=3, warmup=1, out_dir=tmp_path_factory.mktemp("validate-dp"))
 
 
+@pytest.fixture(scope="module")
+def tp_report(report: ValidationReport, tmp_path_factory: pytest.TempPathFactory) -> ValidationReport:
+    """A real run of dp2 x tp2 on four gloo ranks, on the pipeline report's profile and communication fits,
+    with small buckets (several all-reduces, each a different mix of blocks and replicated layers)."""
+    plan = Plan.from_dict({**PLAN, "name": "test-validate-dp2tp2", "parallelism": {"dp": 2, "tp": 2},
+                           "cluster": {"preset": "local-cpu-2", "devices_per_node": 4},
+                           "gradient_sync": {"method": "allreduce", "bucket_mb": 0.2}})
+    return validate_plan(plan, profile=report.profile, commbench=False, comm_fits_from=report.profile,
+                         iterations=1, warmup=1, out_dir=tmp_path_factory.mktemp("validate-tp"))
+
+
+@pytest.mark.parametrize("which", ["report", "dp_report", "tp_report"])
+def test_the_run_executes_the_predicted_instructions_bytes_included(which: str,
+                                                                   request: pytest.FixtureRequest) -> None:
+    """The spine on pipeline, data-parallel and tensor-parallel runs: every measured iteration holds the
+    prediction's instructions, each with the prediction's bytes, whatever its kind (tests/demo_output.py).
+    Under TP the profiled cost model divided all of a block's parameters by tp while each rank holds its
+    LayerNorms and row-parallel biases whole: 12 of 16 all-reduces 576 B short (an outside-in review)."""
+    validated: ValidationReport = request.getfixturevalue(which)
+    check_tables_agree(validated.out_dir, range(1, 1 + validated.measured["n"]))
+    if which == "tp_report":
+        table = pd.read_parquet(validated.out_dir / "prediction" / "instructions.parquet")
+        buckets = table[(table["parent"] == -1) & (table["kind"] == "ALLREDUCE") & (table["rank"] == 0)]
+        assert len(buckets) >= 3 and buckets["bytes"].nunique() >= 2, buckets
+
+
 def test_fit_calibration_is_never_worse_than_none(dp_report: ValidationReport) -> None:
     plan = Plan.load(dp_report.out_dir / "plan.yaml")
     setup = resolve_plan(plan)
@@ -193,6 +219,47 @@ def test_fit_calibration_is_never_worse_than_none(dp_report: ValidationReport) -
     # On a measurement faster than the uncalibrated prediction no overhead helps: exactly none.
     faster = replace(dp_report, measured={**dp_report.measured, "median_s": 0.5 * predicted(0.0)})
     assert fit_calibration([faster], max_overhead_s=0.01).allreduce_overhead_s == 0.0
+
+
+def test_a_poor_communication_fit_is_noted_where_it_is_used(report: ValidationReport, tmp_path: Path) -> None:
+    """The report says of each fit it used what paratwin commbench says of it (exec.commbench.fit_quality_note):
+    a tiny plan's validation listed a send_recv fit of r2 -0.242 and a reduce_scatter of 1.1e15 GB/s without
+    a word (an outside-in review). The real validation's fits, whatever this machine gave them, then the same
+    run re-reported (validate_record) from its bundle with send_recv's fit made as poor as the review's."""
+    import shutil
+
+    from analysis.validation.comm import poor_fit_notes
+    from exec.commbench import POOR_FIT_R2, fit_quality_note
+    from traces.bundle import write_bundle
+
+    def noted(validated: ValidationReport) -> set[str]:
+        return {note.split(" fit (")[0] for note in validated.notes if " fit (2 ranks): poor fit" in note}
+
+    fits = report.comm_fits
+    assert noted(report) == set(fits.loc[fits["r2"] < POOR_FIT_R2, "primitive"])
+    table = report.paths["report_md"].read_text()
+    for row in fits.itertuples(index=False):
+        assert f"| {row.r2:.3f} | {fit_quality_note(row.r2)} |" in table
+
+    bundle = read_bundle(report.profile)
+    bundle.comm_fits.loc[bundle.comm_fits["primitive"] == "send_recv", "r2"] = -0.242
+    poor = tmp_path / "poor-profile"
+    shutil.copytree(report.profile, poor)
+    write_bundle(bundle, poor)
+    again = validate_record(Plan.from_dict(PLAN), report.out_dir / "run", poor, tmp_path / "again")
+    assert "send_recv" in noted(again)
+    [note] = [n for n in again.notes if n.startswith("send_recv fit")]
+    # validate's sweep spans the plan's messages, which the samples then price, not the line
+    assert note.startswith("send_recv fit (2 ranks): poor fit: sweep larger sizes (r2 -0.242); its bandwidth")
+    assert note.endswith("every communication size of the plan lies within them"), note
+    assert note in json.loads(again.paths["report_json"].read_text())["notes"]
+    assert f"- {note}" in again.paths["report_md"].read_text()
+    # a size beyond the sweep (another plan's fits, comm_fits_from) is priced by the line: said so
+    smallest, largest = int(bundle.comm_samples["bytes"].min()), int(bundle.comm_samples["bytes"].max())
+    [beyond] = [n for n in poor_fit_notes(bundle.comm_fits, bundle.comm_samples, [smallest, 10 * largest])
+                if n.startswith("send_recv")]
+    assert beyond.endswith(f"1 of the plan's 2 communication sizes lie outside them ({10 * largest}-"
+                           f"{10 * largest} B), where the line prices them"), beyond
 
 
 def test_report_loads_back_as_written(report: ValidationReport) -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.compile import compile_plan
+from exec.commbench import fit_quality_note
+from sim.compile import CompiledPlan, compile_plan
 from sim.plan import Plan
 from sim.program import COLLECTIVE_KINDS, RECV_KINDS, SEND_KINDS
 from traces.bundle import read_bundle, write_bundle
@@ -23,9 +24,10 @@ MIN_COMM_BYTES = 1024
 COMM_KINDS = {k.value for k in (*SEND_KINDS, *RECV_KINDS, *COLLECTIVE_KINDS)}
 
 
-def comm_sizes(plan: Plan) -> list[int]:
-    """Bytes of every message, gradient bucket and TP all-reduce of ``plan`` (costs from its profile)."""
-    compiled = compile_plan(plan, symmetric=False)
+def comm_sizes(plan: Plan, compiled: CompiledPlan | None = None) -> list[int]:
+    """Bytes of every message, gradient bucket and TP all-reduce of ``plan`` (costs from its profile;
+    ``compiled``: the plan compiled for every rank already)."""
+    compiled = compiled or compile_plan(plan, symmetric=False)
     program, resolved = compiled.program, compiled.resolved
     sizes = {ins.bytes for rp in program.ranks.values() for ins in rp.instructions
              if ins.kind.value in COMM_KINDS and ins.bytes > 0}
@@ -40,6 +42,32 @@ def sweep_sizes(message_sizes: list[int], points: int = COMM_POINTS) -> list[int
     lo = max(min(message_sizes, default=MIN_COMM_BYTES) // 2, MIN_COMM_BYTES)
     hi = max(max(message_sizes, default=MIN_COMM_BYTES) * 2, 4 * lo)
     return sorted({int(round(v)) for v in np.geomspace(lo, hi, points)})
+
+
+def poor_fit_notes(fits: pd.DataFrame, samples: pd.DataFrame | None, plan_sizes: list[int]) -> list[str]:
+    """A validation report's note on each fit that ``paratwin commbench`` flags (``fit_quality_note``),
+    saying what of the plan it prices. ``sim.comm`` prices a size within the swept ones from the samples
+    themselves (``sim.comm_curve``, interpolated; a message alone takes that time too), and only a size
+    beyond them from the fitted line, so a poor line matters only where the plan's sizes leave the sweep."""
+    notes = []
+    for row in fits.itertuples(index=False):
+        quality = fit_quality_note(row.r2)
+        if not quality:
+            continue
+        swept = samples[(samples["primitive"] == row.primitive) & (samples["world_size"] == row.world_size)] \
+            if samples is not None else samples
+        head = (f"{row.primitive} fit ({row.world_size} ranks): {quality} (r2 {row.r2:.3f}); its bandwidth "
+                f"({row.bandwidth_Bps / 1e9:.3g} GB/s) is not the link's")
+        if swept is None or not len(swept):
+            notes.append(f"{head}, and with no samples its line prices every size of this primitive")
+            continue
+        lo, hi = int(swept["bytes"].min()), int(swept["bytes"].max())
+        outside = [size for size in plan_sizes if not lo <= size <= hi]
+        where = (f"{len(outside)} of the plan's {len(plan_sizes)} communication sizes lie outside them "
+                 f"({min(outside)}-{max(outside)} B), where the line prices them") if outside else \
+            "every communication size of the plan lies within them"
+        notes.append(f"{head}; sizes within the swept {lo}-{hi} B are priced from the samples, and {where}")
+    return notes
 
 
 def calibrate_comm(bundle_dir: Path, sizes: list[int], repeats: int = 10) -> pd.DataFrame:

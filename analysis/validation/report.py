@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.validation.comm import COMM_KINDS
+from exec.commbench import fit_quality_note
 
 MEMORY_NOTE = (
     "compared: the simulator's memory ledger (parameters + gradients + Adam state, all counted from the "
@@ -139,10 +140,10 @@ def format_report(report: ValidationReport) -> str:
     lines += ["", MEMORY_NOTE, ""]
     if report.comm_fits is not None and len(report.comm_fits):
         lines += ["## Communication fits used (alpha-beta, 2 ranks)", "",
-                  "| primitive | alpha (us) | bandwidth (GB/s) | r2 |", "| --- | --- | --- | --- |"]
+                  "| primitive | alpha (us) | bandwidth (GB/s) | r2 | note |", "| --- | --- | --- | --- | --- |"]
         for row in report.comm_fits.itertuples(index=False):
             lines.append(f"| {row.primitive} | {row.alpha_s * 1e6:.1f} | {row.bandwidth_Bps / 1e9:.3f} | "
-                         f"{row.r2:.3f} |")
+                         f"{row.r2:.3f} | {fit_quality_note(row.r2)} |")
         lines.append("")
     if report.paths:
         lines += ["## Files", ""] + [f"- {name}: `{path}`" for name, path in report.paths.items()] + [""]

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from analysis.validation.artifacts import write_artifacts
 from analysis.validation.calibration import ValidationCalibration, with_calibration
-from analysis.validation.comm import copy_comm_fits
+from analysis.validation.comm import comm_sizes, copy_comm_fits, poor_fit_notes
 from analysis.validation.compare import (
     MeasuredRun,
     iteration_stats,
@@ -167,7 +167,10 @@ def _predict_and_compare(plan: Plan, measured_plan: Plan, run: MeasuredRun, out:
 
     # Compare and draw.
     measured = run.table
-    program = compile_plan(measured_plan, symmetric=False, resolved=resolved).program
+    compiled = compile_plan(measured_plan, symmetric=False, resolved=resolved)
+    program = compiled.program
+    if bundle.comm_fits is not None:  # what commbench says of its fits, said where they are used
+        notes.extend(poor_fit_notes(bundle.comm_fits, bundle.comm_samples, comm_sizes(measured_plan, compiled)))
     stage_ranks = {rank: rp.stages for rank, rp in program.ranks.items()}
     chosen = representative_iteration(measured, times)
     one = measured[measured["iteration"] == chosen]
