@@ -347,6 +347,21 @@ def test_error_after_the_iterations_is_labelled_by_its_phase(tmp_path: Path, mon
     assert error["instruction"] == "(writing the run record)"
 
 
+def test_a_rank_gone_before_its_first_instruction_is_not_placed_at_iteration_minus_one() -> None:
+    """A rank's heartbeat before its first instruction read "at iteration -1 instruction -1 ((between
+    instructions), for 0.7 s)" in the launcher's message (outside-in review B, item 8b)."""
+    from exec.launcher import _where
+
+    now = time.time()
+    beat = {"iteration": -1, "index": -1, "instruction": "(between instructions)", "since": now, "time": now}
+    assert _where(beat, now + 0.5) == "before its first instruction (setting up)"
+    assert _where({**beat, "iteration": 3}, now + 0.5) == "in iteration 3, between instructions (for 0.5 s)"
+    assert _where({**beat, "time": now - 9}, now) == "before its first instruction (setting up; no heartbeat for " \
+                                                     "9.0 s: the process is frozen)"
+    assert _where({**beat, "iteration": 3, "index": 5, "instruction": "FWD s0 mb1"}, now + 0.5) == \
+        "at iteration 3 instruction 5 (FWD s0 mb1, for 0.5 s)"
+
+
 def test_default_run_folder_never_replaces_an_earlier_run(tmp_path: Path) -> None:
     base = tmp_path / "runs" / "run-x"
     assert fresh_run_folder(base) == base

@@ -33,6 +33,13 @@ class ConfigError(ParatwinError):
         return (type(self), (self.field, self.problem, self.fix))
 
 
+class Interrupted(ParatwinError):
+    """A command stopped by Ctrl-C (SIGINT); the message says what was kept. ``exit_code`` 130 is the shell's
+    convention (``paratwin run`` has its own, ``exec.launcher.RunInterrupted``, which keeps what it measured)."""
+
+    exit_code = 130
+
+
 class NoPlanFits(ParatwinError):
     """A search none of whose plans fits in memory. Its outputs (ranked.parquet, summary.json) are still
     written; the CLI then exits with ``exit_code``, as ``simulate`` does for a plan that does not fit."""
