@@ -12,8 +12,8 @@ from rich.table import Table
 
 from analysis.report import console, plain, print_layers, print_sim, run_cli, size
 from traces.atomic import atomic_write_text
-from traces.errors import ConfigError
-from traces.outdir import fresh_run_folder, prepare_out_file, prepare_out_folder, safe_name
+from traces.errors import ConfigError, Interrupted
+from traces.outdir import OutputLock, fresh_run_folder, prepare_out_file, prepare_out_folder, safe_name
 
 try:  # typer parses with a copy of click of its own (0.2x)
     from typer._click.exceptions import UsageError
@@ -124,17 +124,24 @@ def profile(
     from exec.host_memory import keep_freed_memory
     from exec.profiler import profile_workload
     from exec.workloads import get_workload
-    from traces.bundle import OP_TIMELINE_NAME, check_profile_target, write_bundle
+    from traces.bundle import MANIFEST_NAME, OP_TIMELINE_NAME, check_profile_target, write_bundle
 
     options = workload_options(workload_option)
     if seq is not None and options.setdefault("seq", seq) != seq:  # --seq is the option seq
         raise ConfigError("--seq", f"{seq} and --workload-option seq={options['seq']} disagree", "give one of them")
-    built = get_workload(workload, **options)  # checks the options before anything is written
+    built = get_workload(workload, **options)  # checks the options (and the name) before anything is written
+    prepare_out_folder(out, ())  # a file, or a place that cannot be written: one line, before profiling
     check_profile_target(out, workload, force)  # before profiling: another workload's bundle was replaced
-    keep_freed_memory()  # as the runtime's CPU ranks keep it (exec.host_memory); recorded in the bundle
-    bundle = profile_workload(built, micro_batch=micro_batch, dtype=dtype, device=device,
-                              warmup=warmup, repeats=repeats, with_ops=ops)
-    path = write_bundle(bundle, out, fmt=fmt)
+    earlier = (out / MANIFEST_NAME).is_file()  # an interrupted profile leaves it whole
+    with OutputLock(out):  # one writer at a time, as every command; the bundle keeps the lock file
+        keep_freed_memory()  # as the runtime's CPU ranks keep it (exec.host_memory); recorded in the bundle
+        try:
+            bundle = profile_workload(built, micro_batch=micro_batch, dtype=dtype, device=device,
+                                      warmup=warmup, repeats=repeats, with_ops=ops)
+        except KeyboardInterrupt:  # exit 130 without a word before
+            kept = f"the earlier bundle in {out} is unchanged" if earlier else f"nothing was written to {out}"
+            raise Interrupted(f"profile interrupted by SIGINT; {kept}") from None
+        path = write_bundle(bundle, out, fmt=fmt)
     print_layers(bundle.layers)
     plain(f"wrote trace bundle {path}")
     if (path / OP_TIMELINE_NAME).is_file():

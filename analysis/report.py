@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 from collections.abc import Callable
 
@@ -39,12 +41,45 @@ def print_error(message: object, to: Console = console) -> None:
 def run_cli(command: Callable[[], object], to: Console = console) -> None:
     """Run a CLI's ``command``; an error paratwin reports (``ParatwinError``) is printed on ``to`` as one
     ``error:`` line, no traceback, and the process exits with status 2, unless the error carries its
-    own ``exit_code`` (3: plan does not fit; 128 + the signal's number: a run stopped by SIGINT or SIGTERM)."""
+    own ``exit_code`` (3: plan does not fit; 128 + the signal's number: a run stopped by SIGINT or SIGTERM).
+    A file system that refuses a write (full, over quota, read-only) is such an error too, wherever the write
+    was: ``storage_problem``."""
     try:
         command()
     except ParatwinError as exc:
         print_error(exc, to)
+        # CPython marks a KeyboardInterrupt that left an exec() of a string (a dataclass's generated methods,
+        # in a lazy import) as unhandled even once caught, and `python -m` then ends by SIGINT, not with the
+        # status below; an exec() that completes clears the mark.
+        exec("pass")
         sys.exit(getattr(exc, "exit_code", 2))
+    except Exception as exc:
+        problem = storage_problem(exc)
+        if problem is None:
+            raise
+        print_error(problem, to)
+        sys.exit(2)
+
+
+# What to do where a file system refused a write (errno: the fix).
+STORAGE_FIXES = {
+    errno.ENOSPC: "free space or choose another folder",
+    errno.EDQUOT: "free space (your quota is full) or choose another folder",
+    errno.EROFS: "choose a folder on a file system you can write",
+}
+
+
+def storage_problem(exc: BaseException) -> str | None:
+    """The one line for a write the file system refused (``exc`` or an error it was raised from): the
+    command's output cannot be written, which is no bug (it was a traceback, exit 1). None for any other error.
+    The file is the one an atomic writer was writing (``traces.atomic`` names it)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno in STORAGE_FIXES:
+            where = f" while writing {cause.filename}" if cause.filename else ""
+            return f"--out: {os.strerror(cause.errno).lower()}{where} (fix: {STORAGE_FIXES[cause.errno]})"
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def gib(nbytes: float) -> str:

@@ -57,4 +57,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    import sys
+
+    from analysis.report import error_console, run_cli
+
+    # a bad plan, a dead profiling process, Ctrl-C, a full disk: one line, as `paratwin validate` says them
+    run_cli(lambda: sys.exit(main()), to=error_console)

@@ -29,6 +29,7 @@ the ranks' compute (``sim.host_cpu``); CPU seconds depend less on other load tha
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import resource
@@ -44,6 +45,7 @@ import pandas as pd
 
 from traces.bundle import check_replaceable, environment_info, read_table_dir, write_table_dir
 from traces.errors import ConfigError
+from traces.outdir import OutputLock
 from traces.schema import COMM_BENCH_FORMAT, COMM_BENCH_VERSION, COMM_FIT_TABLE, COMM_SAMPLE_TABLE
 from traces.tables import conform
 
@@ -89,22 +91,24 @@ def run_commbench(
         raise ConfigError("nproc", f"must be at least 2, got {nproc}", "use --nproc 2")
     if not in_group:  # an existing group already has its backend
         _check_backend(backend, nproc)
-    if out is not None:
-        check_replaceable(Path(out))  # before minutes of measuring, not after
-
+    # One process per job stores the results: rank 0 of a group or a torchrun job, or this launcher of the ranks.
     if in_group:
-        samples = _measure(sizes, primitives, repeats, warmup)
-        writer = dist.get_rank() == 0  # one process per job stores the results
+        measure, writer = lambda: _measure(sizes, primitives, repeats, warmup), dist.get_rank() == 0
     elif _launched_by_torchrun():
-        samples = _measure_in_new_group(backend, None, sizes, primitives, repeats, warmup)
+        measure = lambda: _measure_in_new_group(backend, None, sizes, primitives, repeats, warmup)
         writer = os.environ["RANK"] == "0"
     else:
-        samples = _spawn(nproc, backend, sizes, primitives, repeats, warmup)
-        writer = True
-    fits = fit_alpha_beta(samples)
+        measure, writer = lambda: _spawn(nproc, backend, sizes, primitives, repeats, warmup), True
     if out is not None and writer:
-        settings = {"sizes": sizes, "primitives": primitives, "repeats": repeats, "warmup": warmup}
-        write_comm_results(out, samples, fits, settings)
+        check_replaceable(Path(out))  # before minutes of measuring, not after
+    # The writer holds the folder's lock while it measures, as every command that writes a folder does: a
+    # second commbench into it is refused at once (the last one to finish replaced the other's results).
+    with OutputLock(Path(out)) if out is not None and writer else contextlib.nullcontext():
+        samples = measure()
+        fits = fit_alpha_beta(samples)
+        if out is not None and writer:
+            settings = {"sizes": sizes, "primitives": primitives, "repeats": repeats, "warmup": warmup}
+            write_comm_results(out, samples, fits, settings)
     return samples, fits
 
 

@@ -35,6 +35,8 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import pandas as pd
@@ -111,20 +113,28 @@ class RunResult:
 
 
 def _spawned(rank: int, world_size: int, plan_data: dict, out_dir: str, options: RunOptions, init: str,
-             environment: dict[str, str], launcher_pid: int, measured: Measured) -> None:
+             environment: dict[str, str], launcher_pid: int, measured: Measured, errors: Connection) -> None:
     # Runs in the child, forked from the forkserver, whose environment is that of its own start:
     # take the launcher's current one (e.g. NCCL_*, GLOO_* or the fault-injection variable).
     _die_with_parent(launcher_pid)
     os.environ.clear()
     os.environ.update(environment)
+
+    def report(error: dict) -> None:
+        # Without the traceback: a message this small never blocks on the pipe, which the launcher reads
+        # once this rank has exited.
+        with contextlib.suppress(OSError, ValueError):
+            errors.send({key: value for key, value in error.items() if key != "traceback"})
+
     try:
         plan = Plan.from_dict(plan_data)
-    except BaseException as exc:  # noqa: BLE001 - reported through the error file
-        write_error(Path(out_dir), rank, exc)
+    except BaseException as exc:  # noqa: BLE001 - reported through the error file and the pipe
+        report(write_error(Path(out_dir), rank, exc))
         sys.exit(1)
     try:
-        run_rank(plan, rank, world_size, rank, Path(out_dir), options, init_method=init, measured=measured)
-    except BaseException:  # noqa: BLE001 - run_rank wrote errors/rank<r>.json; the launcher reports
+        run_rank(plan, rank, world_size, rank, Path(out_dir), options, init_method=init, measured=measured,
+                 report=report)
+    except BaseException:  # noqa: BLE001 - run_rank reported it; the launcher says what happened
         sys.exit(1)
 
 
@@ -234,23 +244,27 @@ def _launch(plan: Plan, out_dir: Path, options: RunOptions, limits: _Limits, mea
     init = f"file://{rendezvous.resolve()}/store"
     context = forkserver_context()
     environment = dict(os.environ)
+    # Each rank's error record also comes through a pipe: on a full disk its errors/rank<r>.json cannot be written.
+    pipes = [context.Pipe(duplex=False) for _ in range(world)]
     processes = [context.Process(target=_spawned, name=f"paratwin-rank{r}", daemon=False,
                                  args=(r, world, plan.model_dump(), str(out_dir), options, init, environment,
-                                       os.getpid(), measured))
+                                       os.getpid(), measured, pipes[r][1]))
                  for r in range(world)]
     signum = 0
     with _signals_raise():
         try:
             for p in processes:
                 p.start()
-            failure = _watch(processes, out_dir, limits)
+            failure = _watch(processes, out_dir, limits, [receiver for receiver, _ in pipes])
         except (KeyboardInterrupt, _Signalled) as exc:
             signum = getattr(exc, "signum", int(signal.SIGINT))
             failure = f"run interrupted by {signal.Signals(signum).name}"
         finally:
             with _signals_ignored():  # a second Ctrl-C must not cut the clean-up short
-                _stop(processes)
+                stop_processes(processes)
                 shutil.rmtree(rendezvous, ignore_errors=True)
+                for connection in (c for pipe in pipes for c in pipe):
+                    connection.close()
     if failure is None:
         finish_marker(out_dir, "ok")
         return _result(plan, out_dir)
@@ -258,7 +272,8 @@ def _launch(plan: Plan, out_dir: Path, options: RunOptions, limits: _Limits, mea
     if signum:
         failure += f" after {_measured_iterations(out_dir)} measured iteration(s)"
     record = _salvage(plan, out_dir, options.backend, failure, status)
-    finish_marker(out_dir, status)
+    with contextlib.suppress(OSError):  # a full disk: the failure is the news (a later run needs --force anyway)
+        finish_marker(out_dir, status)
     if signum:
         raise RunInterrupted(failure + ("" if record else "; nothing was measured, so no record was written"),
                              record, signum)
@@ -315,20 +330,33 @@ def _read(path: Path) -> dict | None:
         return None
 
 
+def _received(connection: Connection) -> dict | None:
+    """A rank's error record from its pipe, if it sent one."""
+    try:
+        return connection.recv() if connection.poll() else None
+    except (EOFError, OSError):
+        return None
+
+
 def _where(beat: dict | None, now: float) -> str:
     """Where a rank is and for how long, from its last heartbeat; a heartbeat older than
     ``STALE_S`` (it is rewritten every 0.2 s) says the process itself stopped (frozen, starved)."""
     if beat is None:
         return "before its first heartbeat"
-    where = (f"at iteration {beat['iteration']} instruction {beat['index']} ({beat['instruction']}, "
-             f"for {max(0.0, now - beat['since']):.1f} s")
+    held = f"for {max(0.0, now - beat['since']):.1f} s"
+    if beat["index"] >= 0:
+        where = f"at iteration {beat['iteration']} instruction {beat['index']} ({beat['instruction']}, {held}"
+    elif beat["iteration"] >= 0:
+        where = f"in iteration {beat['iteration']}, between instructions ({held}"
+    else:  # it read "at iteration -1 instruction -1 ((between instructions), ...)"
+        where = "before its first instruction (setting up"
     silent = now - beat["time"]
     if silent > STALE_S:
         where += f"; no heartbeat for {silent:.1f} s: the process is frozen"
     return where + ")"
 
 
-def _watch(processes: list, out_dir: Path, limits: _Limits) -> str | None:
+def _watch(processes: list, out_dir: Path, limits: _Limits, reports: list[Connection]) -> str | None:
     """None when every rank exited cleanly, else the failure message."""
     progress, progress_at = -1, time.time()
     while True:
@@ -339,7 +367,7 @@ def _watch(processes: list, out_dir: Path, limits: _Limits) -> str | None:
         failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             time.sleep(0.5)  # let the ranks that fail in consequence write their errors too
-            return _failure_message(failed, processes, out_dir, beats)
+            return _failure_message(failed, processes, out_dir, beats, reports)
         done = sum(b["done"] for b in beats.values() if b)
         if done != progress:
             progress, progress_at = done, time.time()
@@ -362,8 +390,10 @@ def _positions(beats: dict, now: float) -> str:
     return "; ".join(f"rank {r} {_where(b, now)}" for r, b in beats.items())
 
 
-def _failure_message(failed: list[int], processes: list, out_dir: Path, beats: dict) -> str:
-    errors = {r: _read(out_dir / "errors" / f"rank{r}.json") for r in range(len(processes))}
+def _failure_message(failed: list[int], processes: list, out_dir: Path, beats: dict,
+                     reports: list[Connection]) -> str:
+    errors = {r: _received(reports[r]) or _read(out_dir / "errors" / f"rank{r}.json")
+              for r in range(len(processes))}
     failed = sorted({*failed, *(r for r, e in errors.items() if e)})
 
     def when(r: int) -> float:
@@ -397,7 +427,9 @@ def _place(error: dict) -> str:
     return f"while {error.get('phase') or error['instruction'].strip('()')}{after}"
 
 
-def _stop(processes: list) -> None:
+def stop_processes(processes: list[BaseProcess]) -> None:
+    """SIGTERM to those still running, SIGKILL to any left after 5 s; each joined (no zombie, no orphan).
+    Also for ``analysis.validation.profiling``'s workers."""
     processes = [p for p in processes if p.pid is not None]  # a failed start leaves some unstarted
     for p in processes:
         if p.is_alive():
@@ -445,4 +477,4 @@ def _result(plan: Plan, out_dir: Path) -> RunResult:
     )
 
 
-__all__ = ["RunFailed", "RunInterrupted", "RunResult", "run_plan"]
+__all__ = ["RunFailed", "RunInterrupted", "RunResult", "run_plan", "stop_processes"]

@@ -16,6 +16,7 @@ import os
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,27 +65,35 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         while not self.stopped.wait(HEARTBEAT_PERIOD_S):
-            _write_json(self.path, self.state())
+            # A full disk fails the rank's own next write, which reports it; this thread's traceback said no more.
+            with contextlib.suppress(OSError):
+                _write_json(self.path, self.state())
 
 
 def _write_json(path: Path, data: dict) -> None:
+    """Whole or not at all (a temporary renamed over ``path``); a failed write leaves no temporary behind."""
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def run_rank(plan: Plan, rank: int, world_size: int, local_rank: int, out_dir: Path, options: RunOptions,
-             init_method: str = "env://", measured: Measured | None = None) -> None:
+             init_method: str = "env://", measured: Measured | None = None,
+             report: Callable[[dict], None] | None = None) -> None:
     """Everything one rank does; results go to ``out_dir`` (rank 0 also writes the run record).
-    ``measured``: the plan's structural measurements, taken by the launcher (``compile_for_run``)."""
+    ``measured``: the plan's structural measurements, taken by the launcher (``compile_for_run``).
+    ``report``: also given a failure's error record (the launcher's pipe: it arrives where no file can be written)."""
     out_dir = Path(out_dir)
-    for sub in ("ranks", "heartbeat", "errors"):
-        (out_dir / sub).mkdir(parents=True, exist_ok=True)
     runtime: RankRuntime | None = None
     heartbeat = Heartbeat(lambda: runtime, out_dir / "heartbeat" / f"rank{rank}.json", rank)
-    heartbeat.start()
     phase = Phase(rank)
     try:
+        for sub in ("ranks", "heartbeat", "errors"):
+            (out_dir / sub).mkdir(parents=True, exist_ok=True)
+        heartbeat.start()
         phase.enter("setup")
         backend = pick_backend(options.backend)
         if backend == "nccl":
@@ -128,11 +137,14 @@ def run_rank(plan: Plan, rank: int, world_size: int, local_rank: int, out_dir: P
         phase.enter("finish")
         dist.barrier()
     except BaseException as exc:
-        write_error(out_dir, rank, exc, runtime, phase.description)
+        error = write_error(out_dir, rank, exc, runtime, phase.description)
+        if report is not None:
+            report(error)
         raise
     finally:
         heartbeat.stopped.set()
-        heartbeat.join(1.0)
+        if heartbeat.ident is not None:  # started
+            heartbeat.join(1.0)
         if runtime is not None and runtime.watchers is not None:
             runtime.watchers.shutdown(wait=False, cancel_futures=True)
         if dist.is_initialized():
@@ -141,13 +153,14 @@ def run_rank(plan: Plan, rank: int, world_size: int, local_rank: int, out_dir: P
 
 
 def write_error(out_dir: Path, rank: int, exc: BaseException, runtime: RankRuntime | None = None,
-                phase: str = PHASES["setup"]) -> None:
-    """``errors/rank<r>.json``: the error, where the rank was (instruction, or else phase), and the traceback."""
+                phase: str = PHASES["setup"]) -> dict:
+    """``errors/rank<r>.json``: the error, where the rank was (instruction, or else phase), and the traceback.
+    Returns the record. A file that cannot be written (the full disk that failed the rank) is not a second
+    error: the record, returned, still says what happened."""
     current = runtime.current if runtime is not None else None
     text = str(exc).strip()
     first_line = text.splitlines()[0] if text else ""
-    (Path(out_dir) / "errors").mkdir(parents=True, exist_ok=True)
-    _write_json(Path(out_dir) / "errors" / f"rank{rank}.json", {
+    record = {
         "rank": rank, "time": time.time(),
         "iteration": runtime.iteration if runtime is not None else -1,
         "index": current.index if current is not None else -1,
@@ -155,7 +168,11 @@ def write_error(out_dir: Path, rank: int, exc: BaseException, runtime: RankRunti
         "phase": phase,
         "error": f"{type(exc).__name__}: {first_line[:ERROR_CHARS]}",
         "traceback": traceback.format_exc(),
-    })
+    }
+    with contextlib.suppress(OSError):
+        (Path(out_dir) / "errors").mkdir(parents=True, exist_ok=True)
+        _write_json(Path(out_dir) / "errors" / f"rank{rank}.json", record)
+    return record
 
 
 def _groups(program: Program, rank: int, timeout: dt.timedelta) -> tuple[object, object]:

@@ -98,6 +98,44 @@ def test_profile_refuses_another_workloads_bundle_and_replaces_its_own(tmp_path:
     assert read_bundle(out).meta["settings"]["micro_batch"] == 2  # the fixture's was 1
 
 
+PROFILE_QUICKLY = ("profile", "--workload", "gpt-tiny", "--micro-batch", "2", "--seq", "16", "--device", "cpu",
+                   "--repeats", "1", "--warmup", "0", "--no-ops")
+
+
+def test_profile_refuses_its_own_bundle_folder_holding_a_users_files(tmp_path: Path, gpt_tiny_profile: Path) -> None:
+    """Re-profiling into a bundle folder deleted the notes.txt and the folder a user kept there, exit 0
+    (outside-in review B, item 1): refused before profiling, every file kept."""
+    from tests.conftest import folder_digest
+
+    out = tmp_path / "bundle"
+    shutil.copytree(gpt_tiny_profile, out)
+    (out / "notes.txt").write_text("my notes")
+    (out / "mine").mkdir()
+    (out / "mine" / "data.csv").write_text("x\n")
+    before = folder_digest(out)
+    done = paratwin(*PROFILE_QUICKLY, "--out", str(out))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout.strip() == (f"error: {out}: holds mine/, notes.txt besides its paratwin.profile-bundle files; "
+                                   "writing it again would delete them (fix: move them out of the folder or choose "
+                                   "another folder (nothing was deleted))")
+    assert folder_digest(out) == before
+
+
+def test_profile_holds_its_folders_lock(tmp_path: Path) -> None:
+    """`paratwin profile` took no lock: two into one folder both wrote, the last one winning. Now a folder
+    another paratwin process writes is refused, as for every other writer."""
+    import os
+
+    from traces.outdir import OutputLock
+
+    out = tmp_path / "bundle"
+    with OutputLock(out):
+        done = paratwin(*PROFILE_QUICKLY, "--out", str(out))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout.startswith(f"error: --out {out}: in use by another paratwin process (pid {os.getpid()})")
+    assert not (out / "manifest.json").exists()
+
+
 def test_simulate_takes_a_profile_from_the_command_line(tmp_path: Path) -> None:
     plan = "examples/plans/gpt-tiny-pp2-1f1b.yaml"
     refused = paratwin("simulate", plan, "--out", str(tmp_path / "refused"))

@@ -11,8 +11,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from exec.commbench import PRIMITIVES, _one_way_side, fit_alpha_beta, read_comm_results, run_commbench
+from exec.commbench import (
+    PRIMITIVES,
+    _one_way_side,
+    fit_alpha_beta,
+    read_comm_results,
+    run_commbench,
+    write_comm_results,
+)
 from traces.errors import BundleError, ConfigError
+from traces.outdir import OutputError
 
 # Up to 16 MiB so that the largest transfer (milliseconds at gloo's ~1 GB/s here) stands clear of
 # the few-millisecond scheduler stalls of a loaded two-core machine.
@@ -181,3 +189,46 @@ def test_refuses_to_overwrite_a_foreign_directory_before_measuring(tmp_path: Pat
     with pytest.raises(BundleError, match="not a paratwin bundle"):
         run_commbench(sizes=[1024, 2048], out=tmp_path)
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def earlier_results(out: Path) -> Path:
+    """A commbench folder as an earlier `paratwin commbench --out` left it (no ranks started)."""
+    sizes = np.array([1024, 4096])
+    samples = pd.DataFrame({"primitive": "all_reduce", "backend": "gloo", "world_size": 2, "bytes": sizes,
+                            "median_s": sizes * 1e-9 + 1e-5, "min_s": sizes * 1e-9 + 1e-5,
+                            "max_s": sizes * 1e-9 + 2e-5, "repeats": 5, "cpu_s": sizes * 1e-9 + 1e-5})
+    return write_comm_results(out, samples, fit_alpha_beta(samples), {"sizes": sizes.tolist()})
+
+
+def test_refuses_a_results_folder_holding_a_users_files_before_measuring(tmp_path: Path) -> None:
+    """A second commbench into its folder deleted a notes.txt put there, exit 0 (outside-in review B)."""
+    from tests.conftest import folder_digest
+
+    out = earlier_results(tmp_path / "cb")
+    (out / "notes.txt").write_text("mine")
+    before = folder_digest(out)
+    with pytest.raises(BundleError, match=r"holds notes.txt besides its paratwin.comm-bench files; writing it "
+                                          r"again would delete them \(fix: move them out"):
+        run_commbench(sizes=[1024, 2048], out=out)
+    assert folder_digest(out) == before
+
+
+def test_a_second_commbench_into_a_folder_in_use_is_refused_before_measuring(tmp_path: Path) -> None:
+    """commbench took no lock: two into one folder both measured, and the last to finish won."""
+    import subprocess
+    import sys
+
+    out = earlier_results(tmp_path / "cb")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from traces.outdir import OutputLock; "
+                               f"OutputLock({str(out)!r}).acquire(); print('held', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        started = time.time()
+        with pytest.raises(OutputError, match=rf"in use by another paratwin process \(pid {holder.pid}\)"):
+            run_commbench(sizes=[1024, 2048], out=out)
+        assert time.time() - started < 60  # refused, not measured (ranks are never started)
+    finally:
+        holder.communicate("", timeout=60)
+    read_comm_results(out)  # the earlier results, whole

@@ -14,7 +14,7 @@ import pytest
 
 from sim.search import SearchSpace
 from traces.errors import ConfigError
-from traces.outdir import LOCK_NAME, OutputLock, prepare_out_folder
+from traces.outdir import LOCK_NAME, OutputError, OutputLock, prepare_out_folder
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_PLAN = REPO / "examples" / "plans" / "gpt-8.3b-a100-64-merak.yaml"
@@ -257,3 +257,38 @@ def test_a_lock_held_by_the_parent_says_to_guard_the_script(tmp_path: Path) -> N
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert "in use by this process's parent" in done.stderr and "__main__" in done.stderr, done.stderr[-2000:]
+
+
+def probe_and_lock(base: str, count: int, together: Any, answer: Any) -> None:
+    """What a command does with a new --out, for ``count`` new folders one after the other, each at the same
+    moment as the other racer: check it, then take its lock. Only the documented refusal may stop it."""
+    problems = []
+    for index in range(count):
+        folder = Path(base) / str(index)
+        together.wait()
+        try:
+            prepare_out_folder(folder, ("summary.json",))
+            with OutputLock(folder):
+                pass
+        except OutputError:  # "in use by another paratwin process (pid ...)": the other one holds it
+            continue
+        except Exception as exc:  # noqa: BLE001 - what the test reports
+            problems.append(f"{folder.name}: {type(exc).__name__}: {exc}")
+    answer.put(problems)
+
+
+def test_commands_starting_on_one_new_folder_at_once_meet_at_its_lock(tmp_path: Path) -> None:
+    """Two `paratwin run --out NEW` at once: the second said "cannot write in NEW (File exists)" (the
+    writability probe created NEW and removed it again, racing the other command's probe and lock) or failed
+    on a folder the other's probe had removed. Two processes race through many new folders."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    together, answer = context.Barrier(2), context.Queue()
+    racers = [context.Process(target=probe_and_lock, args=(str(tmp_path), 300, together, answer)) for _ in range(2)]
+    for racer in racers:
+        racer.start()
+    problems = [answer.get(timeout=300) for _ in racers]
+    for racer in racers:
+        racer.join(60)
+    assert problems == [[], []], [p[:5] for p in problems]

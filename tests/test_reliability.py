@@ -337,8 +337,9 @@ def test_frozen_rank_ends_the_run_named_with_how_long_it_has_been_silent(tmp_pat
     assert process.returncode == 2, output[-3000:]
     assert re.search(r"error: run hung: rank 1 wrote no heartbeat for \d+ s \(frozen after 4 s\): rank 0 ", output), \
         output[-3000:]
-    match = re.search(r"rank 1 at iteration [1-9]\d* instruction -?\d+ \([^,]*, for ([\d.]+) s; "
-                      r"no heartbeat for ([\d.]+) s: the process is frozen\)", output)
+    # stopped inside an instruction, or between two ("in iteration N, between instructions")
+    match = re.search(r"rank 1 (?:at iteration [1-9]\d* instruction \d+ \([^,]*, |in iteration [1-9]\d*, between "
+                      r"instructions \()for ([\d.]+) s; no heartbeat for ([\d.]+) s: the process is frozen\)", output)
     assert match, output[-3000:]
     assert float(match.group(1)) >= float(match.group(2)) >= 4.0  # (one decimal) before: "for 0.0 s"
     # the launcher stopped every rank, the frozen one included (it was continued to act on its SIGTERM)
@@ -355,6 +356,21 @@ def test_error_after_the_iterations_is_labelled_by_its_phase(tmp_path: Path, mon
     assert "setup" not in message
     error = json.loads((tmp_path / "out" / "errors" / "rank0.json").read_text())
     assert error["instruction"] == "(writing the run record)"
+
+
+def test_a_rank_gone_before_its_first_instruction_is_not_placed_at_iteration_minus_one() -> None:
+    """A rank's heartbeat before its first instruction read "at iteration -1 instruction -1 ((between
+    instructions), for 0.7 s)" in the launcher's message (outside-in review B, item 8b)."""
+    from exec.launcher import _where
+
+    now = time.time()
+    beat = {"iteration": -1, "index": -1, "instruction": "(between instructions)", "since": now, "time": now}
+    assert _where(beat, now + 0.5) == "before its first instruction (setting up)"
+    assert _where({**beat, "iteration": 3}, now + 0.5) == "in iteration 3, between instructions (for 0.5 s)"
+    assert _where({**beat, "time": now - 9}, now) == "before its first instruction (setting up; no heartbeat for " \
+                                                     "9.0 s: the process is frozen)"
+    assert _where({**beat, "iteration": 3, "index": 5, "instruction": "FWD s0 mb1"}, now + 0.5) == \
+        "at iteration 3 instruction 5 (FWD s0 mb1, for 0.5 s)"
 
 
 def test_default_run_folder_never_replaces_an_earlier_run(tmp_path: Path) -> None:

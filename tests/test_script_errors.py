@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
     [str(ROOT / "scripts" / "suite_ranking.py"), "--out", "{tmp}/ranking", "{missing}"],
     [str(ROOT / "scripts" / "suite_repredict.py"), "{missing}"],
     ["-m", "analysis.rounds", "orders", "{missing}", "a", "b", "--rounds", "2", "--iterations", "3"],
-], ids=["validation_suite", "suite_ranking", "suite_repredict", "rounds_orders"])
+    ["-m", "analysis.validate", "profile", "{missing}/plan.yaml", "--out", "{tmp}/val"],
+], ids=["validation_suite", "suite_ranking", "suite_repredict", "rounds_orders", "validate_profile"])
 def test_bad_input_is_one_line_with_status_2(command: list[str], tmp_path: Path) -> None:
     args = [a.format(missing=tmp_path / "missing", tmp=tmp_path) for a in command]
     done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=ROOT)

@@ -161,6 +161,46 @@ def test_rewriting_a_bundle_replaces_it(tmp_path: Path) -> None:
     assert leftovers(tmp_path) == []
 
 
+def test_rewriting_a_bundle_refuses_and_keeps_a_users_files_in_it(tmp_path: Path) -> None:
+    """A second write into a bundle folder deleted every file the bundle writer did not write (a user's
+    notes, a subfolder), exit 0 (outside-in review B, item 1): a folder holding any is now refused, whole."""
+    from tests.conftest import folder_digest
+
+    target = write_bundle(make_bundle(), tmp_path / "b")
+    (target / "notes.txt").write_text("my notes")
+    (target / "mine").mkdir()
+    (target / "mine" / "data.csv").write_text("x\n")
+    before = folder_digest(target)
+    with pytest.raises(BundleError) as err:
+        write_bundle(ProfileBundle({}, layer_table(5), empty_table(OP_TABLE)), target)
+    one_line_error(err, str(target), "holds mine/, notes.txt besides its paratwin.profile-bundle files",
+                   "(fix: move them out of the folder or choose another folder (nothing was deleted))")
+    assert folder_digest(target) == before and leftovers(tmp_path) == []
+
+
+def test_a_bundle_folder_keeps_its_lock_across_a_rewrite(tmp_path: Path) -> None:
+    """The folder's lock file (every writer's, traces.outdir) is the same file after the folder is swapped
+    for the new bundle, so the lock held on it still keeps a second writer out; readers ignore it."""
+    import subprocess
+    import sys
+
+    from traces.outdir import LOCK_NAME, OutputLock
+
+    target = tmp_path / "b"
+    with OutputLock(target):
+        inode = (target / LOCK_NAME).stat().st_ino
+        write_bundle(make_bundle(), target)
+        write_bundle(ProfileBundle({}, layer_table(5), empty_table(OP_TABLE)), target)
+        assert (target / LOCK_NAME).stat().st_ino == inode
+        other = subprocess.run([sys.executable, "-c", "from traces.outdir import OutputLock; "
+                                f"OutputLock({str(target)!r}).acquire()"], capture_output=True, text=True,
+                               timeout=60, cwd=Path(__file__).resolve().parents[1])
+        assert other.returncode == 1 and "in use by another paratwin process" in other.stderr, other.stderr
+    assert len(read_bundle(target).layers) == 5
+    write_bundle(make_bundle(), target)  # the lock file alone is no user file
+    assert sorted(p.name for p in target.iterdir() if p.name.startswith(".")) == [LOCK_NAME]
+
+
 def test_write_refuses_to_replace_a_foreign_directory(tmp_path: Path) -> None:
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "thesis.tex").write_text("precious")

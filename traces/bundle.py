@@ -10,7 +10,9 @@
       process_layers.parquet PROCESS_LAYER_TABLE    (optional: each co-located profiling process's medians)
 
 A bundle is written to a temporary directory and renamed into place, so a failed write leaves
-no partial bundle and keeps the bundle that was there. Reading checks format, version, checksums,
+no partial bundle and keeps the bundle that was there. Only an empty folder or an earlier table
+directory that holds nothing but its own files (and the folder's ``.paratwin.lock``, which is kept) is
+replaced: a user's file in it is refused, never deleted. Reading checks format, version, checksums,
 columns and dtypes and reports the first problem as a one-line BundleError naming the file.
 
 ``write_table_dir`` / ``read_table_dir`` are the format-independent machinery, shared with run
@@ -36,6 +38,7 @@ import yaml
 
 from traces.atomic import atomic_directory, atomic_write_text
 from traces.errors import BundleError, ConfigError
+from traces.outdir import LOCK_NAME
 from traces.schema import (
     COMM_BENCH_FORMAT,
     COMM_FIT_TABLE,
@@ -163,7 +166,7 @@ def write_table_dir(
     if fmt not in TABLE_FORMATS:
         raise ConfigError("fmt", f"unknown table format {fmt!r}", f"use one of {', '.join(TABLE_FORMATS)}")
     check_replaceable(directory)
-    with atomic_directory(directory) as tmp:
+    with atomic_directory(directory, keep=(LOCK_NAME,)) as tmp:
         entries: dict[str, dict] = {}
         files: list[str] = []
         for key, (df, schema) in tables.items():
@@ -200,6 +203,7 @@ def write_table_dir(
             problem = f"metadata cannot be stored as JSON: {exc}"
             raise BundleError(directory / MANIFEST_NAME, problem) from None
         atomic_write_text(tmp / MANIFEST_NAME, text + "\n")
+        check_replaceable(directory)  # again, just before the swap: a file put there while the tables were written
     return directory
 
 
@@ -329,14 +333,17 @@ def _section(mapping: object, key: str) -> dict:
 
 
 def check_replaceable(directory: Path) -> dict | None:
-    """Refuse to overwrite anything but an empty directory or an earlier paratwin table directory:
-    replacing a directory deletes its old contents, and a mistyped path must not cost user data.
+    """Refuse to overwrite anything but an empty directory or an earlier paratwin table directory that holds
+    only its own files: replacing a directory deletes its old contents, and neither a mistyped path nor a
+    user's notes kept beside a bundle may be lost (they were, with exit 0). Its own files are those its
+    manifest lists, the manifest, and the folder's lock file (``traces.outdir``, carried into the new one).
     Returns the manifest of the table directory that would be replaced (None: nothing is replaced)."""
     if not directory.exists():
         return None
     if not directory.is_dir():
         raise BundleError(directory, "exists and is not a directory; choose another path")
-    if not any(directory.iterdir()):
+    entries = {path.name: path for path in directory.iterdir() if path.name != LOCK_NAME}
+    if not entries:
         return None
     try:
         manifest = json.loads((directory / MANIFEST_NAME).read_text(encoding="utf-8"))
@@ -346,6 +353,14 @@ def check_replaceable(directory: Path) -> dict | None:
         raise BundleError(
             directory, "exists and is not a paratwin bundle; refusing to replace it (choose a new path)"
         )
+    sums = manifest.get("sha256")
+    own = {MANIFEST_NAME, *(sums if isinstance(sums, dict) else ())}
+    foreign = sorted(name + "/" * entries[name].is_dir() for name in entries if name not in own)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise BundleError(directory, f"holds {shown} besides its {manifest['format']} files; writing it again "
+                                     "would delete them",
+                          "move them out of the folder or choose another folder (nothing was deleted)")
     return manifest
 
 

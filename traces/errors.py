@@ -34,8 +34,9 @@ class ConfigError(ParatwinError):
 
 
 class Interrupted(ParatwinError):
-    """Ctrl-C (SIGINT) stopped a command; the message says what was kept and how to go on. The CLI exits
-    with 130, as a shell reports a process that SIGINT ended."""
+    """A command stopped by Ctrl-C (SIGINT); the message says what was kept and how to go on. ``exit_code`` 130
+    is the shell's convention (``paratwin run`` has its own, ``exec.launcher.RunInterrupted``, which keeps what
+    it measured)."""
 
     exit_code = 130
 

@@ -22,6 +22,7 @@ import os
 import re
 import shlex
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -82,23 +83,19 @@ def prepare_out_file(path: Path, force: bool, option: str = "--out") -> None:
 
 
 def _check_writable(path: Path, option: str) -> None:
-    """A folder that exists and can be written, or that can be created. A missing one is created to try it
-    and removed again: a command that then refuses its input leaves nothing behind."""
-    missing = []  # the folders mkdir creates, deepest first
+    """A folder that exists and can be written, or that can be created: tried by making (and removing) a
+    uniquely named folder in it or in its nearest existing parent, never by creating ``path`` itself. A
+    command that then refuses its input leaves nothing behind, and two commands that start on one new
+    folder at once meet at its lock: when each created ``path`` to try it, the second's mkdir failed
+    ("cannot write in ... (File exists)") or its rmdir removed the folder the first had just locked."""
     probe = path
     while not probe.exists() and probe != probe.parent:
-        missing.append(probe)
         probe = probe.parent
     try:
-        if missing:
-            path.mkdir(parents=True)
-        elif not os.access(path, os.W_OK | os.X_OK):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        os.rmdir(tempfile.mkdtemp(prefix=".paratwin-probe-", dir=probe))
     except OSError as exc:
         raise ConfigError(option, f"cannot write in {path} ({exc.strerror})",
                           "choose a folder in a place you can write") from None
-    for folder in missing:
-        folder.rmdir()
 
 
 def safe_name(name: str) -> str:

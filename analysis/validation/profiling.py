@@ -5,8 +5,11 @@
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,11 +21,15 @@ from analysis.validation.comm import calibrate_comm, comm_sizes, sweep_sizes
 from sim.compile import resolve_plan
 from sim.plan import Plan
 from traces.bundle import ProfileBundle, read_bundle, write_bundle
-from traces.errors import ConfigError
+from traces.errors import ConfigError, Interrupted, ParatwinError
 from traces.schema import LAYER_TABLE, PROCESS_LAYER_TABLE
 from traces.tables import conform
 
 PLAN_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+class ProfilingFailed(ParatwinError):
+    """A co-located profiling process that died or failed; the others were stopped."""
 
 
 def _profile_worker(index: int, barrier: Any, votes: Any, workload: str, options: dict, micro_batch: int,
@@ -90,6 +97,8 @@ def profile_plan_workload(plan: Plan, processes: int = 1, warmup: int = 2, repea
     bytes and FLOPs are the first process's (they do not depend on timing)."""
     if plan.dtype not in PLAN_DTYPES:
         raise ConfigError("dtype", f"cannot profile {plan.dtype}", f"use one of {', '.join(PLAN_DTYPES)}")
+    from exec.launcher import stop_processes
+
     context = multiprocessing.get_context("spawn")  # fork after torch has started threads is unsafe
     barrier, votes = context.Barrier(processes), context.Array("i", processes)
     with tempfile.TemporaryDirectory(prefix="paratwin-validate-profile-") as tmp:
@@ -99,15 +108,51 @@ def profile_plan_workload(plan: Plan, processes: int = 1, warmup: int = 2, repea
                                          plan.micro_batch, PLAN_DTYPES[plan.dtype], warmup, repeats, paths[i],
                                          lockstep, plan.model_dump(mode="json") if has_ids_request(plan) else None))
                    for i in range(processes)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        failed = [i for i, w in enumerate(workers) if w.exitcode != 0]
-        if failed:
-            raise RuntimeError(f"profiling process {failed[0]} failed (exit code {workers[failed[0]].exitcode})")
+        try:
+            _start_deaf_to_ctrl_c(workers)
+            _wait_for_all(workers, plan.workload)
+        except KeyboardInterrupt:
+            raise Interrupted(f"interrupted by SIGINT while profiling {plan.workload}: the profiling processes "
+                              "were stopped and nothing was written") from None
+        finally:
+            stop_processes(workers)  # the others, after one failed or Ctrl-C; before their folder is removed
         bundles: list[ProfileBundle] = [pd.read_pickle(p) for p in paths]
     return _merge_profiles(bundles)
+
+
+def _start_deaf_to_ctrl_c(workers: list[multiprocessing.process.BaseProcess]) -> None:
+    """Start ``workers`` with SIGINT ignored, which a spawned process keeps (an exec keeps an ignored signal
+    ignored, and Python installs its KeyboardInterrupt handler only over the default action). Ctrl-C reaches
+    the whole process group: each worker printed its KeyboardInterrupt traceback (about 150 lines for two),
+    and a SIGINT to this process alone left them running. Now this process alone hears it and stops them."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread handles signals
+        for w in workers:
+            w.start()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for w in workers:
+            w.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _wait_for_all(workers: list[multiprocessing.process.BaseProcess], workload: str) -> None:
+    """Return once every worker has exited cleanly; raise as soon as one has not. Its peers would wait for
+    it at their lockstep barrier (exec.lockstep) until its timeout of 600 s: joined one after the other,
+    a SIGKILLed second worker was noticed only then, and the command printed nothing meanwhile."""
+    running = {w.sentinel: (index, w) for index, w in enumerate(workers)}
+    while running:
+        for sentinel in multiprocessing.connection.wait(list(running)):
+            index, worker = running.pop(sentinel)
+            worker.join()
+            if worker.exitcode != 0:
+                code = worker.exitcode or 0
+                how = signal.Signals(-code).name if code < 0 else f"exit code {code}"
+                raise ProfilingFailed(f"profiling process {index} of {len(workers)} died ({how}) while profiling "
+                                      f"{workload}; the others were stopped and nothing was written (fix: run it "
+                                      "again; a SIGKILL you did not send is often the out-of-memory killer: see "
+                                      "dmesg)")
 
 
 def _merge_profiles(bundles: list[ProfileBundle], statistic: str = "median") -> ProfileBundle:
