@@ -20,7 +20,22 @@ from tests.interactive import start_as_from_terminal
 from traces.outdir import LOCK_NAME
 
 REPO = Path(__file__).resolve().parents[1]
-PLAN = REPO / "examples" / "plans" / "gpt-tiny-dp2.yaml"
+# The validation workload at 12 layers: its profiling lasts about 20 s on an idle 2-core machine, so a
+# signal sent once the workers run lands in it (gpt-tiny's took about 3 s, and on an idle CI machine the
+# signal came after it: the worker was gone, or validate had moved on to its run).
+PLAN_TEXT = """name: gpt-val-dp2-long
+workload: gpt-tiny
+workload_options: {hidden: 256, heads: 4, num_layers: 12, seq: 128}
+cluster: {preset: local-cpu-2}
+parallelism: {dp: 2}
+schedule: {micro_batch: 4, microbatches: 2}
+"""
+
+
+def long_plan(tmp_path: Path) -> Path:
+    path = tmp_path / "plan.yaml"
+    path.write_text(PLAN_TEXT)
+    return path
 START_S = 180.0  # for the workers to start on a loaded machine; never a timing assertion
 ANSWER_S = 60.0  # from the kill or Ctrl-C to the command's exit (a dead worker hung it for 600 s)
 
@@ -62,7 +77,7 @@ def profiling_workers(process: subprocess.Popen, count: int = 2) -> list[int]:
         assert process.poll() is None, process.stdout.read()[-3000:]
         workers = [c for c in children(process.pid) if "spawn_main" in command_line(c)]
         if len(workers) == count:
-            time.sleep(3.0)  # past their start-up: profiling
+            time.sleep(1.0)  # past their start-up: profiling
             return workers
         time.sleep(0.2)
     raise AssertionError(f"no {count} profiling processes within {START_S:.0f} s")
@@ -98,7 +113,7 @@ def test_a_dead_profiling_process_ends_validate_at_once(tmp_path: Path) -> None:
     """A SIGKILLed profiling worker: validate printed nothing and waited for the survivor's lockstep barrier
     (600 s); now one line naming the worker and its signal, exit 2, the survivor stopped."""
     out = tmp_path / "val"
-    process = start("validate", str(PLAN), "--iterations", "2", "--warmup", "1", "--out", str(out))
+    process = start("validate", str(long_plan(tmp_path)), "--iterations", "2", "--warmup", "1", "--out", str(out))
     workers: list[int] = []
     try:
         workers = profiling_workers(process)
@@ -123,7 +138,7 @@ def test_ctrl_c_while_validate_profiles_is_one_line(tmp_path: Path, whom: str) -
     out.mkdir()
     (out / LOCK_NAME).write_text("")  # a folder paratwin wrote before, with a file of the user's
     (out / "notes.txt").write_text("mine")
-    process = start("validate", str(PLAN), "--iterations", "2", "--warmup", "1", "--out", str(out))
+    process = start("validate", str(long_plan(tmp_path)), "--iterations", "2", "--warmup", "1", "--out", str(out))
     workers: list[int] = []
     try:
         workers = profiling_workers(process)
