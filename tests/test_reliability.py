@@ -270,8 +270,10 @@ def launched(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, Path, list[int]
     process = start_paratwin("run", str(PLAN), "--iterations", "100000", "--warmup", "1", "--out", str(out))
     pids: list[int] = []
     try:
-        wait_for(lambda: all(lines(out / "ranks" / f"rank{r}.jsonl") >= 3 for r in range(2)), "iterations",
-                 process)
+        # and both heartbeats written: gpt-tiny's iterations can outrun a rank's first heartbeat (seen in
+        # session 22's CI: three iterations recorded, heartbeat/ still empty)
+        wait_for(lambda: all(lines(out / "ranks" / f"rank{r}.jsonl") >= 3 for r in range(2)) and rank_pids(out),
+                 "iterations", process)
         pids = rank_pids(out)
         yield process, out, pids
     finally:
