@@ -97,11 +97,17 @@ def test_a_runs_compute_instructions_fault_far_less_once_warm(tmp_path: Path, mo
     median stays at 0-2. By default the counts depend on where each process's heap lies: a median of
     4,100-16,600 pages, one rank once at 0-2,221 an iteration in CI, and once (session 22's CI) one rank at
     0 in every iteration, which made the default's median over both ranks 0: so the default is judged by
-    the rank that faults more, whose allocator returned its freed pages as glibc's default does."""
+    the rank that faults more, whose allocator returned its freed pages as glibc's default does; where
+    neither did (glibc's dynamic mmap threshold had kept the memory, a later CI run), the policy must do
+    no worse."""
     kept, kept_state = _compute_faults(tmp_path, "kept", monkeypatch, None)
     default, default_state = _compute_faults(tmp_path, "default", monkeypatch, "default")
     assert kept_state["policy"] == "keep freed memory" and default_state["policy"] == "allocator default"
-    assert kept.median() < 0.1 * default.groupby("rank").median().max(), (kept.to_dict(), default.to_dict())
+    faulting = default.groupby("rank").median().max()
+    if faulting > 0:
+        assert kept.median() < 0.1 * faulting, (kept.to_dict(), default.to_dict())
+    else:  # glibc's dynamic mmap threshold kept this run's memory by itself (session 22's CI, both ranks): no worse
+        assert kept.median() <= default.median(), (kept.to_dict(), default.to_dict())
     assert (kept == 0).any(), (kept.to_dict(), default.to_dict())
 
 
